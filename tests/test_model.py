@@ -1,0 +1,171 @@
+"""Model, optimizer split, schedules, QAT gate and EMA of train_gpt.py (CPU)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quant.core import fake_quantize_per_row
+from quant.policy import QuantPolicy
+from train_gpt import (
+    EMA, GPT, Hyperparameters, apply_partial_rope, attention, build_model_config, build_optimizers,
+    count_train_flops_per_token, exclusive_self_attention, lr_multiplier, muon_momentum_at, qat_active,
+    split_params,
+)
+
+TINY = dict(vocab_size=64, num_layers=4, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=3.0,
+            rope_dims=4, xsa_last_n=2)
+
+
+def tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    model = GPT(**{**TINY, **overrides})
+    model.init_weights()
+    return model
+
+
+def test_forward_shapes_and_loss_is_mean_cross_entropy():
+    model = tiny_model()
+    x = torch.randint(0, 64, (3, 16))
+    y = torch.randint(0, 64, (3, 16))
+    logits = model.forward_logits(x)
+    assert logits.shape == (3, 16, 64) and logits.dtype == torch.float32
+    assert logits.abs().max() <= 30.0
+    ref = F.cross_entropy(logits.reshape(-1, 64), y.reshape(-1))
+    assert torch.allclose(model(x, y), ref)
+    # near-uniform at init: loss close to ln(V)
+    assert abs(model(x, y).item() - math.log(64)) < 0.5
+
+
+def test_causality_future_tokens_do_not_change_past_logits():
+    model = tiny_model()
+    x = torch.randint(0, 64, (1, 12))
+    x2 = x.clone()
+    x2[0, 8:] = (x2[0, 8:] + 1) % 64
+    a, b = model.forward_logits(x), model.forward_logits(x2)
+    assert torch.allclose(a[:, :8], b[:, :8], atol=1e-6)
+    assert not torch.allclose(a[:, 8:], b[:, 8:])
+
+
+def plain_rope(x, base, dims):
+    """Reference RoPE with complex numbers on the first `dims` dims, half-split pairing."""
+    t = x.size(1)
+    inv = 1.0 / base ** (torch.arange(0, dims, 2, dtype=torch.float64) / dims)
+    ang = torch.outer(torch.arange(t, dtype=torch.float64), inv)  # [T, dims/2]
+    z = torch.complex(x[..., : dims // 2].double(), x[..., dims // 2: dims].double())
+    z = z * torch.exp(-1j * ang)[None, :, None, :]
+    return torch.cat((z.real, z.imag), -1).float()
+
+
+def test_partial_rope_rotates_only_the_first_dims():
+    torch.manual_seed(0)
+    x = torch.randn(2, 10, 3, 16)
+    dims, base = 8, 10_000.0
+    inv = 1.0 / base ** (torch.arange(0, dims, 2) / dims)
+    freqs = torch.outer(torch.arange(10, dtype=torch.float32), inv)
+    out = apply_partial_rope(x, freqs.cos(), freqs.sin())
+    assert torch.equal(out[..., dims:], x[..., dims:])
+    assert torch.allclose(out[..., :dims], plain_rope(x, base, dims), atol=1e-5)
+    # rotation preserves the norm of the rotated part and position 0 is unrotated
+    assert torch.allclose(out[..., :dims].norm(dim=-1), x[..., :dims].norm(dim=-1), atol=1e-5)
+    assert torch.allclose(out[:, 0], x[:, 0])
+
+
+def test_xsa_output_is_orthogonal_to_own_value_per_head_with_gqa():
+    torch.manual_seed(0)
+    b, t, h, hkv, d = 2, 7, 8, 2, 16
+    q, k, v = torch.randn(b, t, h, d), torch.randn(b, t, hkv, d), torch.randn(b, t, hkv, d)
+    y = attention(q, k, v)
+    z = exclusive_self_attention(y, v)
+    vn = F.normalize(v, dim=-1)
+    group = h // hkv
+    for head in range(h):
+        own_v = vn[:, :, head // group]  # SDPA enable_gqa maps query head h to kv head h // group
+        assert torch.allclose((z[:, :, head] * own_v).sum(-1), torch.zeros(b, t), atol=1e-5)
+        # the removed part is exactly the projection onto own v (F.normalize, not rms_norm)
+        proj = (y[:, :, head] * own_v).sum(-1, keepdim=True) * own_v
+        assert torch.allclose(z[:, :, head], y[:, :, head] - proj, atol=1e-6)
+
+
+def test_attention_gqa_matches_sdpa_with_repeated_kv():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 9, 4, 8), torch.randn(2, 9, 2, 8), torch.randn(2, 9, 2, 8)
+    ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.repeat_interleave(2, 2).transpose(1, 2),
+                                         v.repeat_interleave(2, 2).transpose(1, 2), is_causal=True)
+    assert torch.allclose(attention(q, k, v), ref.transpose(1, 2), atol=1e-6)
+
+
+def test_optimizer_split_matrices_to_muon_rest_to_adamw():
+    model = tiny_model()
+    groups = split_params(model)
+    assert set(groups["muon"]) == {f"blocks.{i}.{m}.weight" for i in range(4)
+                                   for m in ("attn.c_q", "attn.c_k", "attn.c_v", "attn.proj", "mlp.fc", "mlp.proj")}
+    assert groups["embed"] == ["tok_emb.weight"]
+    assert "skip_weights" in groups["scalar"] and "blocks.0.resid_mix" in groups["scalar"]
+    assert "blocks.0.attn.q_gain" in groups["scalar"]
+    every = set(groups["muon"]) | set(groups["scalar"]) | set(groups["embed"]) | set(groups["head"])
+    assert every == {n for n, _ in model.named_parameters()}
+    hp = Hyperparameters()
+    muon, adam = build_optimizers(model, hp, is_cuda=False)
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adam, torch.optim.AdamW)
+    assert muon.param_groups[0]["weight_decay"] == hp.muon_wd and adam.param_groups[0]["weight_decay"] == hp.adam_wd
+    assert sum(len(g["params"]) for g in muon.param_groups) == len(groups["muon"])
+
+
+def test_warmdown_and_qat_schedule_on_a_fake_clock():
+    cap = 600.0
+    # progress = elapsed / cap; warmdown over the last 40 %, QAT over the last 10 %
+    lrs = [lr_multiplier(t / cap, 0.4) for t in (0, 300, 360, 480, 600)]
+    assert lrs == pytest.approx([1.0, 1.0, 1.0, 0.5, 0.0])
+    assert [qat_active(t / cap, 0.1) for t in (0, 500, 539, 540, 599)] == [False, False, False, True, True]
+    assert not qat_active(0.99, 0.0) and lr_multiplier(0.99, 0.0) == 1.0
+    hp = Hyperparameters(muon_momentum_warmup_steps=100)
+    assert muon_momentum_at(0, hp) == pytest.approx(0.92) and muon_momentum_at(50, hp) == pytest.approx(0.955)
+    assert muon_momentum_at(1000, hp) == pytest.approx(0.99)
+
+
+def test_qat_gate_switches_the_compiled_model_at_run_time():
+    """Design §4: a flag read inside a compiled model must not be constant-folded at first trace."""
+    model = tiny_model(xsa_last_n=0)
+    chosen = model.configure_qat(QuantPolicy())
+    assert chosen["blocks.0.mlp.fc.weight"] == 6 and chosen["blocks.0.attn.c_q.weight"] == 6
+    compiled = torch.compile(model.forward_logits, backend="aot_eager", fullgraph=True)
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        off_eager, off_compiled = model.forward_logits(x), compiled(x)
+        model.set_qat(True)
+        on_eager, on_compiled = model.forward_logits(x), compiled(x)
+    assert torch.allclose(off_eager, off_compiled, atol=1e-5)
+    assert not torch.allclose(off_compiled, on_compiled, atol=1e-4), "QAT gate was constant-folded"
+    assert torch.allclose(on_eager, on_compiled, atol=1e-5)
+    # with the gate on, every block matrix is used exactly as the export will round it
+    lin = model.blocks[0].mlp.fc
+    out = lin(torch.eye(lin.in_features))
+    assert torch.equal(out.T, fake_quantize_per_row(lin.weight, 6).detach())
+
+
+def test_ema_matches_closed_form():
+    lin = torch.nn.Linear(3, 2, bias=False)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+    ema = EMA(lin, decay=0.9)
+    expected = torch.ones(2, 3)
+    for value in (2.0, 3.0, -1.0):
+        with torch.no_grad():
+            lin.weight.fill_(value)
+        ema.update()
+        expected = 0.9 * expected + 0.1 * value
+    assert torch.allclose(ema.shadow[0], expected)
+    ema.copy_to_model()
+    assert torch.allclose(lin.weight, expected)
+
+
+def test_flops_per_token_matches_the_6n_plus_attention_estimate():
+    hp = Hyperparameters()
+    config = build_model_config(hp)
+    flops = count_train_flops_per_token(config, hp.train_seq_len)
+    d, layers, t = hp.model_dim, hp.num_layers, hp.train_seq_len
+    matmul_params = layers * (2 * d * d + 2 * d * d // 2 + 2 * d * 3 * d) + hp.vocab_size * d
+    attn = layers * 2 * 2 * t * d  # QK^T and AV, forward, per token
+    assert flops == pytest.approx(6 * matmul_params + 3 * attn, rel=0.02)

@@ -1,0 +1,1 @@
+"""Command-line tools of the kit: data preparation, bundling, records, significance, plots, benchmarks."""

@@ -1,0 +1,1083 @@
+"""Parameter Golf trainer: a wallclock-budgeted GPT run that ends in a scored, size-checked artifact.
+
+`main()` reads as the table of contents: hyperparameters from the environment -> data -> model ->
+Muon + AdamW -> timed training loop (warmdown, late QAT, EMA) -> pre-quant eval -> `quant` export
+-> re-read the artifact from disk -> roundtrip eval -> sliding-window eval -> `result.json`.
+
+Runs unchanged on one H100 (`python train_gpt.py`), on N GPUs
+(`torchrun --standalone --nproc_per_node=N train_gpt.py`) and on CPU (`PRESET=smoke`). Every setting
+is an environment variable with the official name (see `Hyperparameters`).
+"""
+
+import contextlib
+import copy
+import dataclasses
+import difflib
+import importlib
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
+from eval.bpb import build_sentencepiece_luts
+from eval.roundtrip import eval_roundtrip
+from eval.sliding import eval_sliding
+from quant.core import fake_quantize_per_row
+from quant.policy import QuantPolicy
+from quant.artifact import export_artifact, load_artifact
+from quant.estimate import estimate_artifact_bytes
+
+BUNDLE_KIND = "package"
+H100_BF16_PEAK_FLOPS = 989e12
+
+# -----------------------------------------------------------------------------------------------
+# Hyperparameters
+# -----------------------------------------------------------------------------------------------
+
+# Preset defaults. `1xh100` starts from the single-H100 reference run (PR #1559): 8x512, GQA 8/4,
+# MLP 3x relu^2, seq 2048, partial RoPE 32/64, XSA on the last 2 layers, Muon lr 0.032 WD 0.02,
+# AdamW WD 0.04, EMA 0.997, 524,288 tokens/step. `8xh100` follows the 8xH100 records (11 layers,
+# 786,432 tokens/step, XSA on the last 4). `smoke` is sized for a CPU in a couple of minutes.
+PRESETS = {
+    "1xh100": {},
+    "8xh100": {"num_layers": 11, "train_batch_tokens": 786_432, "xsa_last_n": 4},
+    "smoke": {
+        "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
+        "train_batch_tokens": 8192, "max_wallclock_seconds": 120.0, "warmup_steps": 0, "xsa_last_n": 1,
+        "train_log_every": 10, "muon_momentum_warmup_steps": 50, "eval_batch_seqs": 32,
+        "val_batch_size": 32768,
+    },
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyperparameters:
+    """Every setting of a run; each field is read from the env var of the same name, upper-cased.
+
+    Build with `Hyperparameters.from_env()`: PRESET picks a group of defaults, explicit variables
+    override it. Raises ValueError naming the variable for a malformed or out-of-range value.
+    """
+
+    preset: str = "1xh100"
+    # data and run
+    data_path: str = "./data/datasets/fineweb10B_sp1024"
+    tokenizer_path: str = "./data/tokenizers/fineweb_1024_bpe.model"
+    vocab_size: int = 1024
+    run_id: str = ""  # default: a fresh random id
+    out_dir: str = "runs"
+    seed: int = 1337
+    # schedule and batch (official names and defaults unless noted)
+    iterations: int = 20_000
+    train_batch_tokens: int = 524_288
+    train_seq_len: int = 2048  # records: 2048 (official baseline 1024)
+    grad_accum_steps: int = 0  # 0 = 8 // world_size on CUDA (official), 1 on CPU
+    max_wallclock_seconds: float = 600.0  # 0 = no cap (non-record runs; use ITERATIONS)
+    warmup_steps: int = 20  # compile/prime steps before the clock, then state is restored
+    warmdown_frac: float = 0.5  # LR decays linearly to 0 over this last fraction of the budget
+    val_loss_every: int = 0  # 0 = only the final evaluation
+    val_batch_size: int = 524_288
+    train_log_every: int = 200
+    # model
+    num_layers: int = 8
+    model_dim: int = 512
+    num_heads: int = 8
+    num_kv_heads: int = 4
+    mlp_mult: float = 3.0
+    mlp_activation: str = "relu2"  # relu2 | leaky_relu2 (LeakyReLU(0.5)^2)
+    tie_embeddings: bool = True
+    rope_base: float = 10_000.0
+    rope_dims: int = 32  # partial RoPE: rotate only the first ROPE_DIMS dims of each head
+    logit_softcap: float = 30.0
+    qk_gain_init: float = 1.5
+    xsa_last_n: int = 2  # exclusive self attention on the last N layers
+    tied_embed_init_std: float = 0.005
+    # optimizers: Muon for block matrices, AdamW for embeddings and scalars
+    matrix_lr: float = 0.032
+    scalar_lr: float = 0.025
+    tied_embed_lr: float = 0.035
+    embed_lr: float = 0.6  # untied input embedding (official)
+    head_lr: float = 0.008  # untied output head (official)
+    muon_momentum: float = 0.99
+    muon_momentum_warmup_start: float = 0.92
+    muon_momentum_warmup_steps: int = 1500
+    muon_backend_steps: int = 5
+    muon_wd: float = 0.02
+    adam_wd: float = 0.04
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip_norm: float = 0.3  # 0 = off
+    # late QAT and EMA
+    qat_start_frac: float = 0.1  # fake-quant switches on for the last fraction of the budget
+    ema_decay: float = 0.997  # 0 = off
+    # evaluation and export
+    eval_stride: int = 64
+    eval_batch_seqs: int = 64
+    eval_max_seconds: float = 600.0
+    eval_auto_stride: bool = False
+    val_max_tokens: int = 0  # 0 = the whole val split (required for a record)
+    byte_budget: int = 16_000_000
+    # machinery
+    compile: int = -1  # -1 = on for CUDA, off for CPU
+    attn_backend: str = "auto"  # auto | fa3 | fa2 | sdpa
+    save_prequant: bool = False
+    skip_final_eval: bool = False
+    checkpoint_every: int = 0
+    resume: bool = False
+
+    @classmethod
+    def from_env(cls, environ=None, log=print) -> "Hyperparameters":
+        environ = os.environ if environ is None else environ
+        preset = environ.get("PRESET", "1xh100")
+        if preset not in PRESETS:
+            raise ValueError(f"PRESET={preset!r}: expected one of {sorted(PRESETS)}")
+        values = {**PRESETS[preset], "preset": preset}
+        for f in dataclasses.fields(cls):
+            name = f.name.upper()
+            if f.name == "preset" or name not in environ:
+                continue
+            values[f.name] = parse_env_value(name, environ[name], f.type)
+        warn_unknown_env(environ, log)
+        if not values.get("run_id"):
+            values["run_id"] = f"{preset}_{uuid.uuid4().hex[:8]}"
+        hp = cls(**values)
+        hp.validate()
+        return hp
+
+    def validate(self) -> None:
+        def need(ok, name, expected):
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name.lower())!r}: expected {expected}")
+
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.type in (int, float) and f.name != "compile":
+                need(math.isfinite(v) and v >= 0, f.name.upper(), "a finite value >= 0")
+        for name in ("VOCAB_SIZE", "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_LAYERS", "MODEL_DIM",
+                     "NUM_HEADS", "NUM_KV_HEADS", "EVAL_STRIDE", "EVAL_BATCH_SEQS", "TRAIN_LOG_EVERY"):
+            need(getattr(self, name.lower()) > 0, name, "a value > 0")
+        need(self.vocab_size <= 65536, "VOCAB_SIZE", "<= 65536 (tokens are stored as uint16)")
+        need(self.model_dim % self.num_heads == 0, "MODEL_DIM", f"divisible by NUM_HEADS={self.num_heads}")
+        need(self.num_heads % self.num_kv_heads == 0, "NUM_HEADS", f"divisible by NUM_KV_HEADS={self.num_kv_heads}")
+        head_dim = self.model_dim // self.num_heads
+        need(self.rope_dims % 2 == 0 and self.rope_dims <= head_dim, "ROPE_DIMS", f"even and <= head_dim={head_dim}")
+        need(self.xsa_last_n <= self.num_layers, "XSA_LAST_N", f"<= NUM_LAYERS={self.num_layers}")
+        need(self.eval_stride <= self.train_seq_len, "EVAL_STRIDE", f"<= TRAIN_SEQ_LEN={self.train_seq_len}")
+        need(self.mlp_activation in ("relu2", "leaky_relu2"), "MLP_ACTIVATION", "relu2 or leaky_relu2")
+        need(self.attn_backend in ("auto", "fa3", "fa2", "sdpa"), "ATTN_BACKEND", "auto, fa3, fa2 or sdpa")
+        need(self.compile in (-1, 0, 1), "COMPILE", "-1 (auto), 0 or 1")
+        for name in ("WARMDOWN_FRAC", "QAT_START_FRAC", "EMA_DECAY"):
+            need(getattr(self, name.lower()) <= 1.0, name, "a fraction in [0, 1]")
+        need(self.max_wallclock_seconds > 0 or self.iterations > 0, "ITERATIONS", "> 0 when MAX_WALLCLOCK_SECONDS=0")
+        need(not self.resume or self.max_wallclock_seconds == 0, "RESUME",
+             "only with MAX_WALLCLOCK_SECONDS=0 (a timed record run cannot be resumed)")
+
+    def resolve_grad_accum(self, world_size: int, is_cuda: bool) -> int:
+        """Micro-steps per optimizer step; raises ValueError unless the batch splits evenly."""
+        accum = self.grad_accum_steps or (max(1, 8 // world_size) if is_cuda else 1)
+        span = world_size * accum * self.train_seq_len
+        if self.train_batch_tokens % span:
+            raise ValueError(
+                f"TRAIN_BATCH_TOKENS={self.train_batch_tokens}: expected a multiple of world_size({world_size})"
+                f" x GRAD_ACCUM_STEPS({accum}) x TRAIN_SEQ_LEN({self.train_seq_len}) = {span}")
+        return accum
+
+
+def parse_env_value(name: str, raw: str, kind):
+    """Parse one env var to `kind` (int, float, bool, str); ValueError names the variable."""
+    text = raw.strip()
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError
+        if kind is int:
+            value = float(text)
+            if value != int(value):
+                raise ValueError
+            return int(value)
+        if kind is float:
+            return float(text)
+        return text
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected {kind.__name__}") from None
+
+
+# Names other parts of the kit read (quant policy, eval); they are not Hyperparameters fields.
+EXTRA_ENV_NAMES = ("PRESET", "QUANT_ATTN_BITS", "QUANT_MLP_BITS", "QUANT_EMBED_BITS", "QUANT_COMPRESSOR",
+                   "QUANT_PACKING", "QUANT_PASSTHROUGH_MAX_NUMEL", "QUANT_GPTQ_LITE", "QUANT_PRUNE",
+                   "QUANT_FLOAT_DTYPE", "QUANT_FIT", "QUANT_MATRIX_BITS")
+ENV_PREFIXES = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "QUANT_",
+                "WARMDOWN_", "TIED_", "MATRIX_", "SCALAR_", "LOGIT_", "QK_", "CHECKPOINT_", "ATTN_", "GRAD_")
+
+
+def warn_unknown_env(environ, log=print) -> list:
+    """Warn about env vars that look like ours but are not (typos are silent killers of 10-minute runs)."""
+    known = {f.name.upper() for f in dataclasses.fields(Hyperparameters)} | set(EXTRA_ENV_NAMES)
+    unknown = []
+    for name in sorted(environ):
+        if name in known:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if close or name.startswith(ENV_PREFIXES):
+            unknown.append(name)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored{hint}")
+    return unknown
+
+
+# -----------------------------------------------------------------------------------------------
+# Data: the training token stream (validation tokens are only loaded by the evaluators)
+# -----------------------------------------------------------------------------------------------
+
+
+class TokenStream:
+    """Reads train shards in sorted order and wraps around; `take(n)` returns n contiguous tokens.
+
+    Validates every shard header up front (cheap) and each shard's ids against `vocab_size` when it
+    is loaded. The position (`shard_index`, `offset`) is checkpointable.
+    """
+
+    def __init__(self, data_path: str, vocab_size: int):
+        self.files = list_shards(data_path, "train")
+        for path in self.files:
+            read_shard_header(path)
+        self.vocab_size = vocab_size
+        self.shard_index, self.offset = 0, 0
+        self.tokens = self._load(0)
+
+    def _load(self, index: int) -> torch.Tensor:
+        tokens = load_data_shard(self.files[index])
+        if tokens.numel() and int(tokens.max()) >= self.vocab_size:
+            raise ValueError(f"{self.files[index]}: token id {int(tokens.max())} >= VOCAB_SIZE={self.vocab_size}")
+        return tokens
+
+    def take(self, n: int) -> torch.Tensor:
+        parts = []
+        while n > 0:
+            avail = self.tokens.numel() - self.offset
+            if avail <= 0:
+                self.seek((self.shard_index + 1) % len(self.files), 0)
+                continue
+            k = min(avail, n)
+            parts.append(self.tokens[self.offset:self.offset + k])
+            self.offset += k
+            n -= k
+        return torch.cat(parts).to(torch.int64)
+
+    def seek(self, shard_index: int, offset: int) -> None:
+        if shard_index != self.shard_index:
+            self.tokens = self._load(shard_index)
+        self.shard_index, self.offset = shard_index, offset
+
+
+class DistributedTokenLoader:
+    """Each call takes one micro-batch span per rank from the shared stream (official layout).
+
+    World size W and accumulation A see the same tokens in the same order as 1 rank with W*A micro
+    steps, which is what makes DDP and grad accumulation interchangeable.
+    Returns x, y: int64 [local_tokens // seq_len, seq_len] on `device`.
+    """
+
+    def __init__(self, data_path: str, vocab_size: int, rank: int, world_size: int, device):
+        self.stream = TokenStream(data_path, vocab_size)
+        self.rank, self.world_size, self.device = rank, world_size, device
+
+    def next_batch(self, local_tokens: int, seq_len: int):
+        span = local_tokens + 1
+        chunk = self.stream.take(span * self.world_size)
+        local = chunk[self.rank * span:(self.rank + 1) * span]
+        x = local[:-1].reshape(-1, seq_len)
+        y = local[1:].reshape(-1, seq_len)
+        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+
+
+# -----------------------------------------------------------------------------------------------
+# Model
+# -----------------------------------------------------------------------------------------------
+
+_FLASH_ATTN_FUNCS = {}
+
+
+def resolve_attention_backend(requested: str, device: torch.device) -> str:
+    """Pick FA3 -> FA2 -> SDPA. Forcing fa3/fa2 without CUDA or without the package raises ValueError."""
+    if requested in ("fa3", "fa2") and device.type != "cuda":
+        raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn needs CUDA, this run is on {device.type}")
+    if device.type != "cuda" or requested == "sdpa":
+        return "sdpa"
+    modules = {"fa3": "flash_attn_interface", "fa2": "flash_attn"}
+    for name in ([requested] if requested != "auto" else ["fa3", "fa2"]):
+        try:
+            _FLASH_ATTN_FUNCS[name] = importlib.import_module(modules[name]).flash_attn_func
+            return name
+        except ImportError:
+            if requested != "auto":
+                raise ValueError(f"ATTN_BACKEND={requested!r}: module {modules[name]} is not installed") from None
+    return "sdpa"
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
+    """Causal attention with GQA. q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D].
+
+    The one device-specific dispatch point: flash-attn 3/2 on CUDA, PyTorch SDPA elsewhere (the CPU
+    twin every test exercises). Query head h reads KV head h // (H // Hkv) in all backends.
+    """
+    if backend in _FLASH_ATTN_FUNCS:
+        out = _FLASH_ATTN_FUNCS[backend](q, k, v, causal=True)
+        return out[0] if isinstance(out, tuple) else out
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       is_causal=True, enable_gqa=k.size(2) != q.size(2))
+    return y.transpose(1, 2)
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first 2*cos.size(-1) dims of each head (half-split RoPE); the rest pass unrotated.
+
+    x [B, T, H, D]; cos, sin [T, R/2]. Partial RoPE as in the records (ROPE_DIMS=32 of 64).
+    """
+    half = cos.size(-1)
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    return torch.cat((x1 * c + x2 * s, x2 * c - x1 * s, rest), dim=-1)
+
+
+def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """XSA: remove from each head's output its component along the token's own unit value vector.
+
+    y [B, T, H, D] attention output; v [B, T, Hkv, D]. With GQA, query heads are grouped as
+    [B, T, Hkv, H/Hkv, D] and share the normalized v of their KV head (F.normalize: a unit vector).
+    """
+    b, t, h, d = y.shape
+    y = y.reshape(b, t, v.size(2), h // v.size(2), d)
+    vn = F.normalize(v, dim=-1).unsqueeze(3)
+    return (y - (y * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
+
+
+class CastedLinear(nn.Linear):
+    """Bias-free linear with optional late-QAT fake quantization of its weight.
+
+    `qat_bits` is fixed before compile (0 = never); the 0/1 tensor buffer `qat_gate` switches the
+    fake-quant on at run time. A tensor, not a Python flag, so torch.compile cannot constant-fold it
+    (the bug that silently disabled QAT in PRs #315, #1559, #1617).
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+        self.qat_bits = 0
+        self.register_buffer("qat_gate", torch.zeros(()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if self.qat_bits:
+            w = w + self.qat_gate * (fake_quantize_per_row(w, self.qat_bits) - w)
+        return F.linear(x, w.to(x.dtype))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim, num_heads, num_kv_heads, rope_dims, qk_gain_init, use_xsa):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
+        self.use_xsa, self.backend = use_xsa, "sdpa"
+        kv_dim = num_kv_heads * self.head_dim
+        self.c_q, self.c_k, self.c_v = CastedLinear(dim, dim), CastedLinear(dim, kv_dim), CastedLinear(dim, kv_dim)
+        self.proj = CastedLinear(dim, dim)
+        self.q_gain = nn.Parameter(torch.full((num_heads,), float(qk_gain_init)))
+
+    def forward(self, x, cos, sin):
+        b, t, d = x.shape
+        q = self.c_q(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim)
+        q = apply_partial_rope(F.rms_norm(q, (self.head_dim,)), cos, sin)
+        k = apply_partial_rope(F.rms_norm(k, (self.head_dim,)), cos, sin)
+        q = q * self.q_gain.to(q.dtype)[None, None, :, None]
+        y = attention(q, k, v, self.backend)
+        if self.use_xsa:
+            y = exclusive_self_attention(y, v)
+        return self.proj(y.reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim, mlp_mult, activation):
+        super().__init__()
+        hidden = int(mlp_mult * dim)
+        self.fc, self.proj = CastedLinear(dim, hidden), CastedLinear(hidden, dim)
+        self.leaky = activation == "leaky_relu2"
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = F.leaky_relu(h, 0.5) if self.leaky else F.relu(h)
+        return self.proj(h.square())
+
+
+class Block(nn.Module):
+    def __init__(self, dim, num_heads, num_kv_heads, mlp_mult, activation, rope_dims, qk_gain_init, use_xsa):
+        super().__init__()
+        self.attn = CausalSelfAttention(dim, num_heads, num_kv_heads, rope_dims, qk_gain_init, use_xsa)
+        self.mlp = MLP(dim, mlp_mult, activation)
+        self.attn_scale = nn.Parameter(torch.ones(dim))
+        self.mlp_scale = nn.Parameter(torch.ones(dim))
+        self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
+
+    def forward(self, x, x0, cos, sin):
+        mix = self.resid_mix.to(x.dtype)
+        x = mix[0] * x + mix[1] * x0
+        x = x + self.attn_scale.to(x.dtype) * self.attn(F.rms_norm(x, (x.size(-1),)), cos, sin)
+        return x + self.mlp_scale.to(x.dtype) * self.mlp(F.rms_norm(x, (x.size(-1),)))
+
+
+class GPT(nn.Module):
+    """The challenge GPT: GQA, partial RoPE, XSA on the last layers, U-Net skips, tied embeddings.
+
+    `GPT(**config)` with `config` a JSON dict (stored in the artifact). `forward(x, y)` -> mean
+    cross-entropy in nats; `forward_logits(x)` -> softcapped logits [B, T, vocab_size].
+    """
+
+    def __init__(self, *, vocab_size, num_layers, model_dim, num_heads, num_kv_heads, mlp_mult,
+                 activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
+                 logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0):
+        super().__init__()
+        self.config = dict(vocab_size=vocab_size, num_layers=num_layers, model_dim=model_dim, num_heads=num_heads,
+                           num_kv_heads=num_kv_heads, mlp_mult=mlp_mult, activation=activation,
+                           tie_embeddings=tie_embeddings, rope_base=rope_base, rope_dims=rope_dims,
+                           logit_softcap=logit_softcap, qk_gain_init=qk_gain_init, xsa_last_n=xsa_last_n)
+        self.logit_softcap = logit_softcap
+        self.tok_emb = nn.Embedding(vocab_size, model_dim)
+        self.blocks = nn.ModuleList(
+            Block(model_dim, num_heads, num_kv_heads, mlp_mult, activation, rope_dims, qk_gain_init,
+                  use_xsa=i >= num_layers - xsa_last_n)
+            for i in range(num_layers))
+        self.num_encoder_layers = num_layers // 2
+        num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)
+        self.skip_weights = nn.Parameter(torch.ones(num_skips, model_dim))
+        self.lm_head = None if tie_embeddings else CastedLinear(model_dim, vocab_size)
+        self.register_buffer("rope_inv_freq", 1.0 / rope_base ** (torch.arange(0, rope_dims, 2) / rope_dims),
+                             persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, tied_embed_init_std: float = 0.005) -> None:
+        """Orthogonal block matrices, output projections scaled by 1/sqrt(2 * num_layers)."""
+        nn.init.normal_(self.tok_emb.weight, std=tied_embed_init_std)
+        out_scale = 1.0 / math.sqrt(2 * len(self.blocks))
+        for block in self.blocks:
+            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
+                nn.init.orthogonal_(lin.weight)
+            for lin in (block.attn.proj, block.mlp.proj):
+                nn.init.orthogonal_(lin.weight)
+                lin.weight.mul_(out_scale)
+        if self.lm_head is not None:
+            nn.init.zeros_(self.lm_head.weight)
+
+    def configure_qat(self, policy) -> dict:
+        """Set each block linear's QAT bit width from the export policy; returns {param name: bits}."""
+        chosen = {}
+        for name, module in self.named_modules():
+            if isinstance(module, CastedLinear) and name.startswith("blocks."):
+                bits = policy.bits_for(f"{name}.weight", tuple(module.weight.shape))
+                module.qat_bits = int(bits or 0)
+                chosen[f"{name}.weight"] = module.qat_bits
+        return chosen
+
+    def set_qat(self, enabled: bool) -> None:
+        for module in self.modules():
+            if isinstance(module, CastedLinear):
+                module.qat_gate.fill_(1.0 if enabled else 0.0)
+
+    def set_attention_backend(self, backend: str) -> None:
+        for block in self.blocks:
+            block.attn.backend = backend
+
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t = input_ids.size(1)
+        freqs = torch.outer(torch.arange(t, device=input_ids.device, dtype=torch.float32), self.rope_inv_freq)
+        cos, sin = freqs.cos(), freqs.sin()
+        x = self.tok_emb(input_ids)
+        x = x0 = F.rms_norm(x, (x.size(-1),))
+        skips = []
+        for i, block in enumerate(self.blocks):
+            j = i - self.num_encoder_layers
+            if 0 <= j < self.skip_weights.size(0):
+                x = x + self.skip_weights[j].to(x.dtype) * skips.pop()
+            x = block(x, x0, cos, sin)
+            if i < self.num_encoder_layers:
+                skips.append(x)
+        x = F.rms_norm(x, (x.size(-1),))
+        head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(x, head.to(x.dtype)).float()
+        return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+
+    def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+        logits = self.forward_logits(input_ids)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
+
+
+def build_model_config(hp: Hyperparameters) -> dict:
+    return dict(vocab_size=hp.vocab_size, num_layers=hp.num_layers, model_dim=hp.model_dim, num_heads=hp.num_heads,
+                num_kv_heads=hp.num_kv_heads, mlp_mult=hp.mlp_mult, activation=hp.mlp_activation,
+                tie_embeddings=hp.tie_embeddings, rope_base=hp.rope_base, rope_dims=hp.rope_dims,
+                logit_softcap=hp.logit_softcap, qk_gain_init=hp.qk_gain_init, xsa_last_n=hp.xsa_last_n)
+
+
+def count_train_flops_per_token(config: dict, seq_len: int) -> float:
+    """Forward + backward FLOPs per token from torch.utils.flop_counter on the meta device.
+
+    Attention is counted as a full T x T matmul (no causal halving), the usual MFU convention.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = GPT(**config)
+        x = torch.zeros((1, seq_len), dtype=torch.int64)
+    with FlopCounterMode(display=False) as counter:
+        model(x, x).backward()
+    return counter.get_total_flops() / seq_len
+
+
+# -----------------------------------------------------------------------------------------------
+# Optimizers and schedules
+# -----------------------------------------------------------------------------------------------
+
+
+def split_params(model: GPT) -> dict:
+    """Muon gets the 2-D matrices inside blocks; AdamW gets embeddings/head and every scalar/vector."""
+    groups = {"muon": [], "scalar": [], "embed": [], "head": []}
+    for name, p in model.named_parameters():
+        if name.startswith("blocks.") and p.ndim == 2 and "resid_mix" not in name:
+            groups["muon"].append(name)
+        elif name == "tok_emb.weight":
+            groups["embed"].append(name)
+        elif name.startswith("lm_head."):
+            groups["head"].append(name)
+        else:
+            groups["scalar"].append(name)
+    return groups
+
+
+def build_optimizers(model: GPT, hp: Hyperparameters, is_cuda: bool) -> list:
+    """Muon (torch.optim.Muon, decoupled WD, lr scaled by sqrt(max(1, rows/cols))) + AdamW."""
+    params = dict(model.named_parameters())
+    groups = split_params(model)
+    muon = torch.optim.Muon([params[n] for n in groups["muon"]], lr=hp.matrix_lr, momentum=hp.muon_momentum,
+                            weight_decay=hp.muon_wd, nesterov=True, ns_steps=hp.muon_backend_steps,
+                            adjust_lr_fn="original")
+    embed_lr = hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr
+    adam_groups = [{"params": [params[n] for n in groups["embed"]], "lr": embed_lr},
+                   {"params": [params[n] for n in groups["scalar"]], "lr": hp.scalar_lr}]
+    if groups["head"]:
+        adam_groups.append({"params": [params[n] for n in groups["head"]], "lr": hp.head_lr})
+    adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
+                             fused=is_cuda)
+    optimizers = [muon, adam]
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["base_lr"] = group["lr"]
+    return optimizers
+
+
+def lr_multiplier(progress: float, warmdown_frac: float) -> float:
+    """1.0, then linear decay to 0 over the last `warmdown_frac` of progress (time or steps)."""
+    if warmdown_frac <= 0:
+        return 1.0
+    return max(0.0, min(1.0, (1.0 - progress) / warmdown_frac))
+
+
+def qat_active(progress: float, qat_start_frac: float) -> bool:
+    """Late QAT is on for the last `qat_start_frac` of progress."""
+    return qat_start_frac > 0 and progress >= 1.0 - qat_start_frac
+
+
+def muon_momentum_at(step: int, hp: Hyperparameters) -> float:
+    if hp.muon_momentum_warmup_steps <= 0:
+        return hp.muon_momentum
+    frac = min(1.0, step / hp.muon_momentum_warmup_steps)
+    return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
+
+
+class EMA:
+    """Exponential moving average of the weights: ema <- decay * ema + (1 - decay) * w, in float32."""
+
+    def __init__(self, model: nn.Module, decay: float):
+        self.decay = decay
+        self.params = [p for p in model.parameters()]
+        self.shadow = [p.detach().float().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self) -> None:
+        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - self.decay)
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        for p, s in zip(self.params, self.shadow):
+            p.copy_(s.to(p.dtype))
+
+
+# -----------------------------------------------------------------------------------------------
+# Run context: devices, logging, files
+# -----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    run_dir: Path
+    log_file: object = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def log(self, msg: str = "", console: bool = True) -> None:
+        if not self.is_main:
+            return
+        if console:
+            print(msg, flush=True)
+        if self.log_file is not None:
+            self.log_file.write(msg + "\n")
+            self.log_file.flush()
+
+    def autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def all_max(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+
+def setup_distributed(hp: Hyperparameters) -> RunContext:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if world_size > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    run_dir = Path(hp.out_dir) / hp.run_id
+    return RunContext(rank, world_size, local_rank, device, run_dir)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: never a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: dict) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def measure_code_bytes() -> int:
+    """Bytes of the train_gpt.py that would be shipped: measured, never estimated."""
+    if BUNDLE_KIND == "packed":
+        return os.path.getsize(__file__)
+    if BUNDLE_KIND == "human":
+        return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
+    return len(importlib.import_module("tools.bundle").build_packed_source().encode())
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
+    """The log opens with the code, versions, device and every resolved hyperparameter."""
+    try:
+        code = importlib.import_module("tools.bundle").build_human_source() if BUNDLE_KIND == "package" \
+            else Path(__file__).read_text()
+    except (ImportError, OSError):
+        code = Path(__file__).read_text()
+    ctx.log(code, console=False)
+    ctx.log("=" * 100, console=False)
+    import sentencepiece
+
+    ctx.log(f"python:{platform.python_version()} torch:{torch.__version__} numpy:{np.__version__} "
+            f"sentencepiece:{sentencepiece.__version__}")
+    ctx.log(f"device:{describe_device(ctx.device)} world_size:{ctx.world_size}")
+    if ctx.device.type == "cuda":
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            ctx.log(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout, console=False)
+    for f in dataclasses.fields(hp):
+        ctx.log(f"{f.name.upper()}:{getattr(hp, f.name)}")
+
+
+# -----------------------------------------------------------------------------------------------
+# Training
+# -----------------------------------------------------------------------------------------------
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag; the loop finishes its step and stops cleanly."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass
+class TrainResult:
+    steps: int
+    train_seconds: float
+    stopped_by_signal: int = 0
+
+
+def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float) -> None:
+    state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
+             "ema": ema.shadow if ema else None, "step": step, "train_seconds": train_seconds,
+             "stream": [loader.stream.shard_index, loader.stream.offset],
+             "rng": torch.get_rng_state()}
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, model, optimizers, ema, loader) -> tuple:
+    if not path.is_file():
+        raise ValueError(f"RESUME=1: no checkpoint at {path} (set CHECKPOINT_EVERY on the first run)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    for opt, sd in zip(optimizers, state["optimizers"]):
+        opt.load_state_dict(sd)
+    if ema and state["ema"] is not None:
+        for s, v in zip(ema.shadow, state["ema"]):
+            s.copy_(v)
+    loader.stream.seek(*state["stream"])
+    torch.set_rng_state(state["rng"])
+    return state["step"], state["train_seconds"]
+
+
+def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, flops_per_token: float,
+          val_eval=None) -> TrainResult:
+    """The wallclock-budgeted loop. Returns the number of optimizer steps and the training seconds.
+
+    The clock covers every step plus the EMA swap; validation passes (VAL_LOSS_EVERY) pause it, as
+    in the official script. All ranks stop on the same step (a MAX all-reduce of the stop flag).
+    """
+    is_cuda = ctx.device.type == "cuda"
+    accum = hp.resolve_grad_accum(ctx.world_size, is_cuda)
+    local_tokens = hp.train_batch_tokens // (ctx.world_size * accum)
+    use_compile = hp.compile == 1 or (hp.compile == -1 and is_cuda)
+    ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank] if is_cuda else None) if ctx.world_size > 1 else model
+    fwd = torch.compile(ddp, dynamic=False, fullgraph=ctx.world_size == 1) if use_compile else ddp
+    optimizers = build_optimizers(model, hp, is_cuda)
+    ema = EMA(model, hp.ema_decay) if hp.ema_decay > 0 else None
+    cap_ms = 1000.0 * hp.max_wallclock_seconds
+    ckpt_path = ctx.run_dir / "checkpoint.pt"
+    nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
+
+    def one_step(step: int, progress: float) -> torch.Tensor:
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["base_lr"] * lr_multiplier(progress, hp.warmdown_frac)
+        for group in optimizers[0].param_groups:
+            group["momentum"] = muon_momentum_at(step, hp)
+        total = torch.zeros((), device=ctx.device)
+        for micro in range(accum):
+            x, y = loader.next_batch(local_tokens, hp.train_seq_len)
+            sync_ctx = ddp.no_sync() if ctx.world_size > 1 and micro < accum - 1 else contextlib.nullcontext()
+            with sync_ctx, ctx.autocast():
+                loss = fwd(x, y)
+            (loss / accum).backward()
+            total += loss.detach() / accum
+        if hp.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip_norm)
+        for opt in optimizers:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        if ema:
+            ema.update()
+        bad = ~torch.isfinite(total)
+        nonfinite_step.copy_(torch.where(bad & (nonfinite_step < 0), step, nonfinite_step))
+        return total
+
+    if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
+        initial = (copy.deepcopy(model.state_dict()), [copy.deepcopy(o.state_dict()) for o in optimizers],
+                   [s.clone() for s in ema.shadow] if ema else None, (loader.stream.shard_index, loader.stream.offset))
+        for i in range(hp.warmup_steps):
+            one_step(i, 0.0)
+        model.load_state_dict(initial[0])
+        for opt, sd in zip(optimizers, initial[1]):
+            opt.load_state_dict(sd)
+        if ema:
+            for s, v in zip(ema.shadow, initial[2]):
+                s.copy_(v)
+        loader.stream.seek(*initial[3])
+        nonfinite_step.fill_(-1)
+        ctx.log(f"warmup_steps:{hp.warmup_steps} done, model and optimizer state restored")
+
+    step, train_ms = 0, 0.0
+    if hp.resume:
+        step, train_seconds = load_checkpoint(ckpt_path, model, optimizers, ema, loader)
+        train_ms = 1000.0 * train_seconds
+        ctx.log(f"resumed from {ckpt_path} at step:{step}")
+    qat_on = False
+    with StopRequest() as stop:
+        ctx.sync()
+        t0 = time.perf_counter()
+        log_t, log_step = t0, step
+        while True:
+            elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
+            progress = elapsed_ms / cap_ms if cap_ms > 0 else step / max(1, hp.iterations)
+            step_avg = elapsed_ms / max(1, step) if step else 0.0
+            want_stop = step >= hp.iterations or bool(stop.signum) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
+            last = ctx.all_max(float(want_stop)) > 0
+            if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
+                ctx.sync()
+                train_ms += 1000.0 * (time.perf_counter() - t0)
+                val_loss, val_bpb = val_eval(model)
+                ctx.log(f"step:{step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
+                        f"train_time:{train_ms:.0f}ms step_avg:{train_ms / max(1, step):.2f}ms")
+                t0 = log_t = time.perf_counter()
+                log_step = step
+            if last:
+                break
+            if qat_active(progress, hp.qat_start_frac) and not qat_on:
+                model.set_qat(True)
+                qat_on = True
+                ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
+            loss = one_step(step, progress)
+            step += 1
+            check_now = ctx.device.type != "cuda" or step % 10 == 0 or step % hp.train_log_every == 0
+            if check_now and int(nonfinite_step) >= 0:
+                raise NonFiniteLossError(f"non-finite train loss at step {int(nonfinite_step) + 1}")
+            if step % hp.train_log_every == 0 or step == 1:
+                ctx.sync()
+                now = time.perf_counter()
+                ms = train_ms + 1000.0 * (now - t0)
+                tok_s = (step - log_step) * hp.train_batch_tokens / max(1e-9, now - log_t)
+                line = (f"step:{step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{ms:.0f}ms "
+                        f"step_avg:{ms / step:.2f}ms tok_s:{tok_s:.0f}")
+                if is_cuda:
+                    line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
+                ctx.log(line)
+                log_t, log_step = now, step
+            if hp.checkpoint_every and step % hp.checkpoint_every == 0 and ctx.is_main:
+                save_checkpoint(ckpt_path, model, optimizers, ema, step,
+                                loader, (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0)
+        if ema:  # the swap counts as training time
+            ema.copy_to_model()
+        model.set_qat(False)
+        ctx.sync()
+        train_ms += 1000.0 * (time.perf_counter() - t0)
+        if stop.signum:
+            ctx.log(f"stopped by signal {signal.Signals(stop.signum).name} at step:{step}")
+            if hp.checkpoint_every and ctx.is_main:
+                save_checkpoint(ckpt_path, model, optimizers, None, step, loader, train_ms / 1000.0)
+    ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
+            if step < hp.iterations and not stop.signum else f"training done step:{step}")
+    return TrainResult(steps=step, train_seconds=train_ms / 1000.0, stopped_by_signal=stop.signum)
+
+
+# -----------------------------------------------------------------------------------------------
+# main
+# -----------------------------------------------------------------------------------------------
+
+
+def check_inputs(hp: Hyperparameters, ctx: RunContext):
+    """Everything that can be wrong with the input is checked here, before the clock starts."""
+    import sentencepiece as spm
+
+    data = Path(hp.data_path)
+    if not data.is_dir():
+        raise ValueError(f"DATA_PATH={hp.data_path!r}: no such directory (make one with tools/prepare_data.py)")
+    if not Path(hp.tokenizer_path).is_file():
+        raise ValueError(f"TOKENIZER_PATH={hp.tokenizer_path!r}: no such file")
+    sp = spm.SentencePieceProcessor(model_file=hp.tokenizer_path)
+    if sp.vocab_size() != hp.vocab_size:
+        raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
+    manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log)
+    hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    num_val = sum(read_shard_header(p) for p in list_shards(hp.data_path, "val"))
+    if num_val <= hp.train_seq_len:
+        raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
+                         f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
+    return sp, manifest
+
+
+def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None):
+    """Roundtrip (and optionally sliding) eval of `model`; returns a dict of metrics."""
+    common = dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size,
+                  autocast_dtype=torch.bfloat16 if ctx.device.type == "cuda" else None)
+    model.eval()
+    with torch.no_grad():
+        loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
+                                   batch_seqs=max(1, hp.val_batch_size // hp.train_seq_len), **common)
+        out = {"val_loss": loss, "val_bpb": bpb}
+        if stride:
+            out["sliding"] = eval_sliding(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
+                                          batch_seqs=hp.eval_batch_seqs, max_seconds=hp.eval_max_seconds,
+                                          auto_stride=hp.eval_auto_stride, log=ctx.log, **common)
+    model.train()
+    return out
+
+
+def main() -> int:
+    hp = Hyperparameters.from_env()
+    ctx = setup_distributed(hp)
+    if ctx.is_main:
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
+    code_bytes = measure_code_bytes()
+    log_run_header(ctx, hp)
+    sp, manifest = check_inputs(hp, ctx)
+    torch.manual_seed(hp.seed)
+    np.random.seed(hp.seed)
+
+    config = build_model_config(hp)
+    model = GPT(**config).to(ctx.device)
+    model.init_weights(hp.tied_embed_init_std)
+    model.set_attention_backend(resolve_attention_backend(hp.attn_backend, ctx.device))
+    policy = QuantPolicy.from_env()
+    model.configure_qat(policy)
+    num_params = sum(p.numel() for p in model.parameters())
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    projected = estimate_artifact_bytes(shapes, policy) + code_bytes
+    flops_per_token = count_train_flops_per_token(config, hp.train_seq_len)
+    ctx.log(f"model_params:{num_params} attention:{model.blocks[0].attn.backend} "
+            f"train_flops_per_token:{flops_per_token:.4g} code_bytes:{code_bytes}")
+    ctx.log(f"projected_total_bytes:{projected} byte_budget:{hp.byte_budget}"
+            + (" WARNING: projected over budget, export will step down precision" if projected > hp.byte_budget else ""))
+    loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, ctx.rank, ctx.world_size, ctx.device)
+
+    luts = build_sentencepiece_luts(sp, hp.vocab_size)
+    val_cache = {}
+
+    def val_tokens():  # created only for evaluation: training never touches val tokens
+        if "tokens" not in val_cache:
+            tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
+            val_cache["tokens"] = tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
+        return val_cache["tokens"]
+
+    status = "ok"
+    try:
+        result = train(ctx, hp, model, loader, flops_per_token,
+                       val_eval=lambda m: tuple(evaluate_model(ctx, hp, m, val_tokens(), luts).values()))
+    except NonFiniteLossError as e:
+        ctx.log(f"ERROR: {e}; training stopped, no artifact written")
+        status, result = "nonfinite_loss", None
+    summary = {"run_id": hp.run_id, "preset": hp.preset, "seed": hp.seed, "world_size": ctx.world_size,
+               "device": describe_device(ctx.device), "status": status, "hyperparameters": dataclasses.asdict(hp),
+               "max_wallclock_seconds": hp.max_wallclock_seconds, "bytes_code": code_bytes,
+               "byte_budget": hp.byte_budget, "torch_version": torch.__version__,
+               "python_version": platform.python_version(), "model_params": num_params}
+    if result is None or result.stopped_by_signal:
+        if result is not None:
+            summary.update(status="stopped_by_signal", steps=result.steps, train_seconds=result.train_seconds)
+        if ctx.is_main:
+            atomic_write_json(ctx.run_dir / "result.json", summary)
+        return 1 if result is None else 128 + result.stopped_by_signal
+    summary.update(steps=result.steps, train_seconds=result.train_seconds,
+                   ms_per_step=1000.0 * result.train_seconds / max(1, result.steps))
+
+    eval_on = not hp.skip_final_eval
+    if eval_on:
+        pre = evaluate_model(ctx, hp, model, val_tokens(), luts)
+        ctx.log(f"final_prequant_exact val_loss:{pre['val_loss']:.8f} val_bpb:{pre['val_bpb']:.8f}")
+        summary.update(val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"])
+
+    artifact_path = ctx.run_dir / "final_model.ptz"
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    if ctx.is_main:
+        if hp.save_prequant:
+            from safetensors.torch import save_file
+
+            save_file(state, str(ctx.run_dir / "prequant.safetensors"), metadata={"model_config": json.dumps(config)})
+        report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
+                                 policy=policy, log=ctx.log)
+        summary.update(bytes_model=report["bytes_model"], bytes_total=report["bytes_total"],
+                       compressor=report.get("compressor"), packing=report.get("packing"))
+    if ctx.world_size > 1:
+        dist.barrier()
+
+    eval_start = time.perf_counter()
+    sd, loaded_config, _meta = load_artifact(artifact_path)
+    eval_model = GPT(**loaded_config).to(ctx.device)
+    eval_model.load_state_dict(sd)
+    eval_model.set_attention_backend(model.blocks[0].attn.backend)
+    if eval_on:
+        tokens = val_tokens()
+        out = evaluate_model(ctx, hp, eval_model, tokens, luts, stride=hp.eval_stride)
+        sliding = out["sliding"]
+        eval_seconds = time.perf_counter() - eval_start
+        ctx.log(f"final_roundtrip_exact val_loss:{out['val_loss']:.8f} val_bpb:{out['val_bpb']:.8f}")
+        ctx.log(f"final_sliding_window_exact val_loss:{sliding['val_loss']:.8f} val_bpb:{sliding['val_bpb']:.8f} "
+                f"stride:{sliding['stride']} eval_time:{1000 * sliding['eval_seconds']:.0f}ms")
+        summary.update(val_loss_roundtrip=out["val_loss"], val_bpb_roundtrip=out["val_bpb"],
+                       val_loss_sliding=sliding["val_loss"], val_bpb_sliding=sliding["val_bpb"],
+                       eval_stride=sliding["stride"], eval_seconds=eval_seconds, val_tokens=int(tokens.numel()),
+                       tokens_per_byte=sliding["num_scored_tokens"] / max(1, sliding["num_bytes"]))
+    if ctx.is_main:
+        total = summary["bytes_total"]
+        ctx.log(f"Total submission size: {total} bytes")
+        summary["compliance"] = {
+            "train_time_ok": hp.max_wallclock_seconds > 0 and summary["train_seconds"] <= hp.max_wallclock_seconds,
+            "eval_time_ok": eval_on and summary["eval_seconds"] <= 600.0,
+            "bytes_ok": total <= hp.byte_budget,
+            "full_val_split": hp.val_max_tokens == 0,
+            "val_not_seen_in_training": True,
+            "splits_disjoint": None if manifest is None else True,
+        }
+        atomic_write_json(ctx.run_dir / "result.json", summary)
+        ctx.log(f"result:{ctx.run_dir / 'result.json'}")
+    if ctx.world_size > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
