@@ -773,12 +773,15 @@ class NonFiniteLossError(RuntimeError):
 class TrainResult:
     steps: int
     train_seconds: float
+    train_losses: list
     stopped_by_signal: int = 0
 
 
-def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float) -> None:
+def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float, losses) -> None:
+    """Everything a resumed run needs to continue bit for bit on CPU; written atomically."""
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
              "ema": ema.shadow if ema else None, "step": step, "train_seconds": train_seconds,
+             "losses": torch.stack(losses).cpu() if losses else torch.zeros(0),
              "stream": [loader.stream.shard_index, loader.stream.offset],
              "rng": torch.get_rng_state()}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -798,7 +801,7 @@ def load_checkpoint(path: Path, model, optimizers, ema, loader) -> tuple:
             s.copy_(v)
     loader.stream.seek(*state["stream"])
     torch.set_rng_state(state["rng"])
-    return state["step"], state["train_seconds"]
+    return state["step"], state["train_seconds"], list(state["losses"].to(loader.device).unbind())
 
 
 def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, flops_per_token: float,
@@ -860,9 +863,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         nonfinite_step.fill_(-1)
         ctx.log(f"warmup_steps:{hp.warmup_steps} done, model and optimizer state restored")
 
-    step, train_ms = 0, 0.0
+    step, train_ms, losses = 0, 0.0, []  # losses stay on the device: no sync per step
     if hp.resume:
-        step, train_seconds = load_checkpoint(ckpt_path, model, optimizers, ema, loader)
+        step, train_seconds, losses = load_checkpoint(ckpt_path, model, optimizers, ema, loader)
         train_ms = 1000.0 * train_seconds
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
@@ -891,6 +894,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 qat_on = True
                 ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
             loss = one_step(step, progress)
+            losses.append(loss)
             step += 1
             check_now = ctx.device.type != "cuda" or step % 10 == 0 or step % hp.train_log_every == 0
             if check_now and int(nonfinite_step) >= 0:
@@ -907,20 +911,25 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 ctx.log(line)
                 log_t, log_step = now, step
             if hp.checkpoint_every and step % hp.checkpoint_every == 0 and ctx.is_main:
-                save_checkpoint(ckpt_path, model, optimizers, ema, step,
-                                loader, (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0)
-        if ema:  # the swap counts as training time
-            ema.copy_to_model()
-        model.set_qat(False)
-        ctx.sync()
-        train_ms += 1000.0 * (time.perf_counter() - t0)
+                save_checkpoint(ckpt_path, model, optimizers, ema, step, loader,
+                                (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0, losses)
         if stop.signum:
+            ctx.sync()
+            train_ms += 1000.0 * (time.perf_counter() - t0)
             ctx.log(f"stopped by signal {signal.Signals(stop.signum).name} at step:{step}")
             if hp.checkpoint_every and ctx.is_main:
-                save_checkpoint(ckpt_path, model, optimizers, None, step, loader, train_ms / 1000.0)
+                save_checkpoint(ckpt_path, model, optimizers, ema, step, loader, train_ms / 1000.0, losses)
+                ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
+        else:
+            if ema:  # the swap counts as training time
+                ema.copy_to_model()
+            model.set_qat(False)
+            ctx.sync()
+            train_ms += 1000.0 * (time.perf_counter() - t0)
     ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
             if step < hp.iterations and not stop.signum else f"training done step:{step}")
-    return TrainResult(steps=step, train_seconds=train_ms / 1000.0, stopped_by_signal=stop.signum)
+    history = torch.stack(losses).tolist() if losses else []
+    return TrainResult(step, train_ms / 1000.0, history, stopped_by_signal=stop.signum)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -942,7 +951,12 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log)
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
-    num_val = sum(read_shard_header(p) for p in list_shards(hp.data_path, "val"))
+    num_val = 0
+    for path in list_shards(hp.data_path, "val"):  # ids checked here; the tokens are dropped again
+        tokens = load_data_shard(path)
+        if tokens.numel() and int(tokens.max()) >= hp.vocab_size:
+            raise ValueError(f"{path}: token id {int(tokens.max())} >= VOCAB_SIZE={hp.vocab_size}")
+        num_val += tokens.numel()
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
                          f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
@@ -1017,11 +1031,12 @@ def main() -> int:
                "python_version": platform.python_version(), "model_params": num_params}
     if result is None or result.stopped_by_signal:
         if result is not None:
-            summary.update(status="stopped_by_signal", steps=result.steps, train_seconds=result.train_seconds)
+            summary.update(status="stopped_by_signal", steps=result.steps, train_seconds=result.train_seconds,
+                           train_losses=result.train_losses)
         if ctx.is_main:
             atomic_write_json(ctx.run_dir / "result.json", summary)
         return 1 if result is None else 128 + result.stopped_by_signal
-    summary.update(steps=result.steps, train_seconds=result.train_seconds,
+    summary.update(steps=result.steps, train_seconds=result.train_seconds, train_losses=result.train_losses,
                    ms_per_step=1000.0 * result.train_seconds / max(1, result.steps))
 
     eval_on = not hp.skip_final_eval
@@ -1080,4 +1095,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except ValueError as err:  # a user mistake: say what and where, no traceback
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -52,8 +52,9 @@ def eval_score_windows(
 
     tokens: int64 CPU [N] stream; starts, lengths, score_offsets: int64 CPU [W] (see module
     docstring; needs starts + lengths <= N - 1). Windows are right-padded to the longest one
-    (causal attention: padding never changes a real position); with compile_model on CUDA the
-    last batch is padded to batch_seqs windows too, so one static graph serves every batch.
+    (causal attention: padding never changes a real position); with compile_model the last batch
+    is padded to batch_seqs windows too, so one static graph serves every batch, and the forward
+    is torch.compile'd (dynamic=False) when the device is CUDA.
     on_batch(batch_index, num_batches) is called after each batch (the time guard hooks in there).
     Returns this process' float64 [3] sums (NLL nats, tokens, bytes) on `device`, not reduced.
     """
@@ -72,8 +73,9 @@ def eval_score_windows(
     starts_dev = (starts - token_lo).to(device)
     lengths_dev, offsets_dev = lengths.to(device), score_offsets.to(device)
     forward = model.forward_logits
-    pad_batches = compile_model and device.type == "cuda"
-    if pad_batches:
+    # The padding is the CPU twin of the compiled path: it runs (and is tested) on any device.
+    pad_batches = bool(compile_model)
+    if pad_batches and device.type == "cuda":
         forward = torch.compile(forward, dynamic=False)
     num_batches = (num_windows + batch_seqs - 1) // batch_seqs
     bar = eval_tqdm(total=num_batches, desc="eval", leave=False) if show_progress and eval_tqdm is not None else None

@@ -1,0 +1,146 @@
+"""`python -m eval`: score an artifact from disk, or count the bytes of the val split.
+
+  python -m eval score --artifact FILE --data-path DIR --tokenizer MODEL [--stride S] [--seq-len L] [--batch-seqs B]
+      Rebuilds the model from the artifact alone (quant.artifact.load_artifact + train_gpt.GPT),
+      runs the roundtrip and sliding evals and prints the official-style lines
+      `final_roundtrip_exact val_loss:... val_bpb:...` and
+      `final_sliding_window_exact val_loss:... val_bpb:... stride:S eval_time:Nms`.
+      Works under `torchrun --nproc_per_node=K` (nccl on CUDA, gloo on CPU).
+  python -m eval bytes --data-path DIR --tokenizer MODEL
+      Prints `val_tokens:N val_bytes:M tokens_per_byte:R` where N is the number of scored
+      targets (all val tokens but the first) and M their byte count (official LUT rule).
+
+Environment defaults (flags override): EVAL_STRIDE (64), EVAL_BATCH_SEQS (32),
+EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
+EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split).
+This module is CLI-only and is not bundled into train_gpt.py.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import sentencepiece as spm
+import torch
+import torch.distributed as dist
+
+from eval.bpb import count_stream_bytes, load_sentencepiece_luts
+from eval.roundtrip import eval_roundtrip
+from eval.sliding import eval_sliding
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, str(default))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _load_model(artifact_path, device: torch.device, log):
+    from quant.artifact import load_artifact  # written concurrently; CLI-only imports
+    from train_gpt import GPT
+
+    state_dict, model_config, meta = load_artifact(artifact_path)
+    model = GPT(**model_config)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    param_names = {name for name, _ in model.named_parameters()}
+    missing_params = [k for k in missing if k in param_names]
+    if missing_params or unexpected:
+        raise ValueError(f"artifact {artifact_path}: missing parameters {missing_params}, unexpected tensors {list(unexpected)}")
+    if missing:
+        log(f"artifact {artifact_path}: buffers not stored, kept at their init values: {list(missing)}")
+    return model.to(device), model_config, meta
+
+
+def cmd_score(args) -> None:
+    t_start = time.perf_counter()
+    from eval.shards import check_data_manifest, load_validation_tokens
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1:
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+
+    def log(msg: str) -> None:
+        if rank == 0:
+            print(msg, flush=True)
+
+    try:
+        model, model_config, meta = _load_model(args.artifact, device, log)
+        vocab_size = int(model_config["vocab_size"])
+        seq_len = args.seq_len or int(meta.get("train_seq_len") or 2048)
+        luts = load_sentencepiece_luts(args.tokenizer, vocab_size)
+        check_data_manifest(args.data_path, vocab_size=vocab_size, log=log)
+        val_tokens = load_validation_tokens(args.data_path, vocab_size=vocab_size)
+        if args.val_max_tokens:  # same truncation as the trainer's VAL_MAX_TOKENS (not for records)
+            val_tokens = val_tokens[: args.val_max_tokens + 1]
+        autocast_dtype = torch.bfloat16 if device.type == "cuda" and args.autocast == "bf16" else None
+        common = dict(batch_seqs=args.batch_seqs, device=device, rank=rank, world_size=world_size,
+                      autocast_dtype=autocast_dtype, compile_model=bool(args.compile) and device.type == "cuda")
+        val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
+        log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
+        if args.stride > 0:
+            budget_seconds = args.max_seconds - (time.perf_counter() - t_start)
+            result = eval_sliding(model, val_tokens, luts, seq_len=seq_len, stride=args.stride, max_seconds=budget_seconds,
+                                  auto_stride=bool(args.auto_stride), log=log, **common)
+            log(
+                f"final_sliding_window_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
+                f"stride:{result['stride']} eval_time:{1000 * result['eval_seconds']:.0f}ms"
+            )
+        log(f"eval_total_time:{1000 * (time.perf_counter() - t_start):.0f}ms seq_len:{seq_len} val_tokens:{val_tokens.numel()}")
+    finally:
+        if world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def cmd_bytes(args) -> None:
+    from eval.shards import load_validation_tokens
+
+    sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
+    vocab_size = int(sp.vocab_size())
+    luts = load_sentencepiece_luts(args.tokenizer, vocab_size)
+    tokens = load_validation_tokens(args.data_path, vocab_size=vocab_size)
+    num_targets = tokens.numel() - 1
+    num_bytes = count_stream_bytes(tokens, luts)
+    print(f"val_tokens:{num_targets} val_bytes:{num_bytes} tokens_per_byte:{num_targets / max(num_bytes, 1):.8f}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    score = sub.add_parser("score", help="score an artifact (.ptz) on the val split")
+    score.add_argument("--artifact", required=True)
+    score.add_argument("--data-path", required=True)
+    score.add_argument("--tokenizer", required=True)
+    score.add_argument("--stride", type=int, default=_env_int("EVAL_STRIDE", 64), help="sliding stride; 0 skips the sliding eval")
+    score.add_argument("--seq-len", type=int, default=0, help="default: meta train_seq_len of the artifact, else 2048")
+    score.add_argument("--batch-seqs", type=int, default=_env_int("EVAL_BATCH_SEQS", 32))
+    score.add_argument("--max-seconds", type=float, default=float(os.environ.get("EVAL_MAX_SECONDS", "600")))
+    score.add_argument("--auto-stride", type=int, choices=(0, 1), default=_env_int("EVAL_AUTO_STRIDE", 0))
+    score.add_argument("--compile", type=int, choices=(0, 1), default=_env_int("EVAL_COMPILE", 1), help="torch.compile the forward (CUDA only)")
+    score.add_argument("--val-max-tokens", type=int, default=_env_int("VAL_MAX_TOKENS", 0),
+                       help="score only the first N+1 val tokens, as the trainer's VAL_MAX_TOKENS (0 = all; records need all)")
+    score.add_argument("--autocast", choices=("bf16", "none"), default="bf16", help="autocast dtype on CUDA")
+    score.set_defaults(func=cmd_score)
+    count = sub.add_parser("bytes", help="count tokens and bytes of the val split")
+    count.add_argument("--data-path", required=True)
+    count.add_argument("--tokenizer", required=True)
+    count.set_defaults(func=cmd_bytes)
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""CLI (not bundled into the counted script):
+
+  python -m quant inspect FILE            per-tensor byte table of an artifact; exit 2 if damaged
+  python -m quant estimate [--code-bytes N] [--byte-budget N] [--shapes SHAPES.json]
+        projected artifact bytes of the model configured by the environment (train_gpt's
+        Hyperparameters.from_env / build_model_config / GPT on the meta device) or of an explicit
+        {"name": [dims...]} JSON file; exit 1 if it would not fit the budget, 2 on bad input.
+"""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from quant.artifact import quant_byte_budget
+from quant.codec import QUANT_HEADER, quant_parse_payload, quant_unwrap_container
+from quant.estimate import QUANT_EST_FIXED_BYTES, estimate_artifact_bytes, quant_estimate_tensor_bytes
+from quant.policy import QuantPolicy
+
+
+def _inspect(path: str, out=print) -> int:
+    data = Path(path).read_bytes()
+    raw, compressor = quant_unwrap_container(data)
+    tensors, model_config, quant = quant_parse_payload(raw)
+    packing, rows, data_bytes = quant["packing"], [], 0
+    for name, (shape, kind, clip) in quant["tensors"].items():
+        parts = [name + ".q", name + ".scale"] if isinstance(kind, int) else [name]
+        nbytes = sum(tensors[p].numel() * tensors[p].element_size() for p in parts)
+        fmt = f"int{kind} {'packed' if packing == 'bits' else 'in int8'} clip={clip:g}" if isinstance(kind, int) else kind
+        rows.append((name, "x".join(map(str, shape)) or "scalar", fmt, nbytes))
+        data_bytes += nbytes
+    width = max([len(r[0]) for r in rows] + [4])
+    out(f"{'name':<{width}}  {'shape':>11}  {'format':<24} {'bytes':>10}  {'share':>6}")
+    for name, shape, fmt, nbytes in rows:
+        out(f"{name:<{width}}  {shape:>11}  {fmt:<24} {nbytes:>10,}  {100 * nbytes / max(len(raw), 1):5.1f}%")
+    num_params = sum(math.prod(shape) for shape, _, _ in quant["tensors"].values())
+    comp_bytes = len(data) - QUANT_HEADER.size
+    out(f"tensors: {len(rows)}   params: {num_params:,}   model_config: {json.dumps(model_config)}")
+    out(f"raw payload: {len(raw):,} bytes = tensor data {data_bytes:,} + safetensors header/metadata {len(raw) - data_bytes:,}")
+    out(f"compressed payload: {comp_bytes:,} bytes ({compressor}, packing {packing}, ratio {len(raw) / max(comp_bytes, 1):.3f})")
+    out(f"file total: container header {QUANT_HEADER.size} + compressed payload {comp_bytes:,} = {len(data):,} bytes"
+        f" ({8 * len(data) / max(num_params, 1):.3f} bits/param)")
+    return 0
+
+
+def _model_shapes_from_env() -> tuple[dict, int]:
+    import torch
+    import train_gpt
+    from train_gpt import GPT, Hyperparameters, build_model_config
+
+    config = build_model_config(Hyperparameters.from_env())
+    with torch.device("meta"):
+        model = GPT(**config)
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    return shapes, Path(train_gpt.__file__).stat().st_size
+
+
+def _estimate(args, out=print) -> int:
+    policy = QuantPolicy.from_env()
+    budget = quant_byte_budget(args.byte_budget)
+    if args.shapes:
+        shapes, code_bytes = {k: tuple(v) for k, v in json.loads(Path(args.shapes).read_text()).items()}, 0
+    else:
+        shapes, code_bytes = _model_shapes_from_env()  # code: the readable train_gpt.py, an upper bound
+    code_bytes = code_bytes if args.code_bytes is None else args.code_bytes
+    groups = {}
+    for name, shape in shapes.items():
+        bits = policy.bits_for(name, shape)
+        key = (policy.group_of(name, shape), f"int{bits}" if bits else policy.passthrough_dtype)
+        g = groups.setdefault(key, [0, 0, 0.0])
+        g[0], g[1], g[2] = g[0] + 1, g[1] + math.prod(shape), g[2] + quant_estimate_tensor_bytes(name, shape, policy)
+    out(f"{'group':<8} {'format':<9} {'tensors':>7} {'params':>12} {'bytes':>12}")
+    for (group, fmt), (num, params, nbytes) in sorted(groups.items()):
+        out(f"{group:<8} {fmt:<9} {num:>7} {params:>12,} {int(nbytes):>12,}")
+    model_bytes = estimate_artifact_bytes(shapes, policy)
+    total = model_bytes + code_bytes
+    out(f"overhead {QUANT_EST_FIXED_BYTES:,} bytes; projected model {model_bytes:,} + code {code_bytes:,} = {total:,} bytes;"
+        f" budget {budget:,}: {'fits' if total <= budget else 'DOES NOT FIT'} (margin {budget - total:,})")
+    out("assumes Gaussian-like weights (upper bound); QUANT_AUTOFIT steps down bits / prunes if the real export is over")
+    return 0 if total <= budget else 1
+
+
+def quant_cli(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m quant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_inspect = sub.add_parser("inspect", help="per-tensor byte table of an artifact")
+    p_inspect.add_argument("file")
+    p_est = sub.add_parser("estimate", help="projected artifact bytes before training")
+    p_est.add_argument("--code-bytes", type=int, default=None, help="counted code bytes (default: size of train_gpt.py)")
+    p_est.add_argument("--byte-budget", type=int, default=None, help="default: env BYTE_BUDGET or 16,000,000")
+    p_est.add_argument("--shapes", default=None, help="JSON file {name: [dims]} instead of building the model")
+    args = parser.parse_args(argv)
+    try:
+        return _inspect(args.file) if args.cmd == "inspect" else _estimate(args)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(quant_cli())

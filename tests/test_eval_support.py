@@ -1,0 +1,143 @@
+"""Shared helpers of the eval tests: tiny models with `forward_logits`, real-text token streams, and a
+reference sliding eval written straight from the rule text (one window at a time, float64).
+
+Imported by the other tests/test_eval_*.py files (pytest puts tests/ on sys.path).
+"""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+TOKENIZER_DIR = SHARED / "data" / "tokenizers"
+TEXT_DIR = SHARED / "data" / "text"
+
+
+class TinyCausalLM(nn.Module):
+    """A one-block causal transformer (no positional signal besides causality) over a small width:
+    its logits at a position depend on the whole prefix, which is what the sliding tests need."""
+
+    def __init__(self, vocab_size: int = 1024, dim: int = 16, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.vocab_size = vocab_size
+        self.emb = nn.Parameter(torch.randn(vocab_size, dim, generator=gen))
+        self.qkv = nn.Parameter(torch.randn(3 * dim, dim, generator=gen) / math.sqrt(dim))
+        self.head = nn.Parameter(torch.randn(vocab_size, dim, generator=gen))
+        self.num_calls = 0
+        self.batch_shapes = []
+
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        self.num_calls += 1
+        self.batch_shapes.append(tuple(input_ids.shape))
+        h = self.emb[input_ids]
+        q, k, v = F.linear(h, self.qkv).chunk(3, dim=-1)
+        h = h + F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None], is_causal=True)[:, 0]
+        return 2.0 * torch.tanh(F.linear(F.rms_norm(h, (h.size(-1),)), self.head) / 2.0)
+
+
+class BigramLM(nn.Module):
+    """Logits depend only on the current token: every window set must give the same sums."""
+
+    def __init__(self, vocab_size: int = 1024, seed: int = 0):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(vocab_size, vocab_size, generator=torch.Generator().manual_seed(seed)))
+
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[input_ids]
+
+
+class UniformLM(nn.Module):
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(*input_ids.shape, self.vocab_size)
+
+
+def read_docs(name: str = "fineweb_textfixer", limit: int | None = None) -> list[str]:
+    docs = []
+    with open(TEXT_DIR / f"{name}.jsonl", encoding="utf-8") as f:
+        for line in f:
+            docs.append(json.loads(line)["text"])
+            if limit is not None and len(docs) >= limit:
+                break
+    return docs
+
+
+def load_sp(vocab_size: int = 1024):
+    spm = pytest.importorskip("sentencepiece")
+    path = TOKENIZER_DIR / f"fineweb_{vocab_size}_bpe.model"
+    if not path.is_file():
+        pytest.skip(f"tokenizer {path} not available")
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+def real_stream(sp, num_docs: int = 6, max_tokens: int | None = None) -> torch.Tensor:
+    """Val-style stream: [BOS] + sp.encode(doc) per document, concatenated (int64 [N])."""
+    ids = []
+    for doc in read_docs(limit=num_docs):
+        ids += [sp.bos_id()] + sp.encode(doc)
+    tokens = torch.tensor(ids, dtype=torch.int64)
+    return tokens[:max_tokens] if max_tokens else tokens
+
+
+# Characters outside the sp1024-4096 vocabularies encode to <unk> (a boundary token) followed by
+# pieces with a leading space: the case where the space must NOT be counted.
+UNKNOWN_CHARS_DOC = "Tokyo \u6771\u4eac is big, \U0001f600 and \u4e2d \u2713 ok. \u65e5\u672c and \ud55c\uad6d or \u03a9 sure"
+
+
+def mixed_stream(sp, num_tokens: int = 2000) -> torch.Tensor:
+    """Val-style stream that alternates the first 120 tokens of real documents with
+    UNKNOWN_CHARS_DOC, so BOS and <unk> boundaries followed by spaced pieces occur all along it."""
+    ids, docs = [], read_docs(limit=64)
+    for i in range(10 ** 6):
+        ids += [sp.bos_id()] + sp.encode(UNKNOWN_CHARS_DOC if i % 2 == 0 else docs[(i // 2) % len(docs)])[:120]
+        if len(ids) >= num_tokens:
+            return torch.tensor(ids[:num_tokens], dtype=torch.int64)
+    raise AssertionError("unreachable")
+
+
+def random_stream(num_tokens: int, vocab_size: int = 1024, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (num_tokens,), generator=torch.Generator().manual_seed(seed))
+
+
+def reference_windows(num_targets: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, end, first scored position) straight from the rule: starts 0, stride, ... while
+    start + context < num_targets (window 0 always); the first window scores everything, later
+    ones their last `stride` positions; a window ends at min(start + seq_len, num_targets)."""
+    context = seq_len - stride
+    windows, start = [], 0
+    while start == 0 or start + context < num_targets:
+        end = min(start + seq_len, num_targets)
+        windows.append((start, end, start if start == 0 else start + context))
+        start += stride
+    return windows
+
+
+def reference_sliding_sums(model, tokens: torch.Tensor, luts, seq_len: int, stride: int) -> tuple[float, int, int]:
+    """One window per forward, per-token float64 log-softmax, bytes from the LUTs by hand."""
+    base_bytes, has_leading_space, is_boundary = (t.tolist() for t in luts)
+    nll_sum, num_tokens, num_bytes = 0.0, 0, 0
+    with torch.no_grad():
+        for start, end, first in reference_windows(tokens.numel() - 1, seq_len, stride):
+            logp = torch.log_softmax(model.forward_logits(tokens[None, start:end])[0].double(), dim=-1)
+            for t in range(first, end):
+                prev, target = int(tokens[t]), int(tokens[t + 1])
+                nll_sum -= float(logp[t - start, target])
+                num_tokens += 1
+                num_bytes += base_bytes[target] + int(has_leading_space[target] and not is_boundary[prev])
+    return nll_sum, num_tokens, num_bytes
+
+
+def test_reference_windows_cover_each_target_once():
+    # The reference itself must satisfy the rule before anything is compared against it.
+    for num_targets, seq_len, stride in [(1, 4, 1), (10, 4, 4), (10, 4, 3), (37, 8, 2), (5, 16, 4)]:
+        seen = [t for _, end, first in reference_windows(num_targets, seq_len, stride) for t in range(first, end)]
+        assert seen == list(range(num_targets))

@@ -1,0 +1,154 @@
+"""Bad input is refused before the clock starts, with a message naming the input (issue 6)."""
+
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from train_gpt import Hyperparameters, RunContext, check_inputs, resolve_attention_backend, warn_unknown_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ctx(tmp_path, world_size=1):
+    return RunContext(rank=0, world_size=world_size, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
+
+
+def hp_for(dataset, tokenizer, **env):
+    base = {"PRESET": "smoke", "DATA_PATH": str(dataset), "TOKENIZER_PATH": str(tokenizer), "VOCAB_SIZE": "1024"}
+    return Hyperparameters.from_env({**base, **{k: str(v) for k, v in env.items()}}, log=lambda *_: None)
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("MATRIX_LR", "-0.1", "MATRIX_LR=-0.1: expected a finite value >= 0"),
+    ("NUM_LAYERS", "eight", "NUM_LAYERS='eight': expected int"),
+    ("NUM_LAYERS", "2.5", "NUM_LAYERS='2.5': expected int"),
+    ("EMA_DECAY", "nan", "EMA_DECAY"),
+    ("TIE_EMBEDDINGS", "maybe", "TIE_EMBEDDINGS='maybe': expected bool"),
+    ("PRESET", "4xh100", "PRESET='4xh100'"),
+    ("NUM_KV_HEADS", "3", "NUM_HEADS"),
+    ("ROPE_DIMS", "65", "ROPE_DIMS"),
+    ("EVAL_STRIDE", "0", "EVAL_STRIDE"),
+    ("ATTN_BACKEND", "xformers", "ATTN_BACKEND"),
+    ("VOCAB_SIZE", "70000", "VOCAB_SIZE"),
+])
+def test_bad_setting_raises_value_error_naming_the_variable(name, value, expected):
+    with pytest.raises(ValueError, match=expected) as err:
+        Hyperparameters.from_env({name: value}, log=lambda *_: None)
+    assert name in str(err.value) or expected in str(err.value)
+
+
+def test_preset_defaults_and_explicit_override():
+    hp = Hyperparameters.from_env({"PRESET": "8xh100", "NUM_LAYERS": "12"}, log=lambda *_: None)
+    assert hp.num_layers == 12 and hp.train_batch_tokens == 786_432 and hp.xsa_last_n == 4
+    smoke = Hyperparameters.from_env({"PRESET": "smoke"}, log=lambda *_: None)
+    assert (smoke.num_layers, smoke.model_dim, smoke.train_seq_len, smoke.train_batch_tokens) == (4, 256, 256, 8192)
+    assert smoke.max_wallclock_seconds == 120.0
+    default = Hyperparameters.from_env({}, log=lambda *_: None)
+    assert (default.preset, default.num_layers, default.train_seq_len, default.eval_stride) == ("1xh100", 8, 2048, 64)
+
+
+def test_unknown_lookalike_env_var_warns_with_a_suggestion():
+    lines = []
+    unknown = warn_unknown_env({"MATRIX_LRR": "0.1", "MUON_WEIGHT_DECAY": "0.1", "HOME": "/root",
+                                "MATRIX_LR": "0.02", "PATH": "/bin"}, log=lines.append)
+    assert unknown == ["MATRIX_LRR", "MUON_WEIGHT_DECAY"]
+    assert "did you mean MATRIX_LR?" in lines[0]
+
+
+def test_batch_not_divisible_by_world_accum_seq():
+    hp = Hyperparameters.from_env({"PRESET": "smoke", "TRAIN_BATCH_TOKENS": "8000"}, log=lambda *_: None)
+    with pytest.raises(ValueError, match=r"TRAIN_BATCH_TOKENS=8000: expected a multiple of world_size\(2\)"):
+        hp.resolve_grad_accum(world_size=2, is_cuda=False)
+    assert Hyperparameters.from_env({"PRESET": "smoke"}, log=lambda *_: None).resolve_grad_accum(2, False) == 1
+
+
+def test_flash_attn_forced_without_cuda():
+    with pytest.raises(ValueError, match="ATTN_BACKEND='fa3': flash-attn needs CUDA"):
+        resolve_attention_backend("fa3", torch.device("cpu"))
+    assert resolve_attention_backend("auto", torch.device("cpu")) == "sdpa"
+
+
+def test_missing_data_dir_and_tokenizer(tiny_dataset, sp1024_model, tmp_path):
+    with pytest.raises(ValueError, match="DATA_PATH='/nonexistent/data': no such directory"):
+        check_inputs(hp_for("/nonexistent/data", sp1024_model), ctx(tmp_path))
+    with pytest.raises(ValueError, match="TOKENIZER_PATH='/nonexistent/tok.model': no such file"):
+        check_inputs(hp_for(tiny_dataset, "/nonexistent/tok.model"), ctx(tmp_path))
+
+
+def test_tokenizer_vocab_must_match(tiny_dataset, sp1024_model, tmp_path):
+    with pytest.raises(ValueError, match="VOCAB_SIZE=2048: the tokenizer .* has 1024 ids"):
+        check_inputs(hp_for(tiny_dataset, sp1024_model, VOCAB_SIZE=2048), ctx(tmp_path))
+
+
+def test_val_split_shorter_than_one_sequence(tiny_dataset, sp1024_model, tmp_path):
+    with pytest.raises(ValueError, match="val split has \\d+ tokens, fewer than one sequence"):
+        check_inputs(hp_for(tiny_dataset, sp1024_model, TRAIN_SEQ_LEN=1_000_000, EVAL_STRIDE=64), ctx(tmp_path))
+
+
+def copy_dataset(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def corrupt_first(path: Path, split: str, how: str) -> Path:
+    shard = sorted(path.glob(f"fineweb_{split}_*.bin"))[0]
+    raw = bytearray(shard.read_bytes())
+    if how == "magic":
+        raw[0:4] = struct.pack("<i", 12345)
+    elif how == "version":
+        raw[4:8] = struct.pack("<i", 7)
+    elif how == "truncated":
+        raw = raw[: len(raw) - 10]
+    elif how == "big_id":
+        raw[1024 + 2 * 5: 1024 + 2 * 6] = struct.pack("<H", 5000)
+    shard.write_bytes(bytes(raw))
+    return shard
+
+
+@pytest.mark.parametrize("split", ["val", "train"])
+@pytest.mark.parametrize("how,message", [("magic", "magic"), ("version", "version"), ("truncated", "")])
+def test_damaged_shards_are_refused_naming_the_file(tiny_dataset, sp1024_model, tmp_path, split, how, message):
+    from train_gpt import TokenStream
+
+    data = copy_dataset(tiny_dataset, tmp_path / "data")
+    shard = corrupt_first(data, split, how)
+    with pytest.raises(ValueError, match=message) as err:
+        check_inputs(hp_for(data, sp1024_model), ctx(tmp_path))
+        TokenStream(str(data), 1024)
+    assert shard.name in str(err.value)
+
+
+def test_token_id_beyond_vocab_is_refused(tiny_dataset, sp1024_model, tmp_path):
+    from eval.shards import load_validation_tokens
+    from train_gpt import TokenStream
+
+    data = copy_dataset(tiny_dataset, tmp_path / "data")
+    corrupt_first(data, "train", "big_id")
+    with pytest.raises(ValueError, match="5000"):
+        TokenStream(str(data), 1024)
+    corrupt_first(data, "val", "big_id")
+    with pytest.raises(ValueError, match="5000"):
+        load_validation_tokens(str(data), vocab_size=1024)
+
+
+def test_empty_val_split_is_refused(tiny_dataset, sp1024_model, tmp_path):
+    data = copy_dataset(tiny_dataset, tmp_path / "data")
+    for shard in data.glob("fineweb_val_*.bin"):
+        shard.unlink()
+    with pytest.raises((ValueError, FileNotFoundError), match="val"):
+        check_inputs(hp_for(data, sp1024_model), ctx(tmp_path))
+
+
+def test_cli_exits_nonzero_with_the_message_and_no_traceback(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "PRESET": "smoke", "NUM_LAYERS": "-1", "OUT_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "error: NUM_LAYERS=-1: expected a finite value >= 0" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,476 @@
+"""tools/prepare_data.py: jsonl/txt -> shards, tokenizer training, offline sample, fineweb download logic."""
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header, write_data_shard
+from tools.prepare_data import (
+    HubUnreachableError,
+    build_sample,
+    check_tokenizer,
+    dataset_dir_for_variant,
+    download_fineweb,
+    iter_documents,
+    local_path_for_remote,
+    main,
+    prepare_jsonl_dataset,
+    sample_documents,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+QUIET = dict(progress=False, log=lambda msg: None)
+
+
+def _write_jsonl(path: Path, docs) -> Path:
+    path.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+    return path
+
+
+def _split_stream(data_path, split) -> np.ndarray:
+    return np.concatenate([load_data_shard(p).numpy().astype(np.int64) for p in list_shards(data_path, split)])
+
+
+def _expected_stream(sp, docs) -> np.ndarray:
+    return np.concatenate([np.array([1] + sp.encode(d), dtype=np.int64) for d in docs])
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- jsonl
+
+
+def test_jsonl_to_shards_on_real_text(tmp_path, real_text_docs, sp1024_model):
+    docs = real_text_docs[:60]
+    src = _write_jsonl(tmp_path / "docs.jsonl", docs)
+    out = tmp_path / "ds"
+    manifest = prepare_jsonl_dataset([src], sp1024_model, out, num_val_docs=10, shard_tokens=4096, **QUIET)
+    sp = spm.SentencePieceProcessor(model_file=str(sp1024_model))
+
+    val, train = _split_stream(out, "val"), _split_stream(out, "train")
+    assert np.array_equal(val, _expected_stream(sp, docs[:10]))  # val = first N docs, [BOS] + encode, no EOS
+    assert np.array_equal(train, _expected_stream(sp, docs[10:]))
+    lengths = [len(sp.encode(d)) + 1 for d in docs]
+    assert val.size == sum(lengths[:10]) and train.size == sum(lengths[10:])
+    # Every document starts with BOS and BOS appears nowhere else.
+    assert np.array_equal(np.flatnonzero(val == 1), np.cumsum([0] + lengths[:9]))
+    assert np.array_equal(np.flatnonzero(train == 1), np.cumsum([0] + lengths[10:-1]))
+    assert not np.any(train == 2)  # no EOS
+
+    train_shards = list_shards(out, "train")
+    sizes = [read_shard_header(p) for p in train_shards]
+    assert len(sizes) == -(-train.size // 4096) and all(s == 4096 for s in sizes[:-1]) and 0 < sizes[-1] <= 4096
+    assert [p.name for p in train_shards] == [f"fineweb_train_{i:06d}.bin" for i in range(len(sizes))]
+
+    on_disk = json.loads((out / "manifest.json").read_text())
+    assert on_disk == manifest
+    assert manifest["format"] == "parameter-golf-shards" and manifest["format_version"] == 1
+    assert manifest["tokenizer"] == sp1024_model.name
+    assert manifest["tokenizer_sha256"] == hashlib.sha256(sp1024_model.read_bytes()).hexdigest()
+    assert (manifest["vocab_size"], manifest["bos_id"]) == (1024, 1)
+    assert manifest["splits"]["val"] == {"num_docs": 10, "num_tokens": int(val.size),
+                                         "shards": [p.name for p in list_shards(out, "val")],
+                                         "doc_hashes_file": "doc_hashes_val.txt"}
+    assert manifest["splits"]["train"]["num_docs"] == 50 and manifest["splits"]["train"]["num_tokens"] == train.size
+    assert manifest["splits"]["train"]["shards"] == [p.name for p in train_shards]
+    assert manifest["splits"]["train"]["num_dropped_overlap_docs"] == 0
+    assert (out / "doc_hashes_val.txt").read_text().split() == [_sha(d) for d in docs[:10]]
+    assert (out / "doc_hashes_train.txt").read_text().split() == [_sha(d) for d in docs[10:]]
+    assert check_data_manifest(out, vocab_size=1024, log=lambda m: None)["splits_disjoint"] is True
+    assert not list(out.glob("*.tmp"))
+
+
+def test_train_docs_equal_to_val_docs_are_dropped(tmp_path, real_text_docs, sp1024_model):
+    docs = real_text_docs[:12]
+    docs = docs[:4] + [docs[1]] + docs[4:] + [docs[0], docs[0]]  # 3 train copies of val docs
+    out = tmp_path / "ds"
+    logs = []
+    manifest = prepare_jsonl_dataset([_write_jsonl(tmp_path / "d.jsonl", docs)], sp1024_model, out,
+                                     num_val_docs=4, shard_tokens=1 << 20, progress=False, log=logs.append)
+    assert manifest["splits"]["train"]["num_dropped_overlap_docs"] == 3
+    assert manifest["splits"]["train"]["num_docs"] == len(docs) - 4 - 3 == 8
+    assert any("dropped 3 train documents" in m for m in logs)
+    sp = spm.SentencePieceProcessor(model_file=str(sp1024_model))
+    assert np.array_equal(_split_stream(out, "train"), _expected_stream(sp, real_text_docs[4:12]))
+    assert check_data_manifest(out, log=lambda m: None)["splits_disjoint"] is True
+
+
+def test_txt_input_blank_line_separated_and_max_docs(tmp_path, sp1024_model):
+    txt = tmp_path / "notes.txt"
+    txt.write_text("First document, line one.\nLine two.\n\n\n   \nSecond document.\n\nThird\n  indented line\n", encoding="utf-8")
+    assert list(iter_documents([txt])) == ["First document, line one.\nLine two.", "Second document.", "Third\n  indented line"]
+    jsonl = _write_jsonl(tmp_path / "more.jsonl", [f"Extra document number {i}." for i in range(5)])
+    with open(jsonl, "a") as f:
+        f.write("\n")  # a trailing blank line is not a document
+    out = tmp_path / "ds"
+    manifest = prepare_jsonl_dataset([txt, jsonl], sp1024_model, out, num_val_docs=2, max_docs=6, **QUIET)
+    assert manifest["splits"]["val"]["num_docs"] == 2 and manifest["splits"]["train"]["num_docs"] == 4
+    assert manifest["source"]["max_docs"] == 6 and manifest["source"]["num_input_docs"] == 6
+    sp = spm.SentencePieceProcessor(model_file=str(sp1024_model))
+    expected_train = ["Third\n  indented line"] + [f"Extra document number {i}." for i in range(3)]
+    assert np.array_equal(_split_stream(out, "train"), _expected_stream(sp, expected_train))
+
+
+def test_gzip_jsonl_input(tmp_path, sp1024_model):
+    import gzip
+
+    path = tmp_path / "docs.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"text": f"doc {i} über"}) + "\n" for i in range(4)))
+    assert list(iter_documents([path])) == [f"doc {i} über" for i in range(4)]
+
+
+def test_jsonl_errors_come_before_any_output(tmp_path, real_text_docs, sp1024_model):
+    out = tmp_path / "ds"
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        prepare_jsonl_dataset([tmp_path / "missing.jsonl"], sp1024_model, out, num_val_docs=1, **QUIET)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(ValueError, match="no documents"):
+        prepare_jsonl_dataset([empty], sp1024_model, out, num_val_docs=1, **QUIET)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"text": "fine"}\n{"text": broken\n{"text": "never read"}\n')
+    with pytest.raises(ValueError, match=f"{bad}:3: invalid JSON"):
+        prepare_jsonl_dataset([bad], sp1024_model, out, num_val_docs=1, **QUIET)
+    notext = tmp_path / "notext.jsonl"
+    notext.write_text('{"text": "ok"}\n{"content": "x"}\n')
+    with pytest.raises(ValueError, match=f'{notext}:2: expected a JSON object with a string "text"'):
+        prepare_jsonl_dataset([notext], sp1024_model, out, num_val_docs=1, **QUIET)
+    five = _write_jsonl(tmp_path / "five.jsonl", real_text_docs[:5])
+    with pytest.raises(ValueError, match=r"--val-docs 5 must be smaller than the number of documents \(5\)"):
+        prepare_jsonl_dataset([five], sp1024_model, out, num_val_docs=5, **QUIET)
+    csv = tmp_path / "x.csv"
+    csv.write_text("text\nhello\n")
+    with pytest.raises(ValueError, match="unsupported file type '.csv'"):
+        prepare_jsonl_dataset([csv], sp1024_model, out, num_val_docs=1, **QUIET)
+    not_model = tmp_path / "tok.model"
+    not_model.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a SentencePiece model"):
+        prepare_jsonl_dataset([five], not_model, out, num_val_docs=1, **QUIET)
+    with pytest.raises(ValueError, match="--shard-tokens must be positive"):
+        prepare_jsonl_dataset([five], sp1024_model, out, num_val_docs=1, shard_tokens=0, **QUIET)
+    assert not out.exists()
+
+
+def test_tokenizer_vocab_over_uint16_is_rejected():
+    class HugeVocab:  # a real 65,537-piece model takes minutes to train; the check only reads these
+        def vocab_size(self):
+            return 65537
+
+        def bos_id(self):
+            return 1
+
+    with pytest.raises(ValueError, match="vocab_size 65537 > 65536"):
+        check_tokenizer(HugeVocab(), "huge.model")
+
+
+def test_jsonl_cli(tmp_path, real_text_docs, sp1024_model, capsys):
+    src = _write_jsonl(tmp_path / "docs.jsonl", real_text_docs[:20])
+    out = tmp_path / "ds"
+    rc = main(["jsonl", "--input", str(src), "--tokenizer", str(sp1024_model), "--out", str(out),
+               "--val-docs", "5", "--shard-tokens", "2048"])
+    captured = capsys.readouterr()
+    assert rc == 0
+    assert f"DATA_PATH={out}" in captured.out and f"TOKENIZER_PATH={sp1024_model}" in captured.out
+    assert "VOCAB_SIZE=1024" in captured.out
+    assert json.loads((out / "manifest.json").read_text())["splits"]["val"]["num_docs"] == 5
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("nope\n")
+    assert main(["jsonl", "--input", str(bad), "--tokenizer", str(sp1024_model), "--out", str(tmp_path / "x"), "--val-docs", "1"]) == 2
+    assert f"{bad}:1: invalid JSON" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def _proto_fields(buf: bytes) -> dict:
+    """Minimal protobuf wire-format reader: {field_number: [values]} (varint -> int, len -> bytes, fixed32 -> bytes)."""
+    fields, i = {}, 0
+
+    def varint():
+        nonlocal i
+        value = shift = 0
+        while True:
+            b = buf[i]
+            i += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return value
+
+    while i < len(buf):
+        key = varint()
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value = varint()
+        elif wire == 2:
+            n = varint()
+            value, i = buf[i:i + n], i + n
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        else:
+            raise AssertionError(f"unexpected wire type {wire}")
+        fields.setdefault(field, []).append(value)
+    return fields
+
+
+def _sp_specs(model_path: Path):
+    """(trainer_spec, normalizer_spec) of a .model file, field numbers from sentencepiece_model.proto."""
+    model = _proto_fields(Path(model_path).read_bytes())
+    trainer, normalizer = _proto_fields(model[2][0]), _proto_fields(model[3][0])
+    signed = lambda v: v - (1 << 64) if v >= 1 << 63 else v  # noqa: E731  int32 -1 is a 10-byte varint
+    spec = {
+        "model_type": trainer[3][0],  # UNIGRAM=1, BPE=2
+        "vocab_size": trainer[4][0],
+        "character_coverage": struct.unpack("<f", trainer[10][0])[0],
+        "split_digits": bool(trainer.get(25, [0])[0]),
+        "byte_fallback": bool(trainer.get(35, [0])[0]),
+        "hard_vocab_limit": bool(trainer.get(33, [1])[0]),
+        "ids": tuple(signed(trainer.get(f, [d])[0]) for f, d in ((43, -1), (41, 1), (42, 2), (40, 0))),  # pad bos eos unk
+    }
+    norm = {"name": normalizer[1][0].decode(), "add_dummy_prefix": bool(normalizer.get(3, [1])[0])}
+    return spec, norm
+
+
+def test_proto_reader_matches_the_published_tokenizer(shared_dir):
+    if shared_dir is None or not (shared_dir / "data/tokenizers/fineweb_1024_bpe.model").is_file():
+        pytest.skip("needs ../shared/data/tokenizers/fineweb_1024_bpe.model")
+    spec, norm = _sp_specs(shared_dir / "data/tokenizers/fineweb_1024_bpe.model")
+    assert spec["model_type"] == 2 and spec["vocab_size"] == 1024 and spec["split_digits"]
+    assert spec["character_coverage"] == pytest.approx(0.999) and spec["ids"] == (0, 1, 2, 3)
+    assert not spec["byte_fallback"]  # the published sp1024 has no byte fallback (see ../shared/data/README.md)
+    assert norm == {"name": "nmt_nfkc", "add_dummy_prefix": False}
+
+
+def test_tokenizer_subcommand_official_settings(tmp_path, real_text_docs, capsys):
+    src = _write_jsonl(tmp_path / "docs.jsonl", real_text_docs[:150])
+    prefix = tmp_path / "tok" / "mini_512_bpe"
+    assert main(["tokenizer", "--input", str(src), "--vocab-size", "512", "--out", str(prefix),
+                 "--max-sentence-length", "100000"]) == 0
+    model = prefix.with_name("mini_512_bpe.model")
+    assert capsys.readouterr().out.strip() == str(model)
+    spec, norm = _sp_specs(model)
+    assert spec == {"model_type": 2, "vocab_size": 512, "character_coverage": pytest.approx(0.999), "split_digits": True,
+                    "byte_fallback": True, "hard_vocab_limit": False, "ids": (0, 1, 2, 3)}
+    assert norm == {"name": "nmt_nfkc", "add_dummy_prefix": False}
+
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    assert sp.vocab_size() == 512
+    assert [sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<s>", "</s>", "<unk>"]
+    assert sp.id_to_piece(4) == "<0x00>" and sp.id_to_piece(259) == "<0xFF>"  # byte fallback pieces
+    assert [p.strip("▁") for p in sp.encode("2024", out_type=str)] == ["2", "0", "2", "4"]  # split digits
+    assert not sp.encode("Hello", out_type=str)[0].startswith("▁")  # no dummy prefix
+    assert sp.decode(sp.encode("ﬁne")) == "fine"  # NFKC folds the ligature
+    assert 3 not in sp.encode("日本")  # unseen characters become bytes, not <unk>
+    vocab_lines = prefix.with_name("mini_512_bpe.vocab").read_text(encoding="utf-8").splitlines()
+    assert len(vocab_lines) == 512 and vocab_lines[1] == "<s>\t0" and vocab_lines[4] == "<0x00>\t0"
+
+    # Deterministic and path independent: the same text gives the same bytes.
+    assert main(["tokenizer", "--input", str(src), "--vocab-size", "512", "--out", str(tmp_path / "again"),
+                 "--max-sentence-length", "100000"]) == 0
+    assert (tmp_path / "again.model").read_bytes() == model.read_bytes()
+    assert main(["tokenizer", "--input", str(src), "--vocab-size", "512", "--out", str(tmp_path / "nbf"),
+                 "--no-byte-fallback", "--max-sentence-length", "100000"]) == 0
+    assert not _sp_specs(tmp_path / "nbf.model")[0]["byte_fallback"]
+
+
+# ----------------------------------------------------------------------------- sample
+
+
+def test_sample_documents_are_real_text_and_deterministic():
+    docs = sample_documents()
+    assert len(docs) >= 300 and len(set(docs)) == len(docs)
+    assert docs == sample_documents()
+    assert sum(len(d) for d in docs) > 400_000
+    assert any("The following identifiers" in d or "identifiers" in d for d in docs)
+
+
+def test_sample_command_end_to_end(tmp_path):
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "prepare_data.py"), "sample", "--out", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=120)
+    seconds = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr
+    paths = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+    data_path, tokenizer_path = Path(paths["DATA_PATH"]), Path(paths["TOKENIZER_PATH"])
+    assert data_path == tmp_path / "data" / "datasets" / "pydoc_sample_sp1024"
+    assert tokenizer_path == tmp_path / "data" / "tokenizers" / "pydoc_sample_1024_bpe.model"
+    assert paths["VOCAB_SIZE"] == "1024" and seconds < 60
+
+    manifest = check_data_manifest(data_path, vocab_size=1024, log=lambda m: None)
+    assert manifest["splits_disjoint"] is True
+    val_info, train_info = manifest["splits"]["val"], manifest["splits"]["train"]
+    assert val_info["num_docs"] >= 30 and train_info["num_docs"] >= 270
+    assert val_info["num_tokens"] >= 10_000  # > 39 windows of 256 tokens
+    assert train_info["num_tokens"] >= 100_000 and train_info["num_dropped_overlap_docs"] == 0
+    val = load_validation_tokens(data_path, vocab_size=1024)
+    assert val.numel() == val_info["num_tokens"] and val[0].item() == 1
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    assert sp.vocab_size() == 1024 and sp.bos_id() == 1
+    assert manifest["tokenizer_sha256"] == hashlib.sha256(tokenizer_path.read_bytes()).hexdigest()
+    docs = [json.loads(line)["text"] for line in (tmp_path / "data/text/pydoc_sample.jsonl").read_text().splitlines()]
+    assert docs == sample_documents()
+    assert np.array_equal(val.numpy(), _expected_stream(sp, docs[:val_info["num_docs"]]))
+
+    # Deterministic: an in-process rebuild elsewhere gives byte-identical tokenizer and shards.
+    again = build_sample(tmp_path / "again", **QUIET)
+    assert again["tokenizer_path"].read_bytes() == tokenizer_path.read_bytes()
+    for name in val_info["shards"] + train_info["shards"]:
+        assert (again["data_path"] / name).read_bytes() == (data_path / name).read_bytes()
+
+
+# ----------------------------------------------------------------------------- fineweb
+
+
+class FakeHub:
+    """Stands in for hf_hub_download: serves files of a local dir laid out like the HF dataset repo."""
+
+    def __init__(self, root: Path):
+        self.root, self.calls = root, []
+
+    def __call__(self, repo_id, remote_path):
+        self.calls.append((repo_id, remote_path))
+        path = self.root / remote_path
+        if not path.is_file():
+            raise FileNotFoundError(f"404 {remote_path}")
+        return path
+
+
+def _make_fake_hub(root: Path, sp_model: Path, files_train=3) -> tuple:
+    """Official layout: datasets/manifest.json, datasets/datasets/fineweb10B_sp1024/*.bin, datasets/tokenizers/*."""
+    base = root / "datasets"
+    ds = base / "datasets" / "fineweb10B_sp1024"
+    ds.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    shards = {}
+
+    def shard(num_docs):
+        return np.concatenate([np.r_[1, rng.integers(4, 1024, size=rng.integers(5, 40))] for _ in range(num_docs)])
+
+    shards["fineweb_val_000000.bin"] = shard(7)
+    for i in range(files_train):
+        shards[f"fineweb_train_{i:06d}.bin"] = shard(11 + i)
+    for name, toks in shards.items():
+        write_data_shard(ds / name, toks)
+    (base / "tokenizers").mkdir()
+    shutil.copyfile(sp_model, base / "tokenizers" / "fineweb_1024_bpe.model")
+    shutil.copyfile(sp_model.with_suffix(".vocab"), base / "tokenizers" / "fineweb_1024_bpe.vocab")
+    stats = {"docs_total": 7 + sum(11 + i for i in range(files_train)), "docs_val": 7, "files_val": 1,
+             "files_train": files_train, "files_total": 1 + files_train, "tokens_val": int(shards["fineweb_val_000000.bin"].size)}
+    manifest = {
+        "version": "10B", "num_val_docs": 7, "shard_size": 100_000_000, "append_eos": False,
+        "tokenizers": [{"name": "sp_bpe_1024", "kind": "sentencepiece_bpe", "vocab_size": 1024, "bos_id": 1, "eos_id": 2,
+                        "model_path": "tokenizers/fineweb_1024_bpe.model", "vocab_path": "tokenizers/fineweb_1024_bpe.vocab"}],
+        "datasets": [{"name": "fineweb10B_sp1024", "tokenizer_name": "sp_bpe_1024", "tokenizer_kind": "sentencepiece_bpe",
+                      "path": "datasets/fineweb10B_sp1024", "vocab_size": 1024, "bos_id": 1, "eos_id": 2, "stats": stats}],
+    }
+    (base / "manifest.json").write_text(json.dumps(manifest))
+    return shards, manifest
+
+
+def test_fineweb_manifest_driven_download_offline(tmp_path, sp1024_model):
+    shards, _ = _make_fake_hub(tmp_path / "hub", sp1024_model)
+    hub = FakeHub(tmp_path / "hub")
+    out = tmp_path / "data"
+    logs = []
+    result = download_fineweb("sp1024", 2, out, downloader=hub, progress=False, log=logs.append)
+    prefix = "datasets/datasets/fineweb10B_sp1024/"
+    assert hub.calls == [("willdepueoai/parameter-golf", p) for p in [
+        "datasets/manifest.json", prefix + "fineweb_val_000000.bin", prefix + "fineweb_train_000000.bin",
+        prefix + "fineweb_train_000001.bin", "datasets/tokenizers/fineweb_1024_bpe.model",
+        "datasets/tokenizers/fineweb_1024_bpe.vocab"]]
+    data_path = out / "datasets" / "fineweb10B_sp1024"
+    assert result["data_path"] == data_path and result["vocab_size"] == 1024
+    assert result["tokenizer_path"] == out / "tokenizers" / "fineweb_1024_bpe.model"
+    assert (out / "manifest.json").is_file() and (out / "tokenizers" / "fineweb_1024_bpe.vocab").is_file()
+    assert sorted(p.name for p in data_path.glob("*.bin")) == ["fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"]
+    assert np.array_equal(load_validation_tokens(data_path, 1024).numpy(), shards["fineweb_val_000000.bin"])
+
+    manifest = json.loads((data_path / "manifest.json").read_text())
+    assert manifest["format"] == "parameter-golf-shards" and manifest["bos_id"] == 1 and manifest["vocab_size"] == 1024
+    assert manifest["tokenizer"] == "fineweb_1024_bpe.model"
+    assert manifest["tokenizer_sha256"] == hashlib.sha256(sp1024_model.read_bytes()).hexdigest()
+    assert manifest["splits"]["val"] == {"num_docs": 7, "num_tokens": int(shards["fineweb_val_000000.bin"].size),
+                                         "shards": ["fineweb_val_000000.bin"]}
+    assert manifest["splits"]["train"]["num_docs"] == 11 + 12
+    assert manifest["splits"]["train"]["num_tokens"] == sum(shards[f"fineweb_train_{i:06d}.bin"].size for i in range(2))
+    assert manifest["source"]["num_train_shards_available"] == 3
+    checked = check_data_manifest(data_path, vocab_size=1024, log=logs.append)
+    assert checked["splits_disjoint"] is None and "skipping the train/val overlap check" in logs[-1]
+
+    # Re-run: everything is local, nothing is fetched; asking for one more shard fetches only that one.
+    hub.calls.clear()
+    download_fineweb("sp1024", 2, out, downloader=hub, **QUIET)
+    assert hub.calls == []
+    download_fineweb("sp1024", 3, out, downloader=hub, **QUIET)
+    assert hub.calls == [("willdepueoai/parameter-golf", prefix + "fineweb_train_000002.bin")]
+    # A damaged local shard is fetched again.
+    hub.calls.clear()
+    (data_path / "fineweb_train_000001.bin").unlink()  # a hard link to the cache blob: never write it in place
+    (data_path / "fineweb_train_000001.bin").write_bytes(b"\x00" * 10)
+    download_fineweb("sp1024", 2, out, downloader=hub, **QUIET)
+    assert hub.calls == [("willdepueoai/parameter-golf", prefix + "fineweb_train_000001.bin")]
+    assert json.loads((data_path / "manifest.json").read_text())["splits"]["train"]["shards"] == [
+        f"fineweb_train_{i:06d}.bin" for i in range(3)]
+
+
+def test_fineweb_manifest_errors(tmp_path, sp1024_model):
+    _make_fake_hub(tmp_path / "hub", sp1024_model)
+    hub = FakeHub(tmp_path / "hub")
+    with pytest.raises(ValueError, match="--train-shards 4: sp1024 has only 3 train shards"):
+        download_fineweb("sp1024", 4, tmp_path / "d1", downloader=hub, **QUIET)
+    with pytest.raises(ValueError, match=r"fineweb10B_sp4096 .* available: \['fineweb10B_sp1024'\]"):
+        download_fineweb("sp4096", 1, tmp_path / "d2", downloader=hub, **QUIET)
+    with pytest.raises(ValueError, match="expected sp<VOCAB_SIZE>"):
+        download_fineweb("gpt2", 1, tmp_path / "d3", downloader=hub, **QUIET)
+    with pytest.raises(ValueError, match="--train-shards must be >= 0"):
+        download_fineweb("sp1024", -1, tmp_path / "d4", downloader=hub, **QUIET)
+    (tmp_path / "hub/datasets/datasets/fineweb10B_sp1024/fineweb_train_000001.bin").unlink()
+    with pytest.raises(ValueError, match="cannot download datasets/datasets/fineweb10B_sp1024/fineweb_train_000001.bin "
+                                         "from dataset repo willdepueoai/parameter-golf: FileNotFoundError"):
+        download_fineweb("sp1024", 2, tmp_path / "d5", downloader=hub, **QUIET)
+    assert dataset_dir_for_variant("sp8192") == "fineweb10B_sp8192" and dataset_dir_for_variant("byte260") == "fineweb10B_byte260"
+    assert local_path_for_remote("datasets/tokenizers/a.model", "datasets", tmp_path) == tmp_path / "tokenizers" / "a.model"
+    assert local_path_for_remote("datasets/manifest.json", "datasets", tmp_path) == tmp_path / "manifest.json"
+    with pytest.raises(ValueError, match="refusing remote path"):
+        local_path_for_remote("datasets/../../etc/passwd", "datasets", tmp_path)
+
+
+def test_fineweb_hub_unreachable_names_offline_modes(tmp_path):
+    def no_network(repo_id, remote_path):
+        try:
+            raise OSError("[Errno -2] Name or service not known")
+        except OSError as exc:
+            raise ConnectionError("cannot connect") from exc
+
+    with pytest.raises(HubUnreachableError) as info:
+        download_fineweb("sp1024", 1, tmp_path / "data", downloader=no_network, **QUIET)
+    message = str(info.value)
+    assert "willdepueoai/parameter-golf" in message and "sample --out data" in message and "jsonl --input" in message
+    assert not (tmp_path / "data" / "datasets").exists()
+
+
+def test_fineweb_cli_offline_with_real_hf_client(tmp_path):
+    """The real huggingface_hub code path, kept off the network by HF_HUB_OFFLINE=1."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
+    proc = subprocess.run([sys.executable, "-m", "tools.prepare_data", "fineweb", "--variant", "sp1024",
+                           "--train-shards", "1", "--out-root", str(tmp_path / "data")],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env)
+    assert proc.returncode == 3, proc.stderr
+    assert "cannot reach the Hugging Face Hub" in proc.stderr
+    assert "prepare_data.py sample" in proc.stderr and "prepare_data.py jsonl" in proc.stderr
+    assert proc.stdout == ""

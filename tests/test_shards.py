@@ -1,0 +1,226 @@
+"""eval/shards.py: official shard layout, validation errors, val loading, manifest checks."""
+
+import ast
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from eval.shards import (
+    SHARD_HEADER_INTS,
+    SHARD_MAGIC,
+    SHARD_TOKENS_PER_FILE,
+    SHARD_VERSION,
+    check_data_manifest,
+    list_shards,
+    load_data_shard,
+    load_validation_tokens,
+    read_shard_header,
+    write_data_shard,
+)
+
+
+def test_constants_are_the_official_ones():
+    assert (SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS, SHARD_TOKENS_PER_FILE) == (20240520, 1, 256, 100_000_000)
+
+
+def test_header_bytes_are_the_official_layout(tmp_path):
+    tokens = np.array([1, 0, 65535, 1023, 258, 7], dtype=np.int64)
+    path = tmp_path / "fineweb_val_000000.bin"
+    write_data_shard(path, tokens)
+    raw = path.read_bytes()
+    assert len(raw) == 1024 + 2 * 6
+    assert raw[:12] == struct.pack("<iii", 20240520, 1, 6)
+    assert raw[:4] == bytes([0x88, 0xD8, 0x34, 0x01])  # 20240520 = 0x0134D888, little-endian
+    assert raw[12:1024] == b"\x00" * 1012
+    assert raw[1024:] == struct.pack("<6H", 1, 0, 65535, 1023, 258, 7)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 1024, size=5000).astype(np.uint16)
+    path = tmp_path / "fineweb_train_000000.bin"
+    write_data_shard(path, tokens)
+    assert read_shard_header(path) == 5000
+    loaded = load_data_shard(path)
+    assert loaded.dtype == torch.uint16 and loaded.shape == (5000,)
+    assert np.array_equal(loaded.numpy(), tokens)
+    write_data_shard(path, np.array([], dtype=np.uint16))  # overwrite; empty shard is valid
+    assert read_shard_header(path) == 0 and load_data_shard(path).numel() == 0
+
+
+@pytest.mark.parametrize("bad", [np.array([0, 65536]), np.array([-1, 3]), np.array([1.5, 2.0]), np.zeros((2, 2), dtype=np.int32)])
+def test_write_rejects_tokens_that_do_not_fit(tmp_path, bad):
+    path = tmp_path / "fineweb_val_000000.bin"
+    with pytest.raises(ValueError, match="fineweb_val_000000.bin"):
+        write_data_shard(path, bad)
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+def _write_raw(path: Path, magic=SHARD_MAGIC, version=SHARD_VERSION, count=4, num_payload_tokens=4):
+    header = np.zeros(256, dtype="<i4")
+    header[:3] = (magic, version, count)
+    path.write_bytes(header.tobytes() + np.arange(num_payload_tokens, dtype="<u2").tobytes())
+    return path
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(magic=20240521), "bad magic 20240521"),
+        (dict(version=2), "unsupported version 2"),
+        (dict(count=5), "truncated"),
+        (dict(count=3), "size mismatch"),
+        (dict(count=-1), "-1 tokens"),
+    ],
+)
+def test_read_header_errors_name_the_file(tmp_path, kwargs, message):
+    path = _write_raw(tmp_path / "fineweb_val_000007.bin", **kwargs)
+    with pytest.raises(ValueError, match=message) as info:
+        read_shard_header(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(ValueError, match="fineweb_val_000007.bin"):
+        load_data_shard(path)
+
+
+def test_truncated_header_and_missing_file(tmp_path):
+    path = tmp_path / "fineweb_train_000000.bin"
+    path.write_bytes(struct.pack("<iii", SHARD_MAGIC, SHARD_VERSION, 0))
+    with pytest.raises(ValueError, match="shorter than the 1024-byte header") as info:
+        read_shard_header(path)
+    assert str(path) in str(info.value)
+    with pytest.raises(FileNotFoundError):
+        read_shard_header(tmp_path / "nope.bin")
+
+
+def test_list_shards_sorted_and_split_specific(tmp_path):
+    for name in ["fineweb_train_000002.bin", "fineweb_train_000000.bin", "fineweb_val_000000.bin", "fineweb_train_000001.bin"]:
+        write_data_shard(tmp_path / name, np.array([1, 2]))
+    (tmp_path / "fineweb_train_000003.bin.tmp").write_bytes(b"partial")
+    assert [p.name for p in list_shards(tmp_path, "train")] == [f"fineweb_train_00000{i}.bin" for i in range(3)]
+    assert [p.name for p in list_shards(tmp_path, "val")] == ["fineweb_val_000000.bin"]
+    with pytest.raises(ValueError, match="'test'"):
+        list_shards(tmp_path, "test")
+    with pytest.raises(FileNotFoundError, match=r"fineweb_val_\*\.bin") as info:
+        list_shards(tmp_path / "empty", "val")
+    assert str(tmp_path / "empty") in str(info.value)
+
+
+def test_load_validation_tokens_concatenates_sorted_shards(tmp_path):
+    write_data_shard(tmp_path / "fineweb_val_000001.bin", np.array([1, 9, 8]))
+    write_data_shard(tmp_path / "fineweb_val_000000.bin", np.array([1, 5, 6, 7]))
+    write_data_shard(tmp_path / "fineweb_train_000000.bin", np.array([1, 1000]))
+    tokens = load_validation_tokens(tmp_path, vocab_size=10)
+    assert tokens.dtype == torch.int64
+    assert tokens.tolist() == [1, 5, 6, 7, 1, 9, 8]
+    assert load_validation_tokens(tmp_path).tolist() == tokens.tolist()
+
+
+def test_load_validation_tokens_rejects_ids_outside_vocab_and_empty(tmp_path):
+    write_data_shard(tmp_path / "fineweb_val_000000.bin", np.array([1, 2, 3]))
+    write_data_shard(tmp_path / "fineweb_val_000001.bin", np.array([1, 1024]))
+    with pytest.raises(ValueError, match="fineweb_val_000001.bin: token id 1024 >= VOCAB_SIZE=1024"):
+        load_validation_tokens(tmp_path, vocab_size=1024)
+    assert load_validation_tokens(tmp_path, vocab_size=1025).numel() == 5
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    write_data_shard(empty / "fineweb_val_000000.bin", np.array([], dtype=np.uint16))
+    with pytest.raises(ValueError, match="hold no tokens"):
+        load_validation_tokens(empty)
+
+
+def _hash(text):
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def _make_dataset(root: Path, val_docs, train_docs, with_hashes=True, vocab_size=1024):
+    root.mkdir(parents=True, exist_ok=True)
+    write_data_shard(root / "fineweb_val_000000.bin", np.array([1, 5, 6]))
+    write_data_shard(root / "fineweb_train_000000.bin", np.array([1, 7, 8]))
+    splits = {}
+    for split, docs in (("val", val_docs), ("train", train_docs)):
+        splits[split] = {"num_docs": len(docs), "num_tokens": 3, "shards": [f"fineweb_{split}_000000.bin"]}
+        if with_hashes:
+            (root / f"doc_hashes_{split}.txt").write_text("".join(_hash(d) + "\n" for d in docs))
+            splits[split]["doc_hashes_file"] = f"doc_hashes_{split}.txt"
+    manifest = {"format": "parameter-golf-shards", "format_version": 1, "tokenizer": "t.model",
+                "tokenizer_sha256": "0" * 64, "vocab_size": vocab_size, "bos_id": 1, "splits": splits, "source": {}}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return manifest
+
+
+def test_check_manifest_disjoint_and_overlap(tmp_path):
+    logs = []
+    _make_dataset(tmp_path / "ok", ["a", "b"], ["c", "d", "e"])
+    result = check_data_manifest(tmp_path / "ok", vocab_size=1024, log=logs.append)
+    assert result["splits_disjoint"] is True and result["splits"]["val"]["num_docs"] == 2 and logs == []
+
+    _make_dataset(tmp_path / "overlap", ["a", "b", "shared doc"], ["c", "shared doc", "d"])
+    with pytest.raises(ValueError, match=r"1 val documents also appear in train \(e.g. hash " + _hash("shared doc")):
+        check_data_manifest(tmp_path / "overlap")
+
+
+def test_check_manifest_errors_and_skips(tmp_path):
+    logs = []
+    assert check_data_manifest(tmp_path, log=logs.append) is None
+    assert "no manifest.json" in logs[-1] and str(tmp_path) in logs[-1]
+
+    _make_dataset(tmp_path / "v", ["a"], ["b"], vocab_size=2048)
+    with pytest.raises(ValueError, match="vocab_size 2048 != VOCAB_SIZE=1024"):
+        check_data_manifest(tmp_path / "v", vocab_size=1024)
+
+    _make_dataset(tmp_path / "nohash", ["a"], ["a"], with_hashes=False)
+    result = check_data_manifest(tmp_path / "nohash", vocab_size=1024, log=logs.append)
+    assert result["splits_disjoint"] is None and "skipping the train/val overlap check" in logs[-1]
+
+    _make_dataset(tmp_path / "missing", ["a"], ["b"])
+    (tmp_path / "missing" / "fineweb_train_000000.bin").unlink()
+    with pytest.raises(ValueError, match="train shard fineweb_train_000000.bin is missing"):
+        check_data_manifest(tmp_path / "missing")
+    _make_dataset(tmp_path / "nohashfile", ["a"], ["b"])
+    (tmp_path / "nohashfile" / "doc_hashes_val.txt").unlink()
+    with pytest.raises(ValueError, match="doc hash file doc_hashes_val.txt is missing"):
+        check_data_manifest(tmp_path / "nohashfile")
+    _make_dataset(tmp_path / "badhash", ["a"], ["b"])
+    (tmp_path / "badhash" / "doc_hashes_val.txt").write_text("xyz\n")
+    with pytest.raises(ValueError, match="lines of 16 hex chars"):
+        check_data_manifest(tmp_path / "badhash")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "manifest.json").write_text("{not json")
+    with pytest.raises(ValueError, match="unreadable"):
+        check_data_manifest(tmp_path / "bad")
+    (tmp_path / "bad" / "manifest.json").write_text('{"datasets": []}')  # the official HF manifest is not ours
+    with pytest.raises(ValueError, match="parameter-golf-shards"):
+        check_data_manifest(tmp_path / "bad")
+
+
+def test_tiny_dataset_fixture_is_valid(tiny_dataset, sp1024_model):
+    import sentencepiece as spm
+
+    manifest = check_data_manifest(tiny_dataset, vocab_size=1024, log=lambda msg: None)
+    assert manifest["splits_disjoint"] is True
+    val = load_validation_tokens(tiny_dataset, vocab_size=1024)
+    assert val.numel() == manifest["splits"]["val"]["num_tokens"] > 5000
+    assert val[0].item() == 1 and int((val == 1).sum()) == manifest["splits"]["val"]["num_docs"] == 50
+    sp = spm.SentencePieceProcessor(model_file=str(sp1024_model))
+    first_doc_end = int(torch.nonzero(val[1:] == 1)[0]) + 1
+    assert sp.decode(val[1:first_doc_end].tolist())  # decodes to real text
+    train = list_shards(tiny_dataset, "train")
+    assert [p.name for p in train] == manifest["splits"]["train"]["shards"] and len(train) >= 2
+    assert sum(read_shard_header(p) for p in train) == manifest["splits"]["train"]["num_tokens"]
+
+
+def test_module_is_bundle_friendly():
+    """eval/shards.py is concatenated into train_gpt.py: only stdlib/numpy/torch imports, no main guard."""
+    source = (Path(__file__).resolve().parents[1] / "eval" / "shards.py").read_text()
+    tree = ast.parse(source)
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"json", "os", "pathlib", "numpy", "torch"}
+    assert "__main__" not in source
+    assert len(source.splitlines()) < 180

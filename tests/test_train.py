@@ -1,0 +1,142 @@
+"""End-to-end runs of train_gpt.py on CPU with a tiny config on real text.
+
+Each run is a subprocess (as a user runs it): the log, the artifact and result.json are checked.
+"""
+
+import hashlib
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_ENV = {
+    "PRESET": "smoke", "NUM_LAYERS": "2", "MODEL_DIM": "64", "NUM_HEADS": "2", "NUM_KV_HEADS": "1",
+    "ROPE_DIMS": "16", "XSA_LAST_N": "1", "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "1024",
+    "ITERATIONS": "8", "MAX_WALLCLOCK_SECONDS": "0", "TRAIN_LOG_EVERY": "1", "VAL_MAX_TOKENS": "4096",
+    "EVAL_STRIDE": "32", "EVAL_BATCH_SEQS": "16", "VAL_BATCH_SIZE": "4096", "WARMDOWN_FRAC": "0.5",
+    "QAT_START_FRAC": "0.25", "MUON_MOMENTUM_WARMUP_STEPS": "4", "SEED": "7",
+}
+
+
+def trainer_env(dataset, tokenizer, out_dir, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "RUN_ID"))}
+    env.update(TINY_ENV, DATA_PATH=str(dataset), TOKENIZER_PATH=str(tokenizer), OUT_DIR=str(out_dir),
+               OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_trainer(env, nproc=1, timeout=300, check=True):
+    if nproc == 1:
+        cmd = [sys.executable, str(REPO / "train_gpt.py")]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(REPO / "train_gpt.py")]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"trainer failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def read_result(out_dir, run_id):
+    return json.loads((Path(out_dir) / run_id / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_dataset, sp1024_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="ref"))
+    return out, read_result(out, "ref")
+
+
+@pytest.mark.slow
+def test_tiny_run_writes_artifact_log_and_result(reference_run):
+    out, result = reference_run
+    run_dir = out / "ref"
+    for key in ("val_bpb_prequant", "val_bpb_roundtrip", "val_bpb_sliding", "val_loss_sliding"):
+        assert math.isfinite(result[key]) and 0 < result[key] < 20, key
+    assert result["steps"] == 8 and len(result["train_losses"]) == 8
+    assert result["bytes_model"] == (run_dir / "final_model.ptz").stat().st_size
+    assert result["bytes_total"] == result["bytes_model"] + result["bytes_code"]
+    assert result["eval_stride"] == 32 and result["world_size"] == 1 and result["preset"] == "smoke"
+    assert result["compliance"]["bytes_ok"] is True
+    # roundtrip through int6/int8 stays close to the pre-quant number
+    assert abs(result["val_bpb_roundtrip"] - result["val_bpb_prequant"]) < 0.05
+    log = (run_dir / "train.log").read_text()
+    assert "MATRIX_LR:0.032" in log and "NUM_LAYERS:2" in log and "torch:" in log
+    assert re.search(r"step:8/8 train_loss:\d+\.\d{4} train_time:\d+ms step_avg:[\d.]+ms tok_s:\d+", log)
+    assert "late_qat:on step:6" in log  # progress >= 1 - 0.25 at step 6 of 8
+    m = re.search(r"final_sliding_window_exact val_loss:(\d+\.\d{8}) val_bpb:(\d+\.\d{8}) stride:32", log)
+    assert m and float(m.group(2)) == pytest.approx(result["val_bpb_sliding"], abs=1e-8)
+    assert f"Total submission size: {result['bytes_total']} bytes" in log
+    # the loss went down over 8 steps on real text
+    assert result["train_losses"][-1] < result["train_losses"][0]
+
+
+@pytest.mark.slow
+def test_same_seed_gives_identical_losses_and_artifact_bytes(reference_run, tiny_dataset, sp1024_model):
+    out, result = reference_run
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="again"))
+    again = read_result(out, "again")
+    assert again["train_losses"] == result["train_losses"]
+    assert again["val_bpb_sliding"] == result["val_bpb_sliding"]
+    digest = [hashlib.sha256((out / r / "final_model.ptz").read_bytes()).hexdigest() for r in ("ref", "again")]
+    assert digest[0] == digest[1]
+    step_lines = [re.findall(r"step:\d+/\d+ train_loss:\S+", (out / r / "train.log").read_text()) for r in ("ref", "again")]
+    assert step_lines[0] == step_lines[1] and len(step_lines[0]) == 8
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_with_same_global_batch(tiny_dataset, sp1024_model, tmp_path):
+    common = dict(ITERATIONS=4, SKIP_FINAL_EVAL=1)
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="single", GRAD_ACCUM_STEPS=2, **common))
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="ddp", GRAD_ACCUM_STEPS=1, **common),
+                nproc=2)
+    single, ddp = read_result(tmp_path, "single"), read_result(tmp_path, "ddp")
+    assert ddp["world_size"] == 2 and single["world_size"] == 1
+    assert ddp["train_losses"] == pytest.approx(single["train_losses"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_cleanly_and_resume_continues_bit_for_bit(tiny_dataset, sp1024_model, tmp_path):
+    extra = dict(ITERATIONS=30, CHECKPOINT_EVERY=1, SKIP_FINAL_EVAL=1)
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="full", **extra))
+    full = read_result(tmp_path, "full")["train_losses"]
+
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="cut", **extra)
+    proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:  # interrupt once training is under way
+        if line.startswith("step:3/30"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
+    cut = read_result(tmp_path, "cut")
+    assert cut["status"] == "stopped_by_signal" and 3 <= cut["steps"] < 30
+    assert "stopped by signal SIGTERM" in (tmp_path / "cut" / "train.log").read_text()
+    assert not list((tmp_path / "cut").glob(".*tmp*")), "a temp file was left behind"
+
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="cut", RESUME=1, **extra))
+    resumed = read_result(tmp_path, "cut")
+    assert resumed["steps"] == 30
+    assert resumed["train_losses"] == full  # bitwise: same floats
+
+
+@pytest.mark.slow
+def test_non_finite_loss_stops_with_the_step_number(tiny_dataset, sp1024_model, tmp_path):
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="nan", TIED_EMBED_LR="1e38", ITERATIONS=20)
+    proc = run_trainer(env, check=False)
+    assert proc.returncode == 1
+    assert re.search(r"non-finite train loss at step \d+", proc.stdout)
+    result = read_result(tmp_path, "nan")
+    assert result["status"] == "nonfinite_loss"
+    assert not (tmp_path / "nan" / "final_model.ptz").exists()
