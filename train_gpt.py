@@ -264,8 +264,9 @@ class TokenStream:
 
     def _load(self, index: int) -> torch.Tensor:
         tokens = load_data_shard(self.files[index])
-        if tokens.numel() and int(tokens.max()) >= self.vocab_size:
-            raise ValueError(f"{self.files[index]}: token id {int(tokens.max())} >= VOCAB_SIZE={self.vocab_size}")
+        top = int(tokens.numpy().max()) if tokens.numel() else 0
+        if top >= self.vocab_size:
+            raise ValueError(f"{self.files[index]}: token id {top} >= VOCAB_SIZE={self.vocab_size}")
         return tokens
 
     def take(self, n: int) -> torch.Tensor:
@@ -663,6 +664,13 @@ class RunContext:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
+    def mean_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return t
+        t = t.detach().clone()
+        dist.all_reduce(t)
+        return t / self.world_size
+
     def all_max(self, value: float) -> float:
         if self.world_size == 1:
             return value
@@ -781,7 +789,7 @@ def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train
     """Everything a resumed run needs to continue bit for bit on CPU; written atomically."""
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
              "ema": ema.shadow if ema else None, "step": step, "train_seconds": train_seconds,
-             "losses": torch.stack(losses).cpu() if losses else torch.zeros(0),
+             "losses": losses.cpu(),
              "stream": [loader.stream.shard_index, loader.stream.offset],
              "rng": torch.get_rng_state()}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -864,6 +872,10 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         ctx.log(f"warmup_steps:{hp.warmup_steps} done, model and optimizer state restored")
 
     step, train_ms, losses = 0, 0.0, []  # losses stay on the device: no sync per step
+
+    def history(values) -> torch.Tensor:  # per-step train loss averaged over ranks, one collective
+        return ctx.mean_over_ranks(torch.stack(values)) if values else torch.zeros(0, device=ctx.device)
+
     if hp.resume:
         step, train_seconds, losses = load_checkpoint(ckpt_path, model, optimizers, ema, loader)
         train_ms = 1000.0 * train_seconds
@@ -904,21 +916,25 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 now = time.perf_counter()
                 ms = train_ms + 1000.0 * (now - t0)
                 tok_s = (step - log_step) * hp.train_batch_tokens / max(1e-9, now - log_t)
-                line = (f"step:{step}/{hp.iterations} train_loss:{loss.item():.4f} train_time:{ms:.0f}ms "
+                line = (f"step:{step}/{hp.iterations} train_loss:{ctx.mean_over_ranks(loss).item():.4f} train_time:{ms:.0f}ms "
                         f"step_avg:{ms / step:.2f}ms tok_s:{tok_s:.0f}")
                 if is_cuda:
                     line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
                 ctx.log(line)
                 log_t, log_step = now, step
-            if hp.checkpoint_every and step % hp.checkpoint_every == 0 and ctx.is_main:
-                save_checkpoint(ckpt_path, model, optimizers, ema, step, loader,
-                                (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0, losses)
+            if hp.checkpoint_every and step % hp.checkpoint_every == 0:
+                hist = history(losses)
+                if ctx.is_main:
+                    save_checkpoint(ckpt_path, model, optimizers, ema, step, loader,
+                                    (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0, hist)
         if stop.signum:
             ctx.sync()
             train_ms += 1000.0 * (time.perf_counter() - t0)
             ctx.log(f"stopped by signal {signal.Signals(stop.signum).name} at step:{step}")
-            if hp.checkpoint_every and ctx.is_main:
-                save_checkpoint(ckpt_path, model, optimizers, ema, step, loader, train_ms / 1000.0, losses)
+            if hp.checkpoint_every:
+                hist = history(losses)
+                if ctx.is_main:
+                    save_checkpoint(ckpt_path, model, optimizers, ema, step, loader, train_ms / 1000.0, hist)
                 ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
         else:
             if ema:  # the swap counts as training time
@@ -928,8 +944,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             train_ms += 1000.0 * (time.perf_counter() - t0)
     ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
             if step < hp.iterations and not stop.signum else f"training done step:{step}")
-    history = torch.stack(losses).tolist() if losses else []
-    return TrainResult(step, train_ms / 1000.0, history, stopped_by_signal=stop.signum)
+    return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), stopped_by_signal=stop.signum)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -954,8 +969,9 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     num_val = 0
     for path in list_shards(hp.data_path, "val"):  # ids checked here; the tokens are dropped again
         tokens = load_data_shard(path)
-        if tokens.numel() and int(tokens.max()) >= hp.vocab_size:
-            raise ValueError(f"{path}: token id {int(tokens.max())} >= VOCAB_SIZE={hp.vocab_size}")
+        top = int(tokens.numpy().max()) if tokens.numel() else 0
+        if top >= hp.vocab_size:
+            raise ValueError(f"{path}: token id {top} >= VOCAB_SIZE={hp.vocab_size}")
         num_val += tokens.numel()
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "

@@ -67,7 +67,7 @@ def _estimate(args, out=print) -> int:
     groups = {}
     for name, shape in shapes.items():
         bits = policy.bits_for(name, shape)
-        key = (policy.group_of(name, shape), f"int{bits}" if bits else policy.passthrough_dtype)
+        key = (policy.group_of(name, shape), f"int{bits}" if bits else policy.float_dtype)
         g = groups.setdefault(key, [0, 0, 0.0])
         g[0], g[1], g[2] = g[0] + 1, g[1] + math.prod(shape), g[2] + quant_estimate_tensor_bytes(name, shape, policy)
     out(f"{'group':<8} {'format':<9} {'tensors':>7} {'params':>12} {'bytes':>12}")
@@ -77,7 +77,7 @@ def _estimate(args, out=print) -> int:
     total = model_bytes + code_bytes
     out(f"overhead {QUANT_EST_FIXED_BYTES:,} bytes; projected model {model_bytes:,} + code {code_bytes:,} = {total:,} bytes;"
         f" budget {budget:,}: {'fits' if total <= budget else 'DOES NOT FIT'} (margin {budget - total:,})")
-    out("assumes Gaussian-like weights (upper bound); QUANT_AUTOFIT steps down bits / prunes if the real export is over")
+    out("assumes Gaussian-like weights (upper bound); QUANT_FIT steps down bits / prunes if the real export is over")
     return 0 if total <= budget else 1
 
 

@@ -65,7 +65,7 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, cache=None) -> tu
     """
     entries, cache = {}, {} if cache is None else cache
     stats = dict(num_params=0, num_quantized_params=0, sq_error=0.0, sq_norm=0.0)
-    dtype = getattr(torch, policy.passthrough_dtype)
+    dtype = getattr(torch, policy.float_dtype)
     for name, t in state_dict.items():
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"state_dict[{name!r}] is a {type(t).__name__}, expected a tensor")
@@ -85,10 +85,10 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, cache=None) -> tu
             stats["sq_error"] += float((stored.double() - w.double()).square().sum())
             entries[name] = {"shape": shape, "tensor": stored}
             continue
-        key = (name, bits, policy.prune_fraction, policy.clip_search)
+        key = (name, bits, policy.prune_fraction, policy.gptq_lite)
         if key not in cache:
             wp = prune_smallest(w, policy.prune_fraction)
-            q, scale, clip = gptq_lite_quantize(wp, bits) if policy.clip_search else (*quantize_per_row(wp, bits), 1.0)
+            q, scale, clip = gptq_lite_quantize(wp, bits) if policy.gptq_lite else (*quantize_per_row(wp, bits), 1.0)
             cache[key] = ({"shape": shape, "bits": bits, "q": q, "scale": scale, "clip": clip}, quant_sq_error(w, q, scale))
         entries[name], err = cache[key]
         stats["sq_error"] += err
@@ -163,9 +163,9 @@ def export_artifact(state_dict: dict, model_config: dict, path, *, code_bytes: i
             f"{code_bytes} = {total} bytes (budget {budget}) rel_mse {rel_mse:.3e}")
         if total <= budget:
             break
-        if not policy.autofit:
+        if not policy.fit:
             raise ValueError(f"artifact {total} bytes (model {len(blob)} + code {code_bytes}) exceeds BYTE_BUDGET={budget} "
-                             f"by {total - budget} and QUANT_AUTOFIT=0")
+                             f"by {total - budget} and QUANT_FIT=0")
         for field, value in ladder:
             current = getattr(policy, field)
             if (value > current) if field == "prune_fraction" else (value < current):

@@ -6,8 +6,9 @@ weights QAT trained against are bit-for-bit the weights the artifact stores (cli
 
 Rule, per row r of a matrix w [R, C] and bits N (qmax = 2**(N-1) - 1, e.g. 31 for int6):
     clip[r]  = quantile(|w[r, :]|, clip_quantile)        (1.0 = max |w|)
-    scale[r] = fp16(clamp(clip[r] / qmax, 2**-24, 65504))  rounded to fp16 BEFORE it is used, so
-               the stored scale is the one the values were rounded with
+    scale[r] = fp16(clamp(clip[r] / qmax, 2**-24, 65504))  (subnormals rounded up)  rounded to fp16 BEFORE it is used, so
+               the stored scale is the one the values were rounded with (rounded by bit
+               arithmetic, see quant_fp16_scale, so torch.compile cannot skip it)
     q[r, c]  = clamp(round_half_even(w[r, c] / scale[r]), -qmax, qmax)        (int8 container)
     w'[r, c] = q[r, c] * scale[r]                                            (float32)
 The range is symmetric: -2**(N-1) is never produced (the packer still accepts it).
@@ -60,6 +61,20 @@ def row_abs_quantiles(w: torch.Tensor, quantiles) -> torch.Tensor:
     return (lo_v + (hi_v - lo_v) * frac).T.contiguous()
 
 
+def quant_fp16_scale(x: torch.Tensor) -> torch.Tensor:
+    """float32 scales x in [0, 65504] -> float32 holding float16 values.
+
+    Normal fp16 range (x >= 2**-14): the nearest fp16 (ties to even), same as x.half().float().
+    Subnormal range: rounded UP to a multiple of 2**-24, so a tiny row's max never saturates.
+    Done on the float32 bits / with exact power-of-two rescales rather than with a cast, because
+    torch.compile drops float32 -> float16 -> float32 round trips (Inductor does not emulate
+    precision casts): with a cast, compiled QAT would round with scales the artifact never stores.
+    """
+    b = x.view(torch.int32)
+    normal = ((b + 0x0FFF + ((b >> 13) & 1)) & -0x2000).view(torch.float32)
+    return torch.where(x < 2.0 ** -14, torch.ceil(x * 2.0 ** 24) * 2.0 ** -24, normal)
+
+
 def quantize_with_clip(w: torch.Tensor, bits: int, clip_abs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize w [R, C] with given per-row clip values clip_abs [R] (float, >= 0).
 
@@ -67,9 +82,9 @@ def quantize_with_clip(w: torch.Tensor, bits: int, clip_abs: torch.Tensor) -> tu
     """
     qmax = quant_qmax(bits)
     _quant_check_matrix(w)
-    scale = (clip_abs.detach().float() / qmax).clamp(_QUANT_FP16_TINY, _QUANT_FP16_MAX).to(torch.float16)
-    q = torch.round(w.detach().float() / scale.float()[:, None]).clamp_(-qmax, qmax).to(torch.int8)
-    return q, scale
+    scale = quant_fp16_scale((clip_abs.detach().float() / qmax).clamp(_QUANT_FP16_TINY, _QUANT_FP16_MAX))
+    q = torch.round(w.detach().float() / scale[:, None]).clamp(-qmax, qmax).to(torch.int8)
+    return q, scale.to(torch.float16)
 
 
 def quantize_per_row(w: torch.Tensor, bits: int, clip_quantile: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,14 +107,14 @@ def dequantize_per_row(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype 
 def fake_quantize_per_row(w: torch.Tensor, bits: int) -> torch.Tensor:
     """Straight-through fake quantization for late QAT: w [R, C] -> same shape and dtype.
 
-    Forward value: dequantize_per_row(*quantize_per_row(w, bits)) (clip quantile 1.0) exactly, bit
-    for bit (w + (dq - w) is exact because dq is within a factor 2 of w or 0; tested). Backward:
-    identity (straight-through estimator, Bengio et al. 2013). The caller gates it with a 0/1 tensor
-    (not a Python flag, which torch.compile would constant-fold).
+    Forward value: dequantize_per_row(*quantize_per_row(w, bits)) (clip quantile 1.0) bit for bit,
+    eager and torch.compile'd (tested on CPU): computed as dq + (w - w.detach()), whose second term
+    is exactly 0 (no FMA contraction or rounding can touch dq), rather than w + (dq - w).detach().
+    Backward: identity (straight-through estimator, Bengio et al. 2013). The caller gates it with a
+    0/1 tensor (not a Python flag, which torch.compile would constant-fold).
     """
     wd = w.detach()
-    dq = dequantize_per_row(*quantize_per_row(wd, bits), dtype=w.dtype)
-    return w + (dq - wd)
+    return dequantize_per_row(*quantize_per_row(wd, bits), dtype=w.dtype) + (w - wd)
 
 
 def quant_sq_error(w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> float:

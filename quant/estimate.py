@@ -46,7 +46,7 @@ def quant_estimate_tensor_bytes(name: str, shape, policy: QuantPolicy) -> float:
     numel = math.prod(dims)
     bits = policy.bits_for(name, dims) if numel else None
     if bits is None:
-        return numel * _QUANT_EST_ITEMSIZE[policy.passthrough_dtype] + QUANT_EST_PER_TENSOR_BYTES
+        return numel * _QUANT_EST_ITEMSIZE[policy.float_dtype] + QUANT_EST_PER_TENSOR_BYTES
     rows = dims[0]
     return numel * quant_bits_per_value(bits, numel // rows) / 8 + 2 * rows + 2 * QUANT_EST_PER_TENSOR_BYTES
 

@@ -10,17 +10,18 @@ Groups, decided in this order:
   2. "control": fewer than 2 dims, or a name containing a control pattern -> float passthrough;
   3. "embed": tok_emb / lm_head / embed -> embed_bits;  "attn": ".attn." -> attn_bits;
      "mlp": ".mlp." -> mlp_bits (these three are quantized whatever their size);
-  4. "other": other matrices -> other_bits when numel > small_numel, else float passthrough.
+  4. "other": other matrices -> other_bits when numel > passthrough_max_numel, else float passthrough.
 Tensors with more than 2 dims are quantized as [shape[0], prod(rest)].
 
 Environment (all optional; an unknown QUANT_* name gets a warning, a bad value a ValueError):
   QUANT_ATTN_BITS=6  QUANT_MLP_BITS=6  QUANT_EMBED_BITS=8  QUANT_OTHER_BITS=8   (2..8)
-  QUANT_PASSTHROUGH_DTYPE=float16|float32|bfloat16   storage of unquantized float tensors
-  QUANT_SMALL_NUMEL=65536     "other" matrices up to this size stay float
-  QUANT_CLIP_SEARCH=1         GPTQ-lite clip search (0: plain max-abs, as the QAT forward)
+  QUANT_MATRIX_BITS           sets attn and mlp bits at once (QUANT_ATTN_BITS / QUANT_MLP_BITS win)
+  QUANT_FLOAT_DTYPE=float16|float32|bfloat16   storage of unquantized float tensors
+  QUANT_PASSTHROUGH_MAX_NUMEL=65536   "other" matrices up to this size stay float
+  QUANT_GPTQ_LITE=1           GPTQ-lite clip search (0: plain max-abs, as the QAT forward)
   QUANT_PRUNE_FRACTION=0      zero this fraction of smallest-|w| weights of each quantized matrix
   QUANT_PACKING=auto|int8|bits          QUANT_COMPRESSOR=auto|zlib|zstd|lzma
-  QUANT_AUTOFIT=1             step down bits / prune until the artifact fits BYTE_BUDGET
+  QUANT_FIT=1                 step down bits / prune until the artifact fits BYTE_BUDGET
   QUANT_OVERRIDES="blocks.0.:8,lm_head:0"   substring:bits pairs, first match wins
   QUANT_CONTROL_PATTERNS="attn_scale,mlp_scale,..."  replaces the default control patterns
 """
@@ -40,12 +41,13 @@ QUANT_DEFAULT_CONTROL_PATTERNS = (
 _QUANT_ENV_FIELDS = {
     "QUANT_ATTN_BITS": ("attn_bits", int), "QUANT_MLP_BITS": ("mlp_bits", int),
     "QUANT_EMBED_BITS": ("embed_bits", int), "QUANT_OTHER_BITS": ("other_bits", int),
-    "QUANT_PASSTHROUGH_DTYPE": ("passthrough_dtype", str), "QUANT_SMALL_NUMEL": ("small_numel", int),
-    "QUANT_CLIP_SEARCH": ("clip_search", bool), "QUANT_PRUNE_FRACTION": ("prune_fraction", float),
+    "QUANT_FLOAT_DTYPE": ("float_dtype", str), "QUANT_PASSTHROUGH_MAX_NUMEL": ("passthrough_max_numel", int),
+    "QUANT_GPTQ_LITE": ("gptq_lite", bool), "QUANT_PRUNE_FRACTION": ("prune_fraction", float),
     "QUANT_PACKING": ("packing", str), "QUANT_COMPRESSOR": ("compressor", str),
-    "QUANT_AUTOFIT": ("autofit", bool), "QUANT_OVERRIDES": ("overrides", tuple),
+    "QUANT_FIT": ("fit", bool), "QUANT_OVERRIDES": ("overrides", tuple),
     "QUANT_CONTROL_PATTERNS": ("control_patterns", tuple),
 }
+QUANT_ENV_NAMES = tuple(_QUANT_ENV_FIELDS) + ("QUANT_MATRIX_BITS",)  # for the trainer's unknown-variable check
 
 
 def _quant_parse_env(var: str, raw: str, kind):
@@ -75,13 +77,13 @@ class QuantPolicy:
     mlp_bits: int = 6
     embed_bits: int = 8
     other_bits: int = 8
-    passthrough_dtype: str = "float16"
-    small_numel: int = 65_536
-    clip_search: bool = True
+    float_dtype: str = "float16"
+    passthrough_max_numel: int = 65_536
+    gptq_lite: bool = True
     prune_fraction: float = 0.0
     packing: str = "auto"
     compressor: str = "auto"
-    autofit: bool = True
+    fit: bool = True
     overrides: tuple = ()
     control_patterns: tuple = QUANT_DEFAULT_CONTROL_PATTERNS
 
@@ -96,7 +98,7 @@ class QuantPolicy:
             if bits != 0 and not QUANT_MIN_BITS <= bits <= QUANT_MAX_BITS:
                 raise ValueError(f"QuantPolicy.overrides {pattern!r}:{bits}: bits must be 0 or {QUANT_MIN_BITS}..{QUANT_MAX_BITS}")
         checks = (
-            ("passthrough_dtype", QUANT_PASSTHROUGH_DTYPES), ("packing", ("auto",) + QUANT_PACKINGS),
+            ("float_dtype", QUANT_PASSTHROUGH_DTYPES), ("packing", ("auto",) + QUANT_PACKINGS),
             ("compressor", ("auto",) + QUANT_COMPRESSORS),
         )
         for field, allowed in checks:
@@ -104,22 +106,26 @@ class QuantPolicy:
                 raise ValueError(f"QuantPolicy.{field}={getattr(self, field)!r}: expected one of {allowed}")
         if not 0.0 <= self.prune_fraction < 1.0:
             raise ValueError(f"QuantPolicy.prune_fraction={self.prune_fraction!r}: expected [0, 1)")
-        if self.small_numel < 0:
-            raise ValueError(f"QuantPolicy.small_numel={self.small_numel!r}: expected >= 0")
+        if self.passthrough_max_numel < 0:
+            raise ValueError(f"QuantPolicy.passthrough_max_numel={self.passthrough_max_numel!r}: expected >= 0")
 
     @classmethod
     def from_env(cls, environ=None) -> "QuantPolicy":
         """Policy from QUANT_* variables of `environ` (default os.environ). ValueError names the var."""
         env = os.environ if environ is None else environ
         for var in env:
-            if var.startswith("QUANT_") and var not in _QUANT_ENV_FIELDS:
+            if var.startswith("QUANT_") and var not in QUANT_ENV_NAMES:
                 warnings.warn(f"unknown variable {var} ignored; known: {', '.join(sorted(_QUANT_ENV_FIELDS))}", stacklevel=2)
         kwargs = {field: _quant_parse_env(var, env[var], kind) for var, (field, kind) in _QUANT_ENV_FIELDS.items() if var in env}
+        if "QUANT_MATRIX_BITS" in env:
+            bits = _quant_parse_env("QUANT_MATRIX_BITS", env["QUANT_MATRIX_BITS"], int)
+            kwargs = {"attn_bits": bits, "mlp_bits": bits, **kwargs}
         try:
             return cls(**kwargs)
         except ValueError as err:
             names = {field: var for var, (field, _) in _QUANT_ENV_FIELDS.items()}
-            raise ValueError(f"{err} (check {', '.join(names[f] for f in kwargs) or 'the defaults'})") from None
+            raise ValueError(f"{err} (check {', '.join(names[f] for f in kwargs) or 'the defaults'}"
+                             f"{', QUANT_MATRIX_BITS' if 'QUANT_MATRIX_BITS' in env else ''})") from None
 
     def to_dict(self) -> dict:
         """JSON-serializable dict of every field (tuples become lists)."""
@@ -155,5 +161,5 @@ class QuantPolicy:
             numel = 1
             for dim in shape:
                 numel *= int(dim)
-            return self.other_bits if numel > self.small_numel else None
+            return self.other_bits if numel > self.passthrough_max_numel else None
         return getattr(self, f"{group}_bits")

