@@ -611,16 +611,22 @@ def muon_momentum_at(step: int, hp: Hyperparameters) -> float:
 
 
 class EMA:
-    """Exponential moving average of the weights: ema <- decay * ema + (1 - decay) * w, in float32."""
+    """Exponential moving average of the weights in float32: ema <- d * ema + (1 - d) * w.
+
+    d = min(decay, (1 + t) / (10 + t)) at update t (the usual EMA warmup), so short runs average
+    their recent weights instead of staying near the initialization; long runs use `decay`.
+    """
 
     def __init__(self, model: nn.Module, decay: float):
-        self.decay = decay
+        self.decay, self.num_updates = decay, 0
         self.params = [p for p in model.parameters()]
         self.shadow = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
     def update(self) -> None:
-        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - self.decay)
+        d = min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
+        self.num_updates += 1
+        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - d)
 
     @torch.no_grad()
     def copy_to_model(self) -> None:
@@ -735,10 +741,13 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
         code = Path(__file__).read_text()
     ctx.log(code, console=False)
     ctx.log("=" * 100, console=False)
+    import safetensors
     import sentencepiece
+    import zstandard
 
     ctx.log(f"python:{platform.python_version()} torch:{torch.__version__} numpy:{np.__version__} "
-            f"sentencepiece:{sentencepiece.__version__}")
+            f"sentencepiece:{sentencepiece.__version__} zstandard:{zstandard.__version__} "
+            f"safetensors:{safetensors.__version__}")
     ctx.log(f"device:{describe_device(ctx.device)} world_size:{ctx.world_size}")
     if ctx.device.type == "cuda":
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -788,7 +797,7 @@ class TrainResult:
 def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float, losses) -> None:
     """Everything a resumed run needs to continue bit for bit on CPU; written atomically."""
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-             "ema": ema.shadow if ema else None, "step": step, "train_seconds": train_seconds,
+             "ema": ema.shadow if ema else None, "ema_updates": ema.num_updates if ema else 0, "step": step, "train_seconds": train_seconds,
              "losses": losses.cpu(),
              "stream": [loader.stream.shard_index, loader.stream.offset],
              "rng": torch.get_rng_state()}
@@ -807,6 +816,7 @@ def load_checkpoint(path: Path, model, optimizers, ema, loader) -> tuple:
     if ema and state["ema"] is not None:
         for s, v in zip(ema.shadow, state["ema"]):
             s.copy_(v)
+        ema.num_updates = state["ema_updates"]
     loader.stream.seek(*state["stream"])
     torch.set_rng_state(state["rng"])
     return state["step"], state["train_seconds"], list(state["losses"].to(loader.device).unbind())
@@ -867,6 +877,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         if ema:
             for s, v in zip(ema.shadow, initial[2]):
                 s.copy_(v)
+            ema.num_updates = 0
         loader.stream.seek(*initial[3])
         nonfinite_step.fill_(-1)
         ctx.log(f"warmup_steps:{hp.warmup_steps} done, model and optimizer state restored")
@@ -1042,6 +1053,7 @@ def main() -> int:
         status, result = "nonfinite_loss", None
     summary = {"run_id": hp.run_id, "preset": hp.preset, "seed": hp.seed, "world_size": ctx.world_size,
                "device": describe_device(ctx.device), "status": status, "hyperparameters": dataclasses.asdict(hp),
+               "quant_policy": policy.to_dict(),
                "max_wallclock_seconds": hp.max_wallclock_seconds, "bytes_code": code_bytes,
                "byte_budget": hp.byte_budget, "torch_version": torch.__version__,
                "python_version": platform.python_version(), "model_params": num_params}

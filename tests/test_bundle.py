@@ -258,8 +258,9 @@ _VOLATILE = re.compile(r" (train_time|step_avg|tok_s|eval_time):\S+")
 
 def _loss_lines(log: str) -> list:
     body = log.split("\n" + "=" * 100 + "\n", 1)[-1]
-    keep = [ln for ln in body.splitlines()
-            if ln.startswith(("step:", "final_", "Total submission size")) or "code_bytes:" in ln]
+    # "Total submission size" is left out: the model blob's bytes can differ by run (safetensors
+    # writes its __metadata__ dict in a per-process hash order), which is not the bundler's doing
+    keep = [ln for ln in body.splitlines() if ln.startswith(("step:", "final_")) or "code_bytes:" in ln]
     return [_VOLATILE.sub("", ln) for ln in keep]
 
 

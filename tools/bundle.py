@@ -624,6 +624,9 @@ def format_report(report: dict) -> str:
       f"{total_c:>11,}\n")
     w(f"human file: {report['human_bytes']:,} bytes; minified whole: {report['minified_bytes']:,} bytes\n")
     w(f"packed train_gpt.py: {report['packed_bytes']:,} bytes ({report['encoding']}; python {report['python']})\n")
+    if not report["python"].startswith("3.11."):
+        w(f"note: built with Python {report['python']}; records state 3.11, and python-minifier emits syntax the "
+          f"building interpreter accepts: build the shipped file with 3.11\n")
     if report["left_out"]:
         w(f"left out (not reached from train_gpt.py): {', '.join(report['left_out'])}\n")
     return buf.getvalue()

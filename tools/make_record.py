@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
-import math
 import os
 import re
 import shlex
@@ -455,6 +454,14 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
     max_train = max(float(s["train_seconds"]) for s in per)
     max_eval = max(float(s["eval_seconds"]) for s in per)
     tok = Path(str(hp.get("tokenizer_path", "?"))).name
+    params = r0.get("model_params")
+    model_line = (f"- Model: {hp.get('num_layers')} layers, d_model {hp.get('model_dim')}, {hp.get('num_heads')} query / "
+                  f"{hp.get('num_kv_heads')} KV heads, MLP {hp.get('mlp_mult')}x {hp.get('mlp_activation', '')}, vocab "
+                  f"{hp.get('vocab_size')} (`{tok}`)" + (f", {params:,} parameters." if isinstance(params, int) else "."))
+    cap = (f"wallclock cap {float(hp['max_wallclock_seconds']):.0f} s" if hp.get("max_wallclock_seconds")
+           else f"no wallclock cap (ITERATIONS={hp.get('iterations')})")
+    train_line = (f"- Training: {int(hp.get('train_batch_tokens', 0)):,} tokens/step at sequence length "
+                  f"{hp.get('train_seq_len')}, {cap}, {stats['steps'][0]:.0f} steps on average.")
     lines = [
         f"# {submission['name']}",
         "",
@@ -469,14 +476,8 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         "",
         f"- Trainer: `train_gpt.py` of the parameter-golf kit, preset `{hp.get('preset')}`, generated from the "
         f"readable package by `tools/bundle.py` (`train_gpt_human.py` is the same code before stripping).",
-        f"- Model: {hp.get('num_layers')} layers, d_model {hp.get('model_dim')}, {hp.get('num_heads')} query / "
-        f"{hp.get('num_kv_heads')} KV heads, MLP {hp.get('mlp_mult')}x {hp.get('mlp_activation', '')}, vocab "
-        f"{hp.get('vocab_size')} (`{tok}`), {r0.get('model_params', '?'):,} parameters"
-        if isinstance(r0.get("model_params"), int) else
-        f"- Model: {hp.get('num_layers')} layers, d_model {hp.get('model_dim')}, vocab {hp.get('vocab_size')} (`{tok}`)",
-        f"- Training: {hp.get('train_batch_tokens'):,} tokens/step at sequence length {hp.get('train_seq_len')}, "
-        (f"wallclock cap {float(hp['max_wallclock_seconds']):.0f} s" if hp.get("max_wallclock_seconds")
-         else f"no wallclock cap (ITERATIONS={hp.get('iterations')})") + f", {stats['steps'][0]:.0f} steps on average.",
+        model_line,
+        train_line,
         f"- Track: `{submission['track']}` ({track_reason}).",
         f"- Software: PyTorch {submission['pytorch_version']}, Python {submission.get('python_version')}.",
         "",

@@ -1,0 +1,257 @@
+"""tools/make_record.py: run folders -> records/<track>/<date>_<name>/.
+
+Fast tests fabricate run folders (result.json + train.log) whose code is a small fake package
+(tests/test_bundle.py's tree); the slow test makes two real CPU runs and a record from them,
+including the smoke run of the packed train_gpt.py from inside the new folder.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_bundle import TINY_ENV, clean_env, write_tree
+from tools import bundle, make_record
+from tools.make_record import RecordError, check_record, parse_train_log
+
+REPO = Path(__file__).resolve().parents[1]
+DATE = "2026-01-02"
+
+
+@pytest.fixture(scope="module")
+def fake_src(tmp_path_factory):
+    root = write_tree(tmp_path_factory.mktemp("src"))
+    return root, bundle.build_human_source(root), bundle.build_packed_source(root)
+
+
+def fabricate_run(base: Path, run_id: str, seed: int, src, *, result=None, hp=None, log_edit=None,
+                  code=None, world_size=1, device="cpu (x86_64, 2 cores)") -> Path:
+    root, human, packed = src
+    code_bytes = len(packed.encode())
+    hyper = {"preset": "smoke", "data_path": "data/tiny", "tokenizer_path": "data/tok.model", "vocab_size": 1024,
+             "run_id": run_id, "out_dir": "runs", "seed": seed, "iterations": 50, "num_layers": 2, "model_dim": 64,
+             "num_heads": 2, "num_kv_heads": 1, "mlp_mult": 3.0, "train_batch_tokens": 1024, "train_seq_len": 64,
+             "max_wallclock_seconds": 0.0, "matrix_lr": 0.032, "val_max_tokens": 0, "tie_embeddings": True}
+    hyper.update(hp or {})
+    bpb = {"prequant": 1.3 + seed * 1e-3, "roundtrip": 1.31 + seed * 1e-3, "sliding": 1.29 + seed * 1e-3}
+    tpb = 0.41
+    loss = {k: v * 0.6931471805599453 / tpb for k, v in bpb.items()}
+    res = {"run_id": run_id, "preset": "smoke", "seed": seed, "world_size": world_size, "device": device,
+           "status": "ok", "hyperparameters": hyper, "max_wallclock_seconds": 0.0, "bytes_code": code_bytes,
+           "byte_budget": 16_000_000, "torch_version": "2.13.0+cpu", "python_version": "3.11.7",
+           "model_params": 139_844, "steps": 50, "train_seconds": 10.0 + seed % 7, "ms_per_step": 200.0 + seed % 7,
+           "eval_seconds": 20.0, "bytes_model": 120_000 + seed, "bytes_total": 120_000 + seed + code_bytes,
+           "eval_stride": 32, "tokens_per_byte": tpb,
+           "compliance": {"train_time_ok": False, "eval_time_ok": True, "bytes_ok": True, "full_val_split": True,
+                          "val_not_seen_in_training": True, "splits_disjoint": True}}
+    for k in ("prequant", "roundtrip", "sliding"):
+        res[f"val_bpb_{k}"], res[f"val_loss_{k}"] = bpb[k], loss[k]
+    res.update(result or {})
+    lines = [code if code is not None else human.rstrip("\n"), "=" * 100,
+             "python:3.11.7 torch:2.13.0+cpu numpy:2.4.6 sentencepiece:0.2.3",
+             f"device:{device} world_size:{world_size}"]
+    lines += [f"{k.upper()}:{v}" for k, v in hyper.items()]
+    lines.append(f"model_params:139844 attention:sdpa train_flops_per_token:9.3e+05 code_bytes:{res['bytes_code']}")
+    for step in (1, 10, 20, 30, 40, 50):
+        lines.append(f"step:{step}/50 train_loss:{7.0 - step * 0.02 - seed * 0.01:.4f} train_time:{step * 200}ms "
+                     f"step_avg:200.00ms tok_s:5000")
+    lines.append(f"step:50/50 val_loss:{loss['prequant']:.4f} val_bpb:{bpb['prequant']:.4f} train_time:10000ms "
+                 f"step_avg:200.00ms")
+    lines.append(f"final_prequant_exact val_loss:{loss['prequant']:.8f} val_bpb:{bpb['prequant']:.8f}")
+    lines.append(f"final_roundtrip_exact val_loss:{loss['roundtrip']:.8f} val_bpb:{bpb['roundtrip']:.8f}")
+    lines.append(f"final_sliding_window_exact val_loss:{loss['sliding']:.8f} val_bpb:{bpb['sliding']:.8f} "
+                 f"stride:32 eval_time:15000ms")
+    lines.append(f"Total submission size: {res['bytes_total']} bytes")
+    text = "\n".join(lines) + "\n"
+    if log_edit:
+        text = log_edit(text)
+    run_dir = base / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "result.json").write_text(json.dumps(res, indent=2))
+    (run_dir / "train.log").write_text(text)
+    return run_dir
+
+
+def cli(src, tmp_path, runs, *extra):
+    return make_record.main(["--runs", *map(str, runs), "--name", "Tiny", "--author", "A. Person", "--github-id",
+                             "aperson", "--records-dir", str(tmp_path / "records"), "--root", str(src[0]),
+                             "--date", DATE, "--skip-smoke", *extra])
+
+
+def test_parse_train_log_ignores_the_format_strings_in_the_logged_code():
+    code = 'ctx.log(f"final_sliding_window_exact val_loss:{a:.8f} val_bpb:{b:.8f} stride:{s}")\nstep:{x}'
+    text = (code + "\n" + "=" * 100 + "\nSEED:7\npython:3.11.7 torch:2.13.0 numpy:2.4.6\n"
+            "step:1/2 train_loss:6.5000 train_time:10ms step_avg:10.00ms tok_s:100\n"
+            "final_sliding_window_exact val_loss:2.00000000 val_bpb:1.10000000 stride:64 eval_time:5ms\n"
+            "Total submission size: 123 bytes\n")
+    log = parse_train_log(text)
+    assert log["code"] == code and log["seed"] == 7 and log["train"] == [(1, 6.5)]
+    assert log["final"] == {"sliding": {"val_loss": 2.0, "val_bpb": 1.1, "stride": 64, "eval_ms": 5}}
+    assert log["total_bytes"] == 123 and log["versions"]["numpy"] == "2.4.6"
+
+
+def test_two_runs_make_a_complete_folder_that_passes_its_checks(fake_src, tmp_path, capsys):
+    runs = [fabricate_run(tmp_path, "a", 1337, fake_src), fabricate_run(tmp_path, "b", 42, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["README.md", "submission.json", "train_gpt.py", "train_gpt_human.py", "requirements.txt", "loss_curve.png",
+         "train_seed1337.log", "train_seed42.log"])
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]  # no temp dirs left
+    sub = json.loads((folder / "submission.json").read_text())
+    results = [json.loads((r / "result.json").read_text()) for r in runs]
+    assert sub["seeds"] == [1337, 42] and sub["track"] == "track_non_record_16mb"
+    assert sub["val_bpb"] == pytest.approx(statistics.fmean(r["val_bpb_sliding"] for r in results), abs=1e-8)
+    assert sub["val_loss"] == pytest.approx(statistics.fmean(r["val_loss_sliding"] for r in results), abs=1e-8)
+    assert sub["val_bpb_std"] == pytest.approx(statistics.stdev(r["val_bpb_sliding"] for r in results), abs=1e-8)
+    assert sub["bytes_total"] == max(r["bytes_total"] for r in results)
+    assert sub["bytes_code"] == (folder / "train_gpt.py").stat().st_size == len(fake_src[2].encode())
+    assert (sub["author"], sub["github_id"], sub["name"], sub["date"]) == ("A. Person", "aperson", "Tiny",
+                                                                            f"{DATE}T00:00:00Z")
+    assert sub["hardware"] == "1x cpu (x86_64, 2 cores)" and sub["pytorch_version"] == "2.13.0+cpu"
+    assert [s["val_bpb_roundtrip"] for s in sub["seed_results"]] == [r["val_bpb_roundtrip"] for r in results]
+    assert (folder / "train_gpt.py").read_text() == fake_src[2]
+    assert (folder / "train_gpt_human.py").read_text() == fake_src[1]
+    assert (folder / "train_seed42.log").read_bytes() == (runs[1] / "train.log").read_bytes()
+    assert (folder / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    req = (folder / "requirements.txt").read_text()
+    assert "torch==2.13.0" in req and "numpy==2.4.6" in req and "sentencepiece==0.2.3" in req
+    assert "zstandard==" in req and "safetensors==" in req
+    readme = (folder / "README.md").read_text()
+    for needle in ("| 1337 | 50 |", "| 42 | 50 |", "**mean**", "| std |", "loss_curve.png",
+                   f"cd {folder}", "SEED=1337", "python train_gpt.py", "600 s", "margin",
+                   "track_non_record_16mb", "not 8xH100"):
+        assert needle in readme, needle
+    assert check_record(folder)["val_bpb"] == sub["val_bpb"]
+    assert make_record.main(["--check", str(folder)]) == 0
+
+
+def test_an_8xh100_run_goes_to_the_record_track_with_torchrun(fake_src, tmp_path):
+    dev = "NVIDIA H100 80GB HBM3 (79 GiB)"
+    runs = [fabricate_run(tmp_path, f"r{s}", s, fake_src, world_size=8, device=dev) for s in (1, 2, 3)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_10min_16mb" / f"{DATE}_Tiny"
+    assert json.loads((folder / "submission.json").read_text())["hardware"] == f"8x {dev}"
+    assert "torchrun --standalone --nproc_per_node=8 train_gpt.py" in (folder / "README.md").read_text()
+
+
+def _drop_sliding(text):
+    return "\n".join(ln for ln in text.splitlines() if not ln.startswith("final_sliding")) + "\n"
+
+
+REFUSALS = {
+    "over the byte budget": (dict(result={"bytes_model": 16_000_000, "bytes_total": 16_000_000 + 2000}), "bytes_total"),
+    "over the training time": (dict(result={"train_seconds": 600.5}), "train_seconds=600.5"),
+    "over the eval time": (dict(result={"eval_seconds": 700.0}), "eval_seconds=700.0"),
+    "log without final lines": (dict(log_edit=_drop_sliding), "final_sliding_window_exact"),
+    "log disagrees with result": (dict(result={"val_bpb_sliding": 1.0}), "disagrees with result.json"),
+    "configuration differs": (dict(hp={"matrix_lr": 0.05}), "MATRIX_LR=0.05"),
+    "different code bytes": (dict(result={"bytes_code": 999}), "bytes_code"),
+    "same seed twice": (dict(seed=1), "seed=1"),
+    "did not finish": (dict(result={"status": "nonfinite_loss"}), "status='nonfinite_loss'"),
+    "partial val split": (dict(hp={"val_max_tokens": 4096}), "VAL_MAX_TOKENS=4096"),
+    "code changed since the run": (dict(code='"""train_gpt_human.py: an older version"""'), "logged at the top"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refuses_with_the_run_and_the_field(fake_src, tmp_path, capsys, case):
+    spec, message = REFUSALS[case]
+    spec = dict(spec)
+    seed = spec.pop("seed", 2)
+    if case == "different code bytes":  # the first run is consistent, the second used other code
+        spec["result"] = {"bytes_code": 999, "bytes_total": 120_000 + seed + 999}
+        spec["log_edit"] = lambda t: t.replace(f"Total submission size: {120_000 + seed + len(fake_src[2])}",
+                                               f"Total submission size: {120_000 + seed + 999}")
+    runs = [fabricate_run(tmp_path, "good", 1, fake_src), fabricate_run(tmp_path, "bad", seed, fake_src, **spec)]
+    assert cli(fake_src, tmp_path, runs) == 2
+    err = capsys.readouterr().err
+    assert "refused:" in err and message in err, err
+    assert str(runs[1]) in err, err
+    assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]
+
+
+def test_refuses_when_the_current_source_is_not_the_code_of_the_runs(fake_src, tmp_path, capsys):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    changed = write_tree(tmp_path / "changed", {"quant/core.py": bundle_src_with_extra_function()})
+    assert make_record.main(["--runs", str(runs[0]), "--name", "T", "--author", "x", "--github-id", "y",
+                             "--records-dir", str(tmp_path / "records"), "--root", str(changed),
+                             "--skip-smoke"]) == 2
+    assert "current source packs to" in capsys.readouterr().err
+
+
+def bundle_src_with_extra_function():
+    from test_bundle import FAKE_TREE
+
+    return FAKE_TREE["quant/core.py"] + "\n\ndef quant_extra(x):\n    return [x, x * 2, x * 3, 'more code']\n"
+
+
+def test_existing_folder_needs_force_and_force_replaces_it(fake_src, tmp_path, capsys):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    (folder / "stale.txt").write_text("old")
+    assert cli(fake_src, tmp_path, runs) == 2
+    assert "exists; pass --force" in capsys.readouterr().err and (folder / "stale.txt").exists()
+    assert cli(fake_src, tmp_path, runs, "--force") == 0
+    assert not (folder / "stale.txt").exists() and check_record(folder)["seeds"] == [1]
+    assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+
+
+@pytest.mark.parametrize("track, message", [("track_10min_16mb", "needs 8xH100"),
+                                            ("track_10min", "expected one of track_10min_16mb, track_non_record_16mb")])
+def test_refuses_a_track_that_is_not_official_or_does_not_fit(fake_src, tmp_path, capsys, track, message):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    assert cli(fake_src, tmp_path, runs, "--track", track) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_check_record_catches_a_tampered_folder(fake_src, tmp_path):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src), fabricate_run(tmp_path, "b", 2, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    with open(folder / "train_gpt.py", "a") as f:
+        f.write("\n")
+    with pytest.raises(RecordError, match="bytes_code"):
+        check_record(folder)
+
+
+# -----------------------------------------------------------------------------------------------
+# real runs
+# -----------------------------------------------------------------------------------------------
+
+needs_trainer = pytest.mark.skipif(not (REPO / "train_gpt.py").is_file(), reason="train_gpt.py not written yet")
+
+
+@needs_trainer
+@pytest.mark.slow
+def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset, sp1024_model, tmp_path, capsys):
+    env_base = {k: v for k, v in TINY_ENV.items() if k not in ("VAL_MAX_TOKENS", "SEED")}  # records need the full val
+    env_base.update(ITERATIONS="4", EVAL_STRIDE="64", TRAIN_SEQ_LEN="128", EVAL_BATCH_SEQS="32", VAL_BATCH_SIZE="8192")
+    runs = []
+    for seed in (1, 2):
+        env = clean_env(**env_base, SEED=str(seed), RUN_ID=f"seed{seed}", DATA_PATH=str(tiny_dataset),
+                        TOKENIZER_PATH=str(sp1024_model), OUT_DIR=str(tmp_path / "runs"), PYTHONPATH=str(REPO))
+        proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=400)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(tmp_path / "runs" / f"seed{seed}")
+    folder = make_record.make_record(runs, name="RealTiny", author="A", github_id="a", records_dir=tmp_path / "records",
+                                     date=DATE, log=print)
+    out = capsys.readouterr().out
+    assert "smoke: cd" in out  # the packed file ran from inside the folder before it was renamed into place
+    sub = check_record(folder)
+    results = [json.loads((r / "result.json").read_text()) for r in runs]
+    assert sub["val_bpb"] == pytest.approx(statistics.fmean(r["val_bpb_sliding"] for r in results), abs=1e-8)
+    assert sub["bytes_code"] == results[0]["bytes_code"] == (folder / "train_gpt.py").stat().st_size
+    assert sorted(os.listdir(folder)) == sorted(["README.md", "submission.json", "train_gpt.py", "train_gpt_human.py",
+                                                 "requirements.txt", "loss_curve.png", "train_seed1.log",
+                                                 "train_seed2.log"])
+    from tools import significance
+
+    assert significance.main(["--runs", *map(str, runs), "--baseline-bpb", "99"]) == 0
+    assert "verdict: SIGNIFICANT" in capsys.readouterr().out

@@ -1,0 +1,118 @@
+"""tools/significance.py against t statistics computed by hand (formulas written out here)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tools import significance
+from tools.significance import SeedValue, analyse, seeds_needed
+
+LN2 = math.log(2)
+TPB = 0.41
+NEW = [1.1000, 1.1020, 1.1010]
+BASE_RUNS = [1.1150, 1.1190, 1.1170, 1.1230]
+
+
+def values(bpbs, tpb=TPB):
+    return [SeedValue(f"run{i}", i, b, b * LN2 / tpb, tpb) for i, b in enumerate(bpbs)]
+
+
+def sample_std(xs):
+    m = sum(xs) / len(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def test_threshold_is_nats_converted_with_tokens_per_byte():
+    assert significance.nats_to_bpb(0.005, TPB) == pytest.approx(0.005 * TPB / LN2)
+    assert significance.nats_to_bpb(0.005, TPB) == pytest.approx(0.0029575248, abs=1e-10)
+
+
+def test_one_sample_t_statistic_matches_the_formula():
+    delta = 0.005 * TPB / LN2
+    mean, s = sum(NEW) / 3, sample_std(NEW)
+    t_hand = (mean - (1.12 - delta)) / (s / math.sqrt(3))
+    assert t_hand == pytest.approx(-27.786382067, rel=1e-9)
+    res = analyse(values(NEW), baseline_bpb=1.12)
+    assert res["test"] == "one-sample" and res["t"] == pytest.approx(t_hand, rel=1e-9)
+    assert res["p"] == pytest.approx(0.00064634330, rel=1e-6)  # Student t cdf(t, df=2)
+    assert res["significant"] and res["delta_bpb"] == pytest.approx(delta)
+    assert res["improvement_bpb"] == pytest.approx(0.019)
+    assert res["improvement_nats"] == pytest.approx(0.019 * LN2 / TPB)
+
+
+def test_welch_t_statistic_and_degrees_of_freedom_match_the_formula():
+    delta = 0.005 * TPB / LN2
+    ma, mb = sum(NEW) / 3, sum(BASE_RUNS) / 4
+    va, vb = sample_std(NEW) ** 2 / 3, sample_std(BASE_RUNS) ** 2 / 4
+    t_hand = (ma - (mb - delta)) / math.sqrt(va + vb)
+    df_hand = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+    assert (t_hand, df_hand) == (pytest.approx(-8.0667138283, rel=1e-9), pytest.approx(3.6533226581, rel=1e-9))
+    res = analyse(values(NEW), baseline_values=values(BASE_RUNS))
+    assert res["test"] == "welch" and res["t"] == pytest.approx(t_hand, rel=1e-9)
+    assert res["p"] == pytest.approx(0.00093295768, rel=1e-6)
+    assert res["significant"]
+
+
+def test_an_improvement_below_the_threshold_is_not_significant_however_tight():
+    tight = [1.1180, 1.1181, 1.1179]  # 0.002 bpb better than 1.12, threshold 0.00296 bpb
+    res = analyse(values(tight), baseline_bpb=1.12)
+    assert res["t"] > 0 and res["p"] > 0.5 and not res["significant"] and res["seeds_needed"] is None
+
+
+def test_seeds_needed_is_the_smallest_n_that_reaches_alpha():
+    from scipy import stats
+
+    improvement, delta, s = 0.0045, 0.0029575, 0.0012
+    n = seeds_needed(improvement, delta, s, 0.01)
+    p = lambda k: stats.t.sf((improvement - delta) / (s / math.sqrt(k)), k - 1)  # noqa: E731
+    assert n is not None and n > 2 and p(n) < 0.01 <= p(n - 1)
+    assert seeds_needed(0.002, delta, s, 0.01) is None  # not above the threshold: no n helps
+    assert seeds_needed(0.01, delta, 0.0, 0.01) == 2  # no variance at all
+
+
+def test_one_seed_reports_that_it_cannot_be_significant(capsys):
+    res = analyse(values([1.0]), baseline_bpb=1.2)
+    assert math.isnan(res["t"]) and not res["significant"]
+    report = significance.format_report(values([1.0]), res)
+    assert "needs at least 2 seeds" in report and "NOT SIGNIFICANT" in report
+
+
+def _write_run(folder: Path, seed, bpb, loss, with_result=True):
+    folder.mkdir(parents=True)
+    log = ("code\n" + "=" * 100 + f"\nSEED:{seed}\nfinal_sliding_window_exact val_loss:{loss:.8f} val_bpb:{bpb:.8f} "
+           "stride:64 eval_time:1ms\nTotal submission size: 10 bytes\n")
+    (folder / "train.log").write_text(log)
+    if with_result:
+        (folder / "result.json").write_text(json.dumps({"seed": seed, "val_bpb_sliding": bpb, "val_loss_sliding": loss,
+                                                        "tokens_per_byte": bpb * LN2 / loss, "hyperparameters": {}}))
+
+
+def test_cli_reads_result_json_and_bare_logs_and_prints_the_verdict(tmp_path, capsys):
+    paths = []
+    for i, bpb in enumerate(NEW):
+        _write_run(tmp_path / f"r{i}", 100 + i, bpb, bpb * LN2 / TPB, with_result=(i != 2))
+    paths = [str(tmp_path / "r0"), str(tmp_path / "r1" / "result.json"), str(tmp_path / "r2" / "train.log")]
+    assert significance.main(["--runs", *paths, "--baseline-bpb", "1.12"]) == 0
+    out = capsys.readouterr().out
+    assert "100        1.10000000" in out and "102        1.10100000" in out  # seed from the log for r2
+    assert "t = -27.7864" in out and "verdict: SIGNIFICANT at p < 0.01" in out
+    assert "tokens/byte 0.41000" in out
+    assert significance.main(["--runs", *paths, "--baseline-bpb", "1.12", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["t"] == pytest.approx(-27.786382067, rel=1e-7)
+
+
+def test_cli_welch_against_baseline_runs_and_errors(tmp_path, capsys):
+    for i, bpb in enumerate(NEW):
+        _write_run(tmp_path / "new" / str(i), i, bpb, bpb * LN2 / TPB)
+    for i, bpb in enumerate(BASE_RUNS):
+        _write_run(tmp_path / "base" / str(i), i, bpb, bpb * LN2 / TPB)
+    new = [str(p) for p in sorted((tmp_path / "new").iterdir())]
+    base = [str(p) for p in sorted((tmp_path / "base").iterdir())]
+    assert significance.main(["--runs", *new, "--baseline-runs", *base]) == 0
+    out = capsys.readouterr().out
+    assert "Welch" in out and "t = -8.0667" in out and "SIGNIFICANT" in out
+    assert significance.main(["--runs", str(tmp_path / "missing"), "--baseline-bpb", "1"]) == 2
+    assert "no result.json and no train.log" in capsys.readouterr().err
