@@ -716,13 +716,20 @@ def atomic_write_json(path: Path, obj: dict) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
+def kit_module(name: str):
+    """A package-only kit module (tools/...): present when running from the repo, not in the packed file."""
+    if BUNDLE_KIND != "package":
+        raise ValueError(f"{name} is a kit feature: run train_gpt.py from the kit's repository, not the packed script")
+    return importlib.import_module(name)
+
+
 def measure_code_bytes() -> int:
     """Bytes of the train_gpt.py that would be shipped: measured, never estimated."""
     if BUNDLE_KIND == "packed":
         return os.path.getsize(__file__)
     if BUNDLE_KIND == "human":
         return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
-    return len(importlib.import_module("tools.bundle").build_packed_source().encode())
+    return len(kit_module("tools.bundle").build_packed_source().encode())
 
 
 def describe_device(device: torch.device) -> str:
@@ -794,34 +801,6 @@ class TrainResult:
     stopped_by_signal: int = 0
 
 
-def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float, losses) -> None:
-    """Everything a resumed run needs to continue bit for bit on CPU; written atomically."""
-    state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-             "ema": ema.shadow if ema else None, "ema_updates": ema.num_updates if ema else 0, "step": step, "train_seconds": train_seconds,
-             "losses": losses.cpu(),
-             "stream": [loader.stream.shard_index, loader.stream.offset],
-             "rng": torch.get_rng_state()}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: Path, model, optimizers, ema, loader) -> tuple:
-    if not path.is_file():
-        raise ValueError(f"RESUME=1: no checkpoint at {path} (set CHECKPOINT_EVERY on the first run)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model.load_state_dict(state["model"])
-    for opt, sd in zip(optimizers, state["optimizers"]):
-        opt.load_state_dict(sd)
-    if ema and state["ema"] is not None:
-        for s, v in zip(ema.shadow, state["ema"]):
-            s.copy_(v)
-        ema.num_updates = state["ema_updates"]
-    loader.stream.seek(*state["stream"])
-    torch.set_rng_state(state["rng"])
-    return state["step"], state["train_seconds"], list(state["losses"].to(loader.device).unbind())
-
-
 def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, flops_per_token: float,
           val_eval=None) -> TrainResult:
     """The wallclock-budgeted loop. Returns the number of optimizer steps and the training seconds.
@@ -839,6 +818,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     ema = EMA(model, hp.ema_decay) if hp.ema_decay > 0 else None
     cap_ms = 1000.0 * hp.max_wallclock_seconds
     ckpt_path = ctx.run_dir / "checkpoint.pt"
+    ckpt = kit_module("tools.checkpoint") if hp.checkpoint_every or hp.resume else None
     nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:
@@ -888,7 +868,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         return ctx.mean_over_ranks(torch.stack(values)) if values else torch.zeros(0, device=ctx.device)
 
     if hp.resume:
-        step, train_seconds, losses = load_checkpoint(ckpt_path, model, optimizers, ema, loader)
+        step, train_seconds, losses = ckpt.load_checkpoint(ckpt_path, model, optimizers, ema, loader)
         train_ms = 1000.0 * train_seconds
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
@@ -936,7 +916,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             if hp.checkpoint_every and step % hp.checkpoint_every == 0:
                 hist = history(losses)
                 if ctx.is_main:
-                    save_checkpoint(ckpt_path, model, optimizers, ema, step, loader,
+                    ckpt.save_checkpoint(ckpt_path, model, optimizers, ema, step, loader,
                                     (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0, hist)
         if stop.signum:
             ctx.sync()
@@ -945,7 +925,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             if hp.checkpoint_every:
                 hist = history(losses)
                 if ctx.is_main:
-                    save_checkpoint(ckpt_path, model, optimizers, ema, step, loader, train_ms / 1000.0, hist)
+                    ckpt.save_checkpoint(ckpt_path, model, optimizers, ema, step, loader, train_ms / 1000.0, hist)
                 ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
         else:
             if ema:  # the swap counts as training time
@@ -977,6 +957,8 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log)
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    if hp.checkpoint_every or hp.resume:
+        kit_module("tools.checkpoint")
     num_val = 0
     for path in list_shards(hp.data_path, "val"):  # ids checked here; the tokens are dropped again
         tokens = load_data_shard(path)

@@ -111,7 +111,7 @@ def test_ddp_two_processes_match_one_process_with_same_global_batch(tiny_dataset
 
 @pytest.mark.slow
 def test_sigterm_stops_cleanly_and_resume_continues_bit_for_bit(tiny_dataset, sp1024_model, tmp_path):
-    extra = dict(ITERATIONS=30, CHECKPOINT_EVERY=1, SKIP_FINAL_EVAL=1)
+    extra = dict(ITERATIONS=12, CHECKPOINT_EVERY=1, SKIP_FINAL_EVAL=1)
     run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="full", **extra))
     full = read_result(tmp_path, "full")["train_losses"]
 
@@ -119,19 +119,19 @@ def test_sigterm_stops_cleanly_and_resume_continues_bit_for_bit(tiny_dataset, sp
     proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:  # interrupt once training is under way
-        if line.startswith("step:3/30"):
+        if line.startswith("step:3/12"):
             proc.send_signal(signal.SIGTERM)
             break
     rest = proc.stdout.read()
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM, rest
     cut = read_result(tmp_path, "cut")
-    assert cut["status"] == "stopped_by_signal" and 3 <= cut["steps"] < 30
+    assert cut["status"] == "stopped_by_signal" and 3 <= cut["steps"] < 12
     assert "stopped by signal SIGTERM" in (tmp_path / "cut" / "train.log").read_text()
     assert not list((tmp_path / "cut").glob(".*tmp*")), "a temp file was left behind"
 
     run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="cut", RESUME=1, **extra))
     resumed = read_result(tmp_path, "cut")
-    assert resumed["steps"] == 30
+    assert resumed["steps"] == 12
     assert resumed["train_losses"] == full  # bitwise: same floats
 
 
