@@ -972,18 +972,24 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     return sp, manifest
 
 
-def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None):
-    """Roundtrip (and optionally sliding) eval of `model`; returns a dict of metrics."""
-    common = dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size,
-                  autocast_dtype=torch.bfloat16 if ctx.device.type == "cuda" else None)
+def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None):
+    """Roundtrip (and, with `stride`, sliding) eval of `model`; returns a dict of metrics.
+
+    The sliding eval's time guard gets what is left of EVAL_MAX_SECONDS since `started`
+    (loading and the roundtrip count against the same 600 s). On CUDA the forward is compiled.
+    """
+    is_cuda = ctx.device.type == "cuda"
+    common = dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=is_cuda,
+                  autocast_dtype=torch.bfloat16 if is_cuda else None)
     model.eval()
     with torch.no_grad():
         loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
                                    batch_seqs=max(1, hp.val_batch_size // hp.train_seq_len), **common)
         out = {"val_loss": loss, "val_bpb": bpb}
         if stride:
+            left = hp.eval_max_seconds - (time.perf_counter() - (started or time.perf_counter()))
             out["sliding"] = eval_sliding(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
-                                          batch_seqs=hp.eval_batch_seqs, max_seconds=hp.eval_max_seconds,
+                                          batch_seqs=hp.eval_batch_seqs, max_seconds=left,
                                           auto_stride=hp.eval_auto_stride, log=ctx.log, **common)
     model.train()
     return out
@@ -1076,7 +1082,7 @@ def main() -> int:
     eval_model.set_attention_backend(model.blocks[0].attn.backend)
     if eval_on:
         tokens = val_tokens()
-        out = evaluate_model(ctx, hp, eval_model, tokens, luts, stride=hp.eval_stride)
+        out = evaluate_model(ctx, hp, eval_model, tokens, luts, stride=hp.eval_stride, started=eval_start)
         sliding = out["sliding"]
         eval_seconds = time.perf_counter() - eval_start
         ctx.log(f"final_roundtrip_exact val_loss:{out['val_loss']:.8f} val_bpb:{out['val_bpb']:.8f}")

@@ -88,7 +88,10 @@ def one_window_at_a_time(model, tokens, seq_len, stride):
 
 
 def bench_cpu(args, luts):
+    torch.manual_seed(0)
     name, model = build_model(SMOKE_CONFIG)
+    if hasattr(model, "init_weights"):
+        model.init_weights()
     model.eval()
     tokens = torch.randint(0, 1024, (args.num_tokens + 1,), generator=torch.Generator().manual_seed(0))
     seq_len, num_windows = 256, count_sliding_windows(args.num_tokens, 256, args.stride)

@@ -1,0 +1,46 @@
+"""tools/bench_quant.py: the official baseline reproduction and an end-to-end table on a tiny model."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tools.bench_quant import POLICIES, official_int8_zlib, run_bench
+
+
+def test_official_baseline_semantics():
+    g = torch.Generator().manual_seed(0)
+    sd = {"big.weight": torch.randn(300, 300, generator=g) * 0.05, "blocks.0.attn_scale": torch.rand(300, generator=g),
+          "small.weight": torch.randn(10, 10, generator=g)}
+    nbytes, out = official_int8_zlib(sd)
+    assert nbytes > 0
+    assert torch.equal(out["blocks.0.attn_scale"], sd["blocks.0.attn_scale"])  # control tensors stay fp32
+    assert torch.equal(out["small.weight"], sd["small.weight"].half().float())
+    # scale is clamped to >= 1/127: weights of magnitude ~0.05 land on a 1/127 grid
+    grid = out["big.weight"] / torch.tensor(1 / 127).half().float()
+    assert torch.allclose(grid, grid.round(), atol=1e-4)
+
+
+@pytest.mark.slow
+def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
+    train_gpt = pytest.importorskip("train_gpt")
+    from safetensors.torch import save_file
+
+    config = dict(vocab_size=1024, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2,
+                  activation="relu2", tie_embeddings=True, rope_base=10000.0, rope_dims=8, logit_softcap=30.0,
+                  qk_gain_init=1.5, xsa_last_n=1)
+    torch.manual_seed(0)
+    model = train_gpt.GPT(**config)
+    if hasattr(model, "init_weights"):
+        model.init_weights(0.02)
+    ckpt = tmp_path / "prequant.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt),
+              metadata={"model_config": json.dumps(config)})
+    args = SimpleNamespace(checkpoint=str(ckpt), data_path=str(tiny_dataset), tokenizer=str(sp1024_model),
+                           val_tokens=2048, seq_len=128)
+    table = run_bench(args)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows[0].startswith("| official int8")
+    assert len(rows) == 1 + 6 * len(POLICIES)
+    assert sum("(auto)" in r for r in rows) >= len(POLICIES)
