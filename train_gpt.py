@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import difflib
 import importlib
+import inspect
 import json
 import math
 import os
@@ -159,32 +160,32 @@ class Hyperparameters:
         return hp
 
     def validate(self) -> None:
-        def need(ok, name, expected):
-            if not ok:
-                raise ValueError(f"{name}={getattr(self, name.lower())!r}: expected {expected}")
-
+        """Raise ValueError naming the first variable whose value is out of range."""
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.type in (int, float) and f.name != "compile":
-                need(math.isfinite(v) and v >= 0, f.name.upper(), "a finite value >= 0")
-        for name in ("VOCAB_SIZE", "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_LAYERS", "MODEL_DIM",
-                     "NUM_HEADS", "NUM_KV_HEADS", "EVAL_STRIDE", "EVAL_BATCH_SEQS", "TRAIN_LOG_EVERY"):
-            need(getattr(self, name.lower()) > 0, name, "a value > 0")
-        need(self.vocab_size <= 65536, "VOCAB_SIZE", "<= 65536 (tokens are stored as uint16)")
-        need(self.model_dim % self.num_heads == 0, "MODEL_DIM", f"divisible by NUM_HEADS={self.num_heads}")
-        need(self.num_heads % self.num_kv_heads == 0, "NUM_HEADS", f"divisible by NUM_KV_HEADS={self.num_kv_heads}")
-        head_dim = self.model_dim // self.num_heads
-        need(self.rope_dims % 2 == 0 and self.rope_dims <= head_dim, "ROPE_DIMS", f"even and <= head_dim={head_dim}")
-        need(self.xsa_last_n <= self.num_layers, "XSA_LAST_N", f"<= NUM_LAYERS={self.num_layers}")
-        need(self.eval_stride <= self.train_seq_len, "EVAL_STRIDE", f"<= TRAIN_SEQ_LEN={self.train_seq_len}")
-        need(self.mlp_activation in ("relu2", "leaky_relu2"), "MLP_ACTIVATION", "relu2 or leaky_relu2")
-        need(self.attn_backend in ("auto", "fa3", "fa2", "sdpa"), "ATTN_BACKEND", "auto, fa3, fa2 or sdpa")
-        need(self.compile in (-1, 0, 1), "COMPILE", "-1 (auto), 0 or 1")
-        for name in ("WARMDOWN_FRAC", "QAT_START_FRAC", "EMA_DECAY"):
-            need(getattr(self, name.lower()) <= 1.0, name, "a fraction in [0, 1]")
-        need(self.max_wallclock_seconds > 0 or self.iterations > 0, "ITERATIONS", "> 0 when MAX_WALLCLOCK_SECONDS=0")
-        need(not self.resume or self.max_wallclock_seconds == 0, "RESUME",
-             "only with MAX_WALLCLOCK_SECONDS=0 (a timed record run cannot be resumed)")
+            if f.type in (int, float) and f.name != "compile" and not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{f.name.upper()}={v!r}: expected a finite value >= 0")
+        hd = self.model_dim // max(1, self.num_heads)
+        for name, ok, expected in (
+            ("VOCAB_SIZE", 0 < self.vocab_size <= 65536, "1..65536 (uint16 tokens)"),
+            *((n, getattr(self, n.lower()) > 0, "> 0") for n in (
+                "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_LAYERS", "NUM_HEADS", "NUM_KV_HEADS", "EVAL_STRIDE",
+                "EVAL_BATCH_SEQS", "TRAIN_LOG_EVERY")),
+            ("MODEL_DIM", self.model_dim % self.num_heads == 0, f"a multiple of NUM_HEADS={self.num_heads}"),
+            ("NUM_HEADS", self.num_heads % self.num_kv_heads == 0, f"a multiple of NUM_KV_HEADS={self.num_kv_heads}"),
+            ("ROPE_DIMS", self.rope_dims % 2 == 0 and self.rope_dims <= hd, f"even and <= head_dim={hd}"),
+            ("XSA_LAST_N", self.xsa_last_n <= self.num_layers, "<= NUM_LAYERS"),
+            ("EVAL_STRIDE", self.eval_stride <= self.train_seq_len, "<= TRAIN_SEQ_LEN"),
+            ("MLP_ACTIVATION", self.mlp_activation in ("relu2", "leaky_relu2"), "relu2 or leaky_relu2"),
+            ("ATTN_BACKEND", self.attn_backend in ("auto", "fa3", "fa2", "sdpa"), "auto, fa3, fa2 or sdpa"),
+            ("COMPILE", self.compile in (-1, 0, 1), "-1 (auto), 0 or 1"),
+            *((n, getattr(self, n.lower()) <= 1, "a fraction in [0, 1]") for n in (
+                "WARMDOWN_FRAC", "QAT_START_FRAC", "EMA_DECAY")),
+            ("ITERATIONS", self.max_wallclock_seconds > 0 or self.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
+            ("RESUME", not self.resume or not self.max_wallclock_seconds, "only with MAX_WALLCLOCK_SECONDS=0"),
+        ):
+            if not ok:
+                raise ValueError(f"{name}={getattr(self, name.lower())!r}: expected {expected}")
 
     def resolve_grad_accum(self, world_size: int, is_cuda: bool) -> int:
         """Micro-steps per optimizer step; raises ValueError unless the batch splits evenly."""
@@ -198,47 +199,36 @@ class Hyperparameters:
 
 
 def parse_env_value(name: str, raw: str, kind):
-    """Parse one env var to `kind` (int, float, bool, str); ValueError names the variable."""
-    text = raw.strip()
+    """Parse one env var to `kind` (int, float, bool or str); ValueError names the variable."""
+    text = raw.strip().lower()
     try:
         if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off", ""):
-                return False
-            raise ValueError
+            return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+                    "off": False, "": False}[text]
         if kind is int:
-            value = float(text)
-            if value != int(value):
-                raise ValueError
-            return int(value)
-        if kind is float:
-            return float(text)
-        return text
-    except ValueError:
+            assert float(text) == int(float(text))
+            return int(float(text))
+        return kind(raw.strip())
+    except (ValueError, KeyError, AssertionError):
         raise ValueError(f"{name}={raw!r}: expected {kind.__name__}") from None
 
 
-# Names other parts of the kit read (quant policy, eval); they are not Hyperparameters fields.
-EXTRA_ENV_NAMES = ("PRESET", "QUANT_ATTN_BITS", "QUANT_MLP_BITS", "QUANT_EMBED_BITS", "QUANT_COMPRESSOR",
-                   "QUANT_PACKING", "QUANT_PASSTHROUGH_MAX_NUMEL", "QUANT_GPTQ_LITE", "QUANT_PRUNE",
-                   "QUANT_FLOAT_DTYPE", "QUANT_FIT", "QUANT_MATRIX_BITS")
-ENV_PREFIXES = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "QUANT_",
-                "WARMDOWN_", "TIED_", "MATRIX_", "SCALAR_", "LOGIT_", "QK_", "CHECKPOINT_", "ATTN_", "GRAD_")
-
-
 def warn_unknown_env(environ, log=print) -> list:
-    """Warn about env vars that look like ours but are not (typos are silent killers of 10-minute runs)."""
-    known = {f.name.upper() for f in dataclasses.fields(Hyperparameters)} | set(EXTRA_ENV_NAMES)
+    """Warn about env vars that look like ours but are not: typos are silent killers of 10-minute runs.
+
+    Looks like ours = a close spelling of a known name, or a prefix of ours. QUANT_* names are
+    checked by quant's policy.
+    """
+    known = {f.name.upper() for f in dataclasses.fields(Hyperparameters)} | {"PRESET"}
+    prefixes = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_",
+                "TIED_", "MATRIX_", "SCALAR_", "LOGIT_", "QK_", "CHECKPOINT_", "ATTN_", "GRAD_")
     unknown = []
     for name in sorted(environ):
-        if name in known:
-            continue
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
-        if close or name.startswith(ENV_PREFIXES):
+        close = difflib.get_close_matches(name, known, 1, 0.8)
+        if name not in known and not name.startswith("QUANT_") and (close or name.startswith(prefixes)):
             unknown.append(name)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored{hint}")
+            log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored"
+                + (f" (did you mean {close[0]}?)" if close else ""))
     return unknown
 
 
@@ -451,13 +441,11 @@ class GPT(nn.Module):
     """
 
     def __init__(self, *, vocab_size, num_layers, model_dim, num_heads, num_kv_heads, mlp_mult,
-                 activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
+                 mlp_activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
                  logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0):
+        self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        self.config = dict(vocab_size=vocab_size, num_layers=num_layers, model_dim=model_dim, num_heads=num_heads,
-                           num_kv_heads=num_kv_heads, mlp_mult=mlp_mult, activation=activation,
-                           tie_embeddings=tie_embeddings, rope_base=rope_base, rope_dims=rope_dims,
-                           logit_softcap=logit_softcap, qk_gain_init=qk_gain_init, xsa_last_n=xsa_last_n)
+        activation = mlp_activation
         self.logit_softcap = logit_softcap
         self.tok_emb = nn.Embedding(vocab_size, model_dim)
         self.blocks = nn.ModuleList(
@@ -529,10 +517,8 @@ class GPT(nn.Module):
 
 
 def build_model_config(hp: Hyperparameters) -> dict:
-    return dict(vocab_size=hp.vocab_size, num_layers=hp.num_layers, model_dim=hp.model_dim, num_heads=hp.num_heads,
-                num_kv_heads=hp.num_kv_heads, mlp_mult=hp.mlp_mult, activation=hp.mlp_activation,
-                tie_embeddings=hp.tie_embeddings, rope_base=hp.rope_base, rope_dims=hp.rope_dims,
-                logit_softcap=hp.logit_softcap, qk_gain_init=hp.qk_gain_init, xsa_last_n=hp.xsa_last_n)
+    """The JSON model config (`GPT(**config)`) from the hyperparameters of the same names."""
+    return {k: getattr(hp, k) for k in inspect.signature(GPT).parameters}
 
 
 def count_train_flops_per_token(config: dict, seq_len: int) -> float:
@@ -736,29 +722,24 @@ def describe_device(device: torch.device) -> str:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
-    return f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
 
 
 def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
-    """The log opens with the code, versions, device and every resolved hyperparameter."""
-    try:
-        code = importlib.import_module("tools.bundle").build_human_source() if BUNDLE_KIND == "package" \
-            else Path(__file__).read_text()
-    except (ImportError, OSError):
-        code = Path(__file__).read_text()
-    ctx.log(code, console=False)
-    ctx.log("=" * 100, console=False)
+    """The log opens with the code, versions, device (nvidia-smi on CUDA) and every hyperparameter."""
     import safetensors
     import sentencepiece
     import zstandard
 
-    ctx.log(f"python:{platform.python_version()} torch:{torch.__version__} numpy:{np.__version__} "
-            f"sentencepiece:{sentencepiece.__version__} zstandard:{zstandard.__version__} "
-            f"safetensors:{safetensors.__version__}")
+    packed = BUNDLE_KIND != "package"
+    ctx.log(Path(__file__).read_text() if packed else kit_module("tools.bundle").build_human_source(), False)
+    ctx.log("=" * 100, False)
+    ctx.log(f"python:{platform.python_version()} "
+            + " ".join(f"{m.__name__}:{m.__version__}" for m in (torch, np, sentencepiece, zstandard, safetensors)))
     ctx.log(f"device:{describe_device(ctx.device)} world_size:{ctx.world_size}")
     if ctx.device.type == "cuda":
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            ctx.log(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout, console=False)
+            ctx.log(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout, False)
     for f in dataclasses.fields(hp):
         ctx.log(f"{f.name.upper()}:{getattr(hp, f.name)}")
 
@@ -768,24 +749,17 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
 # -----------------------------------------------------------------------------------------------
 
 
-class StopRequest:
-    """SIGINT/SIGTERM set a flag; the loop finishes its step and stops cleanly."""
-
-    def __init__(self):
-        self.signum = 0
-        self._previous = {}
-
-    def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not the main thread
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT/SIGTERM set `flag[0]` to the signal number; the loop finishes its step and stops cleanly."""
+    flag, previous = [0], {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread: no handlers
+            previous[sig] = signal.signal(sig, lambda signum, frame: flag.__setitem__(0, signum))
+    try:
+        yield flag
+    finally:
+        for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
@@ -872,7 +846,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         train_ms = 1000.0 * train_seconds
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
-    with StopRequest() as stop:
+    with stop_on_signals() as stop:
         ctx.sync()
         t0 = time.perf_counter()
         log_t, log_step = t0, step
@@ -880,7 +854,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
             progress = elapsed_ms / cap_ms if cap_ms > 0 else step / max(1, hp.iterations)
             step_avg = elapsed_ms / max(1, step) if step else 0.0
-            want_stop = step >= hp.iterations or bool(stop.signum) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
+            want_stop = step >= hp.iterations or bool(stop[0]) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
             last = ctx.all_max(float(want_stop)) > 0
             if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
                 ctx.sync()
@@ -918,10 +892,10 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 if ctx.is_main:
                     ckpt.save_checkpoint(ckpt_path, model, optimizers, ema, step, loader,
                                     (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0, hist)
-        if stop.signum:
+        if stop[0]:
             ctx.sync()
             train_ms += 1000.0 * (time.perf_counter() - t0)
-            ctx.log(f"stopped by signal {signal.Signals(stop.signum).name} at step:{step}")
+            ctx.log(f"stopped by signal {signal.Signals(stop[0]).name} at step:{step}")
             if hp.checkpoint_every:
                 hist = history(losses)
                 if ctx.is_main:
@@ -934,8 +908,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             ctx.sync()
             train_ms += 1000.0 * (time.perf_counter() - t0)
     ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
-            if step < hp.iterations and not stop.signum else f"training done step:{step}")
-    return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), stopped_by_signal=stop.signum)
+            if step < hp.iterations and not stop[0] else f"training done step:{step}")
+    return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), stopped_by_signal=stop[0])
 
 
 # -----------------------------------------------------------------------------------------------
