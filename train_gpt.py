@@ -821,20 +821,17 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         return total
 
     if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
-        initial = (copy.deepcopy(model.state_dict()), [copy.deepcopy(o.state_dict()) for o in optimizers],
-                   [s.clone() for s in ema.shadow] if ema else None, (loader.stream.shard_index, loader.stream.offset))
+        initial = copy.deepcopy([model.state_dict(), [o.state_dict() for o in optimizers],
+                                 (loader.stream.shard_index, loader.stream.offset)])
         for i in range(hp.warmup_steps):
             one_step(i, 0.0)
         model.load_state_dict(initial[0])
         for opt, sd in zip(optimizers, initial[1]):
             opt.load_state_dict(sd)
-        if ema:
-            for s, v in zip(ema.shadow, initial[2]):
-                s.copy_(v)
-            ema.num_updates = 0
-        loader.stream.seek(*initial[3])
+        loader.stream.seek(*initial[2])
+        ema = EMA(model, hp.ema_decay) if ema else None
         nonfinite_step.fill_(-1)
-        ctx.log(f"warmup_steps:{hp.warmup_steps} done, model and optimizer state restored")
+        ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
 
     step, train_ms, losses = 0, 0.0, []  # losses stay on the device: no sync per step
 

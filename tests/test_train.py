@@ -144,3 +144,13 @@ def test_non_finite_loss_stops_with_the_step_number(tiny_dataset, sp1024_model, 
     result = read_result(tmp_path, "nan")
     assert result["status"] == "nonfinite_loss"
     assert not (tmp_path / "nan" / "final_model.ptz").exists()
+
+
+@pytest.mark.slow
+def test_warmup_steps_restore_model_optimizer_and_data_exactly(reference_run, tiny_dataset, sp1024_model):
+    """Compile-priming steps run before the clock and leave no trace (official WARMUP_STEPS)."""
+    out, result = reference_run
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="warm", WARMUP_STEPS=3, SKIP_FINAL_EVAL=1))
+    warm = read_result(out, "warm")
+    assert warm["train_losses"] == result["train_losses"]
+    assert "warmup_steps:3 done" in (out / "warm" / "train.log").read_text()
