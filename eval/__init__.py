@@ -1,1 +1,1 @@
-"""Evaluation: byte LUTs and val_bpb (bpb), roundtrip and sliding-window evals, token shards; CLI in __main__."""
+"""Evaluation: token shards (shards), byte LUTs (bpb), the sliding-window engine (sliding) and the roundtrip eval on it (roundtrip), all bundled; writer, tokenizer loading and stream byte counts for tools/CLI (offline, not bundled); CLI in __main__."""

@@ -25,7 +25,7 @@ import sentencepiece as spm
 import torch
 import torch.distributed as dist
 
-from eval.bpb import count_stream_bytes, load_sentencepiece_luts
+from eval.offline import count_stream_bytes, load_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import eval_sliding
 
@@ -51,7 +51,7 @@ def _load_model(artifact_path, device: torch.device, log):
         raise ValueError(f"artifact {artifact_path}: missing parameters {missing_params}, unexpected tensors {list(unexpected)}")
     if missing:
         log(f"artifact {artifact_path}: buffers not stored, kept at their init values: {list(missing)}")
-    return model.to(device), model_config, meta
+    return model.to(device).eval(), model_config, meta  # the evals expect eval mode
 
 
 def cmd_score(args) -> None:

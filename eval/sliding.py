@@ -1,4 +1,5 @@
-"""Sliding-window evaluation with the exact window set, batched, distributed, and time-guarded.
+"""The one window-scoring engine: sliding-window eval with the exact window set, batched,
+distributed and time-guarded (the roundtrip eval, eval/roundtrip.py, is one window set of it).
 
 Window set (design §4; fixes the seed PR's formula, which re-scored the tail): with
 context = seq_len - stride, windows start at 0, stride, 2*stride, ... while start + context <
@@ -6,161 +7,140 @@ num_targets (= N - 1); the first window is always present and scores all its pos
 later window scores only its last `stride` positions. A window covers up to min(seq_len,
 num_targets - start) positions, so the last ones reach exactly the last target. Every target is
 scored exactly once, each with at least min(its position, context) tokens of context.
+Window w has inputs tokens[s : s+n] and targets tokens[s+1 : s+n+1] (s = w * stride,
+n = min(seq_len, num_targets - s)); target t (0-based) is token t+1 and its previous token is t.
+
+Per batch of windows the engine turns logits into three float64 sums (NLL in nats, scored tokens,
+scored bytes from the official byte LUTs, eval/bpb.py), all-reduced over ranks; then
+val_loss = NLL / tokens and val_bpb = NLL / ln 2 / bytes.
 
 The time guard exists because the reference single-H100 PR spent 657 s on a stride-128 sliding
 eval, over the 600 s evaluation limit: after the first batches we project the total time and fail
 fast (or, with EVAL_AUTO_STRIDE=1, restart at the smallest stride that fits).
 """
 
+import math
 import sys
 import time
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from eval.bpb import eval_all_reduce_sums, eval_metrics_from_sums
-from eval.roundtrip import eval_check_tokens, eval_score_windows
-
-
-class EvalStrideRestart(Exception):
-    """Raised inside the sliding loop to restart it at a larger stride (EVAL_AUTO_STRIDE=1)."""
-
-    def __init__(self, stride: int):
-        super().__init__(stride)
-        self.stride = stride
+from eval.bpb import count_target_bytes
 
 
 def count_sliding_windows(num_targets: int, seq_len: int, stride: int) -> int:
     """Number of windows of the exact set: max(1, ceil((num_targets - (seq_len - stride)) / stride))."""
-    return max(1, -(-(num_targets - (seq_len - stride)) // stride))
+    return max(1, -(-(num_targets - seq_len + stride) // stride))
 
 
-def plan_sliding_windows(num_targets: int, seq_len: int, stride: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The exact sliding window set as int64 CPU tensors (starts, lengths, score_offsets), each [W].
+def plan_sliding_windows(num_targets: int, seq_len: int, stride: int, windows: torch.Tensor) -> tuple:
+    """Target indices and score mask of the windows with indices `windows` (int64 [B], any device).
 
-    Window w has inputs tokens[starts[w] : starts[w] + lengths[w]] and scores its positions
-    score_offsets[w] .. lengths[w]-1, i.e. targets (0-based, target t = token t+1)
-    starts[w] + score_offsets[w] .. starts[w] + lengths[w] - 1.
-    Raises ValueError for num_targets < 1, seq_len < 1 or stride outside [1, seq_len] (EVAL_STRIDE).
+    Returns (index int64 [B, T], score bool [B, T]) with T = min(seq_len, num_targets): position p of
+    window w holds target index w * stride + p (input token index; the target token is the next
+    one) and counts iff it is a real target (< num_targets) not already scored by window w - 1
+    (p >= seq_len - stride for w > 0). Index values >= num_targets are padding, to be clamped.
     """
-    if int(num_targets) < 1 or int(seq_len) < 1:
-        raise ValueError(f"need num_targets >= 1 and TRAIN_SEQ_LEN >= 1, got {num_targets} and {seq_len}")
-    if not 1 <= int(stride) <= int(seq_len):
-        raise ValueError(f"EVAL_STRIDE must be in [1, TRAIN_SEQ_LEN={seq_len}], got {stride}")
-    num_windows = count_sliding_windows(num_targets, seq_len, stride)
-    starts = torch.arange(num_windows, dtype=torch.int64) * stride
-    lengths = (num_targets - starts).clamp(max=seq_len)
-    score_offsets = torch.full_like(starts, seq_len - stride)
-    score_offsets[0] = 0
-    return starts, lengths, score_offsets
+    positions = torch.arange(min(seq_len, num_targets), device=windows.device)
+    index = windows[:, None] * stride + positions
+    return index, (positions >= (seq_len - stride) * (windows[:, None] > 0)) & (index < num_targets)
 
 
-def eval_sync_device(device: torch.device) -> None:
-    """Wait for queued CUDA work so that a wall clock read measures it (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def eval_sliding(
-    model,
-    val_tokens: torch.Tensor,
-    luts,
-    *,
-    seq_len: int,
-    stride: int,
-    batch_seqs: int,
-    device,
-    rank: int = 0,
-    world_size: int = 1,
-    autocast_dtype=None,
-    max_seconds: float = 600.0,
-    auto_stride: bool = False,
-    log=print,
-    compile_model: bool = False,
-    clock=time.perf_counter,
-    probe_batches: int = 3,
-) -> dict:
+@torch.inference_mode()
+def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device, rank=0, world_size=1,
+                 autocast_dtype=None, max_seconds=600.0, auto_stride=False, log=print, compile_model=False,
+                 clock=time.perf_counter) -> dict:
     """Sliding-window val eval of `model.forward_logits` over the whole stream val_tokens int64 [N].
 
-    Windows (see module docstring) are split into contiguous per-rank ranges, batch_seqs windows per
-    forward; float64 sums are all-reduced when torch.distributed is initialized (call it on every
-    rank with the unwrapped model). compile_model: torch.compile the forward on CUDA.
-    Time guard: after batch `probe_batches` (batch 0, which pays for compilation, is timed apart)
-    the total time is projected as elapsed + seconds_per_batch * remaining batches (max over ranks).
-    If it exceeds max_seconds (EVAL_MAX_SECONDS) the numbers are logged and ValueError is raised, or
-    with auto_stride (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose projection
-    fits (ValueError if none <= seq_len does). clock: seconds, injectable for tests.
+    Windows (see module docstring) go batch_seqs per forward ([batch_seqs, min(seq_len, N-1)] int64
+    inputs; logits [B, T, V] of any float dtype are upcast to float32 for a full normalized
+    log-softmax); batches are dealt round-robin to the ranks and the float64 sums are all-reduced
+    when torch.distributed is initialized (call it on every rank with the unwrapped model, in eval
+    mode; the engine runs under torch.inference_mode). Every batch has the same shape: the last one
+    is padded with masked windows past the last, and a window shorter than seq_len only occurs
+    when the stream is (causal attention: padding at a window's end never changes a real
+    position), so one static graph serves every batch. compile_model: torch.compile(dynamic=False)
+    the forward on CUDA (on CPU the same padded batches run uncompiled: the tested twin).
+    autocast_dtype: e.g. torch.bfloat16 on CUDA, None for none.
+    Time guard: after batch 3 (batch 0, which pays for compilation, is timed apart; earlier when a
+    rank has fewer batches) the total time is projected as elapsed + seconds_per_batch * remaining
+    batches (max over ranks)
+    and logged on rank 0. If it exceeds max_seconds (EVAL_MAX_SECONDS) ValueError is raised with the
+    numbers, or with auto_stride (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose
+    projection fits (ValueError if none <= seq_len does). A progress line goes to stderr on a TTY.
+    clock: seconds, injectable for tests.
     Returns dict(val_loss nats/token, val_bpb, stride (the one used), eval_seconds (wall, this call),
-    num_scored_tokens (== N-1), num_bytes, num_windows, seq_len).
+    num_scored_tokens (== N-1), num_bytes). Raises ValueError naming the input for a non-1-D or
+    float val_tokens or fewer than 2 tokens, EVAL_STRIDE outside [1, seq_len], EVAL_BATCH_SEQS < 1
+    or EVAL_MAX_SECONDS <= 0.
     """
-    tokens = eval_check_tokens(val_tokens, seq_len, batch_seqs)
-    if not 1 <= int(stride) <= int(seq_len):
-        raise ValueError(f"EVAL_STRIDE must be in [1, TRAIN_SEQ_LEN={seq_len}], got {stride}")
-    if not max_seconds > 0:
-        raise ValueError(f"EVAL_MAX_SECONDS must be > 0, got {max_seconds}")
+    if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
+            0 < stride <= seq_len and batch_seqs > 0 and max_seconds > 0):
+        raise ValueError(f"eval_sliding: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
+                         f"TRAIN_SEQ_LEN={seq_len}, EVAL_BATCH_SEQS={batch_seqs}, EVAL_MAX_SECONDS={max_seconds}; "
+                         "expected int [N >= 2], 0 < stride <= seq_len, others > 0")
     device = torch.device(device)
-    num_targets = tokens.numel() - 1
+    tokens = val_tokens.to(device, torch.int64)
+    luts = [t.to(device) for t in luts]
+    num_targets = len(tokens) - 1
+    forward = model.forward_logits
+    if compile_model and device.type == "cuda":
+        forward = torch.compile(forward, dynamic=False)
+    # Batches of the busiest rank when the windows of `stride` are split over all ranks.
+    num_batches = lambda s: -(-count_sliding_windows(num_targets, seq_len, s) // (world_size * batch_seqs))
     t_start = clock()
-
-    def rank_batches(num_windows: int, which) -> int:
-        # Batches of the largest (which=max) or smallest (which=min) rank's contiguous share.
-        return which(-(-(num_windows * (r + 1) // world_size - num_windows * r // world_size) // batch_seqs) for r in range(world_size))
-
     while True:
-        starts, lengths, score_offsets = plan_sliding_windows(num_targets, seq_len, stride)
-        num_windows = starts.numel()
-        max_batches = rank_batches(num_windows, max)
-        probe_index = min(int(probe_batches), rank_batches(num_windows, min) - 1)
-        warm = {}
-
-        def guard(batch_index: int, num_batches: int) -> None:
+        num_windows = count_sliding_windows(num_targets, seq_len, stride)
+        # The time guard probes after batch 3 (batch 0 pays for torch.compile and is timed apart),
+        # earlier if some rank has fewer batches: every rank must reach it (stats are all-reduced).
+        probe = min(3, -(-num_windows // batch_seqs) // world_size - 1)
+        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        # Batch k holds windows k*B .. k*B+B-1 and goes to rank k % world_size. Only the last batch
+        # runs past the last window; the plan masks such windows, so every batch has one shape.
+        for batch_index, first in enumerate(range(rank * batch_seqs, num_windows, world_size * batch_seqs)):
+            index, score = plan_sliding_windows(num_targets, seq_len, stride, torch.arange(first, first + batch_seqs, device=device))
+            index = index.clamp(max=num_targets - 1)  # padding positions read the last real token
+            # Positions before `context` score nothing after window 0: skip their log-softmax.
+            context = (seq_len - stride) * (first > 0)
+            with torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
+                logits = forward(tokens[index])[:, context:]
+            index, score = index[:, context:], score[:, context:]
+            y = tokens[index + 1]
+            nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
+            sums += torch.stack([nll.double().where(score, 0).sum(), score.sum(),
+                                 count_target_bytes(tokens[index], y, luts).where(score, 0).sum()])
+            if rank == 0 and sys.stderr.isatty():
+                print(f"eval_sliding window {first}/{num_windows}", end="\r", file=sys.stderr)
             if batch_index == 0:
-                eval_sync_device(device)
-                warm["t"] = clock()
-            if batch_index != probe_index or probe_index < 1:
-                return
-            eval_sync_device(device)
-            now = clock()
-            stats = torch.tensor([now - t_start, (now - warm["t"]) / probe_index], dtype=torch.float64, device=device)
-            if dist.is_available() and dist.is_initialized():
-                dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-            elapsed_seconds, seconds_per_batch = stats.tolist()
-            projected_seconds = elapsed_seconds + seconds_per_batch * (max_batches - probe_index - 1)
-            what = (
-                f"eval_sliding: projected {projected_seconds:.1f}s at stride {stride} ({num_windows} windows of {seq_len} tokens, "
-                f"{max_batches} batches of {batch_seqs}/rank x {world_size} ranks, {seconds_per_batch * 1000:.1f}ms/batch, "
-                f"{elapsed_seconds:.1f}s elapsed), EVAL_MAX_SECONDS={max_seconds:g}"
-            )
-            if rank == 0:
-                log(what)
-            if projected_seconds <= max_seconds:
-                return
-            if not auto_stride:
-                raise ValueError(what + ": over the limit; raise EVAL_STRIDE or set EVAL_AUTO_STRIDE=1")
-            for new_stride in range(stride + 1, seq_len + 1):
-                new_batches = rank_batches(count_sliding_windows(num_targets, seq_len, new_stride), max)
-                new_projected_seconds = elapsed_seconds + seconds_per_batch * new_batches
-                if new_projected_seconds <= max_seconds:
+                float(sums[0])  # host sync: the clock then sees the finished device work
+                t_warm = clock()
+            if batch_index == probe > 0:
+                float(sums[0])
+                stats = torch.tensor([(now := clock()) - t_start, (now - t_warm) / probe], dtype=torch.float64, device=device)
+                if dist.is_initialized():
+                    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+                elapsed_seconds, seconds_per_batch = stats.tolist()
+                projected_seconds = elapsed_seconds + seconds_per_batch * (num_batches(stride) - probe - 1)
+                what = (f"eval_sliding: projected {projected_seconds:.1f}s at stride {stride} ({num_windows} windows, "
+                        f"{seconds_per_batch * 1000:.1f}ms/batch, {elapsed_seconds:.1f}s elapsed), EVAL_MAX_SECONDS={max_seconds:g}")
+                if rank == 0:
+                    log(what)
+                if projected_seconds > max_seconds:
+                    new_stride = next((s for s in range(stride + 1, seq_len + 1)
+                                       if elapsed_seconds + seconds_per_batch * num_batches(s) <= max_seconds), 0)
+                    if not (auto_stride and new_stride):
+                        raise ValueError(what + (": no stride fits" if auto_stride else ": raise EVAL_STRIDE or set EVAL_AUTO_STRIDE=1"))
                     if rank == 0:
-                        log(f"eval_sliding: EVAL_AUTO_STRIDE=1: stride {stride} -> {new_stride} (projected {new_projected_seconds:.1f}s, restarting)")
-                    raise EvalStrideRestart(new_stride)
-            raise ValueError(what + f": no stride up to TRAIN_SEQ_LEN={seq_len} fits in the time left")
-
-        lo, hi = num_windows * rank // world_size, num_windows * (rank + 1) // world_size
-        try:
-            sums = eval_score_windows(
-                model, tokens, starts[lo:hi], lengths[lo:hi], score_offsets[lo:hi], luts,
-                batch_seqs=batch_seqs, device=device, autocast_dtype=autocast_dtype, compile_model=compile_model,
-                show_progress=rank == 0 and sys.stderr.isatty(), on_batch=guard,
-            )
-            break
-        except EvalStrideRestart as restart:
-            stride = restart.stride
-    val_loss, val_bpb = eval_metrics_from_sums(eval_all_reduce_sums(sums))
-    _, num_scored, num_bytes = sums.tolist()
+                        log(f"eval_sliding: stride {stride} -> {new_stride}")
+                    stride = new_stride
+                    break
+        else:
+            break  # every batch done without a restart
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    nll_sum, num_scored, num_bytes = sums.tolist()
     assert num_scored == num_targets, (num_scored, num_targets)
-    eval_sync_device(device)
-    return dict(
-        val_loss=val_loss, val_bpb=val_bpb, stride=int(stride), eval_seconds=clock() - t_start,
-        num_scored_tokens=int(num_scored), num_bytes=int(num_bytes), num_windows=int(num_windows), seq_len=int(seq_len),
-    )
+    return dict(val_loss=nll_sum / num_scored, val_bpb=nll_sum / math.log(2) / num_bytes, stride=stride,
+                eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes))

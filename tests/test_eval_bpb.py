@@ -5,13 +5,8 @@ import math
 import pytest
 import torch
 
-from eval.bpb import (
-    build_sentencepiece_luts,
-    count_stream_bytes,
-    count_target_bytes,
-    eval_metrics_from_sums,
-    load_sentencepiece_luts,
-)
+from eval.bpb import build_sentencepiece_luts, count_target_bytes
+from eval.offline import count_stream_bytes, load_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import eval_sliding
 from test_eval_support import TOKENIZER_DIR, UniformLM, load_sp, read_docs, real_stream
@@ -111,11 +106,11 @@ def test_load_luts_checks(tmp_path):
     assert load_sentencepiece_luts(path, 1100)[0].numel() == 1100
 
 
-def test_metrics_from_sums():
-    loss, bpb = eval_metrics_from_sums(torch.tensor([10.0, 4.0, 8.0], dtype=torch.float64))
-    assert loss == 2.5 and bpb == pytest.approx(10.0 / math.log(2) / 8.0, rel=1e-15)
-    with pytest.raises(ValueError, match="nothing to score"):
-        eval_metrics_from_sums(torch.zeros(3, dtype=torch.float64))
+def test_luts_of_a_larger_model_vocab_and_an_empty_stream():
+    sp = load_sp(1024)
+    base, space, boundary = build_sentencepiece_luts(sp, 1030)
+    assert base.numel() == space.numel() == boundary.numel() == 1030 and boundary[1024:].all()
+    assert count_stream_bytes(torch.tensor([1]), (base, space, boundary)) == 0
 
 
 @pytest.mark.parametrize("vocab_size", (1024, 8192))

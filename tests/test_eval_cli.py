@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval.bpb import load_sentencepiece_luts
+from eval.offline import load_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
 from eval.shards import load_validation_tokens
 from eval.sliding import eval_sliding

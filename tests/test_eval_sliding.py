@@ -42,12 +42,13 @@ def test_sliding_matches_reference(stream, luts, num_tokens, seq_len, stride, ba
     tokens = stream[:num_tokens]
     model = TinyCausalLM()
     res = eval_sliding(model, tokens, luts, seq_len=seq_len, stride=stride, batch_seqs=batch_seqs, **QUIET)
+    assert model.num_calls == -(-count_sliding_windows(num_tokens - 1, seq_len, stride) // batch_seqs)
     nll, num_scored, num_bytes = reference_sliding_sums(model, tokens, luts, seq_len, stride)
     assert res["num_scored_tokens"] == num_scored == num_tokens - 1
     assert res["num_bytes"] == num_bytes
     assert res["val_loss"] == pytest.approx(nll / num_scored, rel=2e-6)
     assert res["val_bpb"] == pytest.approx(nll / math.log(2) / num_bytes, rel=2e-6)
-    assert res["stride"] == stride and res["num_windows"] == count_sliding_windows(num_tokens - 1, seq_len, stride)
+    assert res["stride"] == stride and set(res) == {"val_loss", "val_bpb", "stride", "eval_seconds", "num_scored_tokens", "num_bytes"}
 
 
 def test_context_matters(stream, luts):
@@ -89,13 +90,13 @@ def test_batching_and_padding_do_not_change_the_result(stream, luts):
     model = TinyCausalLM(seed=2)
     tokens = stream[:900]
     base = eval_sliding(model, tokens, luts, seq_len=64, stride=16, batch_seqs=1, **QUIET)
-    model.batch_shapes.clear()
-    padded = eval_sliding(model, tokens, luts, seq_len=64, stride=16, batch_seqs=7, compile_model=True, **QUIET)
-    # compile_model pads every batch to batch_seqs windows (one static graph); CPU never compiles.
-    assert set(model.batch_shapes) == {(7, 64)}
-    assert padded["num_scored_tokens"] == base["num_scored_tokens"] and padded["num_bytes"] == base["num_bytes"]
-    assert padded["val_loss"] == pytest.approx(base["val_loss"], rel=1e-6)
-    assert model.training  # restored
+    for compile_model in (False, True):  # CPU never compiles: the flag must not change the batches
+        model.batch_shapes.clear()
+        padded = eval_sliding(model, tokens, luts, seq_len=64, stride=16, batch_seqs=7, compile_model=compile_model, **QUIET)
+        # 899 targets -> 53 windows -> 8 batches, the last padded with 3 masked windows (one static graph).
+        assert model.batch_shapes == [(7, 64)] * 8
+        assert padded["num_scored_tokens"] == base["num_scored_tokens"] and padded["num_bytes"] == base["num_bytes"]
+        assert padded["val_loss"] == pytest.approx(base["val_loss"], rel=1e-6)
 
 
 def test_bad_inputs(stream, luts):
@@ -106,10 +107,21 @@ def test_bad_inputs(stream, luts):
         eval_sliding(model, stream, luts, seq_len=16, stride=8, batch_seqs=0, **QUIET)
     with pytest.raises(ValueError, match="EVAL_MAX_SECONDS"):
         eval_sliding(model, stream, luts, seq_len=16, stride=8, batch_seqs=2, max_seconds=0, **QUIET)
-    with pytest.raises(ValueError, match="too short"):
+    with pytest.raises(ValueError, match="EVAL_STRIDE=0"):
+        eval_sliding(model, stream, luts, seq_len=16, stride=0, batch_seqs=2, **QUIET)
+    with pytest.raises(ValueError, match=r"val_tokens torch.float32 \[100\]"):
+        eval_sliding(model, stream[:100].float(), luts, seq_len=16, stride=8, batch_seqs=2, **QUIET)
+    with pytest.raises(ValueError, match=r"val_tokens torch.int64 \[2, 50\]"):
+        eval_sliding(model, stream[:100].view(2, 50), luts, seq_len=16, stride=8, batch_seqs=2, **QUIET)
+    with pytest.raises(ValueError, match=r"val_tokens torch.int64 \[1\]"):
+        eval_sliding(model, stream[:1], luts, seq_len=16, stride=8, batch_seqs=2, **QUIET)
+    with pytest.raises(ValueError, match="val_tokens: 10 tokens, expected more than TRAIN_SEQ_LEN=16"):
         eval_roundtrip(model, stream[:10], luts, seq_len=16, batch_seqs=2, device="cpu")
     with pytest.raises(ValueError, match="val_tokens"):
         eval_roundtrip(model, stream[:1], luts, seq_len=16, batch_seqs=2, device="cpu")
+    with pytest.raises(ValueError, match="EVAL_BATCH_SEQS=0"):
+        eval_roundtrip(model, stream, luts, seq_len=16, batch_seqs=0, device="cpu")
+    assert model.num_calls == 0
 
 
 class ClockedLM(TinyCausalLM):
@@ -131,9 +143,9 @@ class ClockedLM(TinyCausalLM):
 def test_time_guard_fails_fast_with_numbers(stream, luts):
     model, logs = ClockedLM(), []
     tokens = stream[:1001]  # 1000 targets, seq 64, stride 4 -> 235 windows -> 59 batches of 4
-    with pytest.raises(ValueError, match="over the limit") as err:
+    with pytest.raises(ValueError, match="raise EVAL_STRIDE or set EVAL_AUTO_STRIDE=1") as err:
         eval_sliding(model, tokens, luts, seq_len=64, stride=4, batch_seqs=4, device="cpu", max_seconds=30,
-                     log=logs.append, clock=model.clock, probe_batches=3)
+                     log=logs.append, clock=model.clock)
     # Probe after batch 3: 9 s elapsed (5 s warm-up + 4 batches), 1 s/batch, 55 batches left -> 64 s.
     assert "projected 64.0s" in str(err.value) and "235 windows" in str(err.value) and "1000.0ms/batch" in str(err.value)
     assert model.num_calls == 4 and len(logs) == 1
@@ -143,11 +155,11 @@ def test_time_guard_auto_stride(stream, luts):
     model, logs = ClockedLM(), []
     tokens = stream[:1001]
     res = eval_sliding(model, tokens, luts, seq_len=64, stride=4, batch_seqs=4, device="cpu", max_seconds=30,
-                       auto_stride=True, log=logs.append, clock=model.clock, probe_batches=3)
+                       auto_stride=True, log=logs.append, clock=model.clock)
     # Smallest stride whose whole rerun fits: 9 s elapsed + ceil(windows / 4) batches * 1 s <= 30 s.
     expected = next(s for s in range(5, 65) if 9 + -(-count_sliding_windows(1000, 64, s) // 4) <= 30)
     assert res["stride"] == expected == 12
-    assert any(f"stride 4 -> {expected}" in line for line in logs)
+    assert logs[1] == f"eval_sliding: stride 4 -> {expected}" and "projected 29.0s at stride 12" in logs[2]
     direct = eval_sliding(TinyCausalLM(seed=3), tokens, luts, seq_len=64, stride=expected, batch_seqs=4, **QUIET)
     assert res["val_loss"] == direct["val_loss"] and res["val_bpb"] == direct["val_bpb"]
     assert res["eval_seconds"] == pytest.approx(model.now) and res["eval_seconds"] <= 30
@@ -172,7 +184,7 @@ def _dist_worker(rank, world_size, init_file, tokens, luts, out):
         model = TinyCausalLM(seed=4)
         loss, bpb = eval_roundtrip(model, tokens, luts, seq_len=32, batch_seqs=3, device="cpu", rank=rank, world_size=world_size)
         res = eval_sliding(model, tokens, luts, seq_len=32, stride=8, batch_seqs=5, device="cpu", rank=rank,
-                           world_size=world_size, log=lambda m: None, probe_batches=1)
+                           world_size=world_size, log=lambda m: None)
         out[rank] = (loss, bpb, res["val_loss"], res["val_bpb"], res["num_scored_tokens"], res["num_bytes"])
     finally:
         dist.destroy_process_group()

@@ -1,6 +1,5 @@
-"""The sliding window plan: exact set, every target scored exactly once, tails shorter than a window."""
+"""The sliding window plan of the engine: exact set, every target scored exactly once, short tails."""
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,28 +8,34 @@ from eval.sliding import count_sliding_windows, plan_sliding_windows
 from test_eval_support import reference_windows
 
 
+def windows_of(num_targets: int, seq_len: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, end, first scored target) of every window, read back from the engine's plan."""
+    num_windows = count_sliding_windows(num_targets, seq_len, stride)
+    index, score = plan_sliding_windows(num_targets, seq_len, stride, torch.arange(num_windows))
+    assert index.dtype == torch.int64 and score.dtype == torch.bool
+    assert index.shape == score.shape == (num_windows, min(seq_len, num_targets))
+    out = []
+    for row, mask in zip(index.tolist(), score.tolist()):
+        real = [t for t in row if t < num_targets]
+        assert real == list(range(row[0], row[0] + len(real)))  # contiguous, padding only at the end
+        scored = [t for t, m in zip(row, mask) if m]
+        assert scored == list(range(scored[0], real[-1] + 1))  # a window scores a suffix of its real part
+        out.append((row[0], real[-1] + 1, scored[0]))
+    return out
+
+
 def check_plan(num_targets: int, seq_len: int, stride: int) -> None:
-    starts, lengths, offsets = plan_sliding_windows(num_targets, seq_len, stride)
-    assert starts.dtype == lengths.dtype == offsets.dtype == torch.int64
-    num_windows = starts.numel()
-    assert num_windows == count_sliding_windows(num_targets, seq_len, stride)
-    # Each target counted once: scatter-add the scored ranges.
-    hits = torch.zeros(num_targets + 1, dtype=torch.int64)
-    for s, n, o in zip(starts.tolist(), lengths.tolist(), offsets.tolist()):
-        assert 1 <= n <= seq_len and 0 <= o < n
-        assert s + n <= num_targets  # the last input is token num_targets-1, the last target token num_targets
-        hits[s + o : s + n] += 1
-    assert hits[:num_targets].eq(1).all() and hits[num_targets] == 0, (num_targets, seq_len, stride, hits)
+    windows = windows_of(num_targets, seq_len, stride)
+    # Each target counted once.
+    seen = [t for _, end, first in windows for t in range(first, end)]
+    assert seen == list(range(num_targets)), (num_targets, seq_len, stride)
     # Exact set: starts are 0, stride, 2*stride, ... ; window 0 scores all, later ones their last `stride`.
-    assert starts.tolist() == [k * stride for k in range(num_windows)]
-    assert offsets[0] == 0 and (offsets[1:] == seq_len - stride).all()
-    assert ((lengths[1:] - offsets[1:]) <= stride).all()
+    assert [s for s, _, _ in windows] == [k * stride for k in range(len(windows))]
+    assert all(first == s + seq_len - stride and end - first <= stride for s, end, first in windows[1:])
     # Every window but the last is full length unless the stream is shorter than one window.
-    assert (lengths[:-1] == seq_len).all()
-    assert starts[-1] + lengths[-1] == num_targets
+    assert all(end - s == seq_len for s, end, _ in windows[:-1]) and windows[-1][1] == num_targets
     # Identical to the rule written out independently.
-    ref = reference_windows(num_targets, seq_len, stride)
-    assert [(s, s + n, s + o) for s, n, o in zip(starts.tolist(), lengths.tolist(), offsets.tolist())] == ref
+    assert windows == reference_windows(num_targets, seq_len, stride)
 
 
 def test_exhaustive_small_grid():
@@ -49,23 +54,17 @@ def test_random_plans(num_targets, seq_len, data):
 
 def test_known_values():
     # 10 targets, windows of 4, stride 2 (context 2): starts 0,2,4,6 (8 + 2 = 10 is not < 10).
-    starts, lengths, offsets = plan_sliding_windows(10, 4, 2)
-    assert starts.tolist() == [0, 2, 4, 6]
-    assert lengths.tolist() == [4, 4, 4, 4]
-    assert offsets.tolist() == [0, 2, 2, 2]
+    assert windows_of(10, 4, 2) == [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8)]
     # 11 targets: a fifth, shorter window scores only target 10.
-    starts, lengths, offsets = plan_sliding_windows(11, 4, 2)
-    assert starts.tolist() == [0, 2, 4, 6, 8] and lengths.tolist() == [4, 4, 4, 4, 3] and offsets.tolist() == [0, 2, 2, 2, 2]
+    assert windows_of(11, 4, 2) == [(0, 4, 0), (2, 6, 4), (4, 8, 6), (6, 10, 8), (8, 11, 10)]
     # Shorter than one window: a single window scores everything.
-    assert [t.tolist() for t in plan_sliding_windows(5, 2048, 64)] == [[0], [5], [0]]
+    assert windows_of(5, 2048, 64) == [(0, 5, 0)]
     # Official sp1024 val set at seq 2048, stride 64: ceil((62021845 - 1984) / 64) windows.
     assert count_sliding_windows(62_021_845, 2048, 64) == 969_061
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError, match="EVAL_STRIDE"):
-        plan_sliding_windows(100, 16, 0)
-    with pytest.raises(ValueError, match="EVAL_STRIDE"):
-        plan_sliding_windows(100, 16, 17)
-    with pytest.raises(ValueError, match="num_targets"):
-        plan_sliding_windows(0, 16, 4)
+def test_padding_windows_index_past_the_stream():
+    # Windows past the last one (the padding of a compiled last batch) still plan in range of the
+    # arange; the engine masks them by window index and clamps their token indices.
+    index, score = plan_sliding_windows(10, 4, 2, torch.arange(3, 6))
+    assert index[-1].tolist() == [10, 11, 12, 13] and not score[-1].any()

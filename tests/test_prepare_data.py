@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header, write_data_shard
+from eval.offline import write_data_shard
+from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
 from tools.prepare_data import (
     HubUnreachableError,
     build_sample,
@@ -88,7 +89,7 @@ def test_jsonl_to_shards_on_real_text(tmp_path, real_text_docs, sp1024_model):
     assert manifest["splits"]["train"]["num_dropped_overlap_docs"] == 0
     assert (out / "doc_hashes_val.txt").read_text().split() == [_sha(d) for d in docs[:10]]
     assert (out / "doc_hashes_train.txt").read_text().split() == [_sha(d) for d in docs[10:]]
-    assert check_data_manifest(out, vocab_size=1024, log=lambda m: None)["splits_disjoint"] is True
+    assert check_data_manifest(out, vocab_size=1024, log=lambda m: None) == json.loads((out / "manifest.json").read_text())
     assert not list(out.glob("*.tmp"))
 
 
@@ -104,7 +105,7 @@ def test_train_docs_equal_to_val_docs_are_dropped(tmp_path, real_text_docs, sp10
     assert any("dropped 3 train documents" in m for m in logs)
     sp = spm.SentencePieceProcessor(model_file=str(sp1024_model))
     assert np.array_equal(_split_stream(out, "train"), _expected_stream(sp, real_text_docs[4:12]))
-    assert check_data_manifest(out, log=lambda m: None)["splits_disjoint"] is True
+    assert check_data_manifest(out, log=lambda m: None) is not None  # hashes compared, disjoint
 
 
 def test_txt_input_blank_line_separated_and_max_docs(tmp_path, sp1024_model):
@@ -312,7 +313,7 @@ def test_sample_command_end_to_end(tmp_path):
     assert paths["VOCAB_SIZE"] == "1024" and seconds < 60
 
     manifest = check_data_manifest(data_path, vocab_size=1024, log=lambda m: None)
-    assert manifest["splits_disjoint"] is True
+    assert manifest is not None  # hashes compared, disjoint
     val_info, train_info = manifest["splits"]["val"], manifest["splits"]["train"]
     assert val_info["num_docs"] >= 30 and train_info["num_docs"] >= 270
     assert val_info["num_tokens"] >= 10_000  # > 39 windows of 256 tokens
@@ -409,8 +410,9 @@ def test_fineweb_manifest_driven_download_offline(tmp_path, sp1024_model):
     assert manifest["splits"]["train"]["num_docs"] == 11 + 12
     assert manifest["splits"]["train"]["num_tokens"] == sum(shards[f"fineweb_train_{i:06d}.bin"].size for i in range(2))
     assert manifest["source"]["num_train_shards_available"] == 3
-    checked = check_data_manifest(data_path, vocab_size=1024, log=logs.append)
-    assert checked["splits_disjoint"] is None and "skipping the train/val overlap check" in logs[-1]
+    # No doc hashes in the official download: the overlap can not be checked (None, warned).
+    assert check_data_manifest(data_path, vocab_size=1024, log=logs.append) is None
+    assert "train/val overlap not checked" in logs[-1]
 
     # Re-run: everything is local, nothing is fetched; asking for one more shard fetches only that one.
     hub.calls.clear()

@@ -1,4 +1,5 @@
-"""eval/shards.py: official shard layout, validation errors, val loading, manifest checks."""
+"""eval/shards.py (+ the writer in eval/offline.py): official shard layout, validation errors, val
+loading, manifest checks."""
 
 import ast
 import hashlib
@@ -10,18 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from eval.shards import (
-    SHARD_HEADER_INTS,
-    SHARD_MAGIC,
-    SHARD_TOKENS_PER_FILE,
-    SHARD_VERSION,
-    check_data_manifest,
-    list_shards,
-    load_data_shard,
-    load_validation_tokens,
-    read_shard_header,
-    write_data_shard,
-)
+from eval.offline import SHARD_HEADER_INTS, SHARD_MAGIC, SHARD_TOKENS_PER_FILE, SHARD_VERSION, write_data_shard
+from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
 
 
 def test_constants_are_the_official_ones():
@@ -65,24 +56,27 @@ def test_write_rejects_tokens_that_do_not_fit(tmp_path, bad):
 def _write_raw(path: Path, magic=SHARD_MAGIC, version=SHARD_VERSION, count=4, num_payload_tokens=4):
     header = np.zeros(256, dtype="<i4")
     header[:3] = (magic, version, count)
-    path.write_bytes(header.tobytes() + np.arange(num_payload_tokens, dtype="<u2").tobytes())
+    payload = np.arange(max(num_payload_tokens, 0), dtype="<u2").tobytes()
+    path.write_bytes((header.tobytes() + payload)[: 1024 + 2 * num_payload_tokens])  # < 0: a cut header
     return path
 
 
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(magic=20240521), "bad magic 20240521"),
-        (dict(version=2), "unsupported version 2"),
-        (dict(count=5), "truncated"),
-        (dict(count=3), "size mismatch"),
-        (dict(count=-1), "-1 tokens"),
+        (dict(magic=20240521), r"magic, version, n \[20240521, 1, 4\], 1032 bytes"),
+        (dict(version=2), r"magic, version, n \[20240520, 2, 4\], 1032 bytes"),
+        (dict(count=5), r"magic, version, n \[20240520, 1, 5\], 1032 bytes"),  # truncated payload
+        (dict(count=3), r"magic, version, n \[20240520, 1, 3\], 1032 bytes"),  # trailing bytes
+        (dict(count=-1), r"magic, version, n \[20240520, 1, -1\], 1032 bytes"),
+        (dict(count=-1, num_payload_tokens=-1), r"magic, version, n \[20240520, 1, -1\], 1022 bytes"),  # size fits -1
     ],
 )
 def test_read_header_errors_name_the_file(tmp_path, kwargs, message):
     path = _write_raw(tmp_path / "fineweb_val_000007.bin", **kwargs)
     with pytest.raises(ValueError, match=message) as info:
         read_shard_header(path)
+    assert str(info.value).endswith("; expected [20240520, 1, n], 1024 + 2n bytes")
     assert str(path) in str(info.value)
     with pytest.raises(ValueError, match="fineweb_val_000007.bin"):
         load_data_shard(path)
@@ -91,9 +85,12 @@ def test_read_header_errors_name_the_file(tmp_path, kwargs, message):
 def test_truncated_header_and_missing_file(tmp_path):
     path = tmp_path / "fineweb_train_000000.bin"
     path.write_bytes(struct.pack("<iii", SHARD_MAGIC, SHARD_VERSION, 0))
-    with pytest.raises(ValueError, match="shorter than the 1024-byte header") as info:
+    with pytest.raises(ValueError, match=r"magic, version, n \[20240520, 1, 0\], 12 bytes") as info:
         read_shard_header(path)
     assert str(path) in str(info.value)
+    path.write_bytes(b"\x88\xd8")  # shorter than one int32
+    with pytest.raises(ValueError, match=r"magic, version, n \[-1, -1, -1\], 2 bytes"):
+        read_shard_header(path)
     with pytest.raises(FileNotFoundError):
         read_shard_header(tmp_path / "nope.bin")
 
@@ -104,8 +101,6 @@ def test_list_shards_sorted_and_split_specific(tmp_path):
     (tmp_path / "fineweb_train_000003.bin.tmp").write_bytes(b"partial")
     assert [p.name for p in list_shards(tmp_path, "train")] == [f"fineweb_train_00000{i}.bin" for i in range(3)]
     assert [p.name for p in list_shards(tmp_path, "val")] == ["fineweb_val_000000.bin"]
-    with pytest.raises(ValueError, match="'test'"):
-        list_shards(tmp_path, "test")
     with pytest.raises(FileNotFoundError, match=r"fineweb_val_\*\.bin") as info:
         list_shards(tmp_path / "empty", "val")
     assert str(tmp_path / "empty") in str(info.value)
@@ -124,14 +119,17 @@ def test_load_validation_tokens_concatenates_sorted_shards(tmp_path):
 def test_load_validation_tokens_rejects_ids_outside_vocab_and_empty(tmp_path):
     write_data_shard(tmp_path / "fineweb_val_000000.bin", np.array([1, 2, 3]))
     write_data_shard(tmp_path / "fineweb_val_000001.bin", np.array([1, 1024]))
-    with pytest.raises(ValueError, match="fineweb_val_000001.bin: token id 1024 >= VOCAB_SIZE=1024"):
+    with pytest.raises(ValueError, match=r"max id 1024; expected tokens, ids < VOCAB_SIZE=1024") as info:
         load_validation_tokens(tmp_path, vocab_size=1024)
+    assert f"DATA_PATH={tmp_path}" in str(info.value)
     assert load_validation_tokens(tmp_path, vocab_size=1025).numel() == 5
     empty = tmp_path / "empty"
     empty.mkdir()
     write_data_shard(empty / "fineweb_val_000000.bin", np.array([], dtype=np.uint16))
-    with pytest.raises(ValueError, match="hold no tokens"):
+    with pytest.raises(ValueError, match="max id -1; expected tokens"):
         load_validation_tokens(empty)
+    with pytest.raises(ValueError, match="max id -1; expected tokens"):
+        load_validation_tokens(empty, vocab_size=1024)
 
 
 def _hash(text):
@@ -158,33 +156,34 @@ def test_check_manifest_disjoint_and_overlap(tmp_path):
     logs = []
     _make_dataset(tmp_path / "ok", ["a", "b"], ["c", "d", "e"])
     result = check_data_manifest(tmp_path / "ok", vocab_size=1024, log=logs.append)
-    assert result["splits_disjoint"] is True and result["splits"]["val"]["num_docs"] == 2 and logs == []
+    assert result["splits"]["val"]["num_docs"] == 2 and logs == []
 
     _make_dataset(tmp_path / "overlap", ["a", "b", "shared doc"], ["c", "shared doc", "d"])
-    with pytest.raises(ValueError, match=r"1 val documents also appear in train \(e.g. hash " + _hash("shared doc")):
+    with pytest.raises(ValueError, match=r"1 documents in both train and val, e.g. hash " + _hash("shared doc") + "$"):
         check_data_manifest(tmp_path / "overlap")
 
 
 def test_check_manifest_errors_and_skips(tmp_path):
     logs = []
     assert check_data_manifest(tmp_path, log=logs.append) is None
-    assert "no manifest.json" in logs[-1] and str(tmp_path) in logs[-1]
+    assert logs[-1].startswith("warning: no ") and str(tmp_path / "manifest.json") in logs[-1]
 
     _make_dataset(tmp_path / "v", ["a"], ["b"], vocab_size=2048)
-    with pytest.raises(ValueError, match="vocab_size 2048 != VOCAB_SIZE=1024"):
+    with pytest.raises(ValueError, match=r"got \(format, vocab_size\) \('parameter-golf-shards', 2048\); .*VOCAB_SIZE=1024"):
         check_data_manifest(tmp_path / "v", vocab_size=1024)
 
     _make_dataset(tmp_path / "nohash", ["a"], ["a"], with_hashes=False)
-    result = check_data_manifest(tmp_path / "nohash", vocab_size=1024, log=logs.append)
-    assert result["splits_disjoint"] is None and "skipping the train/val overlap check" in logs[-1]
+    # Without hash files (the official HF download) the overlap can not be checked: None, logged.
+    assert check_data_manifest(tmp_path / "nohash", vocab_size=1024, log=logs.append) is None
+    assert logs[-1] == f"warning: no doc hashes of both splits in {tmp_path / 'nohash' / 'manifest.json'}: train/val overlap not checked"
 
     _make_dataset(tmp_path / "missing", ["a"], ["b"])
     (tmp_path / "missing" / "fineweb_train_000000.bin").unlink()
-    with pytest.raises(ValueError, match="train shard fineweb_train_000000.bin is missing"):
+    with pytest.raises(ValueError, match="No such file.*fineweb_train_000000.bin"):
         check_data_manifest(tmp_path / "missing")
     _make_dataset(tmp_path / "nohashfile", ["a"], ["b"])
     (tmp_path / "nohashfile" / "doc_hashes_val.txt").unlink()
-    with pytest.raises(ValueError, match="doc hash file doc_hashes_val.txt is missing"):
+    with pytest.raises(ValueError, match="No such file.*doc_hashes_val.txt"):
         check_data_manifest(tmp_path / "nohashfile")
     _make_dataset(tmp_path / "badhash", ["a"], ["b"])
     (tmp_path / "badhash" / "doc_hashes_val.txt").write_text("xyz\n")
@@ -192,10 +191,10 @@ def test_check_manifest_errors_and_skips(tmp_path):
         check_data_manifest(tmp_path / "badhash")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "manifest.json").write_text("{not json")
-    with pytest.raises(ValueError, match="unreadable"):
+    with pytest.raises(ValueError, match="manifest.json: Expecting property name"):
         check_data_manifest(tmp_path / "bad")
     (tmp_path / "bad" / "manifest.json").write_text('{"datasets": []}')  # the official HF manifest is not ours
-    with pytest.raises(ValueError, match="parameter-golf-shards"):
+    with pytest.raises(ValueError, match="manifest.json: 'format'; expected format parameter-golf-shards"):
         check_data_manifest(tmp_path / "bad")
 
 
@@ -203,7 +202,7 @@ def test_tiny_dataset_fixture_is_valid(tiny_dataset, sp1024_model):
     import sentencepiece as spm
 
     manifest = check_data_manifest(tiny_dataset, vocab_size=1024, log=lambda msg: None)
-    assert manifest["splits_disjoint"] is True
+    assert manifest is not None
     val = load_validation_tokens(tiny_dataset, vocab_size=1024)
     assert val.numel() == manifest["splits"]["val"]["num_tokens"] > 5000
     assert val[0].item() == 1 and int((val == 1).sum()) == manifest["splits"]["val"]["num_docs"] == 50
@@ -222,5 +221,6 @@ def test_module_is_bundle_friendly():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"json", "os", "pathlib", "numpy", "torch"}
+    assert "write_data_shard" not in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}  # not counted
     assert "__main__" not in source
     assert len(source.splitlines()) < 180

@@ -78,12 +78,15 @@ def build_model(config, device=None):
 
 def one_window_at_a_time(model, tokens, seq_len, stride):
     """The naive loop the batched eval replaces: one forward per window, CE on its scored part."""
-    starts, lengths, offsets = plan_sliding_windows(tokens.numel() - 1, seq_len, stride)
+    num_targets = tokens.numel() - 1
+    windows = torch.arange(count_sliding_windows(num_targets, seq_len, stride))
+    index, score = plan_sliding_windows(num_targets, seq_len, stride, windows)
     nll = 0.0
     with torch.inference_mode():
-        for s, n, o in zip(starts.tolist(), lengths.tolist(), offsets.tolist()):
-            logits = model.forward_logits(tokens[None, s : s + n])[0, o:]
-            nll += F.cross_entropy(logits.float(), tokens[s + o + 1 : s + n + 1], reduction="sum").item()
+        for row, mask in zip(index, score):
+            row = row[row < num_targets]  # the real positions of this window
+            logits = model.forward_logits(tokens[None, row])[0][mask[: row.numel()]]
+            nll += F.cross_entropy(logits.float(), tokens[row + 1][mask[: row.numel()]], reduction="sum").item()
     return nll / (tokens.numel() - 1)
 
 
