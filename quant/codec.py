@@ -1,12 +1,16 @@
-"""Artifact bytes: a 14-byte container header around a compressed safetensors payload.
+"""Artifact bytes: an 18-byte container header around a compressed safetensors payload.
 
 File layout (all little-endian):
     offset 0  4 bytes  magic b"PGQZ"
     offset 4  1 byte   format version (QUANT_FORMAT_VERSION)
     offset 5  1 byte   compressor id: 1 zlib (level 9), 2 zstd (level 22), 3 lzma (raw LZMA2, preset 9|extreme)
-    offset 6  4 bytes  uint32 length of the decompressed payload
-    offset 10 4 bytes  uint32 CRC-32 of bytes 0..9 followed by the compressed payload
-    offset 14 ...      compressed payload
+    offset 6  4 bytes  uint32 length L of the decompressed payload
+    offset 10 4 bytes  uint32 rotation K <= L: the compressed stream holds payload[K:] + payload[:K]
+    offset 14 4 bytes  uint32 CRC-32 of bytes 0..13 followed by the compressed payload
+    offset 18 ...      compressed payload
+Why the rotation: safetensors puts float16 data (scales, passthrough tensors) before the int8
+data; K is where the 1-byte integer data starts, so the entropy coder sees the bulk first. A few
+kB of float16 noise in front cost zstd ~4% of the whole artifact in measurements.
 Decoding checks, in order: length, magic, version, compressor id, CRC (before any parsing), payload
 length bound, decompression with its output capped at the declared length, then the safetensors
 header (own JSON parse, offsets and sizes validated) and the tensors against the quant metadata.
@@ -33,7 +37,7 @@ from quant.policy import QUANT_COMPRESSORS
 
 QUANT_ARTIFACT_MAGIC = b"PGQZ"
 QUANT_FORMAT_VERSION = 1
-QUANT_HEADER = struct.Struct("<4sBBII")
+QUANT_HEADER = struct.Struct("<4sBBIII")
 QUANT_MAX_PAYLOAD_BYTES = 1 << 31  # refuse to inflate more than 2 GiB, whatever the header says
 QUANT_PAYLOAD_FORMAT = "parameter-golf-quant"
 _QUANT_LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
@@ -79,12 +83,22 @@ def quant_decompress(data: bytes, compressor: str, raw_len: int) -> bytes:
     return out
 
 
-def quant_wrap_container(payload_raw: bytes, compressor: str) -> bytes:
-    """Compress a raw payload and prepend the header: the complete artifact file bytes."""
+def quant_int_data_offset(payload_raw: bytes) -> int:
+    """Offset in our own safetensors bytes where the 1-byte integer tensor data starts (0 if none)."""
+    (n,) = struct.unpack_from("<Q", payload_raw)
+    header = json.loads(payload_raw[8:8 + n])
+    begins = [v["data_offsets"][0] for k, v in header.items() if k != "__metadata__" and v["dtype"] in ("I8", "U8")]
+    return 8 + n + min(begins) if begins else 0
+
+
+def quant_wrap_container(payload_raw: bytes, compressor: str, rotation=None) -> bytes:
+    """Rotate (default: at quant_int_data_offset), compress, prepend the header -> artifact file bytes."""
     if len(payload_raw) > QUANT_MAX_PAYLOAD_BYTES:
         raise ValueError(f"payload of {len(payload_raw)} bytes exceeds {QUANT_MAX_PAYLOAD_BYTES}")
-    comp = quant_compress(payload_raw, compressor)
-    prefix = QUANT_HEADER.pack(QUANT_ARTIFACT_MAGIC, QUANT_FORMAT_VERSION, QUANT_COMPRESSORS.index(compressor) + 1, len(payload_raw), 0)[:10]
+    k = quant_int_data_offset(payload_raw) if rotation is None else rotation
+    comp = quant_compress(payload_raw[k:] + payload_raw[:k], compressor)
+    prefix = QUANT_HEADER.pack(QUANT_ARTIFACT_MAGIC, QUANT_FORMAT_VERSION, QUANT_COMPRESSORS.index(compressor) + 1,
+                               len(payload_raw), k, 0)[:14]
     return prefix + struct.pack("<I", zlib.crc32(comp, zlib.crc32(prefix))) + comp
 
 
@@ -95,7 +109,7 @@ def quant_unwrap_container(data: bytes) -> tuple[bytes, str]:
     data = bytes(data)
     if len(data) < QUANT_HEADER.size:
         raise ValueError(f"artifact truncated: {len(data)} bytes, the header alone is {QUANT_HEADER.size}")
-    magic, version, comp_id, raw_len, crc = QUANT_HEADER.unpack_from(data)
+    magic, version, comp_id, raw_len, rotation, crc = QUANT_HEADER.unpack_from(data)
     if magic != QUANT_ARTIFACT_MAGIC:
         raise ValueError(f"not a parameter-golf quant artifact: magic {magic!r}, expected {QUANT_ARTIFACT_MAGIC!r}")
     if version != QUANT_FORMAT_VERSION:
@@ -103,12 +117,15 @@ def quant_unwrap_container(data: bytes) -> tuple[bytes, str]:
         raise ValueError(f"artifact format version {version} is {newer} (this code reads version {QUANT_FORMAT_VERSION})")
     if not 1 <= comp_id <= len(QUANT_COMPRESSORS):
         raise ValueError(f"artifact compressor id {comp_id} unknown (expected 1..{len(QUANT_COMPRESSORS)})")
-    if zlib.crc32(data[QUANT_HEADER.size:], zlib.crc32(data[:10])) != crc:
+    if zlib.crc32(data[QUANT_HEADER.size:], zlib.crc32(data[:14])) != crc:
         raise ValueError(f"artifact checksum mismatch (file of {len(data)} bytes is truncated or corrupted)")
     if raw_len > QUANT_MAX_PAYLOAD_BYTES:
         raise ValueError(f"artifact declares a {raw_len}-byte payload, more than the {QUANT_MAX_PAYLOAD_BYTES} allowed")
+    if rotation > raw_len:
+        raise ValueError(f"artifact rotation {rotation} exceeds its payload length {raw_len}")
     compressor = QUANT_COMPRESSORS[comp_id - 1]
-    return quant_decompress(data[QUANT_HEADER.size:], compressor, raw_len), compressor
+    body = quant_decompress(data[QUANT_HEADER.size:], compressor, raw_len)
+    return body[raw_len - rotation:] + body[:raw_len - rotation], compressor
 
 
 def quant_build_payload(entries: dict, model_config: dict, policy_dict: dict, packing: str) -> bytes:

@@ -21,7 +21,7 @@ from quant.policy import QuantPolicy
 # bits -> (bits per stored value at row length 512, fewer bits per doubling of the row length);
 # measured on Gaussian rows (tools/bench_quant.py --calibrate), rounded up at the 2nd decimal
 QUANT_EST_BITS_PER_VALUE = {
-    2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5: (4.38, 0.03), 6: (5.40, 0.02), 7: (6.39, 0.065), 8: (7.40, 0.065),
+    2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5: (4.38, 0.03), 6: (5.40, 0.02), 7: (6.39, 0.065), 8: (7.41, 0.065),
 }
 QUANT_EST_FIXED_BYTES = 1200  # container header, model config, policy JSON (compressed)
 QUANT_EST_PER_TENSOR_BYTES = 60  # safetensors header entries + per-tensor quant metadata (compressed)

@@ -27,6 +27,7 @@ Environment (all optional; an unknown QUANT_* name gets a warning, a bad value a
 """
 
 import dataclasses
+import json
 import os
 import warnings
 
@@ -128,8 +129,8 @@ class QuantPolicy:
                              f"{', QUANT_MATRIX_BITS' if 'QUANT_MATRIX_BITS' in env else ''})") from None
 
     def to_dict(self) -> dict:
-        """JSON-serializable dict of every field (tuples become lists)."""
-        return dataclasses.asdict(self)
+        """JSON-serializable dict of every field (tuples become lists, as after a JSON round trip)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
 
     @classmethod
     def from_dict(cls, d: dict) -> "QuantPolicy":

@@ -30,6 +30,13 @@ CONFIG = {"vocab_size": 256, "num_layers": 2, "model_dim": 64, "note": "tiny"}
 QUIET = dict(log=lambda msg: None)
 
 
+def tiny_model_config(train_gpt, vocab_size=128):
+    """A tiny GPT config built the trainer's way (follows its renames)."""
+    env = {"NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8",
+           "XSA_LAST_N": "1", "VOCAB_SIZE": str(vocab_size), "MLP_MULT": "2"}
+    return train_gpt.build_model_config(train_gpt.Hyperparameters.from_env(env, log=lambda msg: None))
+
+
 def _state(num_layers=2, dim=64, vocab=256, mlp=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     sd = {"tok_emb.weight": torch.randn(vocab, dim, generator=g) * 0.02,
@@ -114,9 +121,7 @@ def test_export_matches_qat_forward_without_clip_search(tmp_path):
 
 def test_real_model_roundtrip(tmp_path):
     train_gpt = pytest.importorskip("train_gpt")
-    config = dict(vocab_size=128, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2,
-                  activation="relu2", tie_embeddings=True, rope_base=10000.0, rope_dims=8, logit_softcap=30.0,
-                  qk_gain_init=1.5, xsa_last_n=1)
+    config = tiny_model_config(train_gpt)
     torch.manual_seed(0)
     model = train_gpt.GPT(**config)
     if hasattr(model, "init_weights"):

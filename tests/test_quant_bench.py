@@ -27,9 +27,9 @@ def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
     train_gpt = pytest.importorskip("train_gpt")
     from safetensors.torch import save_file
 
-    config = dict(vocab_size=1024, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2,
-                  activation="relu2", tie_embeddings=True, rope_base=10000.0, rope_dims=8, logit_softcap=30.0,
-                  qk_gain_init=1.5, xsa_last_n=1)
+    from tests.test_quant_artifact import tiny_model_config
+
+    config = tiny_model_config(train_gpt, vocab_size=1024)
     torch.manual_seed(0)
     model = train_gpt.GPT(**config)
     if hasattr(model, "init_weights"):

@@ -76,9 +76,9 @@ def test_dict_roundtrip_through_json():
 
 def test_policy_covers_the_real_model():
     train_gpt = pytest.importorskip("train_gpt")
-    config = dict(vocab_size=64, num_layers=3, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2,
-                  activation="relu2", tie_embeddings=False, rope_base=10000.0, rope_dims=8, logit_softcap=30.0,
-                  qk_gain_init=1.5, xsa_last_n=1)
+    from tests.test_quant_artifact import tiny_model_config
+
+    config = dict(tiny_model_config(train_gpt), tie_embeddings=False)
     model = train_gpt.GPT(**config)
     p = QuantPolicy()
     for name, t in model.state_dict().items():
