@@ -13,6 +13,7 @@ import contextlib
 import copy
 import dataclasses
 import difflib
+import functools
 import importlib
 import inspect
 import json
@@ -767,17 +768,9 @@ class NonFiniteLossError(RuntimeError):
     pass
 
 
-@dataclasses.dataclass
-class TrainResult:
-    steps: int
-    train_seconds: float
-    train_losses: list
-    stopped_by_signal: int = 0
-
-
 def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, flops_per_token: float,
-          val_eval=None) -> TrainResult:
-    """The wallclock-budgeted loop. Returns the number of optimizer steps and the training seconds.
+          val_eval=None) -> tuple:
+    """The wallclock-budgeted loop -> (steps, train_seconds, per-step train losses, stopping signal or 0).
 
     The clock covers every step plus the EMA swap; validation passes (VAL_LOSS_EVERY) pause it, as
     in the official script. All ranks stop on the same step (a MAX all-reduce of the stop flag).
@@ -856,8 +849,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
                 ctx.sync()
                 train_ms += 1000.0 * (time.perf_counter() - t0)
-                val_loss, val_bpb = val_eval(model)
-                ctx.log(f"step:{step}/{hp.iterations} val_loss:{val_loss:.4f} val_bpb:{val_bpb:.4f} "
+                v = val_eval(model)
+                ctx.log(f"step:{step}/{hp.iterations} val_loss:{v['val_loss']:.4f} val_bpb:{v['val_bpb']:.4f} "
                         f"train_time:{train_ms:.0f}ms step_avg:{train_ms / max(1, step):.2f}ms")
                 t0 = log_t = time.perf_counter()
                 log_step = step
@@ -906,7 +899,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             train_ms += 1000.0 * (time.perf_counter() - t0)
     ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
             if step < hp.iterations and not stop[0] else f"training done step:{step}")
-    return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), stopped_by_signal=stop[0])
+    return step, train_ms / 1000.0, history(losses).tolist(), stop[0]
 
 
 # -----------------------------------------------------------------------------------------------
@@ -967,6 +960,7 @@ def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None):
 
 
 def main() -> int:
+    """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json."""
     hp = Hyperparameters.from_env()
     ctx = setup_distributed(hp)
     if ctx.is_main:
@@ -976,7 +970,6 @@ def main() -> int:
     log_run_header(ctx, hp)
     sp, manifest = check_inputs(hp, ctx)
     torch.manual_seed(hp.seed)
-    np.random.seed(hp.seed)
 
     config = build_model_config(hp)
     model = GPT(**config).to(ctx.device)
@@ -985,95 +978,82 @@ def main() -> int:
     policy = QuantPolicy.from_env()
     model.configure_qat(policy)
     num_params = sum(p.numel() for p in model.parameters())
-    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    projected = estimate_artifact_bytes(shapes, policy) + code_bytes
+    projected = estimate_artifact_bytes({n: tuple(p.shape) for n, p in model.named_parameters()}, policy)
     flops_per_token = count_train_flops_per_token(config, hp.train_seq_len)
     ctx.log(f"model_params:{num_params} attention:{model.blocks[0].attn.backend} "
             f"train_flops_per_token:{flops_per_token:.4g} code_bytes:{code_bytes}")
-    ctx.log(f"projected_total_bytes:{projected} byte_budget:{hp.byte_budget}"
-            + (" WARNING: projected over budget, export will step down precision" if projected > hp.byte_budget else ""))
+    ctx.log(f"projected_total_bytes:{projected + code_bytes} byte_budget:{hp.byte_budget}"
+            + (" WARNING: over budget, export will step down precision" * (projected + code_bytes > hp.byte_budget)))
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, ctx.rank, ctx.world_size, ctx.device)
-
     luts = build_sentencepiece_luts(sp, hp.vocab_size)
-    val_cache = {}
 
-    def val_tokens():  # created only for evaluation: training never touches val tokens
-        if "tokens" not in val_cache:
-            tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
-            val_cache["tokens"] = tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
-        return val_cache["tokens"]
+    @functools.cache
+    def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens
+        tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
+        return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
-    status = "ok"
+    summary = dict(run_id=hp.run_id, preset=hp.preset, seed=hp.seed, world_size=ctx.world_size, status="ok",
+                   device=describe_device(ctx.device), hyperparameters=dataclasses.asdict(hp),
+                   quant_policy=policy.to_dict(), max_wallclock_seconds=hp.max_wallclock_seconds,
+                   bytes_code=code_bytes, byte_budget=hp.byte_budget, torch_version=torch.__version__,
+                   python_version=platform.python_version(), model_params=num_params)
     try:
-        result = train(ctx, hp, model, loader, flops_per_token,
-                       val_eval=lambda m: tuple(evaluate_model(ctx, hp, m, val_tokens(), luts).values()))
+        steps, train_seconds, losses, signum = train(ctx, hp, model, loader, flops_per_token,
+                                                     lambda m: evaluate_model(ctx, hp, m, val_tokens(), luts))
     except NonFiniteLossError as e:
         ctx.log(f"ERROR: {e}; training stopped, no artifact written")
-        status, result = "nonfinite_loss", None
-    summary = {"run_id": hp.run_id, "preset": hp.preset, "seed": hp.seed, "world_size": ctx.world_size,
-               "device": describe_device(ctx.device), "status": status, "hyperparameters": dataclasses.asdict(hp),
-               "quant_policy": policy.to_dict(),
-               "max_wallclock_seconds": hp.max_wallclock_seconds, "bytes_code": code_bytes,
-               "byte_budget": hp.byte_budget, "torch_version": torch.__version__,
-               "python_version": platform.python_version(), "model_params": num_params}
-    if result is None or result.stopped_by_signal:
-        if result is not None:
-            summary.update(status="stopped_by_signal", steps=result.steps, train_seconds=result.train_seconds,
-                           train_losses=result.train_losses)
+        steps, signum = None, 0
+        summary["status"] = "nonfinite_loss"
+    if steps is not None:
+        summary.update(steps=steps, train_seconds=train_seconds, train_losses=losses,
+                       ms_per_step=1000 * train_seconds / max(1, steps))
+    if steps is None or signum:
         if ctx.is_main:
-            atomic_write_json(ctx.run_dir / "result.json", summary)
-        return 1 if result is None else 128 + result.stopped_by_signal
-    summary.update(steps=result.steps, train_seconds=result.train_seconds, train_losses=result.train_losses,
-                   ms_per_step=1000.0 * result.train_seconds / max(1, result.steps))
+            atomic_write_json(ctx.run_dir / "result.json", {**summary, "status": summary["status"] if signum == 0
+                                                            else "stopped_by_signal"})
+        return 128 + signum if signum else 1
 
     eval_on = not hp.skip_final_eval
     if eval_on:
         pre = evaluate_model(ctx, hp, model, val_tokens(), luts)
         ctx.log(f"final_prequant_exact val_loss:{pre['val_loss']:.8f} val_bpb:{pre['val_bpb']:.8f}")
         summary.update(val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"])
-
     artifact_path = ctx.run_dir / "final_model.ptz"
-    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
     if ctx.is_main:
+        state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
         if hp.save_prequant:
-            from safetensors.torch import save_file
+            import safetensors.torch
 
-            save_file(state, str(ctx.run_dir / "prequant.safetensors"), metadata={"model_config": json.dumps(config)})
+            safetensors.torch.save_file(state, str(ctx.run_dir / "prequant.safetensors"),
+                                        metadata={"model_config": json.dumps(config)})
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, log=ctx.log)
-        summary.update(bytes_model=report["bytes_model"], bytes_total=report["bytes_total"],
-                       compressor=report.get("compressor"), packing=report.get("packing"))
+        summary.update({k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing")})
     if ctx.world_size > 1:
         dist.barrier()
 
     eval_start = time.perf_counter()
-    sd, loaded_config, _meta = load_artifact(artifact_path)
+    state, loaded_config, _ = load_artifact(artifact_path)
     eval_model = GPT(**loaded_config).to(ctx.device)
-    eval_model.load_state_dict(sd)
+    eval_model.load_state_dict(state)
     eval_model.set_attention_backend(model.blocks[0].attn.backend)
     if eval_on:
-        tokens = val_tokens()
-        out = evaluate_model(ctx, hp, eval_model, tokens, luts, stride=hp.eval_stride, started=eval_start)
-        sliding = out["sliding"]
-        eval_seconds = time.perf_counter() - eval_start
+        out = evaluate_model(ctx, hp, eval_model, val_tokens(), luts, stride=hp.eval_stride, started=eval_start)
+        sw = out["sliding"]
         ctx.log(f"final_roundtrip_exact val_loss:{out['val_loss']:.8f} val_bpb:{out['val_bpb']:.8f}")
-        ctx.log(f"final_sliding_window_exact val_loss:{sliding['val_loss']:.8f} val_bpb:{sliding['val_bpb']:.8f} "
-                f"stride:{sliding['stride']} eval_time:{1000 * sliding['eval_seconds']:.0f}ms")
+        ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
+                f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
         summary.update(val_loss_roundtrip=out["val_loss"], val_bpb_roundtrip=out["val_bpb"],
-                       val_loss_sliding=sliding["val_loss"], val_bpb_sliding=sliding["val_bpb"],
-                       eval_stride=sliding["stride"], eval_seconds=eval_seconds, val_tokens=int(tokens.numel()),
-                       tokens_per_byte=sliding["num_scored_tokens"] / max(1, sliding["num_bytes"]))
+                       val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
+                       eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
+                       tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
     if ctx.is_main:
-        total = summary["bytes_total"]
-        ctx.log(f"Total submission size: {total} bytes")
-        summary["compliance"] = {
-            "train_time_ok": hp.max_wallclock_seconds > 0 and summary["train_seconds"] <= hp.max_wallclock_seconds,
-            "eval_time_ok": eval_on and summary["eval_seconds"] <= 600.0,
-            "bytes_ok": total <= hp.byte_budget,
-            "full_val_split": hp.val_max_tokens == 0,
-            "val_not_seen_in_training": True,
-            "splits_disjoint": None if manifest is None else True,
-        }
+        ctx.log(f"Total submission size: {summary['bytes_total']} bytes")
+        summary["compliance"] = dict(
+            train_time_ok=0 < summary["train_seconds"] <= hp.max_wallclock_seconds,
+            eval_time_ok=eval_on and summary["eval_seconds"] <= 600,
+            bytes_ok=summary["bytes_total"] <= hp.byte_budget, full_val_split=not hp.val_max_tokens,
+            val_not_seen_in_training=True, splits_disjoint=None if manifest is None else True)
         atomic_write_json(ctx.run_dir / "result.json", summary)
         ctx.log(f"result:{ctx.run_dir / 'result.json'}")
     if ctx.world_size > 1:

@@ -53,7 +53,7 @@ def read_result(out_dir, run_id):
 @pytest.fixture(scope="module")
 def reference_run(tiny_dataset, sp1024_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="ref"))
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="ref", VAL_LOSS_EVERY=4))
     return out, read_result(out, "ref")
 
 
@@ -74,6 +74,8 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     assert "MATRIX_LR:0.032" in log and "NUM_LAYERS:2" in log and "torch:" in log
     assert re.search(r"step:8/8 train_loss:\d+\.\d{4} train_time:\d+ms step_avg:[\d.]+ms tok_s:\d+", log)
     assert "late_qat:on step:6" in log  # progress >= 1 - 0.25 at step 6 of 8
+    assert re.search(r"step:4/8 val_loss:\d+\.\d{4} val_bpb:\d+\.\d{4}", log)  # VAL_LOSS_EVERY=4
+    assert re.search(r"step:8/8 val_loss:", log)
     m = re.search(r"final_sliding_window_exact val_loss:(\d+\.\d{8}) val_bpb:(\d+\.\d{8}) stride:32", log)
     assert m and float(m.group(2)) == pytest.approx(result["val_bpb_sliding"], abs=1e-8)
     assert f"Total submission size: {result['bytes_total']} bytes" in log
@@ -84,7 +86,7 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
 @pytest.mark.slow
 def test_same_seed_gives_identical_losses_and_artifact_bytes(reference_run, tiny_dataset, sp1024_model):
     out, result = reference_run
-    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="again"))
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="again", VAL_LOSS_EVERY=4))
     again = read_result(out, "again")
     assert again["train_losses"] == result["train_losses"]
     assert again["val_bpb_sliding"] == result["val_bpb_sliding"]
