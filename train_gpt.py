@@ -831,6 +831,11 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     def history(values) -> torch.Tensor:  # per-step train loss averaged over ranks, one collective
         return ctx.mean_over_ranks(torch.stack(values)) if values else torch.zeros(0, device=ctx.device)
 
+    def checkpoint(ms: float) -> None:
+        hist = history(losses)
+        if ctx.is_main:
+            ckpt.save_checkpoint(ckpt_path, model, optimizers, ema, step, loader, ms / 1000, hist)
+
     if hp.resume:
         step, train_seconds, losses = ckpt.load_checkpoint(ckpt_path, model, optimizers, ema, loader)
         train_ms = 1000.0 * train_seconds
@@ -878,27 +883,20 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 ctx.log(line)
                 log_t, log_step = now, step
             if hp.checkpoint_every and step % hp.checkpoint_every == 0:
-                hist = history(losses)
-                if ctx.is_main:
-                    ckpt.save_checkpoint(ckpt_path, model, optimizers, ema, step, loader,
-                                    (train_ms + 1000.0 * (time.perf_counter() - t0)) / 1000.0, hist)
-        if stop[0]:
-            ctx.sync()
-            train_ms += 1000.0 * (time.perf_counter() - t0)
-            ctx.log(f"stopped by signal {signal.Signals(stop[0]).name} at step:{step}")
-            if hp.checkpoint_every:
-                hist = history(losses)
-                if ctx.is_main:
-                    ckpt.save_checkpoint(ckpt_path, model, optimizers, ema, step, loader, train_ms / 1000.0, hist)
-                ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
-        else:
-            if ema:  # the swap counts as training time
-                ema.copy_to_model()
-            model.set_qat(False)
-            ctx.sync()
-            train_ms += 1000.0 * (time.perf_counter() - t0)
-    ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
-            if step < hp.iterations and not stop[0] else f"training done step:{step}")
+                checkpoint(train_ms + 1000 * (time.perf_counter() - t0))
+        if ema and not stop[0]:  # the swap counts as training time
+            ema.copy_to_model()
+        model.set_qat(False)
+        ctx.sync()
+        train_ms += 1000 * (time.perf_counter() - t0)
+    if stop[0]:
+        ctx.log(f"stopped by signal {signal.Signals(stop[0]).name} at step:{step}")
+        if hp.checkpoint_every:
+            checkpoint(train_ms)
+            ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
+    else:
+        ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
+                if step < hp.iterations else f"training done step:{step}")
     return step, train_ms / 1000.0, history(losses).tolist(), stop[0]
 
 
