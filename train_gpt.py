@@ -238,66 +238,49 @@ def warn_unknown_env(environ, log=print) -> list:
 # -----------------------------------------------------------------------------------------------
 
 
-class TokenStream:
-    """Reads train shards in sorted order and wraps around; `take(n)` returns n contiguous tokens.
+class DistributedTokenLoader:
+    """The train token stream: shards in sorted order, wrapping around, split across ranks.
 
-    Validates every shard header up front (cheap) and each shard's ids against `vocab_size` when it
-    is loaded. The position (`shard_index`, `offset`) is checkpointable.
+    `next_batch` takes one span of local_tokens + 1 tokens per rank (official layout), so world size
+    W with accumulation A sees the same tokens in the same order as 1 rank with W*A micro steps: DDP
+    and grad accumulation are interchangeable. Every shard header is validated up front and each
+    shard's ids against `vocab_size` when it is loaded (ValueError naming the file). The position
+    (`shard_index`, `offset`) is checkpointable through `seek`.
     """
 
-    def __init__(self, data_path: str, vocab_size: int):
+    def __init__(self, data_path: str, vocab_size: int, rank: int = 0, world_size: int = 1, device="cpu"):
         self.files = list_shards(data_path, "train")
         for path in self.files:
             read_shard_header(path)
-        self.vocab_size = vocab_size
-        self.shard_index, self.offset = 0, 0
-        self.tokens = self._load(0)
-
-    def _load(self, index: int) -> torch.Tensor:
-        tokens = load_data_shard(self.files[index])
-        top = int(tokens.numpy().max()) if tokens.numel() else 0
-        if top >= self.vocab_size:
-            raise ValueError(f"{self.files[index]}: token id {top} >= VOCAB_SIZE={self.vocab_size}")
-        return tokens
-
-    def take(self, n: int) -> torch.Tensor:
-        parts = []
-        while n > 0:
-            avail = self.tokens.numel() - self.offset
-            if avail <= 0:
-                self.seek((self.shard_index + 1) % len(self.files), 0)
-                continue
-            k = min(avail, n)
-            parts.append(self.tokens[self.offset:self.offset + k])
-            self.offset += k
-            n -= k
-        return torch.cat(parts).to(torch.int64)
+        self.vocab_size, self.rank, self.world_size, self.device = vocab_size, rank, world_size, device
+        self.shard_index = -1
+        self.seek(0, 0)
 
     def seek(self, shard_index: int, offset: int) -> None:
         if shard_index != self.shard_index:
-            self.tokens = self._load(shard_index)
+            self.tokens = load_data_shard(self.files[shard_index])
+            top = int(self.tokens.numpy().max()) if self.tokens.numel() else 0
+            if top >= self.vocab_size:
+                raise ValueError(f"{self.files[shard_index]}: token id {top} >= VOCAB_SIZE={self.vocab_size}")
         self.shard_index, self.offset = shard_index, offset
 
-
-class DistributedTokenLoader:
-    """Each call takes one micro-batch span per rank from the shared stream (official layout).
-
-    World size W and accumulation A see the same tokens in the same order as 1 rank with W*A micro
-    steps, which is what makes DDP and grad accumulation interchangeable.
-    Returns x, y: int64 [local_tokens // seq_len, seq_len] on `device`.
-    """
-
-    def __init__(self, data_path: str, vocab_size: int, rank: int, world_size: int, device):
-        self.stream = TokenStream(data_path, vocab_size)
-        self.rank, self.world_size, self.device = rank, world_size, device
+    def take(self, n: int) -> torch.Tensor:
+        """The next n tokens of the stream, int64 [n]."""
+        parts = []
+        while n > 0:
+            if self.offset >= self.tokens.numel():
+                self.seek((self.shard_index + 1) % len(self.files), 0)
+                continue
+            parts.append(self.tokens[self.offset:self.offset + n])
+            self.offset += len(parts[-1])
+            n -= len(parts[-1])
+        return torch.cat(parts).long()
 
     def next_batch(self, local_tokens: int, seq_len: int):
+        """x, y: int64 [local_tokens // seq_len, seq_len] on the device, y = x shifted by one."""
         span = local_tokens + 1
-        chunk = self.stream.take(span * self.world_size)
-        local = chunk[self.rank * span:(self.rank + 1) * span]
-        x = local[:-1].reshape(-1, seq_len)
-        y = local[1:].reshape(-1, seq_len)
-        return x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(self.device)
+        return local[:-1].reshape(-1, seq_len), local[1:].reshape(-1, seq_len)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -309,19 +292,19 @@ _FLASH_ATTN_FUNCS = {}
 
 def resolve_attention_backend(requested: str, device: torch.device) -> str:
     """Pick FA3 -> FA2 -> SDPA. Forcing fa3/fa2 without CUDA or without the package raises ValueError."""
-    if requested in ("fa3", "fa2") and device.type != "cuda":
-        raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn needs CUDA, this run is on {device.type}")
-    if device.type != "cuda" or requested == "sdpa":
+    if device.type != "cuda":
+        if requested in ("fa3", "fa2"):
+            raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn needs CUDA, this run is on {device.type}")
         return "sdpa"
-    modules = {"fa3": "flash_attn_interface", "fa2": "flash_attn"}
-    for name in ([requested] if requested != "auto" else ["fa3", "fa2"]):
+    for name in {"auto": ["fa3", "fa2", "sdpa"]}.get(requested, [requested]):
         try:
-            _FLASH_ATTN_FUNCS[name] = importlib.import_module(modules[name]).flash_attn_func
+            if name != "sdpa":
+                _FLASH_ATTN_FUNCS[name] = importlib.import_module(
+                    {"fa3": "flash_attn_interface", "fa2": "flash_attn"}[name]).flash_attn_func
             return name
         except ImportError:
             if requested != "auto":
-                raise ValueError(f"ATTN_BACKEND={requested!r}: module {modules[name]} is not installed") from None
-    return "sdpa"
+                raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn is not installed") from None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
@@ -546,32 +529,25 @@ def split_params(model: GPT) -> dict:
     """Muon gets the 2-D matrices inside blocks; AdamW gets embeddings/head and every scalar/vector."""
     groups = {"muon": [], "scalar": [], "embed": [], "head": []}
     for name, p in model.named_parameters():
-        if name.startswith("blocks.") and p.ndim == 2 and "resid_mix" not in name:
-            groups["muon"].append(name)
-        elif name == "tok_emb.weight":
-            groups["embed"].append(name)
-        elif name.startswith("lm_head."):
-            groups["head"].append(name)
-        else:
-            groups["scalar"].append(name)
+        groups["embed" if name == "tok_emb.weight" else "head" if name.startswith("lm_head.") else
+               "muon" if name.startswith("blocks.") and p.ndim == 2 and "resid_mix" not in name else "scalar"].append(name)
     return groups
 
 
 def build_optimizers(model: GPT, hp: Hyperparameters, is_cuda: bool) -> list:
-    """Muon (torch.optim.Muon, decoupled WD, lr scaled by sqrt(max(1, rows/cols))) + AdamW."""
+    """[Muon (torch.optim.Muon: Nesterov, decoupled WD, lr x sqrt(max(1, rows/cols))), AdamW (fused on CUDA)].
+
+    Each param group keeps its `base_lr`; the schedule multiplies it every step.
+    """
     params = dict(model.named_parameters())
-    groups = split_params(model)
-    muon = torch.optim.Muon([params[n] for n in groups["muon"]], lr=hp.matrix_lr, momentum=hp.muon_momentum,
-                            weight_decay=hp.muon_wd, nesterov=True, ns_steps=hp.muon_backend_steps,
-                            adjust_lr_fn="original")
-    embed_lr = hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr
-    adam_groups = [{"params": [params[n] for n in groups["embed"]], "lr": embed_lr},
-                   {"params": [params[n] for n in groups["scalar"]], "lr": hp.scalar_lr}]
-    if groups["head"]:
-        adam_groups.append({"params": [params[n] for n in groups["head"]], "lr": hp.head_lr})
-    adam = torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
-                             fused=is_cuda)
-    optimizers = [muon, adam]
+    g = {k: [params[n] for n in names] for k, names in split_params(model).items()}
+    adam_groups = [{"params": g["embed"], "lr": hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr},
+                   {"params": g["scalar"], "lr": hp.scalar_lr}] + [{"params": g["head"], "lr": hp.head_lr}] * bool(g["head"])
+    optimizers = [
+        torch.optim.Muon(g["muon"], lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd,
+                         ns_steps=hp.muon_backend_steps, adjust_lr_fn="original"),
+        torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
+                          fused=is_cuda)]
     for opt in optimizers:
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
@@ -664,12 +640,6 @@ class RunContext:
         dist.all_reduce(t)
         return t / self.world_size
 
-    def all_max(self, value: float) -> float:
-        if self.world_size == 1:
-            return value
-        t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
 
 
 def setup_distributed(hp: Hyperparameters) -> RunContext:
@@ -716,7 +686,7 @@ def measure_code_bytes() -> int:
         return os.path.getsize(__file__)
     if BUNDLE_KIND == "human":
         return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
-    return len(kit_module("tools.bundle").build_packed_source().encode())
+    return len(kit_module("tools.bundle").build_packed_bytes())
 
 
 def describe_device(device: torch.device) -> str:
@@ -732,8 +702,10 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     import sentencepiece
     import zstandard
 
-    packed = BUNDLE_KIND != "package"
-    ctx.log(Path(__file__).read_text() if packed else kit_module("tools.bundle").build_human_source(), False)
+    code = globals().get("BUNDLE_SOURCE")  # set by the packed file's exec wrapper
+    if code is None:
+        code = Path(__file__).read_text() if BUNDLE_KIND == "human" else kit_module("tools.bundle").build_human_source()
+    ctx.log(code, False)
     ctx.log("=" * 100, False)
     ctx.log(f"python:{platform.python_version()} "
             + " ".join(f"{m.__name__}:{m.__version__}" for m in (torch, np, sentencepiece, zstandard, safetensors)))
@@ -815,13 +787,13 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
 
     if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
         initial = copy.deepcopy([model.state_dict(), [o.state_dict() for o in optimizers],
-                                 (loader.stream.shard_index, loader.stream.offset)])
+                                 (loader.shard_index, loader.offset)])
         for i in range(hp.warmup_steps):
             one_step(i, 0.0)
         model.load_state_dict(initial[0])
         for opt, sd in zip(optimizers, initial[1]):
             opt.load_state_dict(sd)
-        loader.stream.seek(*initial[2])
+        loader.seek(*initial[2])
         ema = EMA(model, hp.ema_decay) if ema else None
         nonfinite_step.fill_(-1)
         ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
@@ -850,7 +822,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             progress = elapsed_ms / cap_ms if cap_ms > 0 else step / max(1, hp.iterations)
             step_avg = elapsed_ms / max(1, step) if step else 0.0
             want_stop = step >= hp.iterations or bool(stop[0]) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
-            last = ctx.all_max(float(want_stop)) > 0
+            last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
+                torch.tensor(float(want_stop), device=ctx.device)).item() > 0
             if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
                 ctx.sync()
                 train_ms += 1000.0 * (time.perf_counter() - t0)
@@ -909,8 +882,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     """Everything that can be wrong with the input is checked here, before the clock starts."""
     import sentencepiece as spm
 
-    data = Path(hp.data_path)
-    if not data.is_dir():
+    if not Path(hp.data_path).is_dir():
         raise ValueError(f"DATA_PATH={hp.data_path!r}: no such directory (make one with tools/prepare_data.py)")
     if not Path(hp.tokenizer_path).is_file():
         raise ValueError(f"TOKENIZER_PATH={hp.tokenizer_path!r}: no such file")
@@ -921,13 +893,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
     if hp.checkpoint_every or hp.resume:
         kit_module("tools.checkpoint")
-    num_val = 0
-    for path in list_shards(hp.data_path, "val"):  # ids checked here; the tokens are dropped again
-        tokens = load_data_shard(path)
-        top = int(tokens.numpy().max()) if tokens.numel() else 0
-        if top >= hp.vocab_size:
-            raise ValueError(f"{path}: token id {top} >= VOCAB_SIZE={hp.vocab_size}")
-        num_val += tokens.numel()
+    num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
                          f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")

@@ -118,24 +118,24 @@ def corrupt_first(path: Path, split: str, how: str) -> Path:
 @pytest.mark.parametrize("split", ["val", "train"])
 @pytest.mark.parametrize("how,message", [("magic", "magic"), ("version", "version"), ("truncated", "bytes")])
 def test_damaged_shards_are_refused_naming_the_file(tiny_dataset, sp1024_model, tmp_path, split, how, message):
-    from train_gpt import TokenStream
+    from train_gpt import DistributedTokenLoader
 
     data = copy_dataset(tiny_dataset, tmp_path / "data")
     shard = corrupt_first(data, split, how)
     with pytest.raises(ValueError, match=message) as err:
         check_inputs(hp_for(data, sp1024_model), ctx(tmp_path))
-        TokenStream(str(data), 1024)
+        DistributedTokenLoader(str(data), 1024)
     assert shard.name in str(err.value)
 
 
 def test_token_id_beyond_vocab_is_refused(tiny_dataset, sp1024_model, tmp_path):
     from eval.shards import load_validation_tokens
-    from train_gpt import TokenStream
+    from train_gpt import DistributedTokenLoader
 
     data = copy_dataset(tiny_dataset, tmp_path / "data")
     corrupt_first(data, "train", "big_id")
     with pytest.raises(ValueError, match="5000"):
-        TokenStream(str(data), 1024)
+        DistributedTokenLoader(str(data), 1024)
     corrupt_first(data, "val", "big_id")
     with pytest.raises(ValueError, match="5000"):
         load_validation_tokens(str(data), vocab_size=1024)

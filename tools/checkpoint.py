@@ -17,7 +17,7 @@ def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
              "ema": ema.shadow if ema else None, "ema_updates": ema.num_updates if ema else 0, "step": step, "train_seconds": train_seconds,
              "losses": losses.cpu(),
-             "stream": [loader.stream.shard_index, loader.stream.offset],
+             "stream": [loader.shard_index, loader.offset],
              "rng": torch.get_rng_state()}
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     torch.save(state, tmp)
@@ -35,6 +35,6 @@ def load_checkpoint(path: Path, model, optimizers, ema, loader) -> tuple:
         for s, v in zip(ema.shadow, state["ema"]):
             s.copy_(v)
         ema.num_updates = state["ema_updates"]
-    loader.stream.seek(*state["stream"])
+    loader.seek(*state["stream"])
     torch.set_rng_state(state["rng"])
     return state["step"], state["train_seconds"], list(state["losses"].to(loader.device).unbind())
