@@ -203,14 +203,12 @@ def parse_env_value(name: str, raw: str, kind):
     """Parse one env var to `kind` (int, float, bool or str); ValueError names the variable."""
     text = raw.strip().lower()
     try:
-        if kind is bool:
-            return {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
-                    "off": False, "": False}[text]
-        if kind is int:
-            assert float(text) == int(float(text))
-            return int(float(text))
-        return kind(raw.strip())
-    except (ValueError, KeyError, AssertionError):
+        if kind is bool and text not in ("1", "true", "0", "false", ""):
+            raise ValueError
+        if kind is int and float(text) != int(float(text)):
+            raise ValueError
+        return text in ("1", "true") if kind is bool else kind(float(text)) if kind is int else kind(raw.strip())
+    except ValueError:
         raise ValueError(f"{name}={raw!r}: expected {kind.__name__}") from None
 
 
@@ -221,8 +219,7 @@ def warn_unknown_env(environ, log=print) -> list:
     checked by quant's policy.
     """
     known = {f.name.upper() for f in dataclasses.fields(Hyperparameters)} | {"PRESET"}
-    prefixes = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_",
-                "TIED_", "MATRIX_", "SCALAR_", "LOGIT_", "QK_", "CHECKPOINT_", "ATTN_", "GRAD_")
+    prefixes = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_")
     unknown = []
     for name in sorted(environ):
         close = difflib.get_close_matches(name, known, 1, 0.8)
@@ -287,7 +284,7 @@ class DistributedTokenLoader:
 # Model
 # -----------------------------------------------------------------------------------------------
 
-_FLASH_ATTN_FUNCS = {}
+_FLASH_ATTN = []  # the flash-attn function chosen by resolve_attention_backend, if any
 
 
 def resolve_attention_backend(requested: str, device: torch.device) -> str:
@@ -299,22 +296,22 @@ def resolve_attention_backend(requested: str, device: torch.device) -> str:
     for name in {"auto": ["fa3", "fa2", "sdpa"]}.get(requested, [requested]):
         try:
             if name != "sdpa":
-                _FLASH_ATTN_FUNCS[name] = importlib.import_module(
-                    {"fa3": "flash_attn_interface", "fa2": "flash_attn"}[name]).flash_attn_func
+                _FLASH_ATTN[:] = [importlib.import_module(
+                    {"fa3": "flash_attn_interface", "fa2": "flash_attn"}[name]).flash_attn_func]
             return name
         except ImportError:
             if requested != "auto":
                 raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn is not installed") from None
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str = "sdpa") -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention with GQA. q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D].
 
     The one device-specific dispatch point: flash-attn 3/2 on CUDA, PyTorch SDPA elsewhere (the CPU
     twin every test exercises). Query head h reads KV head h // (H // Hkv) in all backends.
     """
-    if backend in _FLASH_ATTN_FUNCS:
-        out = _FLASH_ATTN_FUNCS[backend](q, k, v, causal=True)
+    if _FLASH_ATTN:
+        out = _FLASH_ATTN[0](q, k, v, causal=True)
         return out[0] if isinstance(out, tuple) else out
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        is_causal=True, enable_gqa=k.size(2) != q.size(2))
@@ -368,7 +365,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, dim, num_heads, num_kv_heads, rope_dims, qk_gain_init, use_xsa):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
-        self.use_xsa, self.backend = use_xsa, "sdpa"
+        self.use_xsa = use_xsa
         kv_dim = num_kv_heads * self.head_dim
         self.c_q, self.c_k, self.c_v = CastedLinear(dim, dim), CastedLinear(dim, kv_dim), CastedLinear(dim, kv_dim)
         self.proj = CastedLinear(dim, dim)
@@ -382,7 +379,7 @@ class CausalSelfAttention(nn.Module):
         q = apply_partial_rope(F.rms_norm(q, (self.head_dim,)), cos, sin)
         k = apply_partial_rope(F.rms_norm(k, (self.head_dim,)), cos, sin)
         q = q * self.q_gain.to(q.dtype)[None, None, :, None]
-        y = attention(q, k, v, self.backend)
+        y = attention(q, k, v)
         if self.use_xsa:
             y = exclusive_self_attention(y, v)
         return self.proj(y.reshape(b, t, d))
@@ -447,13 +444,11 @@ class GPT(nn.Module):
     def init_weights(self, tied_embed_init_std: float = 0.005) -> None:
         """Orthogonal block matrices, output projections scaled by 1/sqrt(2 * num_layers)."""
         nn.init.normal_(self.tok_emb.weight, std=tied_embed_init_std)
-        out_scale = 1.0 / math.sqrt(2 * len(self.blocks))
-        for block in self.blocks:
-            for lin in (block.attn.c_q, block.attn.c_k, block.attn.c_v, block.mlp.fc):
+        for name, lin in self.blocks.named_modules():
+            if isinstance(lin, CastedLinear):
                 nn.init.orthogonal_(lin.weight)
-            for lin in (block.attn.proj, block.mlp.proj):
-                nn.init.orthogonal_(lin.weight)
-                lin.weight.mul_(out_scale)
+                if name.endswith("proj"):  # attn.proj and mlp.proj write into the residual stream
+                    lin.weight.mul_(1 / math.sqrt(2 * len(self.blocks)))
         if self.lm_head is not None:
             nn.init.zeros_(self.lm_head.weight)
 
@@ -471,10 +466,6 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, CastedLinear):
                 module.qat_gate.fill_(1.0 if enabled else 0.0)
-
-    def set_attention_backend(self, backend: str) -> None:
-        for block in self.blocks:
-            block.attn.backend = backend
 
     def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.size(1)
@@ -676,7 +667,7 @@ def atomic_write_json(path: Path, obj: dict) -> None:
 def kit_module(name: str):
     """A package-only kit module (tools/...): present when running from the repo, not in the packed file."""
     if BUNDLE_KIND != "package":
-        raise ValueError(f"{name} is a kit feature: run train_gpt.py from the kit's repository, not the packed script")
+        raise ValueError(f"{name}: a kit feature, not in the packed script (run from the kit's repo)")
     return importlib.import_module(name)
 
 
@@ -704,7 +695,7 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
 
     code = globals().get("BUNDLE_SOURCE")  # set by the packed file's exec wrapper
     if code is None:
-        code = Path(__file__).read_text() if BUNDLE_KIND == "human" else kit_module("tools.bundle").build_human_source()
+        code = Path(__file__).read_text("utf-8") if BUNDLE_KIND == "human" else kit_module("tools.bundle").build_human_source()
     ctx.log(code, False)
     ctx.log("=" * 100, False)
     ctx.log(f"python:{platform.python_version()} "
@@ -938,16 +929,16 @@ def main() -> int:
     config = build_model_config(hp)
     model = GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
-    model.set_attention_backend(resolve_attention_backend(hp.attn_backend, ctx.device))
+    attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device)
     policy = QuantPolicy.from_env()
     model.configure_qat(policy)
     num_params = sum(p.numel() for p in model.parameters())
     projected = estimate_artifact_bytes({n: tuple(p.shape) for n, p in model.named_parameters()}, policy)
     flops_per_token = count_train_flops_per_token(config, hp.train_seq_len)
-    ctx.log(f"model_params:{num_params} attention:{model.blocks[0].attn.backend} "
+    ctx.log(f"model_params:{num_params} attention:{attn_backend} "
             f"train_flops_per_token:{flops_per_token:.4g} code_bytes:{code_bytes}")
     ctx.log(f"projected_total_bytes:{projected + code_bytes} byte_budget:{hp.byte_budget}"
-            + (" WARNING: over budget, export will step down precision" * (projected + code_bytes > hp.byte_budget)))
+            + (" WARNING: over budget" * (projected + code_bytes > hp.byte_budget)))
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, ctx.rank, ctx.world_size, ctx.device)
     luts = build_sentencepiece_luts(sp, hp.vocab_size)
 
@@ -965,7 +956,7 @@ def main() -> int:
         steps, train_seconds, losses, signum = train(ctx, hp, model, loader, flops_per_token,
                                                      lambda m: evaluate_model(ctx, hp, m, val_tokens(), luts))
     except NonFiniteLossError as e:
-        ctx.log(f"ERROR: {e}; training stopped, no artifact written")
+        ctx.log(f"ERROR: {e}; no artifact written")
         steps, signum = None, 0
         summary["status"] = "nonfinite_loss"
     if steps is not None:
@@ -985,11 +976,8 @@ def main() -> int:
     artifact_path = ctx.run_dir / "final_model.ptz"
     if ctx.is_main:
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-        if hp.save_prequant:
-            import safetensors.torch
-
-            safetensors.torch.save_file(state, str(ctx.run_dir / "prequant.safetensors"),
-                                        metadata={"model_config": json.dumps(config)})
+        if hp.save_prequant:  # for tools/bench_quant.py
+            kit_module("tools.checkpoint").save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, log=ctx.log)
         summary.update({k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing")})
@@ -1000,7 +988,6 @@ def main() -> int:
     state, loaded_config, _ = load_artifact(artifact_path)
     eval_model = GPT(**loaded_config).to(ctx.device)
     eval_model.load_state_dict(state)
-    eval_model.set_attention_backend(model.blocks[0].attn.backend)
     if eval_on:
         out = evaluate_model(ctx, hp, eval_model, val_tokens(), luts, stride=hp.eval_stride, started=eval_start)
         sw = out["sliding"]

@@ -2,10 +2,17 @@
 
 Fast tests use a small fake package (stdlib only) written into tmp_path; the slow test runs the
 real trainer three ways (package, human file, packed file) and compares losses and code bytes.
+The packed file comes in two encodings (base85: ASCII; latin1: PEP 263 cookie, raw bytes in a str
+literal); both must round-trip byte-exactly and run the same.
 """
 
+import codecs
+import hashlib
+import io
 import json
 import os
+import random
+import tokenize
 import re
 import shutil
 import subprocess
@@ -24,7 +31,8 @@ FAKE_TREE = {
     "eval/__main__.py": '"""CLI (never bundled)."""\nfrom eval.bpb import bpb_of\n\nprint(bpb_of(1.0))\n',
     "eval/shards.py": (
         '"""Shards: the first module of the pipeline."""\n\nimport math\nimport os\n\n'
-        "SHARD_SCALE = 3  # a comment that costs no counted bytes\n\n\n"
+        "SHARD_SCALE = 3  # a comment that costs no counted bytes\n"
+        'SHARD_NOTE = "na\u00efve \u2248 \u00b5s"  # non-ASCII source text survives every encoding\n\n\n'
         "def shard_value(x: float) -> float:\n    \"\"\"Scaled value.\"\"\"\n    return x * SHARD_SCALE + math.pi\n"),
     "eval/cli_only.py": '"""Only the CLI uses this."""\n\n\ndef cli_helper():\n    return 1\n',
     "eval/bpb.py": (
@@ -43,17 +51,21 @@ FAKE_TREE = {
         "@dataclasses.dataclass(frozen=True)\nclass QuantPolicyFake:\n    bits: int = QUANT_BASE + 4\n"
         "    note: Optional[str] = None\n\n    def apply(self, x: float) -> float:\n        return qround(x) + self.bits\n"),
     "train_gpt.py": (
-        '"""Fake trainer with the real measure_code_bytes hook."""\n\nimport dataclasses\nimport importlib\n'
-        "import json\nimport os\nimport sys\nfrom pathlib import Path\n\n"
-        "from eval.bpb import bpb_of\nfrom quant.policy import QuantPolicyFake\n\n"
+        '"""Fake trainer with the real measure_code_bytes hook."""\n\nimport dataclasses\nimport hashlib\n'
+        "import importlib\nimport json\nimport os\nimport sys\nfrom pathlib import Path\n\n"
+        "from eval.bpb import bpb_of\nfrom eval.shards import SHARD_NOTE\nfrom quant.policy import QuantPolicyFake\n\n"
         'BUNDLE_KIND = "package"\n\n\n'
         "def measure_code_bytes() -> int:\n"
         '    if BUNDLE_KIND == "packed":\n        return os.path.getsize(__file__)\n'
         '    if BUNDLE_KIND == "human":\n        return os.path.getsize(Path(__file__).with_name("train_gpt.py"))\n'
-        '    return len(importlib.import_module("tools.bundle").build_packed_source(Path(__file__).parent).encode())\n\n\n'
+        '    return len(importlib.import_module("tools.bundle").build_packed_bytes(Path(__file__).parent,\n'
+        '                                                                          os.environ.get("ENCODING", "auto")))\n\n\n'
         "def main() -> int:\n    policy = QuantPolicyFake()\n"
+        '    code = BUNDLE_SOURCE if BUNDLE_KIND == "packed" else Path(__file__).read_text(encoding="utf-8")\n'
         '    out = {"kind": BUNDLE_KIND, "name": __name__, "value": policy.apply(bpb_of(float(os.environ.get("X", "5")))),\n'
-        '           "fields": [f.name for f in dataclasses.fields(policy)], "code_bytes": measure_code_bytes()}\n'
+        '           "fields": [f.name for f in dataclasses.fields(policy)], "code_bytes": measure_code_bytes(),\n'
+        '           "file": os.path.basename(__file__), "note": SHARD_NOTE,\n'
+        '           "code_sha": hashlib.sha256(code.encode()).hexdigest()}\n'
         "    print(json.dumps(out))\n    return 0\n\n\n"
         'if __name__ == "__main__":\n    sys.exit(main())\n'),
 }
@@ -109,49 +121,146 @@ def test_imports_hoisted_deduplicated_and_internal_ones_removed(fake_root):
     assert 'BUNDLE_KIND = "human"' in human and '"package"' not in human
 
 
+ENCODINGS = ("auto", "base85", "latin1")
+
+
 def test_build_is_deterministic_and_independent_of_the_location(fake_root, tmp_path):
-    first = (bundle.build_human_source(fake_root), bundle.build_packed_source(fake_root))
-    assert (bundle.build_human_source(fake_root), bundle.build_packed_source(fake_root)) == first
+    def build(root):
+        return (bundle.build_human_source(root), *(bundle.build_packed_bytes(root, enc) for enc in ("base85", "latin1")))
+
+    first = build(fake_root)
     moved = shutil.copytree(fake_root, tmp_path / "elsewhere" / "copy")
-    assert (bundle.build_human_source(moved), bundle.build_packed_source(moved)) == first
+    assert build(moved) == first
     a, b = tmp_path / "out_a", tmp_path / "out_b"
-    bundle.write_bundle(a, fake_root)
-    bundle.write_bundle(b, fake_root)
+    bundle.write_bundle(a, fake_root, "latin1")
+    bundle.write_bundle(b, moved, "latin1")
     for name in ("train_gpt.py", "train_gpt_human.py"):
         assert (a / name).read_bytes() == (b / name).read_bytes()
+    assert (a / "train_gpt.py").read_bytes() == first[2]
+    assert (a / "train_gpt_human.py").read_bytes() == first[0].encode()
 
 
-def test_packed_file_is_ascii_smallest_candidate_and_decodes_to_the_minified_source(fake_root):
-    human = bundle.build_human_source(fake_root)
-    minified = bundle.minify_source(bundle.set_bundle_kind(human, "packed"))
+def _minified(root) -> str:
+    return bundle.minify_source(bundle.set_bundle_kind(bundle.build_human_source(root), "packed"))
+
+
+def test_minified_source_drops_comments_docstrings_and_argument_annotations(fake_root):
+    minified = _minified(fake_root)
     assert "#" not in minified.replace('"#"', "") and "Scaled value" not in minified  # comments, docstrings gone
     assert "bits:int=" in minified.replace(" ", "")  # class attribute annotations stay (dataclasses)
     assert "digits:" not in minified  # argument annotations go
-    packed, encoding, tried = bundle.pack_code(minified)
-    assert packed.isascii()
-    assert len(packed.encode()) == min(size for _, size in tried)
-    assert dict(tried)[encoding] == len(packed.encode())
-    assert bundle._unpack_for_check(packed) == minified.encode()
-    # a large source compresses: the LZMA wrapper wins
+    assert "na\u00efve \u2248 \u00b5s" in minified  # non-ASCII text is kept as is
+
+
+@pytest.mark.parametrize("encoding", ["base85", "latin1"])
+def test_each_encoding_keeps_its_smallest_candidate_and_round_trips(fake_root, encoding):
+    minified = _minified(fake_root)
+    packed, name, tried = bundle.pack_code(minified, encoding)
+    assert isinstance(packed, bytes) and name.endswith(f" + {encoding}")
+    assert all(n.endswith(f" + {encoding}") for n, _ in tried) and len(tried) == len({n for n, _ in tried})
+    assert len(packed) == min(size for _, size in tried) == dict(tried)[name]
+    assert bundle.packed_encoding(packed) == encoding
+    assert bundle.unpack_packed(packed) == minified
+    if encoding == "base85":
+        assert packed.isascii() and not packed.startswith(b"#")
+    else:
+        assert packed.startswith(b"#coding:l1\n")
+        assert tokenize.detect_encoding(io.BytesIO(packed).readline)[0] == "l1"  # what tracebacks/linecache use
+        assert codecs.lookup("l1").name == "iso8859-1"
+    # a large source compresses: an LZMA wrapper wins; the line the traceback shows stays short
     big = minified + "\n" + "\n".join(f"def f{i}(x):\n    return x + {i}" for i in range(400))
-    packed_big, enc_big, _ = bundle.pack_code(big)
-    assert enc_big.startswith("lzma2-raw") and len(packed_big) < len(big) / 3
-    assert packed_big.splitlines()[1] == "exec(L.decompress(B.b85decode("  # tracebacks stay one short line
-    compile(packed_big, "train_gpt.py", "exec")
+    packed_big, name_big, _ = bundle.pack_code(big, encoding)
+    assert name_big.startswith("lzma") and len(packed_big) < len(big) / 3
+    exec_line = packed_big.split(b"\n")[1 if encoding == "base85" else 2]
+    assert exec_line.startswith(b"exec(BUNDLE_SOURCE:=L.decompress(") and len(exec_line) < 60, exec_line
+    assert bundle.unpack_packed(packed_big) == big
 
 
-def run_py(script: Path, cwd: Path, **env):
-    proc = subprocess.run([sys.executable, str(script.name)], cwd=cwd, env=clean_env(**env), capture_output=True,
-                          text=True, timeout=120)
+def test_auto_keeps_the_smaller_encoding_and_latin1_wins_on_compressed_code(fake_root):
+    minified = _minified(fake_root)
+    sizes = {enc: len(bundle.pack_code(minified, enc)[0]) for enc in ENCODINGS}
+    assert sizes["auto"] == min(sizes["base85"], sizes["latin1"])
+    big = minified + "\n" + "\n".join(f"def g{i}(x):\n    return x * {i} - {i * i}" for i in range(300))
+    packed, name, tried = bundle.pack_code(big)
+    assert name.endswith(" + latin1") and {n.rsplit(" + ", 1)[1] for n, _ in tried} == {"base85", "latin1"}
+    assert len(packed) < 0.85 * len(bundle.pack_code(big, "base85")[0])  # base85 costs 25% of the payload
+    with pytest.raises(ValueError, match="encoding='utf8'"):
+        bundle.pack_code(minified, "utf8")
+
+
+def _tricky_payloads():
+    rng = random.Random(1234)
+    every = bytes(range(256))
+    yield every
+    yield every[::-1]
+    yield bytes(rng.randrange(256) for _ in range(20_000)) + every
+    alphabet = b"\x00\r\n\\\"'07893a\x85\xa0\xff\x0c\x1a"
+    for _ in range(300):
+        yield bytes(rng.choice(alphabet) for _ in range(rng.randrange(0, 14)))
+    yield b'"' * 7
+    yield b"'" * 8
+    yield b"\\"
+    yield b"\x00"
+    yield b"\x000" + b"\x007" + b"\x008" + b"\x00\x00"
+
+
+def test_latin1_literal_is_byte_exact_for_every_byte_value_and_quoting_style():
+    cookie = bundle.BUNDLE_LATIN1_COOKIE.encode()
+    for payload in _tricky_payloads():
+        for quote in bundle.BUNDLE_LATIN1_QUOTES:
+            literal = bundle._quote_latin1(payload.decode("latin-1"), quote)
+            src = cookie + b"X=" + literal.encode("latin-1") + b".encode('l1')\n"
+            env = {}
+            exec(compile(src, "t.py", "exec"), env)  # bytes: the tokenizer honours the cookie
+            assert env["X"] == payload, (quote, payload)
+            assert b"\x00" not in src and b"\r" not in src
+        best = bundle.latin1_literal(payload)
+        assert len(best) == min(len(bundle._quote_latin1(payload.decode("latin-1"), q))
+                                for q in bundle.BUNDLE_LATIN1_QUOTES)
+    # escapes cost only what they must: random bytes grow by ~3/256 (backslash, NUL, CR)
+    rnd = bytes(random.Random(7).randrange(256) for _ in range(50_000))
+    assert len(bundle.latin1_literal(rnd)) < 50_000 * 1.02
+
+
+def test_latin1_file_with_every_byte_value_runs_from_disk(tmp_path):
+    payload = bytes(random.Random(5).randrange(256) for _ in range(5_000)) + bytes(range(256)) + b'\r\n"\\'
+    src = (bundle.BUNDLE_LATIN1_COOKIE.encode() + b"import sys\nX=" + bundle.latin1_literal(payload).encode("latin-1")
+           + b".encode('l1')\nsys.stdout.buffer.write(X)\n")
+    (tmp_path / "t.py").write_bytes(src)
+    proc = subprocess.run([sys.executable, "t.py"], cwd=tmp_path, capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == payload
+
+
+def test_unpack_refuses_a_file_that_is_not_a_wrapper_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    with pytest.raises(ValueError, match="not a packed file"):
+        bundle.unpack_packed(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('x')\n".encode())
+    assert not marker.exists()
+
+
+def test_a_damaged_payload_fails_the_round_trip(fake_root):
+    packed = bytearray(bundle.pack_code(_minified(fake_root), "latin1")[0])
+    packed[len(packed) // 2] ^= 0x20
+    with pytest.raises(Exception):
+        bundle.unpack_packed(bytes(packed))
+
+
+def run_py(script: Path, cwd: Path, cmd=None, **env):
+    proc = subprocess.run(cmd or [sys.executable, str(script.name)], cwd=cwd, env=clean_env(**env),
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_package_human_and_packed_behave_identically(fake_root, tmp_path):
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_package_human_and_packed_behave_identically(fake_root, tmp_path, encoding):
     out = tmp_path / "record"
-    bundle.write_bundle(out, fake_root)
-    packed_bytes = (out / "train_gpt.py").stat().st_size
-    package = run_py(fake_root / "train_gpt.py", fake_root, X="7", PYTHONPATH=str(REPO))
+    bundle.write_bundle(out, fake_root, encoding)
+    packed_file = (out / "train_gpt.py").read_bytes()
+    if encoding != "auto":
+        assert bundle.packed_encoding(packed_file) == encoding
+    package = run_py(fake_root / "train_gpt.py", fake_root, X="7", PYTHONPATH=str(REPO), ENCODING=encoding)
     human = run_py(out / "train_gpt_human.py", out, X="7")
     packed = run_py(out / "train_gpt.py", out, X="7")
     assert (package["kind"], human["kind"], packed["kind"]) == ("package", "human", "packed")
@@ -159,20 +268,56 @@ def test_package_human_and_packed_behave_identically(fake_root, tmp_path):
         assert result["name"] == "__main__"
         assert result["value"] == package["value"]
         assert result["fields"] == ["bits", "note"]
-        assert result["code_bytes"] == packed_bytes  # measured, in all three modes
+        assert result["note"] == "na\u00efve \u2248 \u00b5s"
+        assert result["code_bytes"] == len(packed_file)  # measured, in all three modes
+    assert packed["file"] == "train_gpt.py"  # __file__ is the packed file itself
+    # BUNDLE_SOURCE, set by the wrapper, is the code that runs: the minified source
+    assert packed["code_sha"] == hashlib.sha256(bundle.unpack_packed(packed_file).encode()).hexdigest()
 
 
-def test_cli_writes_both_files_and_reports_the_split(fake_root, tmp_path, capsys):
+def test_latin1_packed_file_runs_under_torchrun(fake_root, tmp_path):
+    pytest.importorskip("torch.distributed.run")
+    out = tmp_path / "record"
+    bundle.write_bundle(out, fake_root, "latin1")
+    packed_file = (out / "train_gpt.py").read_bytes()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", "train_gpt.py"]
+    result = run_py(out / "train_gpt.py", out, cmd=cmd, X="7", OMP_NUM_THREADS="1")
+    assert (result["kind"], result["name"], result["code_bytes"]) == ("packed", "__main__", len(packed_file))
+
+
+def test_cli_writes_both_files_and_reports_the_split_and_the_encodings(fake_root, tmp_path, capsys):
     assert bundle.main(["--out", str(tmp_path / "o"), "--root", str(fake_root)]) == 0
     out = capsys.readouterr().out
-    size = (tmp_path / "o" / "train_gpt.py").stat().st_size
-    assert f"packed train_gpt.py: {size:,} bytes" in out
+    packed_file = (tmp_path / "o" / "train_gpt.py").read_bytes()
+    report = bundle.bundle_report(fake_root)
+    chosen = report["encoding"]
+    assert f"packed train_gpt.py: {len(packed_file):,} bytes ({chosen}: {report['candidate']};" in out
+    for enc in ("base85", "latin1"):
+        name, size = report["by_encoding"][enc]
+        assert re.search(rf"^{enc} +{size:,}  {re.escape(name)}{'  <- chosen' if enc == chosen else ''}$", out, re.M)
+    assert report["packed_bytes"] == len(packed_file) == min(size for _, size in report["by_encoding"].values())
+    assert report["packed_file"] == packed_file and bundle.packed_encoding(packed_file) == chosen
     for rel in ("eval/shards.py", "quant/core.py", "quant/policy.py", "eval/bpb.py", "train_gpt.py"):
         assert rel in out
     assert "left out (not reached from train_gpt.py): eval/cli_only.py" in out
-    report = bundle.bundle_report(fake_root)
-    assert report["packed_bytes"] == size
     assert all(r["minified_bytes"] > 0 and r["compressed_bytes"] > 0 for r in report["split"])
+
+
+@pytest.mark.parametrize("encoding", ["base85", "latin1"])
+def test_cli_encoding_flag_forces_one_and_states_the_trade_off(fake_root, tmp_path, capsys, encoding):
+    assert bundle.main(["--out", str(tmp_path / "o"), "--root", str(fake_root), "--encoding", encoding]) == 0
+    out = capsys.readouterr().out
+    packed_file = (tmp_path / "o" / "train_gpt.py").read_bytes()
+    assert bundle.packed_encoding(packed_file) == encoding
+    assert f"packed train_gpt.py: {len(packed_file):,} bytes ({encoding}: " in out
+    assert ("not UTF-8" in out and "GitHub shows it as binary" in out) == (encoding == "latin1")
+    doc = " ".join(bundle.__doc__.split())
+    assert "NOT UTF-8" in doc and "GitHub shows it as binary" in doc
+    assert bundle.main(["--out", str(tmp_path / "q"), "--root", str(fake_root), "--encoding", encoding,
+                        "--quiet"]) == 0
+    assert (tmp_path / "q" / "train_gpt.py").read_bytes() == packed_file
+    with pytest.raises(SystemExit):
+        bundle.main(["--out", str(tmp_path / "x"), "--root", str(fake_root), "--encoding", "utf8"])
 
 
 BAD_TREES = {
@@ -241,9 +386,18 @@ def test_real_package_bundles_deterministically_in_pipeline_order():
     assert order[0] == "eval/shards.py" and order[-1] == "train_gpt.py"
     quant = [i for i, r in enumerate(order) if r.startswith("quant/")]
     evals = [order.index(r) for r in ("eval/bpb.py", "eval/roundtrip.py", "eval/sliding.py") if r in order]
-    assert quant and evals and max(quant) < min(evals) and evals == sorted(evals)
-    packed = bundle.build_packed_source()
-    assert packed.isascii() and bundle.build_packed_source() == packed
+    assert quant and evals and max(quant) < min(evals)
+    position = {m.name: i for i, m in enumerate(modules)}
+    for i, m in enumerate(modules):  # dependencies first (eval/roundtrip.py imports eval/sliding.py)
+        assert all(position[d] < i for d in m.top_level_deps), m.relpath
+    minified = _minified(REPO)
+    sizes = {}
+    for enc in ("base85", "latin1"):
+        packed, name, _ = bundle.pack_code(minified, enc)
+        assert bundle.unpack_packed(packed) == minified and bundle.pack_code(minified, enc)[0] == packed
+        sizes[enc] = len(packed)
+        print(f"real package, {enc}: {len(packed):,} bytes ({name})")
+    assert sizes["latin1"] < sizes["base85"] and len(bundle.pack_code(minified)[0]) == sizes["latin1"]
 
 
 TINY_ENV = {
@@ -268,8 +422,10 @@ def _loss_lines(log: str) -> list:
 @pytest.mark.slow
 def test_package_human_and_packed_trainer_give_identical_losses_and_code_bytes(tiny_dataset, sp1024_model, tmp_path):
     out = tmp_path / "record"
-    bundle.write_bundle(out, REPO)
-    packed_bytes = (out / "train_gpt.py").stat().st_size
+    bundle.write_bundle(out, REPO)  # --encoding auto: what the runs measure
+    packed_file = (out / "train_gpt.py").read_bytes()
+    packed_bytes = len(packed_file)
+    print(f"packed train_gpt.py: {packed_bytes:,} bytes, {bundle.packed_encoding(packed_file)}")
     logs = {}
     for kind, script, cwd, pythonpath in (("package", REPO / "train_gpt.py", REPO, str(REPO)),
                                           ("human", out / "train_gpt_human.py", out, None),
@@ -286,6 +442,9 @@ def test_package_human_and_packed_trainer_give_identical_losses_and_code_bytes(t
     assert sum(ln.startswith("step:") for ln in lines["package"]) == 3
     assert any(ln.startswith("final_sliding_window_exact") for ln in lines["package"])
     assert lines["human"] == lines["package"] and lines["packed"] == lines["package"]
+    logged_code = {k: v.split("\n" + "=" * 100 + "\n", 1)[0].rstrip("\n") for k, v in logs.items()}
+    assert logged_code["packed"] == bundle.unpack_packed(packed_file).rstrip("\n")  # BUNDLE_SOURCE: the code run
+    assert logged_code["human"] == logged_code["package"] == (out / "train_gpt_human.py").read_text().rstrip("\n")
     for kind, log in logs.items():
         assert f"code_bytes:{packed_bytes}" in log, kind
         result = json.loads((tmp_path / "runs" / kind / "result.json").read_text())

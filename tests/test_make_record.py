@@ -25,13 +25,13 @@ DATE = "2026-01-02"
 @pytest.fixture(scope="module")
 def fake_src(tmp_path_factory):
     root = write_tree(tmp_path_factory.mktemp("src"))
-    return root, bundle.build_human_source(root), bundle.build_packed_source(root)
+    return root, bundle.build_human_source(root), bundle.build_packed_bytes(root)  # packed: bytes (auto)
 
 
 def fabricate_run(base: Path, run_id: str, seed: int, src, *, result=None, hp=None, log_edit=None,
                   code=None, world_size=1, device="cpu (x86_64, 2 cores)") -> Path:
     root, human, packed = src
-    code_bytes = len(packed.encode())
+    code_bytes = len(packed)
     hyper = {"preset": "smoke", "data_path": "data/tiny", "tokenizer_path": "data/tok.model", "vocab_size": 1024,
              "run_id": run_id, "out_dir": "runs", "seed": seed, "iterations": 50, "num_layers": 2, "model_dim": 64,
              "num_heads": 2, "num_kv_heads": 1, "mlp_mult": 3.0, "train_batch_tokens": 1024, "train_seq_len": 64,
@@ -109,13 +109,13 @@ def test_two_runs_make_a_complete_folder_that_passes_its_checks(fake_src, tmp_pa
     assert sub["val_loss"] == pytest.approx(statistics.fmean(r["val_loss_sliding"] for r in results), abs=1e-8)
     assert sub["val_bpb_std"] == pytest.approx(statistics.stdev(r["val_bpb_sliding"] for r in results), abs=1e-8)
     assert sub["bytes_total"] == max(r["bytes_total"] for r in results)
-    assert sub["bytes_code"] == (folder / "train_gpt.py").stat().st_size == len(fake_src[2].encode())
+    assert sub["bytes_code"] == (folder / "train_gpt.py").stat().st_size == len(fake_src[2])
     assert (sub["author"], sub["github_id"], sub["name"], sub["date"]) == ("A. Person", "aperson", "Tiny",
                                                                             f"{DATE}T00:00:00Z")
     assert sub["hardware"] == "1x cpu (x86_64, 2 cores)" and sub["pytorch_version"] == "2.13.0+cpu"
     assert [s["val_bpb_roundtrip"] for s in sub["seed_results"]] == [r["val_bpb_roundtrip"] for r in results]
-    assert (folder / "train_gpt.py").read_text() == fake_src[2]
-    assert (folder / "train_gpt_human.py").read_text() == fake_src[1]
+    assert (folder / "train_gpt.py").read_bytes() == fake_src[2]
+    assert (folder / "train_gpt_human.py").read_bytes() == fake_src[1].encode()
     assert (folder / "train_seed42.log").read_bytes() == (runs[1] / "train.log").read_bytes()
     assert (folder / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     req = (folder / "requirements.txt").read_text()
@@ -214,10 +214,45 @@ def test_check_record_catches_a_tampered_folder(fake_src, tmp_path):
     runs = [fabricate_run(tmp_path, "a", 1, fake_src), fabricate_run(tmp_path, "b", 2, fake_src)]
     assert cli(fake_src, tmp_path, runs) == 0
     folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
-    with open(folder / "train_gpt.py", "a") as f:
-        f.write("\n")
+    with open(folder / "train_gpt.py", "ab") as f:
+        f.write(b"\n")
     with pytest.raises(RecordError, match="bytes_code"):
         check_record(folder)
+
+
+@pytest.mark.parametrize("damage", ["flip a payload byte", "re-saved as UTF-8"])
+def test_check_record_catches_a_packed_file_that_does_not_unpack(fake_src, tmp_path, damage):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    path = folder / "train_gpt.py"
+    data = path.read_bytes()
+    if damage == "flip a payload byte":  # same size: only the unpack check can see it
+        data = bytearray(data)
+        data[len(data) // 2] ^= 0x20
+        path.write_bytes(bytes(data))
+        message = "does not unpack"
+    else:  # what an editor does to a latin-1 file: bigger, and it no longer decodes
+        path.write_bytes(data.decode("latin-1").encode("utf-8"))
+        sub_path = folder / "submission.json"
+        sub = json.loads(sub_path.read_text())
+        sub["bytes_code"] = path.stat().st_size
+        sub_path.write_text(json.dumps(sub))
+        message = "does not unpack.*latin1 file must be copied as bytes"
+    with pytest.raises(RecordError, match=message):
+        check_record(folder)
+
+
+def test_a_packed_run_that_logged_its_bundle_source_is_accepted(fake_src, tmp_path):
+    """Packed runs log BUNDLE_SOURCE (the minified code their wrapper execs), not the file itself."""
+    minified = bundle.unpack_packed(fake_src[2])
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src, code=minified),
+            fabricate_run(tmp_path, "b", 2, fake_src, code=fake_src[1])]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    readme = (folder / "README.md").read_text()
+    assert bundle.packed_encoding(fake_src[2]) == "latin1"  # compressed code: latin1 wins even on the fake tree
+    assert "not UTF-8" in readme and "GitHub shows it as binary" in readme
 
 
 # -----------------------------------------------------------------------------------------------

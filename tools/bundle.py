@@ -8,12 +8,23 @@ from inside its record folder. Our source is a package (`train_gpt.py` + `quant/
    eval/roundtrip.py, eval/sliding.py, ..., train_gpt.py last; dependencies first), one banner per
    module, internal imports removed, stdlib/third-party imports hoisted to the top and deduplicated,
    `BUNDLE_KIND = "package"` rewritten to `"human"`. Runs on its own: `train_gpt_human.py`.
-2. `build_packed_source()`: the human source with `BUNDLE_KIND = "packed"`, stripped by
-   python-minifier (comments, docstrings, annotations except class attributes, which dataclasses
-   need; locals NOT renamed, literals NOT hoisted), compressed (raw LZMA2 with a small lc/lp/pb
-   search, zlib, bz2; or not at all) and base85-encoded inside a one-line exec wrapper; the smallest
-   measured candidate wins. The wrapper execs in the file's own globals, so `__name__ == "__main__"`
-   and `__file__` is the packed file (its size is the counted code bytes).
+2. `build_packed_bytes(encoding="auto")`: the human source with `BUNDLE_KIND = "packed"`,
+   stripped by python-minifier (comments, docstrings, annotations except class attributes, which
+   dataclasses need; locals NOT renamed, literals NOT hoisted), compressed (raw LZMA2 or .lzma with
+   a small lc/lp/pb search, zlib, bz2) and put inside a two-line exec wrapper, as bytes; the smallest
+   measured candidate wins. Two encodings of the compressed payload compete (`--encoding auto`, the
+   default, keeps the smaller file; `base85` / `latin1` force one):
+   - base85: an ASCII (so UTF-8) file; the payload grows by 25%.
+   - latin1: the file opens with the PEP 263 cookie `#coding:l1` ("l1" is Python's alias of
+     latin-1) and holds the compressed bytes themselves in a str literal, escaping only backslash,
+     NUL, CR (and LF / the quote where the quoting style needs it), turned back into bytes with
+     `.encode('l1')`; the payload grows by ~1.5%. The trade-off: the file is valid Python but NOT
+     UTF-8, so GitHub shows it as binary and editors may mangle it; `train_gpt_human.py` beside it
+     is the readable copy. Handle it as bytes only (`build_packed_bytes`, `read_bytes`).
+   The wrapper execs in the file's own globals, so `__name__ == "__main__"` and `__file__` is the
+   packed file (its size is the counted code bytes), and binds the decompressed source (str) to the
+   global `BUNDLE_SOURCE`, so the running code can log itself. Every build checks the round trip
+   (the wrapper, run with `exec` captured, yields exactly the minified source; AssertionError if not).
 
 Both are deterministic (same source and python-minifier version -> same bytes). Build with the
 Python the record states (3.11): python-minifier emits syntax the running interpreter accepts.
@@ -24,8 +35,8 @@ name, an internal import other than `from quant.x import ...` / `from eval.x imp
 `from train_gpt import ...`, an imported name that the target module does not define, a
 `__main__` guard in a library module, a missing `BUNDLE_KIND = "package"` line.
 
-CLI: `python tools/bundle.py --out DIR` writes DIR/train_gpt.py and DIR/train_gpt_human.py and
-prints the size split by module.
+CLI: `python tools/bundle.py --out DIR [--encoding auto|base85|latin1]` writes DIR/train_gpt.py and
+DIR/train_gpt_human.py and prints the size split by module and the size of each encoding.
 """
 
 from __future__ import annotations
@@ -33,12 +44,15 @@ from __future__ import annotations
 import argparse
 import ast
 import base64
+import builtins
 import bz2
+import codecs
 import dataclasses
 import heapq
 import io
 import lzma
 import os
+import re
 import sys
 import zlib
 from pathlib import Path
@@ -55,7 +69,15 @@ BUNDLE_BANNER = "# " + "=" * 98
 _LZMA_FORMAT_RAW = 3
 _LZMA_FILTER_LZMA2 = 33
 assert lzma.FORMAT_RAW == _LZMA_FORMAT_RAW and lzma.FILTER_LZMA2 == _LZMA_FILTER_LZMA2
-# (lc, lp, pb) tried for raw LZMA2; text likes lc high and pb low, the default is (3, 0, 2).
+# .lzma header dict size: the encoder rounds it to 2^n or 2^n + 2^(n-1); 24 MiB has two zero bytes
+# (each NUL costs an escape in a latin1 literal), the fewest of any size that holds the whole source.
+_LZMA_ALONE_DICT_BYTES = (1 << 24) | (1 << 23)
+BUNDLE_ENCODINGS = ("base85", "latin1")  # this order breaks ties under --encoding auto
+BUNDLE_LATIN1_CODEC = "l1"  # Python's shortest alias of latin-1
+BUNDLE_LATIN1_COOKIE = f"#coding:{BUNDLE_LATIN1_CODEC}\n"  # PEP 263: line 1 matches `^[ \t\f]*#.*?coding[:=]`
+BUNDLE_LATIN1_QUOTES = ('"', "'", '"""', "'''")  # quoting styles tried for the payload literal
+assert codecs.lookup(BUNDLE_LATIN1_CODEC).name == "iso8859-1"
+# (lc, lp, pb) tried for raw LZMA2 and .lzma; text likes lc high and pb low, the default is (3, 0, 2).
 _LZMA_PROPS_GRID = tuple((lc, 0, pb) for lc in (0, 1, 2, 3, 4) for pb in (0, 2))
 
 
@@ -502,82 +524,175 @@ def minify_source(source: str) -> str:
     return out
 
 
+def _lzma_compress(data: bytes, lc: int, lp: int, pb: int, alone: bool = False) -> bytes:
+    """Raw LZMA2 (no header: the wrapper names the filter), or .lzma ("alone": a 13-byte header that
+    `lzma.decompress(x)` detects, so the wrapper is 19 bytes shorter)."""
+    filt = {"id": lzma.FILTER_LZMA1 if alone else lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME,
+            "dict_size": _LZMA_ALONE_DICT_BYTES if alone else 1 << 24, "lc": lc, "lp": lp, "pb": pb, "nice_len": 273}
+    return lzma.compress(data, format=lzma.FORMAT_ALONE if alone else lzma.FORMAT_RAW, filters=[filt])
+
+
 def _lzma_raw(data: bytes, lc: int, lp: int, pb: int) -> bytes:
-    filt = {"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": 1 << 24,
-            "lc": lc, "lp": lp, "pb": pb, "nice_len": 273}
-    return lzma.compress(data, format=lzma.FORMAT_RAW, filters=[filt])
+    return _lzma_compress(data, lc, lp, pb)
 
 
-def _candidates(code: bytes):
-    """(name, packed file text) for every encoding tried; the caller keeps the smallest.
+def _quote_latin1(text: str, quote: str) -> str:
+    """`text` (chars U+0000..U+00FF) as a str literal in `quote` (one of BUNDLE_LATIN1_QUOTES),
+    escaping only what must be: backslash; CR (the tokenizer reads a raw CR as a line end); NUL (not
+    allowed in source) as `\\0`, or `\\000` before an octal digit (which `\\0` would swallow); with
+    a one-char quote, LF and the quote; with a triple quote, every third quote of a run and a final
+    quote (which would merge with the closing ones)."""
+    triple = len(quote) == 3
+    table = {0x5C: "\\\\", 0x0D: "\\r"}
+    if not triple:
+        table.update({0x0A: "\\n", ord(quote): "\\" + quote})
+    out = text.translate(table)
+    out = re.sub("\x00([0-7]?)", lambda m: ("\\000" if m[1] else "\\0") + m[1], out)
+    if triple:
+        q = quote[0]
+        end = len(out)
 
-    The payload starts on its own line (one byte) so that a traceback through the wrapper prints
-    `exec(L.decompress(B.b85decode(` instead of tens of kilobytes of base85."""
-    if code.isascii():
-        yield "plain", code.decode()
+        def fix_run(m):
+            run = ["\\" + q if j % 3 == 2 else q for j in range(len(m[0]))]
+            if m.end() == end:
+                run[-1] = "\\" + q
+            return "".join(run)
+
+        out = re.sub(re.escape(q) + "+", fix_run, out)
+    return quote + out + quote
+
+
+def latin1_literal(data: bytes) -> str:
+    """The shortest Python str literal (of BUNDLE_LATIN1_QUOTES; ties to the earlier style) whose
+    value `.encode('latin-1')` is exactly `data`, for a source file declared latin-1 (PEP 263)."""
+    text = data.decode("latin-1")
+    return min((_quote_latin1(text, q) for q in BUNDLE_LATIN1_QUOTES), key=len)
+
+
+def _wrapper(imports: str, decompress: str, payload: bytes, encoding: str) -> bytes:
+    """The packed file: `imports`, then `exec(BUNDLE_SOURCE:=<decompress>.decode())` with the payload
+    expression in place of PAYLOAD. The payload starts on a line of its own (one byte) so that a
+    traceback through the wrapper prints `exec(BUNDLE_SOURCE:=L.decompress(` and not the payload
+    (Python 3.11/3.12; 3.13+ also prints a later line of a multi-line statement, payload included)."""
+    if encoding == "base85":
+        head, data = "", 'B.b85decode(\n"' + base64.b85encode(payload).decode("ascii") + '")'
+        imports += ",base64 as B"
+    else:
+        head, data = BUNDLE_LATIN1_COOKIE, "\n" + latin1_literal(payload) + f".encode('{BUNDLE_LATIN1_CODEC}')"
+    text = f"{head}import {imports}\nexec(BUNDLE_SOURCE:={decompress.replace('PAYLOAD', data)}.decode())"
+    return text.encode("latin-1")
+
+
+def _candidates(code: bytes, encodings: tuple):
+    """(name, packed file bytes) for every compression x encoding tried; the caller keeps the smallest."""
+    streams = []  # (name, compressed, imports, decompress expression)
     for lc, lp, pb in _LZMA_PROPS_GRID:
-        payload = base64.b85encode(_lzma_raw(code, lc, lp, pb)).decode()
-        yield (f"lzma2-raw lc={lc} lp={lp} pb={pb} + b85",
-               f'import lzma as L,base64 as B\nexec(L.decompress(B.b85decode(\n"{payload}"),'
-               f'{_LZMA_FORMAT_RAW},None,[{{"id":{_LZMA_FILTER_LZMA2}}}]))')
-    payload = base64.b85encode(zlib.compress(code, 9)).decode()
-    yield "zlib-9 + b85", f'import zlib,base64 as B\nexec(zlib.decompress(B.b85decode(\n"{payload}")))'
-    payload = base64.b85encode(bz2.compress(code, 9)).decode()
-    yield "bz2-9 + b85", f'import bz2,base64 as B\nexec(bz2.decompress(B.b85decode(\n"{payload}")))'
+        streams.append((f"lzma2-raw lc={lc} lp={lp} pb={pb}", _lzma_compress(code, lc, lp, pb), "lzma as L",
+                        f'L.decompress(PAYLOAD,{_LZMA_FORMAT_RAW},None,[{{"id":{_LZMA_FILTER_LZMA2}}}])'))
+    for lc, lp, pb in _LZMA_PROPS_GRID:
+        streams.append((f"lzma-alone lc={lc} lp={lp} pb={pb}", _lzma_compress(code, lc, lp, pb, alone=True),
+                        "lzma as L", "L.decompress(PAYLOAD)"))
+    streams.append(("zlib-9", zlib.compress(code, 9), "zlib", "zlib.decompress(PAYLOAD)"))
+    streams.append(("bz2-9", bz2.compress(code, 9), "bz2", "bz2.decompress(PAYLOAD)"))
+    for encoding in encodings:
+        for name, payload, imports, decompress in streams:
+            yield f"{name} + {encoding}", _wrapper(imports, decompress, payload, encoding)
 
 
-def _unpack_for_check(packed: str) -> bytes:
-    """Decode a packed file's payload the way its wrapper does (without running the code)."""
-    tree = ast.parse(packed)
-    if not (len(tree.body) == 2 and isinstance(tree.body[0], ast.Import)):
-        return packed.encode()
-    call = tree.body[1].value.args[0]  # exec(<decompress call>)
-    modules = {a.asname or a.name: __import__(a.name) for a in tree.body[0].names}
-    return eval(compile(ast.Expression(call), "<wrapper>", "eval"), modules)  # noqa: S307 (our own output)
+def packed_encoding(packed: bytes) -> str:
+    """"latin1" or "base85": how a packed file holds its payload (latin1 files open with the cookie)."""
+    return "latin1" if packed.startswith(BUNDLE_LATIN1_COOKIE.encode("ascii")) else "base85"
 
 
-def pack_code(code: str) -> tuple[str, str, list]:
-    """(packed file text, winning encoding, [(encoding, bytes)] of all candidates), smallest wins;
-    ties go to the earlier candidate, so the choice is deterministic."""
-    raw = code.encode("utf-8")
+def unpack_packed(packed: bytes) -> str:
+    """The source a packed file execs, found by running its wrapper with `exec` captured (the payload
+    never runs): the file must compile as Python reads it (coding cookie included), have the
+    wrapper's shape, and bind the str it execs to the global BUNDLE_SOURCE.
+
+    Raises ValueError for a file that is not a packed file (then nothing of it runs) or whose
+    wrapper misbehaves; SyntaxError, or the decoder's own error (lzma.LZMAError, zlib.error,
+    ValueError, ...) for a damaged file."""
+    body = ast.parse(packed).body
+    call = body[-1].value if body and isinstance(body[-1], ast.Expr) else None
+    if not (len(body) == 2 and isinstance(body[0], ast.Import) and isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Name) and call.func.id == "exec" and len(call.args) == 1
+            and not call.keywords and isinstance(call.args[0], ast.NamedExpr)
+            and call.args[0].target.id == "BUNDLE_SOURCE"):
+        raise ValueError("not a packed file of tools/bundle.py (expected `import ...` then `exec(BUNDLE_SOURCE:=...)`)")
+    captured = []
+    env = {"__builtins__": {**vars(builtins), "exec": lambda source, *rest: captured.append(source)},
+           "__name__": "__bundle_check__", "__file__": BUNDLE_PACKED_NAME}
+    exec(compile(packed, BUNDLE_PACKED_NAME, "exec"), env)  # noqa: S102 (shape checked: imports, then decoding)
+    if len(captured) != 1 or not isinstance(captured[0], str) or env.get("BUNDLE_SOURCE") is not captured[0]:
+        raise ValueError("the packed file's wrapper does not exec one str bound to BUNDLE_SOURCE")
+    return captured[0]
+
+
+def pack_code(code: str, encoding: str = "auto") -> tuple[bytes, str, list]:
+    """(packed file bytes, winning candidate like "lzma2-raw lc=3 lp=0 pb=0 + latin1", [(candidate,
+    bytes)] of all tried). `encoding`: "auto" (both encodings compete), "base85" or "latin1". The
+    smallest file wins; ties go to the earlier candidate, so the choice is deterministic.
+
+    Raises ValueError for an unknown encoding, AssertionError when the winner does not round-trip
+    to `code` (a bundler bug)."""
+    if encoding not in ("auto",) + BUNDLE_ENCODINGS:
+        raise ValueError(f"encoding={encoding!r}: expected auto, {' or '.join(BUNDLE_ENCODINGS)}")
+    encodings = BUNDLE_ENCODINGS if encoding == "auto" else (encoding,)
     best, tried = None, []
-    for name, text in _candidates(raw):
-        size = len(text.encode("utf-8"))
-        tried.append((name, size))
-        if best is None or size < best[1]:
-            best = (name, size, text)
-    name, _, text = best
-    if _unpack_for_check(text) != raw:
-        raise AssertionError(f"packed payload ({name}) does not decode to the minified source")
-    return text, name, tried
+    for name, packed in _candidates(code.encode("utf-8"), encodings):
+        tried.append((name, len(packed)))
+        if best is None or len(packed) < len(best[1]):
+            best = (name, packed)
+    name, packed = best
+    try:
+        unpacked = unpack_packed(packed)
+    except Exception as e:  # whatever fails here, it is the bundler's fault
+        raise AssertionError(f"packed file ({name}) does not unpack: {type(e).__name__}: {e}") from e
+    if unpacked != code:
+        raise AssertionError(f"packed file ({name}) does not decode to the minified source")
+    return packed, name, tried
 
 
-def build_packed_source(root=None) -> str:
-    """The counted train_gpt.py as text (ASCII): stripped, compressed, exec wrapper. Its encoded
-    length is the code bytes of every run (train_gpt.measure_code_bytes)."""
+def build_packed_bytes(root=None, encoding: str = "auto") -> bytes:
+    """The counted train_gpt.py: the exact bytes of the file (stripped, compressed, exec wrapper).
+    Its length is the code bytes of every run (train_gpt.measure_code_bytes). Bytes, never str: a
+    latin1 file is not UTF-8. Raises BundleError like build_human_source."""
     human = build_human_source(root)
-    return pack_code(minify_source(set_bundle_kind(human, "packed")))[0]
+    return pack_code(minify_source(set_bundle_kind(human, "packed")), encoding)[0]
 
 
 # -----------------------------------------------------------------------------------------------
 # report and CLI
 # -----------------------------------------------------------------------------------------------
 
+LATIN1_TRADE_OFF = ("a latin1 train_gpt.py is valid Python (PEP 263 cookie) but not UTF-8: editors may mangle it "
+                    f"and GitHub shows it as binary; {BUNDLE_HUMAN_NAME} beside it is the readable copy")
 
-def bundle_report(root=None) -> dict:
-    """Sizes of both files and how the packed bytes split by module.
+
+def _best_by_encoding(tried: list) -> dict:
+    """{encoding: (candidate, bytes)}: the smallest candidate of each encoding tried."""
+    best = {}
+    for name, size in tried:
+        enc = name.rsplit(" + ", 1)[1]
+        if enc not in best or size < best[enc][1]:
+            best[enc] = (name, size)
+    return best
+
+
+def bundle_report(root=None, encoding: str = "auto") -> dict:
+    """Sizes of both files, the best size of each encoding, and how the packed bytes split by module.
 
     The split minifies each module's part on its own and attributes to it the growth of the
-    compressed size when it is appended (prefix sizes, with the winning LZMA props), so the module
-    shares add up to the compressed stream; `packed_bytes` is the exact size of the real file."""
+    compressed size when it is appended (prefix sizes, raw LZMA2 with the winning props), so the
+    module shares add up to the compressed stream; `packed_bytes` is the exact size of the real file;
+    `human_source` (str) and `packed_file` (bytes) are the files themselves (what the CLI writes)."""
     parts, info = build_human_parts(root)
     human = "\n\n\n".join(p for _, p in parts) + "\n"
-    human_packed_kind = set_bundle_kind(human, "packed")
-    minified = minify_source(human_packed_kind)
-    packed, encoding, tried = pack_code(minified)
+    minified = minify_source(set_bundle_kind(human, "packed"))
+    packed, candidate, tried = pack_code(minified, encoding)
     props = (3, 0, 2)
-    if encoding.startswith("lzma2-raw"):
-        props = tuple(int(tok.split("=")[1]) for tok in encoding.split()[1:4])
+    if candidate.startswith("lzma"):
+        props = tuple(int(tok.split("=")[1]) for tok in candidate.split()[1:4])
     rows, prefix, prev = [], "", 0
     for label, text in parts:
         if 'BUNDLE_KIND = "human"' in text:
@@ -589,28 +704,34 @@ def bundle_report(root=None) -> dict:
                      "compressed_bytes": size - prev})
         prev = size
     return {"modules": info["modules"], "left_out": info["left_out"], "human_bytes": len(human.encode()),
-            "minified_bytes": len(minified.encode()), "packed_bytes": len(packed.encode()), "encoding": encoding,
-            "candidates": tried, "split": rows, "python": sys.version.split()[0]}
+            "minified_bytes": len(minified.encode()), "packed_bytes": len(packed), "candidate": candidate,
+            "encoding": packed_encoding(packed), "by_encoding": _best_by_encoding(tried), "candidates": tried,
+            "split": rows, "python": sys.version.split()[0], "human_source": human, "packed_file": packed}
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def write_bundle(out_dir, root=None) -> dict:
-    """Write out_dir/train_gpt_human.py and out_dir/train_gpt.py; return {name: bytes written}."""
+def _write_files(out_dir, human: str, packed: bytes) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write_bytes(out_dir / BUNDLE_HUMAN_NAME, human.encode("utf-8"))
+    _atomic_write_bytes(out_dir / BUNDLE_PACKED_NAME, packed)
+    return {BUNDLE_HUMAN_NAME: len(human.encode("utf-8")), BUNDLE_PACKED_NAME: len(packed)}
+
+
+def write_bundle(out_dir, root=None, encoding: str = "auto") -> dict:
+    """Write out_dir/train_gpt_human.py (UTF-8) and out_dir/train_gpt.py (the packed bytes in
+    `encoding`); return {name: bytes written}."""
     human = build_human_source(root)
-    packed = pack_code(minify_source(set_bundle_kind(human, "packed")))[0]
-    _atomic_write_text(out_dir / BUNDLE_HUMAN_NAME, human)
-    _atomic_write_text(out_dir / BUNDLE_PACKED_NAME, packed)
-    return {BUNDLE_HUMAN_NAME: len(human.encode()), BUNDLE_PACKED_NAME: len(packed.encode())}
+    packed = pack_code(minify_source(set_bundle_kind(human, "packed")), encoding)[0]
+    return _write_files(out_dir, human, packed)
 
 
 def format_report(report: dict) -> str:
@@ -623,7 +744,15 @@ def format_report(report: dict) -> str:
     w(f"{'sum (modules minified alone)':<28} {'':>9} {sum(r['minified_bytes'] for r in report['split']):>9,} "
       f"{total_c:>11,}\n")
     w(f"human file: {report['human_bytes']:,} bytes; minified whole: {report['minified_bytes']:,} bytes\n")
-    w(f"packed train_gpt.py: {report['packed_bytes']:,} bytes ({report['encoding']}; python {report['python']})\n")
+    w(f"\n{'encoding':<10} {'packed bytes':>12}  best candidate\n")
+    for enc in BUNDLE_ENCODINGS:
+        if enc in report["by_encoding"]:
+            name, size = report["by_encoding"][enc]
+            w(f"{enc:<10} {size:>12,}  {name}{'  <- chosen' if enc == report['encoding'] else ''}\n")
+    w(f"packed train_gpt.py: {report['packed_bytes']:,} bytes ({report['encoding']}: {report['candidate']}; "
+      f"python {report['python']})\n")
+    if report["encoding"] == "latin1":
+        w(f"note: {LATIN1_TRADE_OFF}\n")
     if not report["python"].startswith("3.11."):
         w(f"note: built with Python {report['python']}; records state 3.11, and python-minifier emits syntax the "
           f"building interpreter accepts: build the shipped file with 3.11\n")
@@ -637,12 +766,19 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for train_gpt.py and train_gpt_human.py")
     parser.add_argument("--root", default=str(REPO_ROOT), help="package root (default: the repo)")
+    parser.add_argument("--encoding", choices=("auto",) + BUNDLE_ENCODINGS, default="auto",
+                        help="payload encoding of train_gpt.py: auto (default) keeps the smaller file; base85 is "
+                             "ASCII (+25%% on the payload); latin1 is ~1.5%%, but the file is valid Python that is "
+                             "not UTF-8 (GitHub shows it as binary; train_gpt_human.py is the readable copy)")
     parser.add_argument("--quiet", action="store_true", help="no size report")
     args = parser.parse_args(argv)
     try:
-        written = write_bundle(args.out, args.root)
-        if not args.quiet:
-            print(format_report(bundle_report(args.root)), end="")
+        if args.quiet:
+            written = write_bundle(args.out, args.root, args.encoding)
+        else:
+            report = bundle_report(args.root, args.encoding)
+            written = _write_files(args.out, report["human_source"], report["packed_file"])
+            print(format_report(report), end="")
     except BundleError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""Checkpoint and resume for long non-record runs (`MAX_WALLCLOCK_SECONDS=0`, `CHECKPOINT_EVERY`, `RESUME=1`).
+"""Package-only trainer features: SAVE_PREQUANT, and checkpoint/resume for long non-record runs (`MAX_WALLCLOCK_SECONDS=0`, `CHECKPOINT_EVERY`, `RESUME=1`).
 
 A kit feature of the package, loaded by train_gpt.py on demand: the packed record script does not
 carry it (a timed record run cannot be resumed). The checkpoint holds model, optimizers, EMA, the
@@ -6,10 +6,20 @@ data position, the loss history and the RNG state, so that on CPU a resumed run 
 bit; it is written atomically and loaded with `torch.load(weights_only=True)` (no pickle code).
 """
 
+import json
 import os
 from pathlib import Path
 
+import safetensors.torch
 import torch
+
+
+def save_prequant(path: Path, state: dict, config: dict) -> None:
+    """SAVE_PREQUANT=1: the float32 weights before quantization, with the model config in the
+    safetensors metadata ("model_config"), the input of tools/bench_quant.py."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    safetensors.torch.save_file(state, str(tmp), metadata={"model_config": json.dumps(config)})
+    os.replace(tmp, path)
 
 
 def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float, losses) -> None:

@@ -6,7 +6,8 @@
 writes `records/<track>/<YYYY-MM-DD>_<NAME>/` with README.md (what the run is, per-seed table, mean
 and std, the command that reproduces it, compliance, loss curve), submission.json (the official
 fields plus track, seeds, seed_results, val_bpb_std, hardware, pytorch_version), the logs as
-train_seed<SEED>.log, the packed train_gpt.py and train_gpt_human.py (tools/bundle.py),
+train_seed<SEED>.log, the packed train_gpt.py (copied as bytes: it is latin-1 when that packs
+smaller, see tools/bundle.py) and train_gpt_human.py,
 requirements.txt (runtime deps at the run's versions) and loss_curve.png.
 
 It refuses (exit 2, the message names the run and the field) runs that are over the byte budget or
@@ -38,8 +39,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python tools/make_record.py`: make `tools` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, REPO_ROOT, build_human_source,
-                          minify_source, pack_code, set_bundle_kind)
+from tools.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, LATIN1_TRADE_OFF, REPO_ROOT, build_human_source,
+                          minify_source, pack_code, packed_encoding, set_bundle_kind, unpack_packed)
 
 RECORD_BYTE_BUDGET = 16_000_000  # decimal bytes: code + compressed model
 RECORD_TRAIN_LIMIT_SECONDS = 600.0
@@ -236,12 +237,18 @@ def check_runs_agree(runs: list) -> None:
                               f"({first.result['bytes_code']}): the runs used different code")
 
 
-def check_code_is_current(runs: list, human: str, packed: str, root: Path) -> None:
+def check_code_is_current(runs: list, human: str, packed: bytes, root: Path) -> None:
     """The shipped files are built from the current source; refuse if that is not the code that ran
-    (its packed size differs, or the code at the top of its log differs)."""
-    packed_bytes = len(packed.encode())
+    (its packed size differs, or the code at the top of its log differs).
+
+    `packed` is the packed file's bytes. A run logs the human source (package and human runs) or
+    the minified source its wrapper execs (BUNDLE_SOURCE, packed runs); an ASCII (base85) packed
+    file's own text and the package's train_gpt.py are accepted too."""
+    packed_bytes = len(packed)
     entry = root / BUNDLE_PACKED_NAME
-    accepted = {human.rstrip("\n"), packed.rstrip("\n")}
+    accepted = {human.rstrip("\n"), unpack_packed(packed).rstrip("\n")}
+    if packed.isascii():
+        accepted.add(packed.decode("ascii").rstrip("\n"))
     if entry.is_file():  # the trainer logs its own file when tools.bundle cannot be imported
         accepted.add(entry.read_text(encoding="utf-8").rstrip("\n"))
     for run in runs:
@@ -443,7 +450,8 @@ def _fmt_bpb(x) -> str:
     return f"{float(x):.8f}"
 
 
-def build_readme(runs: list, submission: dict, *, track_reason: str, command: str, folder_rel: str) -> str:
+def build_readme(runs: list, submission: dict, *, track_reason: str, command: str, folder_rel: str,
+                 code_encoding: str = "base85") -> str:
     r0 = runs[0].result
     hp = r0["hyperparameters"]
     per = submission["seed_results"]
@@ -540,7 +548,8 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         "",
         "## Files",
         "",
-        f"- `{BUNDLE_PACKED_NAME}`: the counted script ({submission['bytes_code']:,} bytes; runs from this folder).",
+        f"- `{BUNDLE_PACKED_NAME}`: the counted script ({submission['bytes_code']:,} bytes; runs from this folder)"
+        + (f"; {LATIN1_TRADE_OFF}." if code_encoding == "latin1" else "."),
         f"- `{BUNDLE_HUMAN_NAME}`: the same code, readable (not counted).",
         "- " + ", ".join(f"`train_seed{s['seed']}.log`" for s in per) + ": the training logs.",
         "- `submission.json`, `requirements.txt`, `loss_curve.png`.",
@@ -561,8 +570,9 @@ def check_record(folder) -> dict:
     """Verify a record folder against itself; returns submission.json, raises RecordError.
 
     Files present; submission.json complete; val_bpb / val_loss are the means of seed_results;
-    bytes_code is the size of train_gpt.py; each train_seed<S>.log has final lines that match its
-    seed result; bytes_total within the budget."""
+    bytes_code is the size of train_gpt.py, which unpacks (its wrapper yields the code; catches a
+    latin-1 file re-saved as UTF-8); each train_seed<S>.log has final lines that match its seed
+    result; bytes_total within the budget."""
     folder = Path(folder)
     for name in ("README.md", "submission.json", BUNDLE_PACKED_NAME, BUNDLE_HUMAN_NAME, "requirements.txt",
                  "loss_curve.png"):
@@ -584,6 +594,12 @@ def check_record(folder) -> dict:
     size = (folder / BUNDLE_PACKED_NAME).stat().st_size
     if size != int(sub["bytes_code"]):
         raise RecordError(f"record {folder}: bytes_code={sub['bytes_code']} but {BUNDLE_PACKED_NAME} has {size} bytes")
+    packed = (folder / BUNDLE_PACKED_NAME).read_bytes()
+    try:
+        unpack_packed(packed)
+    except Exception as e:  # SyntaxError, ValueError, a decompressor's error: the file is damaged
+        raise RecordError(f"record {folder}: {BUNDLE_PACKED_NAME} does not unpack ({type(e).__name__}: {e}); "
+                          f"a {packed_encoding(packed)} file must be copied as bytes, never re-saved as text") from e
     if int(sub["bytes_total"]) > RECORD_BYTE_BUDGET:
         raise RecordError(f"record {folder}: bytes_total={sub['bytes_total']:,} is over {RECORD_BYTE_BUDGET:,}")
     for s in per:
@@ -659,7 +675,7 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
         check_run(run)
     check_runs_agree(runs)
     human = build_human_source(root)
-    packed = pack_code(minify_source(set_bundle_kind(human, "packed")))[0]
+    packed = pack_code(minify_source(set_bundle_kind(human, "packed")))[0]  # bytes; the encoding runs measure
     check_code_is_current(runs, human, packed, root)
     track_name, reason = choose_track(runs, track)
     now = dt.datetime.now(dt.timezone.utc)
@@ -679,11 +695,11 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
                  f"{mean_bpb:.4f} (std {std_bpb:.4f}, sliding window), artifact "
                  f"{max(int(r.result['bytes_total']) for r in runs):,} bytes.")
     submission = build_submission(runs, name=name, author=author, github_id=github_id, blurb=blurb,
-                                  date_iso=date_iso, track=track_name, bytes_code=len(packed.encode()))
+                                  date_iso=date_iso, track=track_name, bytes_code=len(packed))
     tmp = Path(tempfile.mkdtemp(prefix=f".{day}_{name}.tmp", dir=final_dir.parent))
     try:
-        (tmp / BUNDLE_HUMAN_NAME).write_text(human, encoding="utf-8", newline="\n")
-        (tmp / BUNDLE_PACKED_NAME).write_text(packed, encoding="utf-8", newline="\n")
+        (tmp / BUNDLE_HUMAN_NAME).write_bytes(human.encode("utf-8"))
+        (tmp / BUNDLE_PACKED_NAME).write_bytes(packed)  # may be latin-1: bytes only, never text
         for run in runs:
             shutil.copyfile(run.log_path, tmp / f"train_seed{run.seed}.log")
         (tmp / "requirements.txt").write_text(build_requirements(runs), encoding="utf-8")
@@ -693,7 +709,8 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
             else str(final_dir)
         command = reproduce_command(runs, final_dir, name, root)
         (tmp / "README.md").write_text(build_readme(runs, submission, track_reason=reason, command=command,
-                                                    folder_rel=folder_rel), encoding="utf-8")
+                                                    folder_rel=folder_rel, code_encoding=packed_encoding(packed)),
+                                       encoding="utf-8")
         check_record(tmp)
         if skip_smoke:
             log("smoke run skipped (--skip-smoke)")
