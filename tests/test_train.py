@@ -53,7 +53,7 @@ def read_result(out_dir, run_id):
 @pytest.fixture(scope="module")
 def reference_run(tiny_dataset, sp1024_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")
-    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="ref", VAL_LOSS_EVERY=4))
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="ref", VAL_LOSS_EVERY=4, SAVE_PREQUANT=1))
     return out, read_result(out, "ref")
 
 
@@ -79,6 +79,12 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     m = re.search(r"final_sliding_window_exact val_loss:(\d+\.\d{8}) val_bpb:(\d+\.\d{8}) stride:32", log)
     assert m and float(m.group(2)) == pytest.approx(result["val_bpb_sliding"], abs=1e-8)
     assert f"Total submission size: {result['bytes_total']} bytes" in log
+    # SAVE_PREQUANT=1 leaves the float weights and the config for tools/bench_quant.py
+    from safetensors import safe_open
+
+    with safe_open(str(run_dir / "prequant.safetensors"), "pt") as f:
+        assert json.loads(f.metadata()["model_config"])["num_layers"] == 2
+        assert f.get_tensor("tok_emb.weight").shape == (1024, 64)
     # the loss went down over 8 steps on real text
     assert result["train_losses"][-1] < result["train_losses"][0]
 
