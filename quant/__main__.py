@@ -13,33 +13,37 @@ import math
 import sys
 from pathlib import Path
 
-from quant.artifact import quant_byte_budget
-from quant.codec import QUANT_HEADER, quant_parse_payload, quant_unwrap_container
-from quant.estimate import QUANT_EST_FIXED_BYTES, estimate_artifact_bytes, quant_estimate_tensor_bytes
+from quant.artifact import decode_artifact
+from quant.estimate import estimate_artifact_bytes
+from quant.offline import (
+    quant_byte_budget, quant_check_shapes, quant_estimate_tensor_bytes, quant_piece_bytes, quant_policy_group,
+)
 from quant.policy import QuantPolicy
+
+QUANT_HEADER_BYTES = 14  # magic + version + compressor id + payload length + CRC (quant/artifact.py)
 
 
 def _inspect(path: str, out=print) -> int:
     data = Path(path).read_bytes()
-    raw, compressor = quant_unwrap_container(data)
-    tensors, model_config, quant = quant_parse_payload(raw)
-    packing, rows, data_bytes = quant["packing"], [], 0
-    for name, (shape, kind, clip) in quant["tensors"].items():
-        parts = [name + ".q", name + ".scale"] if isinstance(kind, int) else [name]
-        nbytes = sum(tensors[p].numel() * tensors[p].element_size() for p in parts)
-        fmt = f"int{kind} {'packed' if packing == 'bits' else 'in int8'} clip={clip:g}" if isinstance(kind, int) else kind
-        rows.append((name, "x".join(map(str, shape)) or "scalar", fmt, nbytes))
-        data_bytes += nbytes
+    _, model_config, meta = decode_artifact(data, path)
+    packing, rows = meta["packing"], []
+    pieces = quant_piece_bytes(meta)
+    for name, shape, kind, clip in meta["tensors"]:
+        fmt = f"int{kind} {'packed' if packing == 'bits' else 'in bytes'} clip={clip:g}" if isinstance(kind, int) else kind
+        rows.append((name, "x".join(map(str, shape)) or "scalar", fmt, pieces[name]))
+    data_bytes = sum(pieces.values())
+    header = {k: v for k, v in meta.items() if k != "compressor"}
+    raw_bytes = data_bytes + len(json.dumps(header).encode()) + 4  # the payload's JSON header is re-serialized identically
     width = max([len(r[0]) for r in rows] + [4])
     out(f"{'name':<{width}}  {'shape':>11}  {'format':<24} {'bytes':>10}  {'share':>6}")
     for name, shape, fmt, nbytes in rows:
-        out(f"{name:<{width}}  {shape:>11}  {fmt:<24} {nbytes:>10,}  {100 * nbytes / max(len(raw), 1):5.1f}%")
-    num_params = sum(math.prod(shape) for shape, _, _ in quant["tensors"].values())
-    comp_bytes = len(data) - QUANT_HEADER.size
+        out(f"{name:<{width}}  {shape:>11}  {fmt:<24} {nbytes:>10,}  {100 * nbytes / max(raw_bytes, 1):5.1f}%")
+    num_params = sum(math.prod(shape) for _, shape, _, _ in meta["tensors"])
+    comp_bytes = len(data) - QUANT_HEADER_BYTES
     out(f"tensors: {len(rows)}   params: {num_params:,}   model_config: {json.dumps(model_config)}")
-    out(f"raw payload: {len(raw):,} bytes = tensor data {data_bytes:,} + safetensors header/metadata {len(raw) - data_bytes:,}")
-    out(f"compressed payload: {comp_bytes:,} bytes ({compressor}, packing {packing}, ratio {len(raw) / max(comp_bytes, 1):.3f})")
-    out(f"file total: container header {QUANT_HEADER.size} + compressed payload {comp_bytes:,} = {len(data):,} bytes"
+    out(f"raw payload: {raw_bytes:,} bytes = tensor data {data_bytes:,} + JSON header {raw_bytes - data_bytes:,}")
+    out(f"compressed payload: {comp_bytes:,} bytes ({meta['compressor']}, packing {packing}, ratio {raw_bytes / max(comp_bytes, 1):.3f})")
+    out(f"file total: container header {QUANT_HEADER_BYTES} + compressed payload {comp_bytes:,} = {len(data):,} bytes"
         f" ({8 * len(data) / max(num_params, 1):.3f} bits/param)")
     return 0
 
@@ -60,14 +64,14 @@ def _estimate(args, out=print) -> int:
     policy = QuantPolicy.from_env()
     budget = quant_byte_budget(args.byte_budget)
     if args.shapes:
-        shapes, code_bytes = {k: tuple(v) for k, v in json.loads(Path(args.shapes).read_text()).items()}, 0
+        shapes, code_bytes = quant_check_shapes(json.loads(Path(args.shapes).read_text())), 0
     else:
         shapes, code_bytes = _model_shapes_from_env()  # code: the readable train_gpt.py, an upper bound
     code_bytes = code_bytes if args.code_bytes is None else args.code_bytes
     groups = {}
     for name, shape in shapes.items():
         bits = policy.bits_for(name, shape)
-        key = (policy.group_of(name, shape), f"int{bits}" if bits else policy.float_dtype)
+        key = (quant_policy_group(policy, name, shape), f"int{bits}" if bits else policy.float_dtype)
         g = groups.setdefault(key, [0, 0, 0.0])
         g[0], g[1], g[2] = g[0] + 1, g[1] + math.prod(shape), g[2] + quant_estimate_tensor_bytes(name, shape, policy)
     out(f"{'group':<8} {'format':<9} {'tensors':>7} {'params':>12} {'bytes':>12}")
@@ -75,8 +79,8 @@ def _estimate(args, out=print) -> int:
         out(f"{group:<8} {fmt:<9} {num:>7} {params:>12,} {int(nbytes):>12,}")
     model_bytes = estimate_artifact_bytes(shapes, policy)
     total = model_bytes + code_bytes
-    out(f"overhead {QUANT_EST_FIXED_BYTES:,} bytes; projected model {model_bytes:,} + code {code_bytes:,} = {total:,} bytes;"
-        f" budget {budget:,}: {'fits' if total <= budget else 'DOES NOT FIT'} (margin {budget - total:,})")
+    out(f"overhead {estimate_artifact_bytes({}, policy):,} bytes; projected model {model_bytes:,} + code {code_bytes:,} = "
+        f"{total:,} bytes; budget {budget:,}: {'fits' if total <= budget else 'DOES NOT FIT'} (margin {budget - total:,})")
     out("assumes Gaussian-like weights (upper bound); QUANT_FIT steps down bits / prunes if the real export is over")
     return 0 if total <= budget else 1
 

@@ -1,213 +1,241 @@
-"""Export a trained state dict to the counted artifact (fitting the byte budget), and load it back.
+"""The counted model artifact (.ptz): export a trained state dict into the byte budget, load it back.
 
-export_artifact: quantize by policy (GPTQ-lite per matrix) -> safetensors payload per packing ->
-every compressor -> keep the smallest (QUANT_PACKING / QUANT_COMPRESSOR = auto) -> if model bytes +
-code bytes exceed the budget, walk QUANT_FIT_LADDER (least sensitive first: MLP int6 -> int5, then
-magnitude pruning, attention int5, embedding int7, more pruning), logging bytes and reconstruction
-error per step -> write the file atomically. load_artifact reverses it with no pickle anywhere.
+export_artifact: quantize by policy (GPTQ-lite per matrix) -> payload per packing -> every
+compressor (in threads) -> keep the smallest (QUANT_PACKING / QUANT_COMPRESSOR = auto) -> if model
+bytes + code bytes exceed the budget, walk QUANT_FIT_LADDER (least sensitive first: MLP int6 ->
+int5, then magnitude pruning, attention int5, embedding int7, more pruning), logging bytes and
+reconstruction error per step -> write the file atomically. load_artifact reverses it; nothing is
+unpickled.
+
+File layout (little-endian):
+    offset 0   4 bytes  magic b"PGQZ"
+    offset 4   1 byte   format version, 2 (QUANT_PREFIX holds both; version 1 was a safetensors
+                        payload, whose metadata key order changed from process to process)
+    offset 5   1 byte   compressor id: 1 zlib (level 9), 2 zstd (level 22), 3 lzma (raw LZMA2, preset 9|extreme)
+    offset 6   4 bytes  uint32 length L of the decompressed payload
+    offset 10  4 bytes  uint32 CRC-32 of bytes 0..9 followed by the compressed payload
+    offset 14  ...      compressed payload
+Payload (L bytes, decompressed):
+    data: the q values of every quantized tensor in header order, as pack_bits streams: packing
+          "int8" stores one offset byte per value (pack_bits(q, 8): q + 128, the int8 bytes with the
+          top bit flipped, which compresses exactly like int8), packing "bits" ceil(R*C*N/8) bytes
+          (pack_bits(q, N)); then, in header order, the float16 scale [R] of each quantized tensor
+          or the stored passthrough tensor (raw bytes of its dtype). Integer data first: a few kB
+          of float16 noise in front of it cost zstd ~4% of the whole artifact in measurements.
+    header: UTF-8 JSON {"config": model_config, "packing": "int8"|"bits", "policy": policy dict,
+          "tensors": [[name, shape, kind, clip quantile], ...]} in state-dict order; kind is the
+          int bit width N of a quantized tensor or the dtype name ("float16", "int64", ...) of a
+          passthrough one. No dict with hash-ordered keys: the bytes depend only on the inputs
+          (same state dict -> same file, in any process; tests/test_quant_artifact.py runs two).
+    4 bytes: uint32 length of the header.
+Decoding checks magic + version and the CRC before anything else, inflates with the output capped
+at the declared length (no zip bombs), then requires the data to split exactly into the pieces the
+header describes (so no allocation exceeds the file's own size class). Every failure, including
+any exception of the parsing code on a crafted payload with a valid CRC, is a ValueError naming
+the file: a damaged file never crashes or hangs the loader; nothing is unpickled.
+
+Bit packing: value i of the flattened q is stored as u = q + 2**(N-1) in bits [N*i, N*i + N) of a
+little-endian bit stream, LSB first, zero-padded to whole bytes; for int6 "4 values in 3 bytes".
+Groups of 8 values (8*N bits = N bytes) are built in one int64 word (little-endian machines; every
+supported platform is).
+
+Size note: bundled into the counted train_gpt.py; CLI / bench helpers live in quant/offline.py.
 """
 
 import dataclasses
 import json
+import lzma
+import math
 import os
-import time
+import struct
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+import zstandard
 
-from quant.codec import (
-    QUANT_FORMAT_VERSION, quant_build_payload, quant_dequantize_payload, quant_parse_payload,
-    quant_unwrap_container, quant_wrap_container,
-)
-from quant.core import gptq_lite_quantize, quant_sq_error, quantize_per_row
-from quant.packing import QUANT_PACKINGS
+from quant.core import dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 
-QUANT_DEFAULT_BYTE_BUDGET = 16_000_000
+QUANT_PREFIX = b"PGQZ\x02"  # magic + format version 2
 # (policy field, value): applied in order while the artifact does not fit; a step that would not
 # lower the bits / raise the prune fraction of the current policy is skipped.
-QUANT_FIT_LADDER = (
-    ("mlp_bits", 5), ("prune_fraction", 0.02), ("attn_bits", 5), ("prune_fraction", 0.05),
-    ("embed_bits", 7), ("prune_fraction", 0.1), ("mlp_bits", 4), ("prune_fraction", 0.2),
-    ("embed_bits", 6), ("prune_fraction", 0.35),
-)
+QUANT_FIT_LADDER = (("mlp_bits", 5), ("prune_fraction", 0.02), ("attn_bits", 5), ("prune_fraction", 0.05),
+                    ("embed_bits", 7), ("prune_fraction", 0.1), ("mlp_bits", 4), ("prune_fraction", 0.2),
+                    ("embed_bits", 6), ("prune_fraction", 0.35))
 
 
-def quant_byte_budget(byte_budget=None, environ=None) -> int:
-    """Budget in bytes: the argument, else env BYTE_BUDGET, else 16,000,000. ValueError if not > 0."""
-    env = os.environ if environ is None else environ
-    raw = byte_budget if byte_budget is not None else env.get("BYTE_BUDGET", QUANT_DEFAULT_BYTE_BUDGET)
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        value = -1
-    if value <= 0:
-        raise ValueError(f"BYTE_BUDGET={raw!r}: expected a positive integer number of bytes")
-    return value
+def pack_bits(q, bits):
+    """Pack integers q (any shape, values in [-2**(bits-1), 2**(bits-1)-1], bits 1..8) densely.
 
-
-def prune_smallest(w: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Copy of w [R, C] with the `fraction` smallest-|w| entries set to 0 (ties at the threshold too)."""
-    k = int(fraction * w.numel())
-    if k <= 0:
-        return w
-    threshold = w.abs().reshape(-1).kthvalue(k).values
-    return torch.where(w.abs() <= threshold, torch.zeros_like(w), w)
-
-
-def quantize_state_dict(state_dict: dict, policy: QuantPolicy, cache=None) -> tuple[dict, dict]:
-    """Quantize each tensor as the policy says -> (entries for quant_build_payload, stats).
-
-    state_dict: name -> tensor (float tensors any dtype/device; all must be finite).
-    stats: num_params, num_quantized_params, sq_error, sq_norm (float64 sums over float tensors;
-    rel_mse = sq_error / sq_norm). `cache` (a dict) reuses per-tensor work across policies.
-    ValueError for a non-tensor value or non-finite weights.
+    Returns uint8 [ceil(q.numel() * bits / 8)] (CPU). Values out of range corrupt their
+    neighbours: callers pass quantizer output.
     """
-    entries, cache = {}, {} if cache is None else cache
-    stats = dict(num_params=0, num_quantized_params=0, sq_error=0.0, sq_norm=0.0)
-    dtype = getattr(torch, policy.float_dtype)
+    u = q.reshape(-1).long() + (1 << bits - 1)
+    n = u.numel()
+    u = torch.cat([u, u.new_zeros(-n % 8)]).view(-1, 8) << torch.arange(0, 8 * bits, bits)
+    # sum of disjoint bit fields = bitwise or; keep the low `bits` bytes of each little-endian word
+    return u.sum(1).view(torch.uint8).view(-1, 8)[:, :bits].reshape(-1)[:(n * bits + 7) // 8]
+
+
+def unpack_bits(packed, bits, n):
+    """Inverse of pack_bits: uint8 [ceil(n * bits / 8)] -> int64 [n]."""
+    offset, g = 1 << bits - 1, -(-n // 8)  # (bits < 1 fails here, before any allocation)
+    w = torch.cat([packed, packed.new_zeros(g * bits - packed.numel())]).view(g, bits)
+    w = torch.cat([w, w.new_zeros(g, 8 - bits)], 1).view(torch.int64)  # [G, 1]
+    return ((w >> torch.arange(0, 8 * bits, bits)) & (1 << bits) - 1).view(-1)[:n] - offset
+
+
+def quantize_state_dict(state_dict, policy):
+    """Quantize each tensor as the policy says -> (entries for quant_build_payload, rel_mse).
+
+    state_dict: name -> tensor (float tensors any dtype/device, all finite). entries: name ->
+    (shape, bits, q int8 [R, C], scale float16 [R], clip quantile) for a quantized tensor, or
+    (shape, None, stored tensor, None, None) for a passthrough one (floats in policy.float_dtype,
+    other dtypes as they are). rel_mse: squared reconstruction error / squared norm of the
+    quantized matrices (float64 sums; the float16 passthrough error is negligible).
+    ValueError for a non-finite float tensor.
+    """
+    entries, err, norm = {}, 0.0, 1e-30
     for name, t in state_dict.items():
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"state_dict[{name!r}] is a {type(t).__name__}, expected a tensor")
-        t = t.detach().to("cpu")
-        shape = tuple(t.shape)
-        stats["num_params"] += t.numel()
-        if not t.is_floating_point():
-            entries[name] = {"shape": shape, "tensor": t.contiguous()}
+        t = t.detach().cpu()
+        shape, fp = tuple(t.shape), t.is_floating_point()
+        if fp and not t.isfinite().all():
+            raise ValueError(f"state_dict[{name!r}] is not finite")
+        bits = fp and t.numel() and policy.bits_for(name, shape)
+        if not bits:
+            entries[name] = shape, None, t.to(getattr(torch, policy.float_dtype)) if fp else t, None, None
             continue
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"state_dict[{name!r}] has non-finite values; refusing to export")
-        bits = policy.bits_for(name, shape) if t.numel() else None
-        w = t.float().reshape(shape[0], -1) if bits else t.float()
-        stats["sq_norm"] += float(w.double().square().sum())
-        if bits is None:
-            stored = t.to(dtype).contiguous()
-            stats["sq_error"] += float((stored.double() - w.double()).square().sum())
-            entries[name] = {"shape": shape, "tensor": stored}
-            continue
-        key = (name, bits, policy.prune_fraction, policy.gptq_lite)
-        if key not in cache:
-            wp = prune_smallest(w, policy.prune_fraction)
-            q, scale, clip = gptq_lite_quantize(wp, bits) if policy.gptq_lite else (*quantize_per_row(wp, bits), 1.0)
-            cache[key] = ({"shape": shape, "bits": bits, "q": q, "scale": scale, "clip": clip}, quant_sq_error(w, q, scale))
-        entries[name], err = cache[key]
-        stats["sq_error"] += err
-        stats["num_quantized_params"] += t.numel()
-    return entries, stats
+        w = t.double().reshape(shape[0], -1)
+        k = int(policy.prune_fraction * w.numel())  # magnitude pruning: zero the k smallest |w|
+        v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
+        q, s, c = gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0)
+        entries[name] = shape, bits, q, s, c
+        err += float((dequantize_per_row(q, s, torch.double) - w).square().sum())
+        norm += float(w.square().sum())
+    return entries, err / norm
 
 
-def _quant_best_encoding(entries, model_config, policy, packings, compressors) -> tuple[bytes, str, str, dict]:
-    """Try packing x compressor (compressors run in threads: zlib/zstd/lzma release the GIL)."""
-    raws = {p: quant_build_payload(entries, model_config, policy.to_dict(), p) for p in packings}
-    jobs = [(p, c) for p in packings for c in compressors]
-    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        blobs = list(pool.map(lambda job: quant_wrap_container(raws[job[0]], job[1]), jobs))
-    sizes = {f"{p}+{c}": len(b) for (p, c), b in zip(jobs, blobs)}
-    best = min(range(len(jobs)), key=lambda i: len(blobs[i]))
-    return blobs[best], jobs[best][0], jobs[best][1], sizes
+def quant_build_payload(entries, model_config, policy_dict, packing):
+    """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
+
+    packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)).
+    """
+    info, ints, rest = [], [], []
+    for name, (shape, bits, t, s, clip) in entries.items():
+        if bits:
+            ints.append(pack_bits(t, bits if packing == "bits" else 8))
+            t = s
+        info.append([name, shape, bits or str(t.dtype)[6:], clip])
+        rest.append(t)
+    head = json.dumps(dict(config=model_config, packing=packing, policy=policy_dict, tensors=info)).encode()
+    return (b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in ints + rest)
+            + head + struct.pack("<I", len(head)))
 
 
-def quant_write_atomic(path, data: bytes) -> None:
-    """Write bytes to path via path.tmp in the same directory, fsync, os.replace."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def quant_wrap_container(raw, compressor):
+    """Compress payload bytes with `compressor` (zlib/zstd/lzma) and prepend the 14-byte header."""
+    data = (zlib.compress(raw, 9) if compressor == "zlib" else zstandard.ZstdCompressor(22).compress(raw)
+            if compressor == "zstd" else lzma.compress(raw, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME))
+    head = struct.pack("<5sBI", QUANT_PREFIX, QUANT_COMPRESSORS.index(compressor) + 1, len(raw))
+    return head + struct.pack("<I", zlib.crc32(data, zlib.crc32(head))) + data
 
 
-def export_artifact(state_dict: dict, model_config: dict, path, *, code_bytes: int, byte_budget=None,
-                    policy=None, compressor="auto", log=print) -> dict:
+def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=16_000_000, policy=None,
+                    compressor="auto", log=print):
     """Quantize, compress and atomically write the artifact; fit model + code bytes into the budget.
 
     state_dict: name -> tensor (CPU or CUDA, float32/bf16/...); model_config: JSON-serializable
     dict stored in the file (GPT(**model_config) rebuilds the model); code_bytes: counted code
-    bytes; byte_budget: int, default env BYTE_BUDGET or 16,000,000; policy: QuantPolicy, default
-    QuantPolicy.from_env(); compressor: "auto" (use the policy's, itself auto by default) or one of
-    zlib/zstd/lzma to force it.
-    Returns a report: bytes_model, bytes_code, bytes_total, byte_budget, compressor, packing,
-    fit_steps (list of dicts), policy (dict of the final policy), candidates (bytes per
-    packing+compressor of the first attempt), rel_mse, num_params, num_quantized_params,
-    bits_per_param, export_seconds.
-    ValueError when it cannot fit (message has the numbers), on bad inputs or non-finite weights.
+    bytes (int >= 0); byte_budget: int > 0; policy: QuantPolicy, default QuantPolicy.from_env();
+    compressor: "auto" (use the policy's, itself auto by default) or zlib/zstd/lzma to force it.
+    Every packing x compressor candidate is compressed in its own thread (zlib/zstd/lzma release
+    the GIL); the smallest wins and later fit steps reuse its encoding. One log line per attempt.
+    Returns a report: bytes_model, bytes_code, bytes_total, compressor, packing, fit_steps (list of
+    dicts: change, bytes_model, rel_mse), policy (dict of the final policy), rel_mse.
+    (tools/bench_quant.py tabulates every packing x compressor.)
+    ValueError when it cannot fit (message has the numbers), on bad inputs or non-finite weights;
+    nothing is written then.
     """
-    t0 = time.perf_counter()
-    policy = QuantPolicy.from_env() if policy is None else policy
+    policy = policy or QuantPolicy.from_env()
     if compressor != "auto":
         policy = dataclasses.replace(policy, compressor=compressor)
-    budget = quant_byte_budget(byte_budget)
-    if not isinstance(code_bytes, int) or code_bytes < 0:
-        raise ValueError(f"code_bytes={code_bytes!r}: expected a non-negative int")
-    try:
-        ok = isinstance(model_config, dict) and bool(json.dumps(model_config))
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ValueError(f"model_config {model_config!r}: expected a JSON-serializable dict")
-    packings = QUANT_PACKINGS if policy.packing == "auto" else (policy.packing,)
-    compressors = QUANT_COMPRESSORS if policy.compressor == "auto" else (policy.compressor,)
-    cache, fit_steps, candidates, ladder, change = {}, [], None, iter(QUANT_FIT_LADDER), None
+    jobs = [(p, c) for p in ("int8", "bits") for c in QUANT_COMPRESSORS
+            if policy.packing in ("auto", p) and policy.compressor in ("auto", c)]
+    steps, ladder, change = [], iter(QUANT_FIT_LADDER), ""
     while True:
-        entries, stats = quantize_state_dict(state_dict, policy, cache)
-        blob, packing, comp, sizes = _quant_best_encoding(entries, model_config, policy, packings, compressors)
-        candidates = candidates or sizes
-        packings, compressors = (packing,), (comp,)  # later fit steps reuse the winning encoding
-        rel_mse = stats["sq_error"] / max(stats["sq_norm"], 1e-30)
-        total = len(blob) + code_bytes
+        entries, rel_mse = quantize_state_dict(state_dict, policy)
+        blobs = dict(zip(jobs, ThreadPoolExecutor(6).map(lambda j: quant_wrap_container(
+            quant_build_payload(entries, model_config, policy.to_dict(), j[0]), j[1]), jobs)))
+        job, blob = min(blobs.items(), key=lambda kv: len(kv[1]))
+        jobs, total = [job], len(blob) + code_bytes
         if change:
-            fit_steps.append(dict(change=change, bytes_model=len(blob), bytes_total=total, rel_mse=rel_mse))
-        log(f"quant export{' fit ' + change if change else ''}: attn{policy.attn_bits} mlp{policy.mlp_bits} "
-            f"embed{policy.embed_bits} prune{policy.prune_fraction:g} {packing}+{comp}: model {len(blob)} + code "
-            f"{code_bytes} = {total} bytes (budget {budget}) rel_mse {rel_mse:.3e}")
-        if total <= budget:
+            steps.append(dict(change=change, bytes_model=len(blob), rel_mse=rel_mse))
+        log(f"quant export {change or 'start'}: {'+'.join(job)} model {len(blob)} + code {code_bytes} = {total} bytes "
+            f"(budget {byte_budget}) rel_mse {rel_mse:.3e}")
+        if total <= byte_budget:
             break
-        if not policy.fit:
-            raise ValueError(f"artifact {total} bytes (model {len(blob)} + code {code_bytes}) exceeds BYTE_BUDGET={budget} "
-                             f"by {total - budget} and QUANT_FIT=0")
-        for field, value in ladder:
-            current = getattr(policy, field)
-            if (value > current) if field == "prune_fraction" else (value < current):
-                policy, change = dataclasses.replace(policy, **{field: value}), f"{field}={value}"
-                break
-        else:
-            raise ValueError(
-                f"artifact cannot fit BYTE_BUDGET={budget}: smallest try is {total} bytes (model {len(blob)} + code "
-                f"{code_bytes}, over by {total - budget}) after steps {[s['change'] for s in fit_steps]}; "
-                f"shrink the model (NUM_LAYERS / MODEL_DIM / MLP_MULT / VOCAB_SIZE)")
-    quant_write_atomic(path, blob)
-    num_params = max(stats["num_params"], 1)
-    return dict(
-        bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, byte_budget=budget, compressor=comp,
-        packing=packing, fit_steps=fit_steps, policy=policy.to_dict(), candidates=candidates, rel_mse=rel_mse,
-        num_params=stats["num_params"], num_quantized_params=stats["num_quantized_params"],
-        bits_per_param=8.0 * len(blob) / num_params, export_seconds=time.perf_counter() - t0,
-    )
+        # next ladder step that changes the policy: prune_fraction must rise, bits must fall
+        step = policy.fit and next(((f, v) for f, v in ladder if (v - getattr(policy, f)) * (f[0] == "p" or -1) > 0), 0)
+        if not step:
+            raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
+                             f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
+        policy, change = dataclasses.replace(policy, **dict([step])), "%s=%s" % step
+    tmp = f"{path}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], compressor=job[1],
+                fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
 
 
-def decode_artifact(data: bytes) -> tuple[dict, dict, dict]:
-    """Artifact bytes -> (state_dict float32 tensors, model_config, meta); ValueError if damaged.
+def decode_artifact(data, label="artifact"):
+    """Artifact bytes -> (state_dict float32 tensors, model_config dict, meta dict).
 
-    meta: format_version, compressor, packing, policy (dict), tensors (name -> [shape, kind, clip]),
-    bytes_file, bytes_payload (decompressed safetensors bytes).
+    Non-float passthrough tensors keep their dtype. meta: the payload header (config, packing,
+    policy dict, tensors: [[name, shape, kind, clip], ...]) plus compressor.
+    ValueError "<label>: ..." for any truncated, corrupted, foreign or other-version data.
     """
-    raw, compressor = quant_unwrap_container(data)
-    tensors, model_config, quant = quant_parse_payload(raw)
-    state_dict = quant_dequantize_payload(tensors, quant)
-    meta = dict(format_version=QUANT_FORMAT_VERSION, compressor=compressor, packing=quant["packing"],
-                policy=quant["policy"], tensors=quant["tensors"], bytes_file=len(data), bytes_payload=len(raw))
-    return state_dict, model_config, meta
+    try:
+        prefix, cid, n, crc = struct.unpack_from("<5sBII", data)
+        if prefix != QUANT_PREFIX:
+            raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
+        if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
+            raise ValueError("checksum mismatch (truncated or corrupted)")
+        data = data[14:]
+        # at most n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
+        raw = (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
+               (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE))
+               .decompress(data, n + 1))
+        if len(raw) != n:
+            raise ValueError(f"payload inflates to {len(raw)} bytes, not {n}")
+        k = int.from_bytes(raw[-4:], "little")
+        head = json.loads(raw[-4 - k:-4])
+        tensors = head["tensors"]
+        container = 8 * (head["packing"] == "int8")  # bits per stored q value (0: the tensor's own bits)
+        sizes = [-(-math.prod(shape) * (container or kind) // 8) for _, shape, kind, _ in tensors if type(kind) is int]
+        sizes += [shape[0] * 2 if type(kind) is int else math.prod(shape) * getattr(torch, kind).itemsize
+                  for _, shape, kind, _ in tensors]
+        # split() raises unless the data is exactly these pieces: bounds every later allocation
+        pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes)
+        q_pieces, state_dict = iter(pieces), {}
+        for (name, shape, kind, _), t in zip(tensors, pieces[-len(tensors):]):  # (no tensors: zip is empty)
+            t = t.clone().view(getattr(torch, "float16" if type(kind) is int else kind))
+            if type(kind) is int:
+                t = dequantize_per_row(
+                    unpack_bits(next(q_pieces), container or kind, math.prod(shape)).view(shape[0], -1), t)
+            state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
+        return state_dict, head["config"], dict(head, compressor=QUANT_COMPRESSORS[cid - 1])
+    except Exception as err:  # a damaged file must never surface as anything but a ValueError
+        raise ValueError(f"{label}: {err}") from None
 
 
-def load_artifact(path) -> tuple[dict, dict, dict]:
+def load_artifact(path):
     """Read an artifact file -> (state_dict float32 tensors, model_config dict, meta dict).
 
-    ValueError naming the file for any truncated, corrupted, foreign or future-version file.
+    ValueError naming the file for any truncated, corrupted, foreign or other-version file.
     """
     with open(path, "rb") as f:
-        data = f.read()
-    try:
-        return decode_artifact(data)
-    except ValueError as err:
-        raise ValueError(f"{os.fspath(path)}: {err}") from None
+        return decode_artifact(f.read(), path)

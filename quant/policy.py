@@ -5,162 +5,124 @@ tied embedding (it is also the output head, errors there hit every logit), float
 vectors and control tensors (norm gains, attn/mlp scales, resid_mix, q_gain, skip weights, gates:
 few bytes, and int8 there cost the reference PR more bpb than it saved bytes).
 
-Groups, decided in this order:
+Groups, decided in this order (`bits_for`; quant.offline.quant_policy_group names them):
   1. the first matching QUANT_OVERRIDES substring wins (bits 0 = float passthrough);
   2. "control": fewer than 2 dims, or a name containing a control pattern -> float passthrough;
-  3. "embed": tok_emb / lm_head / embed -> embed_bits;  "attn": ".attn." -> attn_bits;
-     "mlp": ".mlp." -> mlp_bits (these three are quantized whatever their size);
+  3. "embed": a name containing "emb" (tok_emb, embed) or "lm_head" -> embed_bits;
+     "attn": ".attn." -> attn_bits;  "mlp": ".mlp." -> mlp_bits (quantized whatever their size);
   4. "other": other matrices -> other_bits when numel > passthrough_max_numel, else float passthrough.
 Tensors with more than 2 dims are quantized as [shape[0], prod(rest)].
 
-Environment (all optional; an unknown QUANT_* name gets a warning, a bad value a ValueError):
+Environment (all optional; every field F reads QUANT_<F upper-cased>; an unknown QUANT_* name gets a
+warning, a bad value a ValueError naming the variable):
   QUANT_ATTN_BITS=6  QUANT_MLP_BITS=6  QUANT_EMBED_BITS=8  QUANT_OTHER_BITS=8   (2..8)
   QUANT_MATRIX_BITS           sets attn and mlp bits at once (QUANT_ATTN_BITS / QUANT_MLP_BITS win)
   QUANT_FLOAT_DTYPE=float16|float32|bfloat16   storage of unquantized float tensors
   QUANT_PASSTHROUGH_MAX_NUMEL=65536   "other" matrices up to this size stay float
-  QUANT_GPTQ_LITE=1           GPTQ-lite clip search (0: plain max-abs, as the QAT forward)
+  QUANT_GPTQ_LITE=1           GPTQ-lite clip search (0: plain max-abs, as the QAT forward; bools are 0/1)
   QUANT_PRUNE_FRACTION=0      zero this fraction of smallest-|w| weights of each quantized matrix
   QUANT_PACKING=auto|int8|bits          QUANT_COMPRESSOR=auto|zlib|zstd|lzma
   QUANT_FIT=1                 step down bits / prune until the artifact fits BYTE_BUDGET
   QUANT_OVERRIDES="blocks.0.:8,lm_head:0"   substring:bits pairs, first match wins
   QUANT_CONTROL_PATTERNS="attn_scale,mlp_scale,..."  replaces the default control patterns
+from_env validates each variable on its own (a one-field policy) and prefixes the message with the
+variable and its raw value.
 """
 
 import dataclasses
 import json
+import math
 import os
 import warnings
 
-from quant.core import QUANT_MAX_BITS, QUANT_MIN_BITS
-from quant.packing import QUANT_PACKINGS
-
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma")
-QUANT_PASSTHROUGH_DTYPES = ("float16", "float32", "bfloat16")
-QUANT_DEFAULT_CONTROL_PATTERNS = (
-    "attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight", "smear", "gate", "gain", "lambda", "norm",
-)
-_QUANT_ENV_FIELDS = {
-    "QUANT_ATTN_BITS": ("attn_bits", int), "QUANT_MLP_BITS": ("mlp_bits", int),
-    "QUANT_EMBED_BITS": ("embed_bits", int), "QUANT_OTHER_BITS": ("other_bits", int),
-    "QUANT_FLOAT_DTYPE": ("float_dtype", str), "QUANT_PASSTHROUGH_MAX_NUMEL": ("passthrough_max_numel", int),
-    "QUANT_GPTQ_LITE": ("gptq_lite", bool), "QUANT_PRUNE_FRACTION": ("prune_fraction", float),
-    "QUANT_PACKING": ("packing", str), "QUANT_COMPRESSOR": ("compressor", str),
-    "QUANT_FIT": ("fit", bool), "QUANT_OVERRIDES": ("overrides", tuple),
-    "QUANT_CONTROL_PATTERNS": ("control_patterns", tuple),
-}
-QUANT_ENV_NAMES = tuple(_QUANT_ENV_FIELDS) + ("QUANT_MATRIX_BITS",)  # for the trainer's unknown-variable check
-
-
-def _quant_parse_env(var: str, raw: str, kind):
-    try:
-        if kind is bool:
-            if raw.strip().lower() not in ("0", "1", "true", "false"):
-                raise ValueError(raw)
-            return raw.strip().lower() in ("1", "true")
-        if kind is tuple and var == "QUANT_OVERRIDES":
-            pairs = [item.rsplit(":", 1) for item in raw.split(",") if item.strip()]
-            return tuple((pat.strip(), int(bits)) for pat, bits in pairs)
-        if kind is tuple:
-            return tuple(p.strip() for p in raw.split(",") if p.strip())
-        return kind(raw.strip())
-    except ValueError:
-        expected = {bool: "0 or 1", int: "an integer", float: "a number", str: "a name"}.get(kind, "")
-        if var == "QUANT_OVERRIDES":
-            expected = "comma-separated substring:bits pairs, e.g. 'blocks.0.:8,lm_head:0'"
-        raise ValueError(f"{var}={raw!r}: expected {expected}") from None
 
 
 @dataclasses.dataclass(frozen=True)
 class QuantPolicy:
-    """Frozen description of the export format; see the module docstring for fields and env vars."""
+    """Frozen description of the export format; see the module docstring for fields and env vars.
+
+    Fields (type, default): attn_bits/mlp_bits/embed_bits/other_bits (int 2..8: 6/6/8/8),
+    float_dtype (str, float16), passthrough_max_numel (int, 65536), gptq_lite (bool, True),
+    prune_fraction (float in [0, 1), 0), packing (auto/int8/bits), compressor
+    (auto/zlib/zstd/lzma), fit (bool, True), overrides (tuple of (substring, bits 0|2..8)),
+    control_patterns (tuple of substrings); quant.offline.quant_policy_from_dict turns the lists of
+    a JSON round trip back into tuples.
+    ValueError naming the field for a bad value (a negative passthrough_max_numel just quantizes
+    every "other" matrix).
+    """
 
     attn_bits: int = 6
     mlp_bits: int = 6
     embed_bits: int = 8
     other_bits: int = 8
     float_dtype: str = "float16"
-    passthrough_max_numel: int = 65_536
+    passthrough_max_numel: int = 65536
     gptq_lite: bool = True
     prune_fraction: float = 0.0
     packing: str = "auto"
     compressor: str = "auto"
     fit: bool = True
     overrides: tuple = ()
-    control_patterns: tuple = QUANT_DEFAULT_CONTROL_PATTERNS
+    control_patterns: tuple = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight", "smear", "gate",
+                               "gain", "lambda", "norm")
 
     def __post_init__(self):
-        object.__setattr__(self, "overrides", tuple((str(p), int(b)) for p, b in self.overrides))
-        object.__setattr__(self, "control_patterns", tuple(str(p) for p in self.control_patterns))
-        for field in ("attn_bits", "mlp_bits", "embed_bits", "other_bits"):
-            bits = getattr(self, field)
-            if not isinstance(bits, int) or not QUANT_MIN_BITS <= bits <= QUANT_MAX_BITS:
-                raise ValueError(f"QuantPolicy.{field}={bits!r}: expected {QUANT_MIN_BITS}..{QUANT_MAX_BITS}")
-        for pattern, bits in self.overrides:
-            if bits != 0 and not QUANT_MIN_BITS <= bits <= QUANT_MAX_BITS:
-                raise ValueError(f"QuantPolicy.overrides {pattern!r}:{bits}: bits must be 0 or {QUANT_MIN_BITS}..{QUANT_MAX_BITS}")
-        checks = (
-            ("float_dtype", QUANT_PASSTHROUGH_DTYPES), ("packing", ("auto",) + QUANT_PACKINGS),
-            ("compressor", ("auto",) + QUANT_COMPRESSORS),
-        )
-        for field, allowed in checks:
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"QuantPolicy.{field}={getattr(self, field)!r}: expected one of {allowed}")
-        if not 0.0 <= self.prune_fraction < 1.0:
-            raise ValueError(f"QuantPolicy.prune_fraction={self.prune_fraction!r}: expected [0, 1)")
-        if self.passthrough_max_numel < 0:
-            raise ValueError(f"QuantPolicy.passthrough_max_numel={self.passthrough_max_numel!r}: expected >= 0")
+        bits = range(2, 9)
+        for name, want in dict(attn_bits=bits, mlp_bits=bits, embed_bits=bits, other_bits=bits,
+                               float_dtype=("float16", "float32", "bfloat16"), packing=("auto", "int8", "bits"),
+                               compressor=("auto",) + QUANT_COMPRESSORS).items():
+            if getattr(self, name) not in want:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {want}")
+        if not 0 <= self.prune_fraction < 1 or any(b and b not in bits for _, b in self.overrides):
+            raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides}: "
+                             "expected [0, 1) / bits 0 or 2..8")
 
     @classmethod
-    def from_env(cls, environ=None) -> "QuantPolicy":
-        """Policy from QUANT_* variables of `environ` (default os.environ). ValueError names the var."""
-        env = os.environ if environ is None else environ
-        for var in env:
-            if var.startswith("QUANT_") and var not in QUANT_ENV_NAMES:
-                warnings.warn(f"unknown variable {var} ignored; known: {', '.join(sorted(_QUANT_ENV_FIELDS))}", stacklevel=2)
-        kwargs = {field: _quant_parse_env(var, env[var], kind) for var, (field, kind) in _QUANT_ENV_FIELDS.items() if var in env}
-        if "QUANT_MATRIX_BITS" in env:
-            bits = _quant_parse_env("QUANT_MATRIX_BITS", env["QUANT_MATRIX_BITS"], int)
-            kwargs = {"attn_bits": bits, "mlp_bits": bits, **kwargs}
-        try:
-            return cls(**kwargs)
-        except ValueError as err:
-            names = {field: var for var, (field, _) in _QUANT_ENV_FIELDS.items()}
-            raise ValueError(f"{err} (check {', '.join(names[f] for f in kwargs) or 'the defaults'}"
-                             f"{', QUANT_MATRIX_BITS' if 'QUANT_MATRIX_BITS' in env else ''})") from None
+    def from_env(cls, environ=None):
+        """Policy from the QUANT_* variables of `environ` (default os.environ).
 
-    def to_dict(self) -> dict:
+        Each variable is parsed by its field's type (bool: an int, 0 or 1; tuple: comma-separated
+        items, for QUANT_OVERRIDES substring:bits pairs) and validated on its own (a one-field
+        policy). QUANT_MATRIX_BITS is read first, so QUANT_ATTN_BITS / QUANT_MLP_BITS win over it.
+        Warns (UserWarning) for an unknown QUANT_* name; ValueError naming the variable and its
+        value for a value that does not parse or is out of range.
+        """
+        env = os.environ if environ is None else environ
+        kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for var in sorted(env, key="QUANT_MATRIX_BITS".__ne__):  # QUANT_MATRIX_BITS first (False sorts first)
+            for name in (("attn_bits", "mlp_bits") if var == "QUANT_MATRIX_BITS"
+                         else (var[6:].lower(),) * (var[:6] == "QUANT_")):  # () for other variables
+                if name not in kinds:
+                    warnings.warn(f"unknown variable {var} ignored (QUANT_* names: quant/policy.py)")
+                    continue
+                raw, kind = env[var], kinds[name]
+                items = [i for i in raw.replace(" ", "").split(",") if i]
+                try:
+                    kwargs[name] = value = (
+                        tuple((p, int(b)) for p, b in (i.split(":") for i in items)) if name == "overrides"
+                        else tuple(items) if kind is tuple else kind(int(raw)) if kind is bool else kind(raw))
+                    cls(**{name: value})
+                except ValueError as err:
+                    raise ValueError(f"{var}={raw!r}: {err}") from None
+        return cls(**kwargs)
+
+    def to_dict(self):
         """JSON-serializable dict of every field (tuples become lists, as after a JSON round trip)."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "QuantPolicy":
-        """Inverse of to_dict; ValueError on unknown fields or bad values."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(d, dict) or not set(d) <= names:
-            raise ValueError(f"policy {d!r}: expected a dict with fields from {sorted(names)}")
-        return cls(**d)
-
-    def group_of(self, name: str, shape) -> str:
-        """Group of a tensor: 'control', 'embed', 'attn', 'mlp' or 'other' (overrides not applied)."""
-        if len(shape) < 2 or any(p in name for p in self.control_patterns):
-            return "control"
-        if "tok_emb" in name or "lm_head" in name or "embed" in name:
-            return "embed"
-        if ".attn." in name:
-            return "attn"
-        return "mlp" if ".mlp." in name else "other"
-
-    def bits_for(self, name: str, shape) -> int | None:
+    def bits_for(self, name, shape):
         """Bits for parameter `name` of `shape` (tuple or torch.Size), or None for float passthrough."""
         for pattern, bits in self.overrides:
             if pattern in name:
                 return bits or None
-        group = self.group_of(name, shape)
-        if group == "control":
+        if len(shape) < 2 or any(p in name for p in self.control_patterns):
             return None
-        if group == "other":
-            numel = 1
-            for dim in shape:
-                numel *= int(dim)
-            return self.other_bits if numel > self.passthrough_max_numel else None
-        return getattr(self, f"{group}_bits")
+        if "emb" in name or "lm_head" in name:
+            return self.embed_bits
+        if ".attn." in name:
+            return self.attn_bits
+        if ".mlp." in name:
+            return self.mlp_bits
+        return self.other_bits if math.prod(shape) > self.passthrough_max_numel else None

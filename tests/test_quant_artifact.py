@@ -1,4 +1,5 @@
-"""quant/artifact.py + codec.py + estimate.py + CLI: bit-exact round trips, damage, budget fitting."""
+"""quant/artifact.py + estimate.py + offline.py + CLI: bit-exact round trips, damage, budget fitting,
+byte-identical artifacts across processes."""
 
 import json
 import lzma
@@ -17,17 +18,19 @@ import torch
 import zstandard
 
 from quant.__main__ import quant_cli
-from quant.artifact import decode_artifact, export_artifact, load_artifact, quant_byte_budget, quantize_state_dict
-from quant.codec import (
-    QUANT_ARTIFACT_MAGIC, QUANT_HEADER, quant_build_payload, quant_compress, quant_unwrap_container, quant_wrap_container,
+from quant.artifact import (
+    QUANT_PREFIX, decode_artifact, export_artifact, load_artifact, quant_build_payload, quant_wrap_container,
+    quantize_state_dict,
 )
-from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row
+from quant.core import dequantize_per_row, fake_quantize_per_row
 from quant.estimate import estimate_artifact_bytes
+from quant.offline import quant_byte_budget, quant_check_shapes, quant_compress, quant_policy_from_dict
 from quant.policy import QuantPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"vocab_size": 256, "num_layers": 2, "model_dim": 64, "note": "tiny"}
 QUIET = dict(log=lambda msg: None)
+HEADER_BYTES = 14
 
 
 def tiny_model_config(train_gpt, vocab_size=128):
@@ -77,14 +80,14 @@ def test_export_load_is_bit_exact(tmp_path, packing, compressor):
     assert not list(tmp_path.glob("*.tmp"))
     loaded, config, meta = load_artifact(path)
     assert config == CONFIG and meta["packing"] == packing and meta["compressor"] == compressor
-    assert QuantPolicy.from_dict(meta["policy"]) == policy
+    assert quant_policy_from_dict(meta["policy"]) == policy
     assert list(loaded) == list(sd)
     entries, _ = quantize_state_dict(sd, policy)
     for name, t in sd.items():
-        e = entries[name]
-        if "bits" in e:
-            expected = dequantize_per_row(e["q"], e["scale"]).reshape(t.shape)
-            assert e["bits"] == (5 if ".mlp." in name else 6 if ".attn." in name else 8)
+        shape, bits, q, scale, _ = entries[name]
+        if bits:
+            expected = dequantize_per_row(q, scale).reshape(t.shape)
+            assert bits == (5 if ".mlp." in name else 6 if ".attn." in name else 8)
         else:
             expected = t.half().float()
         assert _bits_equal(loaded[name], expected), name
@@ -103,11 +106,33 @@ def test_all_encodings_decode_to_the_same_weights(tmp_path):
 
 def test_auto_keeps_the_smallest_candidate(tmp_path):
     report = export_artifact(_state(), CONFIG, tmp_path / "m.ptz", code_bytes=0, **QUIET)
-    assert len(report["candidates"]) == 6
-    assert report["bytes_model"] == min(report["candidates"].values())
-    assert report["candidates"][f"{report['packing']}+{report['compressor']}"] == report["bytes_model"]
+    sizes = {(p, c): export_artifact(_state(), CONFIG, tmp_path / "f.ptz", code_bytes=0, **QUIET,
+                                     policy=QuantPolicy(packing=p), compressor=c)["bytes_model"]
+             for p in ("int8", "bits") for c in ("zlib", "zstd", "lzma")}
+    assert report["bytes_model"] == min(sizes.values()) == sizes[report["packing"], report["compressor"]]
     assert report["policy"]["compressor"] == "auto"  # recorded: the file header holds the choice
     assert load_artifact(tmp_path / "m.ptz")[2]["compressor"] == report["compressor"]
+
+
+def test_artifact_bytes_are_identical_across_processes(tmp_path):
+    """Two fresh interpreters (different hash seeds) export the same state dict to the same bytes."""
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from pathlib import Path\n"
+              "from quant.artifact import export_artifact\n"
+              "from tests.test_quant_artifact import CONFIG, _state\n"
+              "export_artifact(_state(), dict(CONFIG, extra={'b': 1.5, 'a': [1, 2]}), Path(sys.argv[1]), code_bytes=7,"
+              " log=lambda msg: None)\n")
+    outputs = []
+    for seed in ("1", "2"):
+        path = tmp_path / f"seed{seed}.ptz"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QUANT_")}
+        run = subprocess.run([sys.executable, "-c", script, str(path)], cwd=REPO, capture_output=True, text=True,
+                             env=dict(env, PYTHONHASHSEED=seed))
+        assert run.returncode == 0, run.stderr
+        outputs.append(path.read_bytes())
+    assert outputs[0] == outputs[1]
+    export_artifact(_state(), dict(CONFIG, extra={"b": 1.5, "a": [1, 2]}), tmp_path / "here.ptz", code_bytes=7,
+                    policy=QuantPolicy(), **QUIET)
+    assert (tmp_path / "here.ptz").read_bytes() == outputs[0]
 
 
 def test_export_matches_qat_forward_without_clip_search(tmp_path):
@@ -150,12 +175,10 @@ def test_non_float_and_odd_tensors(tmp_path):
 def test_bad_export_inputs(tmp_path):
     bad = _state()
     bad["blocks.0.mlp.fc.weight"][0, 0] = float("nan")
-    with pytest.raises(ValueError, match="non-finite"):
+    with pytest.raises(ValueError, match=r"blocks.0.mlp.fc.weight'\] is not finite"):
         export_artifact(bad, CONFIG, tmp_path / "m.ptz", code_bytes=0, **QUIET)
-    with pytest.raises(ValueError, match="model_config"):
+    with pytest.raises(TypeError, match="JSON serializable"):
         export_artifact(_state(), {"x": object()}, tmp_path / "m.ptz", code_bytes=0, **QUIET)
-    with pytest.raises(ValueError, match="code_bytes"):
-        export_artifact(_state(), CONFIG, tmp_path / "m.ptz", code_bytes=-1, **QUIET)
     with pytest.raises(ValueError, match="BYTE_BUDGET"):
         quant_byte_budget(None, {"BYTE_BUDGET": "16MB"})
     assert quant_byte_budget(None, {"BYTE_BUDGET": "1000"}) == 1000 and quant_byte_budget(None, {}) == 16_000_000
@@ -169,17 +192,23 @@ def _expect_value_error(data: bytes):
         decode_artifact(data)
 
 
-def _rewrap(raw_payload: bytes, compressor="zlib", *, comp=None, raw_len=None, version=1, rotation=0):
+def _rewrap(raw_payload: bytes, compressor="zlib", *, comp=None, raw_len=None, prefix=QUANT_PREFIX, cid=None):
     """A container with a VALID checksum around arbitrary (possibly broken) content."""
     comp = quant_compress(raw_payload, compressor) if comp is None else comp
-    prefix = QUANT_HEADER.pack(QUANT_ARTIFACT_MAGIC, version, 1 + ("zlib", "zstd", "lzma").index(compressor),
-                               len(raw_payload) if raw_len is None else raw_len, rotation, 0)[:14]
-    return prefix + struct.pack("<I", zlib.crc32(comp, zlib.crc32(prefix))) + comp
+    cid = 1 + ("zlib", "zstd", "lzma").index(compressor) if cid is None else cid
+    head = struct.pack("<5sBI", prefix, cid, len(raw_payload) if raw_len is None else raw_len)
+    return head + struct.pack("<I", zlib.crc32(comp, zlib.crc32(head))) + comp
+
+
+def _payload(data: bytes) -> bytes:
+    """The decompressed payload of a zlib artifact."""
+    return zlib.decompress(data[HEADER_BYTES:])
 
 
 def test_valid_file_decodes(artifact_bytes):
     sd, config, meta = decode_artifact(artifact_bytes)
-    assert config == CONFIG and meta["bytes_file"] == len(artifact_bytes) and len(sd) == len(_state())
+    assert config == CONFIG and meta["compressor"] == "zlib" and len(sd) == len(_state())
+    assert decode_artifact(_rewrap(_payload(artifact_bytes)))[1] == CONFIG  # the helper builds valid files
 
 
 def test_truncations_raise(artifact_bytes):
@@ -192,7 +221,7 @@ def test_truncations_raise(artifact_bytes):
 
 def test_bit_flips_raise(artifact_bytes):
     rng = random.Random(1)
-    positions = list(range(QUANT_HEADER.size * 8)) + [rng.randrange(len(artifact_bytes) * 8) for _ in range(250)]
+    positions = list(range(HEADER_BYTES * 8)) + [rng.randrange(len(artifact_bytes) * 8) for _ in range(250)]
     for pos in positions:
         data = bytearray(artifact_bytes)
         data[pos // 8] ^= 1 << (pos % 8)
@@ -203,113 +232,112 @@ def test_random_and_foreign_bytes_raise(artifact_bytes):
     rng = random.Random(2)
     for _ in range(100):
         _expect_value_error(bytes(rng.randrange(256) for _ in range(rng.randrange(0, 400))))
-    for _ in range(30):  # our magic + random rest
-        _expect_value_error(QUANT_ARTIFACT_MAGIC + bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300))))
+    for _ in range(30):  # our magic and version + random rest
+        _expect_value_error(QUANT_PREFIX + bytes(rng.randrange(256) for _ in range(rng.randrange(0, 300))))
+    payload = _payload(artifact_bytes)
     for data, match in [
         (b"PK\x03\x04" + artifact_bytes[4:], "magic"), (zlib.compress(os.urandom(100)), "magic"),
-        (artifact_bytes[:4] + bytes([2]) + artifact_bytes[5:], "version 2 is newer"),
-        (artifact_bytes[:4] + bytes([0]) + artifact_bytes[5:], "version 0"),
-        (artifact_bytes[:5] + bytes([9]) + artifact_bytes[6:], "compressor id 9"),
+        (artifact_bytes[:4] + bytes([3]) + artifact_bytes[5:], r"b'PGQZ\\x03', not b'PGQZ\\x02' \(magic, format version"),
+        (artifact_bytes[:4] + bytes([1]) + artifact_bytes[5:], "format version"),  # version 1: the old safetensors format
+        (_rewrap(payload, prefix=b"PGQZ\x01"), "format version"),  # even with a valid checksum
         (artifact_bytes[:-1] + bytes([artifact_bytes[-1] ^ 1]), "checksum"),
+        (artifact_bytes[:5] + bytes([9]) + artifact_bytes[6:], "checksum"),
     ]:
         with pytest.raises(ValueError, match=match):
             decode_artifact(data)
+    for cid in (0, 2, 3, 9, 255):  # wrong / unknown compressor id with a valid checksum
+        _expect_value_error(_rewrap(payload, cid=cid))
 
 
 def test_valid_checksum_but_broken_content_raises(artifact_bytes):
-    raw, _ = quant_unwrap_container(artifact_bytes)
+    raw = _payload(artifact_bytes)
     rng = random.Random(3)
-    with pytest.raises(ValueError, match="corrupt zlib"):
+    with pytest.raises(ValueError, match="artifact: Error -3 while decompressing"):
         decode_artifact(_rewrap(b"", comp=bytes(rng.randrange(256) for _ in range(500)), raw_len=1000))
     for compressor in ("zlib", "zstd", "lzma"):
-        with pytest.raises(ValueError, match="inflates|content size"):  # declared length lies
+        with pytest.raises(ValueError, match="inflates to"):  # declared length lies
             decode_artifact(_rewrap(raw, compressor, raw_len=len(raw) - 1))
         with pytest.raises(ValueError):
             decode_artifact(_rewrap(raw, compressor, raw_len=len(raw) + 10))
         with pytest.raises(ValueError):  # compressed stream cut short
             decode_artifact(_rewrap(raw, compressor, comp=quant_compress(raw, compressor)[:-7]))
-    with pytest.raises(ValueError, match="rotation"):
-        decode_artifact(_rewrap(raw, rotation=len(raw) + 1))
-    rot = 1000  # a valid rotation round-trips
-    assert decode_artifact(_rewrap(raw[rot:] + raw[:rot], rotation=rot))[1] == CONFIG
     bomb = bytes(200_000_000)
     for compressor in ("zlib", "lzma", "zstd"):  # zip bombs: never inflated past the header's length
         comp = {  # fast settings: any of these streams is valid input for our decoders
             "zlib": lambda: zlib.compress(bomb, 1),
-            "lzma": lambda: lzma.compress(bomb, format=lzma.FORMAT_RAW, filters=[{"id": lzma.FILTER_LZMA2, "preset": 1}]),
+            "lzma": lambda: lzma.compress(bomb, format=lzma.FORMAT_ALONE, preset=1),
             "zstd": lambda: zstandard.ZstdCompressor(level=1, write_content_size=False).compress(bomb),
         }[compressor]()
         tracemalloc.start()
-        with pytest.raises(ValueError, match="inflates|content size"):
+        with pytest.raises(ValueError, match="inflates to 1001 bytes, not 1000"):
             decode_artifact(_rewrap(b"", compressor, comp=comp, raw_len=1000))
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-        limit = 80_000_000 if compressor == "lzma" else 20_000_000  # lzma: its fixed 64 MiB dictionary
-        assert peak < limit, (compressor, peak)
-    with pytest.raises(ValueError, match="safetensors|format"):
-        decode_artifact(_rewrap(b"\x10" + bytes(7) + b"{}" * 8))
-    with pytest.raises(ValueError, match="safetensors"):
-        decode_artifact(_rewrap(struct.pack("<Q", 10**12) + raw[8:]))
-    header_len = struct.unpack("<Q", raw[:8])[0]
+        assert peak < 20_000_000, (compressor, peak)
+    for junk in (b"", b"\x10" + bytes(7) + b"{}" * 8, raw[:-1] + b"\xff", raw + b"x", b"x" + raw, raw[1:]):
+        _expect_value_error(_rewrap(junk))
+    header_len = int.from_bytes(raw[-4:], "little")
     outcomes = {"error": 0, "ok": 0}
     for _ in range(150):  # flips inside the payload, re-checksummed: ValueError or a structurally sound load
         data = bytearray(raw)
-        pos = rng.randrange(8, 8 + header_len) if rng.random() < 0.7 else rng.randrange(len(raw))
+        pos = rng.randrange(len(raw) - 4 - header_len, len(raw)) if rng.random() < 0.7 else rng.randrange(len(raw))
         data[pos] ^= 1 << rng.randrange(8)
         try:
             sd, config, _ = decode_artifact(_rewrap(bytes(data)))
         except ValueError:
             outcomes["error"] += 1
             continue
-        outcomes["ok"] += 1
-        assert set(sd) == set(_state()) and all(sd[k].shape == v.shape for k, v in _state().items())
+        outcomes["ok"] += 1  # (a flipped letter in the JSON header may rename a tensor or change the config)
+        assert len(sd) == len(_state()) and all(isinstance(t, torch.Tensor) for t in sd.values())
     assert outcomes["error"] > 50
 
 
-def _edited_payload(packing, edit_quant=None, edit_tensors=None):
-    """Our payload with its quant metadata / tensor set edited (everything else consistent)."""
+def _edited_payload(packing, edit_header=None, extra_data=b""):
+    """Our payload with its JSON header edited (and optional bytes appended to the tensor data)."""
     entries, _ = quantize_state_dict(_state(), QuantPolicy())
     raw = quant_build_payload(entries, CONFIG, QuantPolicy().to_dict(), packing)
-    n = struct.unpack("<Q", raw[:8])[0]
-    meta = json.loads(raw[8:8 + n])["__metadata__"]
-    quant = json.loads(meta["quant"])
-    tensors = safetensors.torch.load(raw)
-    if edit_quant:
-        edit_quant(quant)
-    if edit_tensors:
-        edit_tensors(tensors)
-    return safetensors.torch.save(tensors, metadata=dict(meta, quant=json.dumps(quant)))
+    n = int.from_bytes(raw[-4:], "little")
+    head = json.loads(raw[-4 - n:-4])
+    if edit_header:
+        edit_header(head)
+    head = json.dumps(head).encode()
+    return raw[:-4 - n] + extra_data + head + struct.pack("<I", len(head))
 
 
-def test_safetensors_entries_must_match_quant_metadata():
+def test_payload_header_must_match_the_data():
     name = "blocks.0.mlp.fc.weight"
+
+    def entry(edit):
+        return lambda head: edit(next(t for t in head["tensors"] if t[0] == name))
+
     cases = [
-        ("bits", lambda q: q["tensors"][name].__setitem__(1, 7), None, "disagree"),  # packed length
-        ("int8", lambda q: q["tensors"][name].__setitem__(0, [64, 192]), None, "disagree"),
-        ("int8", lambda q: q["tensors"][name].__setitem__(1, "float8"), None, "unknown kind"),
-        ("int8", lambda q: q["tensors"][name].__setitem__(1, 12), None, "bits=12"),
-        ("int8", lambda q: q["tensors"].pop("skip_weights"), None, "disagree"),
-        ("int8", None, lambda t: t.pop(name + ".scale"), "disagree"),
-        ("bits", None, lambda t: t.__setitem__("extra", torch.ones(2)), "disagree"),
-        ("int8", lambda q: q.__setitem__("packing", "int4"), None, "packing"),
-        ("int8", lambda q: q["tensors"].__setitem__("x", [[2], "float16"]), None, "malformed"),
+        ("bits", entry(lambda t: t.__setitem__(2, 7)), b""),  # packed length changes
+        ("int8", entry(lambda t: t.__setitem__(1, [64, 200])), b""),
+        ("int8", entry(lambda t: t.__setitem__(1, [10**6, 10**6])), b""),  # huge: refused before any allocation
+        ("int8", entry(lambda t: t.__setitem__(1, [-192, -64])), b""),
+        ("int8", entry(lambda t: t.__setitem__(2, "float8")), b""),
+        ("int8", entry(lambda t: t.__setitem__(2, "nn")), b""),
+        ("bits", entry(lambda t: t.__setitem__(2, 12)), b""),
+        ("bits", entry(lambda t: t.__setitem__(2, 0)), b""),  # 0 bits: no q bytes, refused before unpacking
+        ("int8", lambda head: head["tensors"].pop(0), b""),
+        ("int8", lambda head: head["tensors"].append(["x", [2], "float16", None]), b""),
+        ("bits", None, b"\0\0"),  # extra data
+        ("int8", lambda head: head.__setitem__("packing", "int4"), b""),
+        ("int8", lambda head: head["tensors"].__setitem__(0, ["x", [2], "float16"]), b""),
+        ("int8", lambda head: head.pop("config"), b""),
+        ("int8", lambda head: head.__setitem__("tensors", {}), b""),
     ]
-    for packing, edit_quant, edit_tensors, match in cases:
-        with pytest.raises(ValueError, match=match):
-            decode_artifact(_rewrap(_edited_payload(packing, edit_quant, edit_tensors)))
+    for packing, edit, extra in cases:
+        with pytest.raises(ValueError, match="^artifact: "):
+            decode_artifact(_rewrap(_edited_payload(packing, edit, extra)))
     assert decode_artifact(_rewrap(_edited_payload("bits")))[1] == CONFIG  # the unedited control case loads
-    q, scale = quantize_per_row(torch.randn(4, 4), 6)
-    over = {"w.weight": {"shape": (4, 4), "bits": 6, "q": q * 0 + 40, "scale": scale, "clip": 1.0}}
-    with pytest.raises(ValueError, match="int6 range"):
-        decode_artifact(_rewrap(quant_build_payload(over, {}, {}, "int8")))
-    wrapped = quant_wrap_container(_edited_payload("bits"), "lzma")
-    assert decode_artifact(wrapped)[1] == CONFIG
+    assert decode_artifact(quant_wrap_container(_edited_payload("int8"), "lzma"))[1] == CONFIG
 
 
 def test_load_artifact_names_the_file(tmp_path):
     path = tmp_path / "broken.ptz"
-    path.write_bytes(b"PGQZ\x01")
-    with pytest.raises(ValueError, match="broken.ptz.*truncated"):
+    path.write_bytes(b"PGQZ\x02")
+    with pytest.raises(ValueError, match="broken.ptz: .*at least 14 bytes"):
         load_artifact(path)
 
 
@@ -330,14 +358,18 @@ def test_autofit_steps_down_until_it_fits(tmp_path):
     errs = [full["rel_mse"]] + [s["rel_mse"] for s in report["fit_steps"]]
     assert errs == sorted(errs) and errs[-1] > errs[0]  # each step trades error for bytes
     sizes = [full["bytes_model"]] + [s["bytes_model"] for s in report["fit_steps"]]
-    assert sizes == sorted(sizes, reverse=True)
+    for change, before, after in zip(changes, sizes, sizes[1:]):
+        # fewer bits always shrink the file; a small prune fraction mostly zeroes weights that already
+        # round to 0, so its size change is noise of the clip search and the entropy coder
+        assert after < before if "bits" in change else after < 1.01 * before, (change, before, after)
+    assert sizes[-1] < sizes[0]
     meta = load_artifact(tmp_path / "b.ptz")[2]
     assert meta["policy"]["mlp_bits"] == 5 and meta["policy"] == report["policy"]
 
 
 def test_cannot_fit_fails_loudly(tmp_path):
     sd = _state()
-    with pytest.raises(ValueError, match=r"cannot fit BYTE_BUDGET=20000: smallest try is \d+ bytes"):
+    with pytest.raises(ValueError, match=r"model \d+ \+ code 0 bytes > BYTE_BUDGET=20000 \(QUANT_FIT=1, \d+ fit steps"):
         export_artifact(sd, CONFIG, tmp_path / "m.ptz", code_bytes=0, byte_budget=20_000,
                         policy=QuantPolicy(compressor="zlib", packing="int8"), **QUIET)
     with pytest.raises(ValueError, match="QUANT_FIT=0"):
@@ -363,7 +395,8 @@ def test_estimate_tracks_real_exports(tmp_path):
         assert 0.99 * real <= est <= 1.04 * real, (policy, est, real)
     assert estimate_artifact_bytes(shapes, QuantPolicy(mlp_bits=5)) < estimate_artifact_bytes(shapes, QuantPolicy())
     with pytest.raises(ValueError, match="non-negative"):
-        estimate_artifact_bytes({"w": (3, -1)}, QuantPolicy())
+        quant_check_shapes({"w": (3, -1)})
+    assert quant_check_shapes({"w": [3, "4"]}) == {"w": (3, 4)}
 
 
 # ---------------------------------------------------------------- CLI
@@ -407,4 +440,4 @@ def test_cli_subprocess_estimate_and_inspect(tmp_path):
     bad = tmp_path / "bad.ptz"
     bad.write_bytes(b"PGQZ\x07" + bytes(40))
     run = subprocess.run([sys.executable, "-m", "quant", "inspect", str(bad)], cwd=REPO, capture_output=True, text=True)
-    assert run.returncode == 2 and "version 7" in run.stderr
+    assert run.returncode == 2 and "PGQZ\\x07" in run.stderr and "format version" in run.stderr

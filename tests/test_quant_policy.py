@@ -5,7 +5,8 @@ import warnings
 
 import pytest
 
-from quant.policy import QUANT_ENV_NAMES, QuantPolicy
+from quant.offline import quant_env_names, quant_policy_from_dict, quant_policy_group
+from quant.policy import QuantPolicy
 
 D, V, H = 512, 1024, 8
 CONTRACT_SHAPES = {
@@ -32,13 +33,16 @@ def test_default_formats_of_contract_names():
     assert p.bits_for("bigram.weight", (256, 256)) is None
     assert p.bits_for("bigram.weight", (512, 256)) == 8
     assert p.bits_for("blocks.0.attn.gate.weight", (8, 512)) is None  # control pattern wins
-    assert p.group_of("blocks.3.mlp.fc.weight", (1536, 512)) == "mlp"
+    groups = {name: quant_policy_group(p, name, shape) for name, shape in CONTRACT_SHAPES.items()}
+    assert groups["blocks.0.mlp.fc.weight"] == "mlp"
+    assert groups["tok_emb.weight"] == groups["lm_head.weight"] == "embed" and groups["skip_weights"] == "control"
+    assert groups["blocks.0.attn.c_q.weight"] == "attn" and quant_policy_group(p, "bigram.weight", (512, 256)) == "other"
 
 
 def test_from_env_overrides_and_validation():
     env = {"QUANT_MLP_BITS": "5", "QUANT_EMBED_BITS": "7", "QUANT_FLOAT_DTYPE": "float32",
            "QUANT_OVERRIDES": "blocks.0.:8, tok_emb:0", "QUANT_GPTQ_LITE": "0", "QUANT_PRUNE_FRACTION": "0.03",
-           "QUANT_COMPRESSOR": "lzma", "QUANT_PACKING": "bits", "QUANT_FIT": "false"}
+           "QUANT_COMPRESSOR": "lzma", "QUANT_PACKING": "bits", "QUANT_FIT": "0"}
     p = QuantPolicy.from_env(env)
     assert (p.mlp_bits, p.embed_bits, p.float_dtype, p.gptq_lite, p.prune_fraction) == (5, 7, "float32", False, 0.03)
     assert (p.compressor, p.packing, p.fit) == ("lzma", "bits", False)
@@ -64,14 +68,20 @@ def test_unknown_quant_variable_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         QuantPolicy.from_env({name: "1" for name in ("QUANT_FIT", "QUANT_GPTQ_LITE")})
-    assert "QUANT_MATRIX_BITS" in QUANT_ENV_NAMES and "QUANT_ATTN_BITS" in QUANT_ENV_NAMES
+    names = quant_env_names()
+    assert "QUANT_MATRIX_BITS" in names and "QUANT_ATTN_BITS" in names and "QUANT_CONTROL_PATTERNS" in names
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        QuantPolicy.from_env({name: "6" for name in names if name.endswith("_BITS")} | {"QUANT_FIT": "1", "OTHER": "x"})
 
 
 def test_dict_roundtrip_through_json():
     p = QuantPolicy(mlp_bits=5, overrides=(("blocks.0.", 8),), control_patterns=("q_gain",))
-    assert QuantPolicy.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    assert quant_policy_from_dict(json.loads(json.dumps(p.to_dict()))) == p
     with pytest.raises(ValueError, match="fields"):
-        QuantPolicy.from_dict({"mlp_bits": 5, "typo": 1})
+        quant_policy_from_dict({"mlp_bits": 5, "typo": 1})
+    with pytest.raises(ValueError, match="mlp_bits=9"):
+        quant_policy_from_dict({"mlp_bits": 9})
 
 
 def test_policy_covers_the_real_model():

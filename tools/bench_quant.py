@@ -29,11 +29,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from quant.artifact import decode_artifact, quantize_state_dict  # noqa: E402
-from quant.codec import quant_build_payload, quant_wrap_container  # noqa: E402
+from quant.artifact import decode_artifact, quant_build_payload, quant_wrap_container, quantize_state_dict  # noqa: E402
 from quant.core import gptq_lite_quantize  # noqa: E402
 from quant.estimate import estimate_artifact_bytes  # noqa: E402
-from quant.packing import QUANT_PACKINGS  # noqa: E402
+from quant.offline import QUANT_PACKINGS, quant_compress  # noqa: E402
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy  # noqa: E402
 
 POLICIES = {
@@ -117,9 +116,8 @@ def run_bench(args) -> str:
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     for label, policy in POLICIES.items():
         t0 = time.perf_counter()
-        entries, stats = quantize_state_dict(state, policy)
+        entries, rel_mse = quantize_state_dict(state, policy)
         q_seconds = time.perf_counter() - t0
-        rel_mse = stats["sq_error"] / stats["sq_norm"]
         estimate = estimate_artifact_bytes(shapes, policy)
         blob_for_eval, rows = None, []
         for packing in QUANT_PACKINGS:
@@ -141,8 +139,6 @@ def run_bench(args) -> str:
 
 def run_calibration() -> str:
     """Compressed bits per value of Gaussian rows (GPTQ-lite, int8 containers, best compressor)."""
-    from quant.codec import quant_compress
-
     torch.manual_seed(0)
     lines = ["| bits | row length | zlib | zstd | lzma |", "|---:|---:|---:|---:|---:|"]
     for bits in range(2, 9):
