@@ -40,7 +40,7 @@ from eval.roundtrip import eval_roundtrip
 from eval.sliding import eval_sliding
 from quant.core import fake_quantize_per_row
 from quant.policy import QuantPolicy
-from quant.artifact import export_artifact, load_artifact
+from quant.artifact import atomic_write_bytes, export_artifact, load_artifact
 from quant.estimate import estimate_artifact_bytes
 
 BUNDLE_KIND = "package"
@@ -647,17 +647,6 @@ def setup_distributed(hp: Hyperparameters) -> RunContext:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     run_dir = Path(hp.out_dir) / hp.run_id
     return RunContext(rank, world_size, local_rank, device, run_dir)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: never a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def atomic_write_json(path: Path, obj: dict) -> None:

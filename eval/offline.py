@@ -7,7 +7,6 @@ single file (every byte there counts against the 16 MB artifact). It holds:
   - `load_sentencepiece_luts` and `count_stream_bytes` for `python -m eval`, tools and tests.
 """
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import sentencepiece as spm
 import torch
 
 from eval.bpb import build_sentencepiece_luts, count_target_bytes
+from quant.artifact import atomic_write_bytes
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -40,13 +40,7 @@ def write_data_shard(path, tokens) -> None:
         raise ValueError(f"shard {path}: {arr.size} tokens do not fit the int32 header count")
     header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(arr.astype("<u2", copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, header.tobytes() + arr.astype("<u2", copy=False).tobytes())
 
 
 def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -47,6 +47,7 @@ import json
 import lzma
 import math
 import os
+from pathlib import Path
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -181,14 +182,22 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
             raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
                              f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
         policy, change = dataclasses.replace(policy, **dict([step])), "%s=%s" % step
-    tmp = f"{path}.tmp"
+    atomic_write_bytes(path, blob)
+    return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], compressor=job[1],
+                fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write to a temp file in the same folder, fsync, then rename: a crash never leaves a
+    half-written file at `path`. The one atomic writer of the kit (artifact, result.json, shards,
+    checkpoints, record files)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
-        f.write(blob)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], compressor=job[1],
-                fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
 
 
 def decode_artifact(data, label="artifact"):

@@ -710,6 +710,8 @@ def bundle_report(root=None, encoding: str = "auto") -> dict:
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    # Same as quant.artifact.atomic_write_bytes, repeated so that the bundler stays stdlib-only
+    # (no torch import) and runs as `python tools/bundle.py` without the repo on sys.path.
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)

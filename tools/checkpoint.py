@@ -6,20 +6,20 @@ data position, the loss history and the RNG state, so that on CPU a resumed run 
 bit; it is written atomically and loaded with `torch.load(weights_only=True)` (no pickle code).
 """
 
+import io
 import json
-import os
 from pathlib import Path
 
 import safetensors.torch
 import torch
 
+from quant.artifact import atomic_write_bytes
+
 
 def save_prequant(path: Path, state: dict, config: dict) -> None:
     """SAVE_PREQUANT=1: the float32 weights before quantization, with the model config in the
     safetensors metadata ("model_config"), the input of tools/bench_quant.py."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    safetensors.torch.save_file(state, str(tmp), metadata={"model_config": json.dumps(config)})
-    os.replace(tmp, path)
+    atomic_write_bytes(path, safetensors.torch.save(state, metadata={"model_config": json.dumps(config)}))
 
 
 def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float, losses) -> None:
@@ -29,9 +29,9 @@ def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train
              "losses": losses.cpu(),
              "stream": [loader.shard_index, loader.offset],
              "rng": torch.get_rng_state()}
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    atomic_write_bytes(path, buffer.getvalue())
 
 
 def load_checkpoint(path: Path, model, optimizers, ema, loader) -> tuple:

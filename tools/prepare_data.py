@@ -56,6 +56,7 @@ if str(REPO_ROOT) not in sys.path:  # `python tools/prepare_data.py` puts tools/
 
 from eval.offline import SHARD_MANIFEST_FORMAT, SHARD_TOKENS_PER_FILE, write_data_shard  # noqa: E402
 from eval.shards import read_shard_header  # noqa: E402
+from quant.artifact import atomic_write_bytes  # noqa: E402
 
 OFFICIAL_NUM_VAL_DOCS = 50_000
 DOC_HASH_HEX_CHARS = 16
@@ -118,10 +119,7 @@ def _fsync_replace(tmp: Path, path: Path) -> None:
 
 
 def write_json_atomic(path, obj) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
-    _fsync_replace(tmp, path)
+    atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def _input_kind(path: Path) -> str:
