@@ -118,6 +118,13 @@ def _fsync_replace(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
+def manifest_header(tokenizer_path: Path, vocab_size: int, bos_id: int) -> dict:
+    """The keys every manifest.json starts with (format, tokenizer identity, BOS, no EOS)."""
+    return {"format": SHARD_MANIFEST_FORMAT, "format_version": 1, "tokenizer": tokenizer_path.name,
+            "tokenizer_sha256": sha256_file(tokenizer_path), "vocab_size": vocab_size, "bos_id": bos_id,
+            "append_eos": False}
+
+
 def write_json_atomic(path, obj) -> None:
     atomic_write_bytes(path, (json.dumps(obj, indent=2) + "\n").encode())
 
@@ -346,13 +353,7 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
 
     tokenizer_path = Path(tokenizer_path)
     manifest = {
-        "format": SHARD_MANIFEST_FORMAT,
-        "format_version": 1,
-        "tokenizer": tokenizer_path.name,
-        "tokenizer_sha256": sha256_file(tokenizer_path),
-        "vocab_size": vocab_size,
-        "bos_id": bos_id,
-        "append_eos": False,
+        **manifest_header(tokenizer_path, vocab_size, bos_id),
         "shard_tokens": shard_tokens,
         "splits": {
             split: {
@@ -645,13 +646,7 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
     if stats.get("docs_val") is not None and int(stats["docs_val"]) != splits["val"]["num_docs"]:
         log(f"warning: {splits['val']['num_docs']} BOS tokens in val shards, hub manifest says docs_val={stats['docs_val']}")
     manifest = {
-        "format": SHARD_MANIFEST_FORMAT,
-        "format_version": 1,
-        "tokenizer": tokenizer_path.name,
-        "tokenizer_sha256": sha256_file(tokenizer_path),
-        "vocab_size": vocab_size,
-        "bos_id": bos_id,
-        "append_eos": False,
+        **manifest_header(tokenizer_path, vocab_size, bos_id),
         "splits": splits,
         "source": {"command": "fineweb", "repo_id": repo_id, "remote_root": remote_root, "variant": variant,
                    "dataset": dataset_name, "num_train_shards_available": num_train_available,
