@@ -28,19 +28,18 @@ def hp_for(dataset, tokenizer, **env):
     ("MATRIX_LR", "-0.1", "MATRIX_LR=-0.1: expected a finite value >= 0"),
     ("NUM_LAYERS", "eight", "NUM_LAYERS='eight': expected int"),
     ("NUM_LAYERS", "2.5", "NUM_LAYERS='2.5': expected int"),
-    ("EMA_DECAY", "nan", "EMA_DECAY"),
+    ("EMA_DECAY", "nan", "EMA_DECAY=nan: expected a finite value >= 0"),
     ("TIE_EMBEDDINGS", "maybe", "TIE_EMBEDDINGS='maybe': expected bool"),
     ("PRESET", "4xh100", "PRESET='4xh100'"),
-    ("NUM_KV_HEADS", "3", "NUM_HEADS"),
-    ("ROPE_DIMS", "65", "ROPE_DIMS"),
-    ("EVAL_STRIDE", "0", "EVAL_STRIDE"),
-    ("ATTN_BACKEND", "xformers", "ATTN_BACKEND"),
-    ("VOCAB_SIZE", "70000", "VOCAB_SIZE"),
+    ("NUM_KV_HEADS", "3", "NUM_HEADS=8: expected a multiple of NUM_KV_HEADS=3"),
+    ("ROPE_DIMS", "65", "ROPE_DIMS=65: expected even and <= head_dim=64"),
+    ("EVAL_STRIDE", "0", "EVAL_STRIDE=0: expected > 0"),
+    ("ATTN_BACKEND", "xformers", "ATTN_BACKEND='xformers': expected auto, fa3, fa2 or sdpa"),
+    ("VOCAB_SIZE", "70000", "VOCAB_SIZE=70000: expected 1..65536"),
 ])
 def test_bad_setting_raises_value_error_naming_the_variable(name, value, expected):
-    with pytest.raises(ValueError, match=expected) as err:
+    with pytest.raises(ValueError, match=expected):
         Hyperparameters.from_env({name: value}, log=lambda *_: None)
-    assert name in str(err.value) or expected in str(err.value)
 
 
 def test_preset_defaults_and_explicit_override():
