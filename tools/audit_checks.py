@@ -1,0 +1,466 @@
+"""The checks of tools/audit.py, one function each, over a `Record` (what the folder holds).
+
+Each returns a Check(name, status, evidence): "pass", "fail" or "n/a" (not checkable, with why).
+A check that lacks its input (no submission.json, no train_gpt.py, nothing logged) says n/a
+rather than fail, so each broken folder fails exactly the checks about what is wrong in it.
+Limits and their sources: README of openai/parameter-golf (16,000,000 bytes decimal of code +
+compressed model; 10 minutes of training and 10 more of evaluation on 8xH100; record folders hold
+README.md, submission.json, train logs, train_gpt.py, requirements.txt for extra packages;
+a new record beats the best by 0.005 nats at p < 0.01, usually 3 seeds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+
+from tools.audit_bytes import candidates, ratio_deviation, sha256_of, tolerance
+
+BYTE_BUDGET = 16_000_000
+TRAIN_LIMIT_SECONDS = 600.0
+EVAL_LIMIT_SECONDS = 600.0
+RECORD_TRACK = "track_10min_16mb"
+NON_RECORD_TRACK = "track_non_record_16mb"
+MIN_RECORD_SEEDS = 3
+OVERSHOOT_STEPS = 2
+SUBMISSION_FIELDS = ("author", "github_id", "name", "blurb", "date", "val_loss", "val_bpb", "bytes_total", "bytes_code")
+# openai/parameter-golf requirements.txt: the evaluation environment has these ("all packages installed");
+# torch brings triton. Anything else a script imports needs requirements.txt / README setup notes.
+BASE_PACKAGES = {"numpy", "tqdm", "torch", "huggingface_hub", "kernels", "setuptools", "typing_extensions",
+                 "datasets", "tiktoken", "sentencepiece", "triton"}
+IMPORT_ALIASES = {  # import name -> names a requirements.txt or README may use for it
+    "flash_attn_interface": ("flash_attn_3", "flash_attn", "flashattention", "fa3"),
+    "flash_attn": ("flash_attn", "flashattention"), "yaml": ("pyyaml",), "fla": ("flash_linear_attention",),
+    "mamba_ssm": ("mamba_ssm",), "python_minifier": ("python_minifier",), "PIL": ("pillow",),
+    "sklearn": ("scikit_learn",), "cv2": ("opencv_python",), "zstd": ("zstd", "zstandard"),
+}
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: str  # "pass" | "fail" | "n/a"
+    evidence: str
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.\s]+", "", name.lower())
+
+
+def _fmt_s(seconds: float) -> str:
+    return f"{seconds:.3f} s"
+
+
+# -----------------------------------------------------------------------------------------------
+# files and code
+# -----------------------------------------------------------------------------------------------
+
+
+def check_files(rec) -> Check:
+    have, missing = [], []
+    for label, present in (("README.md", rec.readme is not None), ("submission.json", rec.submission_path is not None),
+                           ("train_gpt.py", rec.script_bytes is not None), ("a train log", bool(rec.logs))):
+        (have if present else missing).append(label)
+    logs = ", ".join(lg.name for lg in rec.logs[:6]) + (" ..." if len(rec.logs) > 6 else "")
+    ev = f"found {', '.join(have) or 'nothing'}" + (f" ({len(rec.logs)} train log(s): {logs})" if rec.logs else "")
+    if missing:
+        return Check("files", "fail", f"missing {', '.join(missing)}; {ev}")
+    return Check("files", "pass", ev)
+
+
+def check_submission_fields(rec) -> Check:
+    if rec.submission_path is None:
+        return Check("submission_fields", "n/a", "no submission.json")
+    if rec.submission_error:
+        return Check("submission_fields", "fail", f"submission.json: {rec.submission_error}")
+    sub = rec.submission
+    missing = [k for k in SUBMISSION_FIELDS if sub.get(k) in (None, "")]
+    bad = [k for k in ("val_loss", "val_bpb") if k not in missing and not isinstance(sub[k], (int, float))]
+    bad += [k for k in ("bytes_total", "bytes_code") if k not in missing and not isinstance(sub[k], int)]
+    extra = len([k for k in sub if k not in SUBMISSION_FIELDS])
+    if missing or bad:
+        alt = {k: a for k, a in (("val_bpb", "mean_val_bpb"), ("val_loss", "mean_val_loss"),
+                                 ("bytes_total", "artifact_bytes"), ("bytes_code", "code_bytes")) if k in missing and a in sub}
+        detail = "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else "",
+                                         f"not numbers: {', '.join(bad)}" if bad else "",
+                                         ", ".join(f"has {a} instead of {k}" for k, a in alt.items())]))
+        return Check("submission_fields", "fail", f"submission.json {detail}")
+    return Check("submission_fields", "pass", f"submission.json has the {len(SUBMISSION_FIELDS)} official fields "
+                                             f"(+{extra} more)")
+
+
+def check_code_size(rec) -> Check:
+    if rec.script_bytes is None:
+        return Check("code_size", "n/a", "no train_gpt.py")
+    real = rec.code_bytes
+    parts = f"train_gpt.py {len(rec.script_bytes):,} bytes" + "".join(
+        f" + {n} {(rec.folder / n).stat().st_size:,} bytes (exec'd by train_gpt.py)" for n in rec.script.files)
+    problems = []
+    claimed = rec.submission.get("bytes_code")
+    if isinstance(claimed, int) and claimed != real:
+        problems.append(f"submission.json bytes_code={claimed:,} but the shipped code is {real:,} bytes")
+    accepted = {real, len(rec.script_bytes)}
+    if rec.script.source is not None:
+        accepted.add(len(rec.script.source.encode("utf-8")))
+    for lg in rec.seed_logs:
+        if lg.facts.codes and not {b for _, b, _ in lg.facts.codes} & accepted:
+            label, b, line = lg.facts.codes[-1]
+            problems.append(f"{lg.name}:{line} logs {label} {b:,}: not the shipped file's size (the code changed "
+                            f"since the run?)")
+    if problems:
+        return Check("code_size", "fail", f"{parts}; " + "; ".join(problems[:3]))
+    logged = sorted({f"{lg.name}:{lg.facts.codes[-1][2]}" for lg in rec.seed_logs if lg.facts.codes})
+    return Check("code_size", "pass", f"{parts} = {real:,} counted" + (f" = submission.json bytes_code" if
+                                                                        isinstance(claimed, int) else "")
+                 + (f"; logged sizes agree ({', '.join(logged[:3])})" if logged else ""))
+
+
+def check_code_parses(rec) -> Check:
+    from tools.audit_code import parse_imports
+
+    if rec.script_bytes is None:
+        return Check("code_parses", "n/a", "no train_gpt.py")
+    if rec.script_error:
+        return Check("code_parses", "fail", f"train_gpt.py does not parse: {rec.script_error}")
+    s = rec.script
+    how = "plain source" if s.kind == "plain" else f"packed: {'; '.join(s.layers)}"
+    if s.kind == "unreadable":
+        status = "n/a" if s.error.startswith("unsupported stub") else "fail"
+        return Check("code_parses", status, f"train_gpt.py parses but its payload is unreadable: {s.error}")
+    try:
+        required, optional, version = parse_imports(s.source, rec.pythons)
+    except SyntaxError as e:
+        newer = sorted({lg.facts.python for lg in rec.logs if lg.facts.python}, reverse=True)
+        here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        if newer and tuple(map(int, newer[0].split(".")[:2])) > sys.version_info[:2]:
+            return Check("code_parses", "n/a", f"{how}; line {e.lineno}: {e.msg}; its logs ran Python {newer[0]}, this "
+                                               f"is {here} (pass --python PATH to a newer interpreter)")
+        return Check("code_parses", "fail", f"{how}; the code does not parse: line {e.lineno}: {e.msg}")
+    rec.imports = (required, optional)
+    lines = s.source.count("\n") + 1
+    return Check("code_parses", "pass", f"{how}; {lines:,} lines, parses with Python {version}")
+
+
+def check_requirements(rec) -> Check:
+    if rec.imports is None:
+        return Check("requirements", "n/a", "the code could not be read")
+    required, optional = rec.imports
+    local = {p.stem for p in rec.folder.glob("*.py")} | {p.name for p in rec.folder.iterdir() if p.is_dir()}
+    third = sorted(m for m in required if m not in sys.stdlib_module_names and m not in local and m != "__future__")
+    extra = [m for m in third if m not in BASE_PACKAGES]
+    if not extra:
+        return Check("requirements", "pass", f"imports {', '.join(third) or 'only the standard library'}: all in the "
+                                             f"official environment" + (f" (optional: {', '.join(sorted(optional))})"
+                                                                        if optional else ""))
+    req_text = rec.requirements or ""
+    listed = {_norm(re.split(r"[<>=!~;\[ #]", ln.strip(), maxsplit=1)[0]) for ln in req_text.splitlines()
+              if ln.strip() and not ln.strip().startswith("#")}
+    mentioned_req, mentioned_readme = _norm(req_text), _norm(rec.readme or "")
+    unlisted, via_notes = [], []
+    for mod in extra:
+        names = {_norm(mod)} | {_norm(a) for a in IMPORT_ALIASES.get(mod, ())}
+        if names & listed:
+            continue
+        if any(n in mentioned_req or n in mentioned_readme for n in names):
+            via_notes.append(mod)
+            continue
+        unlisted.append(mod)
+    where = "requirements.txt" if rec.requirements is not None else "there is no requirements.txt"
+    if unlisted:
+        return Check("requirements", "fail", f"imports {', '.join(unlisted)} (not in the official environment) but "
+                                             f"{where} and README.md do not name {'it' if len(unlisted) == 1 else 'them'}")
+    in_req = [m for m in extra if m not in via_notes]
+    return Check("requirements", "pass", f"packages beyond the official environment: "
+                 + "; ".join(filter(None, [f"{', '.join(in_req)} in requirements.txt" if in_req else "",
+                                           f"{', '.join(via_notes)} named in the setup notes" if via_notes else ""])))
+
+
+# -----------------------------------------------------------------------------------------------
+# limits per seed
+# -----------------------------------------------------------------------------------------------
+
+
+def _over_limit(rec, name: str, text: str) -> Check:
+    """A time over 600 s fails, except in the non-record track, which also takes unlimited-compute runs."""
+    if rec.track == NON_RECORD_TRACK:
+        return Check(name, "n/a", f"{text}: allowed in {NON_RECORD_TRACK} (unlimited compute; the README must say so)")
+    return Check(name, "fail", text)
+
+
+def check_train_time(rec) -> Check:
+    worst, rows = None, []
+    for lg in rec.seed_logs:
+        f = lg.facts
+        json_s = (lg.seed_result or {}).get("train_seconds")
+        if f.train_ms is None and not isinstance(json_s, (int, float)):
+            continue
+        train_s = max(f.train_ms[0] / 1000.0 if f.train_ms else 0.0, float(json_s or 0.0))
+        where = f"{lg.name}:{f.train_ms[1]}" if f.train_ms else f"submission.json seed {lg.seed}"
+        calib = sum(s for s, _ in f.gptq_calib)
+        # the official loop checks the cap between steps, so the step in flight at the cap overruns it;
+        # accepted records overrun by up to ~1.4 average steps (step times vary): allow 2
+        step_ms = f.step_avg_ms or (f.train_ms[0] / f.last_step[0] if f.train_ms and f.last_step and f.last_step[0] else 0.0)
+        overshoot = OVERSHOOT_STEPS * step_ms / 1000.0 if f.stop and "wallclock" in f.stop[0] else 0.0
+        limit = TRAIN_LIMIT_SECONDS + overshoot
+        total = train_s + calib
+        text = f"{where} train_time {_fmt_s(train_s)}"
+        if calib:
+            text += f" + GPTQ calibration on training data {calib:.1f} s ({lg.name}:{f.gptq_calib[-1][1]}) = {_fmt_s(total)}"
+        if f.gptq_selfgen:
+            text += f" (self-generated GPTQ calibration {sum(s for s, _ in f.gptq_selfgen):.1f} s not counted, PR #1019)"
+        if overshoot and TRAIN_LIMIT_SECONDS < total <= limit:
+            text += f" (the step in flight at the cap: within {OVERSHOOT_STEPS} x {step_ms:.1f} ms steps)"
+        rows.append((total - limit, text, total > limit))
+    if not rows:
+        return Check("train_under_600s", "n/a", "no training time logged (no step/stopping_early train_time)")
+    bad = [r for r in rows if r[2]]
+    worst = max(rows)
+    if bad:
+        return _over_limit(rec, "train_under_600s", f"{'; '.join(r[1] for r in bad[:3])} > {TRAIN_LIMIT_SECONDS:.0f} s")
+    return Check("train_under_600s", "pass", f"max over {len(rows)} log(s): {worst[1]} <= {TRAIN_LIMIT_SECONDS:.0f} s")
+
+
+def check_eval_time(rec) -> Check:
+    rows = []
+    for lg in rec.seed_logs:
+        f = lg.facts
+        end_line = f.train_ms[1] if f.train_ms else 0
+        passes = [m for m in f.metrics if m.eval_seconds is not None and m.line > end_line]
+        total_sum = sum(m.eval_seconds for m in passes)
+        json_s = (lg.seed_result or {}).get("eval_seconds")
+        if f.total_eval is not None:
+            value, text = f.total_eval[0], f"{lg.name}:{f.total_eval[1]} total_eval_time {_fmt_s(f.total_eval[0])}"
+            if total_sum > value + 1e-6:
+                text += f" (all {len(passes)} logged passes sum to {_fmt_s(total_sum)}, diagnostics included)"
+        elif passes:
+            value = total_sum
+            each = ", ".join(f"{m.name} {m.eval_seconds:.1f} s (line {m.line})" for m in passes[:5])
+            text = f"{lg.name}: the eval passes after training sum to {_fmt_s(total_sum)} ({each})"
+        else:
+            value, text = None, ""
+        if isinstance(json_s, (int, float)) and (value is None or json_s > value):
+            value, text = float(json_s), f"submission.json seed {lg.seed} eval_seconds {_fmt_s(float(json_s))}"
+        if value is not None:
+            rows.append((value, text))
+    if not rows:
+        return Check("eval_under_600s", "n/a", "no eval time logged")
+    bad = [r for r in rows if r[0] > EVAL_LIMIT_SECONDS]
+    if bad:
+        return _over_limit(rec, "eval_under_600s", f"{'; '.join(r[1] for r in bad[:3])} > {EVAL_LIMIT_SECONDS:.0f} s")
+    return Check("eval_under_600s", "pass", f"max over {len(rows)} log(s): {max(rows)[1]} <= {EVAL_LIMIT_SECONDS:.0f} s")
+
+
+def real_total(rec, lg) -> tuple | None:
+    """(bytes, how) of one log's artifact with the real shipped code counted."""
+    f = lg.facts
+    model = f.counted_model
+    if model is not None and rec.code_bytes is not None:
+        return model[1] + rec.code_bytes, (f"{lg.name}:{model[2]} model {model[1]:,} ({model[0]}) + shipped code "
+                                           f"{rec.code_bytes:,}")
+    total = f.counted_total
+    if total is None:
+        res = lg.seed_result or {}
+        if isinstance(res.get("bytes_total"), int):
+            return res["bytes_total"], f"submission.json seed {lg.seed} bytes_total"
+        return None
+    logged_code = f.codes[-1][1] if f.codes else None
+    if logged_code is not None and rec.code_bytes is not None and logged_code != rec.code_bytes:
+        fixed = total[1] - logged_code + rec.code_bytes
+        return fixed, (f"{lg.name}:{total[2]} total {total[1]:,} with logged code {logged_code:,} -> shipped code "
+                       f"{rec.code_bytes:,}")
+    return total[1], f"{lg.name}:{total[2]} Total submission size{' ' + total[0] if total[0] else ''}"
+
+
+def check_artifact_bytes(rec) -> Check:
+    rows = [r for r in (real_total(rec, lg) for lg in rec.seed_logs) if r]
+    claimed = rec.submission.get("bytes_total")
+    if isinstance(claimed, int):
+        rows.append((claimed, "submission.json bytes_total"))
+    if not rows:
+        return Check("artifact_under_16mb", "n/a", "no artifact size logged or claimed")
+    worst = max(rows)
+    if worst[0] > BYTE_BUDGET:
+        bad = [r for r in rows if r[0] > BYTE_BUDGET]
+        return Check("artifact_under_16mb", "fail", "; ".join(f"{r[1]} = {r[0]:,}" for r in bad[:3])
+                     + f" > {BYTE_BUDGET:,}")
+    return Check("artifact_under_16mb", "pass", f"max {worst[0]:,} bytes ({worst[1]}) <= {BYTE_BUDGET:,} "
+                                                f"(margin {BYTE_BUDGET - worst[0]:,})")
+
+
+# -----------------------------------------------------------------------------------------------
+# claims, byte accounting, seeds, significance, data
+# -----------------------------------------------------------------------------------------------
+
+
+def _claim_tolerance(value) -> float:
+    """One unit in the last printed decimal of a JSON number (the claim's own rounding, plus a mean
+    taken over per-seed values rounded the same way) + the logs' 8-decimal rounding."""
+    text = repr(float(value))
+    decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 8
+    return 10.0 ** -decimals + 1e-8
+
+
+def check_claims(rec) -> Check:
+    sub = rec.submission
+    claimed = sub.get("val_bpb", sub.get("mean_val_bpb"))
+    scored = [lg for lg in rec.seed_logs if lg.score is not None]
+    if not isinstance(claimed, (int, float)) or not scored:
+        why = "no claimed val_bpb" if not isinstance(claimed, (int, float)) else "no final val_bpb in the logs"
+        return Check("claims_match_logs", "n/a", why)
+    problems = []
+    for lg in scored:
+        per = (lg.seed_result or {}).get("val_bpb")
+        if isinstance(per, (int, float)) and abs(per - lg.score.val_bpb) > _claim_tolerance(per):
+            problems.append(f"seed {lg.seed}: submission.json val_bpb {per} but {lg.name}:{lg.score.line} "
+                            f"{lg.score.name} {lg.score.val_bpb:.8f}")
+    mean = statistics.fmean(lg.score.val_bpb for lg in scored)
+    names = sorted({lg.score.name for lg in scored})
+    single = None
+    if not rec.claims and len(scored) > 1:  # no seeds listed: the claim may be one run (early records: train.log)
+        single = next((lg for lg in scored if abs(lg.score.val_bpb - claimed) <= _claim_tolerance(claimed)), None)
+    if single is not None:
+        return Check("claims_match_logs", "pass", f"val_bpb {claimed} = {single.name}:{single.score.line} "
+                                                  f"{single.score.name} {single.score.val_bpb:.8f}: one run (submission.json "
+                                                  f"lists no seeds), not the mean of the {len(scored)} logs ({mean:.8f})")
+    if abs(mean - claimed) > _claim_tolerance(claimed):
+        problems.append(f"submission.json val_bpb {claimed} but the mean of {len(scored)} log(s) is {mean:.8f} "
+                        f"({', '.join(names)}: " + ", ".join(f"{lg.name}:{lg.score.line} {lg.score.val_bpb:.8f}"
+                                                             for lg in scored[:4]) + ")")
+    totals = [r[0] for r in (real_total(rec, lg) for lg in scored) if r]
+    logged = [lg.facts.counted_total[1] for lg in scored if lg.facts.counted_total]
+    claimed_bytes = sub.get("bytes_total")
+    if isinstance(claimed_bytes, int) and (totals or logged):
+        lo, hi = min(totals + logged), max(totals + logged)
+        if not lo <= claimed_bytes <= hi and claimed_bytes < hi:
+            problems.append(f"submission.json bytes_total {claimed_bytes:,} but the logs give {lo:,}..{hi:,}")
+    if problems:
+        return Check("claims_match_logs", "fail", "; ".join(problems[:3]))
+    extra = f"; {len(rec.extra_logs)} other log(s) not backing the claim: " + ", ".join(
+        lg.name for lg in rec.extra_logs[:3]) if rec.extra_logs else ""
+    return Check("claims_match_logs", "pass", f"val_bpb {claimed} = mean of {len(scored)} seed log(s) "
+                                              f"{mean:.8f} ({', '.join(names)})"
+                 + (f"; bytes_total {claimed_bytes:,} within the logged sizes" if isinstance(claimed_bytes, int)
+                    and (totals or logged) else "") + extra)
+
+
+def _log_candidates(rec, lg):
+    f = lg.facts
+    name = Path(f.tokenizer[0]).name if f.tokenizer else None
+    sha = None
+    if name:
+        for path in (rec.folder / name, *rec.folder.glob(f"*/{name}"), Path(f.tokenizer[0]),
+                     rec.folder / f.tokenizer[0]):
+            if path.is_file():
+                sha = sha256_of(path)
+                break
+    val_tokens = (f.val_tokens[0] if f.val_tokens else None) or (lg.seed_result or {}).get("val_tokens")
+    return candidates(tokenizer_name=name, sha256=sha, vocab_size=f.vocab_size[0] if f.vocab_size else None,
+                      dataset=f.dataset[0] if f.dataset else None, val_tokens=val_tokens,
+                      byte_level=f.byte_level), name, sha, val_tokens
+
+
+def check_byte_accounting(rec) -> Check:
+    rows, unknown = [], []
+    for lg in rec.seed_logs:
+        finals = [m for m in lg.facts.metrics if m.tokens_per_byte]
+        if not finals:
+            continue
+        if rec.measured is not None:
+            cands = [(rec.measured_label, rec.measured["tokens_per_byte"], 0.0)]
+        else:
+            found, name, sha, val_tokens = _log_candidates(rec, lg)
+            if not found:
+                unknown.append(f"{lg.name}: tokenizer {name or '?'}" + (f" (sha256 {sha[:12]}...)" if sha else "")
+                               + (f", {val_tokens:,} val tokens" if val_tokens else ""))
+                continue
+            cands = [(f"{c.key} {c.tokens_per_byte:.7f} ({c.source.split(':')[0]})", c.tokens_per_byte, c.half_width)
+                     for c in found]
+        for m in finals:
+            best = min(cands, key=lambda c: abs(ratio_deviation(m.tokens_per_byte, c[1])))
+            dev = ratio_deviation(m.tokens_per_byte, best[1])
+            tol = tolerance(m.rounding, best[2])
+            rows.append((abs(dev) / tol, lg, m, dev, tol, best[0]))
+    if not rows:
+        why = "; ".join(unknown[:2]) if unknown else "no final val_loss/val_bpb lines"
+        return Check("byte_accounting", "n/a", f"{why}: not in the canonical table (pass --tokenizer/--data-path)"
+                     if unknown else why)
+    score, lg, m, dev, tol, label = max(rows, key=lambda r: r[0])
+    text = (f"{lg.name}:{m.line} {m.name} implies {m.tokens_per_byte:.7f} tokens/byte, {dev * 100:+.3f}% from "
+            f"{label} (tolerance {tol * 100:.3f}%)")
+    if score > 1:
+        bad = len([r for r in rows if r[0] > 1])
+        return Check("byte_accounting", "fail", f"{text}; {bad} of {len(rows)} final lines off: the val bytes were "
+                                                f"counted differently (or other text was scored)")
+    return Check("byte_accounting", "pass", f"{len(rows)} final lines; worst {text}")
+
+
+def check_seeds(rec) -> Check:
+    seeds = sorted({lg.seed for lg in rec.seed_logs if lg.score is not None and lg.seed is not None})
+    count = len(seeds) or len([lg for lg in rec.seed_logs if lg.score is not None])
+    listed = f"{count} seed(s) with final results" + (f" ({', '.join(map(str, seeds))})" if seeds else "")
+    if rec.track == RECORD_TRACK:
+        if count >= MIN_RECORD_SEEDS:
+            return Check("three_seeds", "pass", listed)
+        return Check("three_seeds", "fail", f"{listed}; a record needs enough seeds for p < 0.01, usually "
+                                            f"{MIN_RECORD_SEEDS}")
+    return Check("three_seeds", "n/a", f"{listed}; track {rec.track or 'unknown'}: no significance rule")
+
+
+def seed_values(rec) -> list:
+    """significance.SeedValue per seed log with a final result (the folder's claimed metric)."""
+    from tools.significance import SeedValue
+
+    return [SeedValue(f"{rec.folder.name}/{lg.name}", lg.seed, lg.score.val_bpb, lg.score.val_loss,
+                      lg.score.tokens_per_byte) for lg in rec.seed_logs if lg.score is not None]
+
+
+def check_significance(rec, baseline_bpb=None, baseline_values=None) -> Check:
+    if baseline_bpb is None and baseline_values is None:
+        return Check("significance", "n/a", "no --baseline-bpb / --baseline given")
+    from tools.significance import analyse
+
+    values = seed_values(rec)
+    if len(values) < 2:
+        return Check("significance", "fail" if values else "n/a",
+                     f"{len(values)} seed(s): a t-test needs at least 2")
+    res = analyse(values, baseline_bpb=baseline_bpb, baseline_values=baseline_values)
+    text = (f"{res['test']} t-test over {res['n']} seeds: mean {res['mean']:.8f} vs baseline {res['baseline_mean']:.8f}, "
+            f"improvement {res['improvement_nats']:+.5f} nats (need > {res['min_improvement_nats']}), "
+            f"p = {res['p']:.3g} (need < {res['alpha']})")
+    return Check("significance", "pass" if res["significant"] else "fail", text)
+
+
+def check_data(rec) -> Check:
+    manifests = [p for p in (rec.folder / "manifest.json",
+                             Path(rec.data_path) / "manifest.json" if rec.data_path else None) if p and p.is_file()]
+    for path in manifests:
+        from eval.shards import check_data_manifest  # imports torch: only when a manifest is there
+
+        notes = []
+        try:
+            manifest = check_data_manifest(path.parent, log=notes.append)
+        except ValueError as e:
+            return Check("data_disjoint", "fail", str(e))
+        if manifest is not None:
+            n = {k: v.get("num_docs") for k, v in manifest.get("splits", {}).items()}
+            return Check("data_disjoint", "pass", f"{path}: document hashes of train ({n.get('train')}) and val "
+                                                  f"({n.get('val')}) docs do not intersect")
+    for lg in rec.seed_logs:
+        f = lg.facts
+        bad = [(p, n, "train") for p, n in f.train_patterns if "val" in Path(p).name] + \
+              [(p, n, "val") for p, n in f.val_patterns if "train" in Path(p).name]
+        if bad:
+            p, n, split = bad[0]
+            return Check("data_disjoint", "fail", f"{lg.name}:{n}: the {split} loader reads {p}")
+    pats = [(lg, f.train_patterns[-1], f.val_patterns[-1]) for lg in rec.seed_logs
+            for f in [lg.facts] if f.train_patterns and f.val_patterns]
+    if pats:
+        lg, (tp, tn), (vp, vn) = pats[0]
+        return Check("data_disjoint", "pass", f"{lg.name}:{tn},{vn}: train shards {Path(tp).name}, val shards "
+                                              f"{Path(vp).name} (disjoint file sets)")
+    return Check("data_disjoint", "n/a", "no manifest, document hashes or train shard names in the folder or its "
+                                         "logs (pass --data-path with a manifest.json)")
