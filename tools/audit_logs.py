@@ -18,7 +18,7 @@ script. What it reads (each value with its 1-based line number, for the audit's 
 - GPTQ calibration after training: `gptq:reserving Ns`, `GPTQ:collected N Hessians in Fs`
   (training-data calibration, which must fit in the 600 s, openai/parameter-golf issue #1017),
   `gptq:generated N sequences in Fs` (autoregressive self-generated calibration, PR #1019);
-- identity: seed, python version, vocab size, tokenizer path, dataset name, val token count,
+- identity: seed, python version, vocab size, training sequence length, tokenizer path, dataset name, val token count,
   train/val shard patterns.
 
 Lines that start with whitespace or contain `{` are code (many logs open with the script's source),
@@ -50,6 +50,7 @@ _RE_GPTQ_CALIB = re.compile(r"^(?:GPTQ:collected \d+ Hessians|gptq:calibrated \d
 _RE_GPTQ_SELFGEN = re.compile(r"^gptq:(?:generated \d+ sequences|done) in (\d+(?:\.\d+)?)s")
 _RE_SEED = re.compile(r"(?:^|\s)(?:seed|SEED)[:=]\s?(\d+)\s*$|(?:^|\s)seed=(\d+)\b")
 _RE_PYTHON = re.compile(r"(?:^python:|Running Python |^Python )(\d+\.\d+\.\d+)")
+_RE_SEQ_LEN = re.compile(r"(?:^|\s)(?:train_seq_len|TRAIN_SEQ_LEN)[:=]\s?(\d+)\b")
 _RE_VOCAB = re.compile(r"(?:^|\s)(?:vocab_size|VOCAB_SIZE)[:=]\s?(\d+)\b")
 _RE_TOKENIZER = re.compile(r"(?:^|\s)(?:tokenizer_path|TOKENIZER_PATH)[:=]\s?(\S+?\.model)\b")
 _RE_BYTE_TOKENIZER = re.compile(r"tokenizer_kind=byte\b")
@@ -103,6 +104,7 @@ class LogFacts:
     seed: tuple | None = None
     python: str | None = None
     vocab_size: tuple | None = None
+    seq_len: tuple | None = None
     tokenizer: tuple | None = None  # (path, line)
     byte_level: bool = False
     dataset: tuple | None = None  # (path or name, line)
@@ -221,6 +223,7 @@ _HANDLERS = [
 _IDENTITY_HANDLERS = [
     (_RE_SEED, _set("seed", lambda m: int(_first_group(m)))),
     (_RE_VOCAB, _set("vocab_size", lambda m: int(m.group(1)))),
+    (_RE_SEQ_LEN, _set("seq_len", lambda m: int(m.group(1)))),
     (_RE_TOKENIZER, _set("tokenizer")),
     (_RE_DATA, _set("dataset", _first_group)),
 ]

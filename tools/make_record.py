@@ -15,7 +15,9 @@ a time limit, did not finish (no final log lines, status not ok), were scored on
 split, differ in configuration beyond SEED/RUN_ID/OUT_DIR, repeat a seed, report different code
 bytes, or whose code is not the current source (the shipped file must be the code that ran); an
 existing folder without --force; a track name that is not official or does not fit the hardware.
-The folder is written to a temp dir next to its destination, checked (`check_record`), smoke-run
+The folder is written to a temp dir next to its destination, checked (`check_record`), audited
+(tools/audit.py: a failed check refuses the record, except three_seeds / significance, which are
+flagged; the result goes into submission.json as its `compliance` block), smoke-run
 (the packed train_gpt.py from inside the folder, 2 CPU steps, nothing else on sys.path), then
 renamed into place: a refused or failed record leaves nothing behind.
 """
@@ -303,7 +305,7 @@ def seed_results(runs: list) -> list:
             "val_loss_roundtrip": r["val_loss_roundtrip"], "val_bpb_roundtrip": r["val_bpb_roundtrip"],
             "val_loss_sliding": r["val_loss_sliding"], "val_bpb_sliding": r["val_bpb_sliding"],
             "eval_stride": r.get("eval_stride"), "bytes_model": r["bytes_model"], "bytes_total": r["bytes_total"],
-            "tokens_per_byte": r.get("tokens_per_byte"), "run_id": r.get("run_id"),
+            "tokens_per_byte": r.get("tokens_per_byte"), "val_tokens": r.get("val_tokens"), "run_id": r.get("run_id"),
         })
     return out
 
@@ -615,6 +617,39 @@ def check_record(folder) -> dict:
     return sub
 
 
+AUDIT_SOFT_CHECKS = ("three_seeds", "significance")  # flagged in submission.json, never a refusal
+
+
+def audit_record(folder: Path, runs: list, submission: dict, log=print) -> dict:
+    """Audit the written folder with tools/audit.py, as a reviewer would, and store the result as
+    submission.json["compliance"] (each check true / false / null = not checkable, with evidence).
+    The byte accounting is measured on the runs' own tokenizer and val split when both are on this
+    machine. Raises RecordError naming every failed check except AUDIT_SOFT_CHECKS (logged)."""
+    from tools.audit import audit_folder, compliance, format_table
+    from tools.audit_bytes import measure_tokens_per_byte
+
+    measured, label, data_path = None, "", None
+    tokenizer, data = (resolve_run_path(runs[0], k) for k in ("tokenizer_path", "data_path"))
+    if tokenizer.is_file() and data.is_dir():
+        try:
+            measured = measure_tokens_per_byte(tokenizer, data)
+            label, data_path = f"measured {measured['tokens_per_byte']:.7f} ({tokenizer.name}, {data.name})", str(data)
+        except (OSError, ValueError) as e:
+            log(f"audit: tokens/byte not measured ({e})")
+    result = audit_folder(folder, measured=measured, measured_label=label, data_path=data_path)
+    hard = [c for c in result.checks if c.status == "fail" and c.name not in AUDIT_SOFT_CHECKS]
+    if hard:
+        raise RecordError("the record folder fails its audit (python tools/audit.py FOLDER):\n"
+                          + "\n".join(f"  {c.name}: {c.evidence}" for c in hard))
+    for c in result.checks:
+        if c.status == "fail":
+            log(f"audit: flagged {c.name}: {c.evidence}")
+    submission["compliance"] = compliance(result)
+    (folder / "submission.json").write_text(json.dumps(submission, indent=2) + "\n", encoding="utf-8")
+    log(format_table(result).rstrip("\n"))
+    return submission["compliance"]
+
+
 def smoke_run(folder: Path, run: Run, log=print) -> dict:
     """Run the packed train_gpt.py from inside `folder` for 2 CPU-sized steps (PRESET=smoke,
     SKIP_FINAL_EVAL=1), with no PYTHONPATH (only the file itself can provide the code). Checks
@@ -712,6 +747,7 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
                                                     folder_rel=folder_rel, code_encoding=packed_encoding(packed)),
                                        encoding="utf-8")
         check_record(tmp)
+        audit_record(tmp, runs, submission, log=log)
         if skip_smoke:
             log("smoke run skipped (--skip-smoke)")
         else:
