@@ -280,6 +280,9 @@ def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset,
     out = capsys.readouterr().out
     assert "smoke: cd" in out  # the packed file ran from inside the folder before it was renamed into place
     sub = check_record(folder)
+    comp = json.loads((folder / "submission.json").read_text())["compliance"]  # tools/audit.py on the folder
+    assert comp["byte_accounting"] is True and "measured" in comp["evidence"]["byte_accounting"]
+    assert comp["data_disjoint"] is True and comp["code_parses"] is True and comp["artifact_under_16mb"] is True
     results = [json.loads((r / "result.json").read_text()) for r in runs]
     assert sub["val_bpb"] == pytest.approx(statistics.fmean(r["val_bpb_sliding"] for r in results), abs=1e-8)
     assert sub["bytes_code"] == results[0]["bytes_code"] == (folder / "train_gpt.py").stat().st_size
