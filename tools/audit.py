@@ -300,7 +300,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     try:
-        if bool(args.tokenizer) != bool(args.data_path) and args.tokenizer:
+        if args.tokenizer and not args.data_path:
             raise AuditInputError("--tokenizer needs --data-path (the val shards to count)")
         measured, label = None, ""
         if args.tokenizer:

@@ -12,7 +12,6 @@ a new record beats the best by 0.005 nats at p < 0.01, usually 3 seeds).
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import statistics
 import sys
@@ -337,7 +336,7 @@ def check_claims(rec) -> Check:
     claimed_bytes = sub.get("bytes_total")
     if isinstance(claimed_bytes, int) and (totals or logged):
         lo, hi = min(totals + logged), max(totals + logged)
-        if not lo <= claimed_bytes <= hi and claimed_bytes < hi:
+        if claimed_bytes < lo:  # a mean or the max of the seeds is fine; less than every log is not
             problems.append(f"submission.json bytes_total {claimed_bytes:,} but the logs give {lo:,}..{hi:,}")
     if problems:
         return Check("claims_match_logs", "fail", "; ".join(problems[:3]))

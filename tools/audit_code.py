@@ -30,7 +30,6 @@ import binascii
 import bz2
 import codecs
 import dataclasses
-import gzip
 import lzma
 import zlib
 from pathlib import Path
@@ -96,14 +95,13 @@ def _zstd_decompress(data, max_output_size=0):
                    "zstandard.decompress")
 
 
-# (module, function) -> (implementation, short name for the layer description)
+# (module, function) -> the pure decoder it names
 _FUNCTIONS = {("lzma", "decompress"): _lzma_decompress, ("zlib", "decompress"): _zlib_decompress,
               ("bz2", "decompress"): _bz2_decompress, ("gzip", "decompress"): _gzip_decompress,
               ("zstandard", "decompress"): _zstd_decompress, ("zstd", "decompress"): _zstd_decompress,
               **{("base64", name): getattr(base64, name) for name in _BASE64_DECODERS if hasattr(base64, name)},
               ("binascii", "a2b_base64"): binascii.a2b_base64, ("binascii", "unhexlify"): binascii.unhexlify,
               ("codecs", "decode"): None}  # codecs.decode handled below (bytes codecs only)
-_MODULES = {"lzma", "zlib", "bz2", "gzip", "zstandard", "zstd", "base64", "binascii", "codecs"}
 
 
 class _Reader:
