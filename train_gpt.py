@@ -37,7 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
 from eval.bpb import build_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
-from eval.sliding import eval_sliding
+from eval.sliding import EvalTimeError, count_sliding_windows, eval_sliding
 from quant.core import fake_quantize_per_row
 from quant.policy import QuantPolicy
 from quant.artifact import atomic_write_bytes, export_artifact, load_artifact
@@ -61,7 +61,7 @@ PRESETS = {
         "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
         "train_batch_tokens": 8192, "max_wallclock_seconds": 120.0, "warmup_steps": 0, "xsa_last_n": 1,
         "train_log_every": 10, "muon_momentum_warmup_steps": 50, "eval_batch_seqs": 32,
-        "val_batch_size": 32768,
+        "val_batch_size": 32768, "eval_auto_stride": False,
     },
 }
 
@@ -130,12 +130,13 @@ class Hyperparameters:
     eval_stride: int = 64
     eval_batch_seqs: int = 64
     eval_max_seconds: float = 600.0
-    eval_auto_stride: bool = False
+    eval_auto_stride: bool = True  # GPU presets: stride planned before training (plan_eval_stride); smoke: off
     val_max_tokens: int = 0  # 0 = the whole val split (required for a record)
     byte_budget: int = 16_000_000
     # machinery
     compile: int = -1  # -1 = on for CUDA, off for CPU
     attn_backend: str = "auto"  # auto | fa3 | fa2 | sdpa
+    autocast: str = "auto"  # auto = bf16 on CUDA, none on CPU | bf16 (also on CPU: the CUDA twin) | none
     save_prequant: bool = False
     skip_final_eval: bool = False
     checkpoint_every: int = 0
@@ -180,6 +181,7 @@ class Hyperparameters:
             ("MLP_ACTIVATION", self.mlp_activation in ("relu2", "leaky_relu2"), "relu2 or leaky_relu2"),
             ("ATTN_BACKEND", self.attn_backend in ("auto", "fa3", "fa2", "sdpa"), "auto, fa3, fa2 or sdpa"),
             ("COMPILE", self.compile in (-1, 0, 1), "-1 (auto), 0 or 1"),
+            ("AUTOCAST", self.autocast in ("auto", "bf16", "none"), "auto, bf16 or none"),
             *((n, getattr(self, n.lower()) <= 1, "a fraction in [0, 1]") for n in (
                 "WARMDOWN_FRAC", "QAT_START_FRAC", "EMA_DECAY")),
             ("ITERATIONS", self.max_wallclock_seconds > 0 or self.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
@@ -274,9 +276,16 @@ class DistributedTokenLoader:
         return torch.cat(parts).long()
 
     def next_batch(self, local_tokens: int, seq_len: int):
-        """x, y: int64 [local_tokens // seq_len, seq_len] on the device, y = x shifted by one."""
+        """x, y: int64 [local_tokens // seq_len, seq_len] on the device, y = x shifted by one.
+
+        On CUDA the batch is copied from pinned memory with non_blocking=True: a copy from pageable
+        memory synchronizes the stream (CUDA runtime API, "API synchronization behavior"), which
+        would stall the host once per micro-step instead of letting it queue the next kernels.
+        """
         span = local_tokens + 1
-        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span].to(self.device)
+        local = self.take(span * self.world_size)[self.rank * span:(self.rank + 1) * span]
+        if self.device.type == "cuda":
+            local = local.pin_memory().to(self.device, non_blocking=True)
         return local[:-1].reshape(-1, seq_len), local[1:].reshape(-1, seq_len)
 
 
@@ -287,32 +296,48 @@ class DistributedTokenLoader:
 _FLASH_ATTN = []  # the flash-attn function chosen by resolve_attention_backend, if any
 
 
-def resolve_attention_backend(requested: str, device: torch.device) -> str:
-    """Pick FA3 -> FA2 -> SDPA. Forcing fa3/fa2 without CUDA or without the package raises ValueError."""
+def resolve_attention_backend(requested: str, device: torch.device, log=print) -> str:
+    """Pick FA3 -> FA2 -> SDPA. Forcing fa3/fa2 without CUDA or without the package raises ValueError.
+
+    A CUDA run that ends on SDPA (flash-attn missing, or built for another torch: its import fails)
+    logs a WARNING line with the import error; requirements-gpu.txt has the install lines.
+    """
     if device.type != "cuda":
         if requested in ("fa3", "fa2"):
             raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn needs CUDA, this run is on {device.type}")
         return "sdpa"
+    errors = []
     for name in {"auto": ["fa3", "fa2", "sdpa"]}.get(requested, [requested]):
-        try:
-            if name != "sdpa":
-                _FLASH_ATTN[:] = [importlib.import_module(
-                    {"fa3": "flash_attn_interface", "fa2": "flash_attn"}[name]).flash_attn_func]
+        if name == "sdpa":
+            if errors:
+                log(f"WARNING: attention falls back to PyTorch SDPA (slower than flash-attn): {'; '.join(errors)}"
+                    " (install: requirements-gpu.txt)")
             return name
-        except ImportError:
+        module = {"fa3": "flash_attn_interface", "fa2": "flash_attn"}[name]
+        try:
+            _FLASH_ATTN[:] = [importlib.import_module(module).flash_attn_func]
+            return name
+        except (ImportError, OSError) as err:  # missing, or an extension built for another torch/CUDA
             if requested != "auto":
-                raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn is not installed") from None
+                raise ValueError(f"ATTN_BACKEND={requested!r}: cannot import {module}: {err}") from None
+            errors.append(f"{module}: {err}")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention with GQA. q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D].
+    """Causal attention with GQA. q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D] in v's dtype.
 
     The one device-specific dispatch point: flash-attn 3/2 on CUDA, PyTorch SDPA elsewhere (the CPU
     twin every test exercises). Query head h reads KV head h // (H // Hkv) in all backends.
+    flash-attn takes one fp16/bf16 dtype only, so q, k, v are cast to the autocast dtype (bf16 when
+    not autocasting): from torch 2.12 CUDA autocast runs rms_norm in float32 (pytorch issue 188955),
+    so the rms-normed q/k arrive as float32 beside a bf16 v. SDPA casts its own inputs. On the meta
+    device (FLOP counting) SDPA always runs: flash-attn's fake kernels query the CUDA device there.
     """
-    if _FLASH_ATTN:
-        out = _FLASH_ATTN[0](q, k, v, causal=True)
-        return out[0] if isinstance(out, tuple) else out
+    if _FLASH_ATTN and q.device.type != "meta":
+        dev = q.device.type
+        dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.bfloat16
+        out = _FLASH_ATTN[0](q.to(dt), k.to(dt), v.to(dt), causal=True)
+        return (out[0] if isinstance(out, tuple) else out).to(v.dtype)
     y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                        is_causal=True, enable_gqa=k.size(2) != q.size(2))
     return y.transpose(1, 2)
@@ -525,18 +550,80 @@ def split_params(model: GPT) -> dict:
     return groups
 
 
-def build_optimizers(model: GPT, hp: Hyperparameters, is_cuda: bool) -> list:
-    """[Muon (torch.optim.Muon: Nesterov, decoupled WD, lr x sqrt(max(1, rows/cols))), AdamW (fused on CUDA)].
+def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7) -> torch.Tensor:
+    """Batched quintic Newton-Schulz orthogonalization: g [N, R, C] (any float) -> bfloat16 [N, R, C].
 
-    Each param group keeps its `base_lr`; the schedule multiplies it every step.
+    torch.optim.Muon's iteration (Keller Jordan's coefficients 3.4445, -4.7750, 2.0315, bf16, each
+    matrix scaled to unit Frobenius norm, tall matrices transposed), run on a stack of same-shape
+    matrices with batched matmuls: one launch per matmul for the whole stack instead of one per
+    matrix (the 8xH100 records' batched Muon).
+    """
+    x = g.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=-4.7750, alpha=2.0315), x, beta=3.4445)
+    return x.mT if tall else x
+
+
+class Muon(torch.optim.Optimizer):
+    """torch.optim.Muon (nesterov, adjust_lr_fn="original") batched per shape and sharded over ranks.
+
+    Per parameter p with gradient g, same update as torch.optim.Muon: buf <- lerp(buf, g, 1 - momentum);
+    u = newton_schulz(lerp(g, buf, momentum)); p <- p * (1 - lr * weight_decay) - lr * sqrt(max(1, R/C)) * u.
+    Matrices of one shape go through one batched (optionally torch.compile'd) Newton-Schulz; with
+    world_size > 1 each rank orthogonalizes a contiguous share of every shape group and the updates
+    are all-gathered (gradients are already all-reduced by DDP), so no rank repeats another's work
+    (as the 8xH100 records do). Param groups take lr, momentum, weight_decay (changeable per step).
+    """
+
+    def __init__(self, params, lr, momentum, weight_decay, ns_steps=5, rank=0, world_size=1, compile=False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
+        self.ns_steps, self.rank, self.world_size = ns_steps, rank, world_size
+        self.ns = torch.compile(newton_schulz, fullgraph=True, dynamic=False) if compile else newton_schulz
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, momentum, shapes = group["lr"], group["momentum"], {}
+            for p in group["params"]:
+                if p.grad is not None:
+                    shapes.setdefault(p.shape, []).append(p)
+            for (rows, cols), ps in shapes.items():
+                grads = [p.grad for p in ps]
+                bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in ps]
+                torch._foreach_lerp_(bufs, grads, 1 - momentum)
+                u = torch.stack(grads).lerp_(torch.stack(bufs), momentum)
+                n, w = len(ps), self.world_size
+                share = -(-n // w)
+                if w > 1:  # pad to w equal shares, orthogonalize ours, gather everyone's
+                    u = torch.cat([u, u.new_zeros(share * w - n, rows, cols)])
+                    parts = [u.new_empty(share, rows, cols) for _ in range(w)]
+                    dist.all_gather(parts, self.ns(u[self.rank * share:(self.rank + 1) * share], self.ns_steps).float())
+                    u = torch.cat(parts)[:n]
+                else:
+                    u = self.ns(u, self.ns_steps).float()
+                torch._foreach_mul_(ps, 1 - lr * group["weight_decay"])
+                torch._foreach_add_(ps, list(u.unbind(0)), alpha=-lr * max(1, rows / cols) ** 0.5)
+
+
+def build_optimizers(model: GPT, hp: Hyperparameters, is_cuda: bool, rank: int = 0, world_size: int = 1,
+                     compile: bool = False) -> list:
+    """[Muon (batched torch.optim.Muon semantics, sharded over ranks), AdamW (fused on CUDA)].
+
+    Each param group keeps its `base_lr`; the schedule multiplies it every step. compile: torch.compile
+    Muon's Newton-Schulz (fullgraph, one graph per matrix shape).
     """
     params = dict(model.named_parameters())
     g = {k: [params[n] for n in names] for k, names in split_params(model).items()}
     adam_groups = [{"params": g["embed"], "lr": hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr},
                    {"params": g["scalar"], "lr": hp.scalar_lr}] + [{"params": g["head"], "lr": hp.head_lr}] * bool(g["head"])
     optimizers = [
-        torch.optim.Muon(g["muon"], lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd,
-                         ns_steps=hp.muon_backend_steps, adjust_lr_fn="original"),
+        Muon(g["muon"], lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd,
+             ns_steps=hp.muon_backend_steps, rank=rank, world_size=world_size, compile=compile),
         torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
                           fused=is_cuda)]
     for opt in optimizers:
@@ -600,6 +687,8 @@ class RunContext:
     local_rank: int
     device: torch.device
     run_dir: Path
+    autocast_dtype: object = None  # torch.bfloat16 or None
+    compile: bool = False  # torch.compile the model, Muon's Newton-Schulz and the eval forward
     log_file: object = None
 
     @property
@@ -616,9 +705,7 @@ class RunContext:
             self.log_file.flush()
 
     def autocast(self):
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -646,7 +733,9 @@ def setup_distributed(hp: Hyperparameters) -> RunContext:
     if world_size > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     run_dir = Path(hp.out_dir) / hp.run_id
-    return RunContext(rank, world_size, local_rank, device, run_dir)
+    bf16 = hp.autocast == "bf16" or hp.autocast == "auto" and device.type == "cuda"
+    return RunContext(rank, world_size, local_rank, device, run_dir, torch.bfloat16 if bf16 else None,
+                      hp.compile == 1 or hp.compile == -1 and device.type == "cuda")
 
 
 def atomic_write_json(path: Path, obj: dict) -> None:
@@ -730,10 +819,13 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     is_cuda = ctx.device.type == "cuda"
     accum = hp.resolve_grad_accum(ctx.world_size, is_cuda)
     local_tokens = hp.train_batch_tokens // (ctx.world_size * accum)
-    use_compile = hp.compile == 1 or (hp.compile == -1 and is_cuda)
-    ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank] if is_cuda else None) if ctx.world_size > 1 else model
+    use_compile = ctx.compile
+    # broadcast_buffers=False (the official script's setting): the buffers (RoPE frequencies, QAT
+    # gates) are equal on every rank, so DDP's per-forward buffer broadcast is wasted traffic.
+    ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank] if is_cuda else None,
+                                  broadcast_buffers=False) if ctx.world_size > 1 else model
     fwd = torch.compile(ddp, dynamic=False, fullgraph=ctx.world_size == 1) if use_compile else ddp
-    optimizers = build_optimizers(model, hp, is_cuda)
+    optimizers = build_optimizers(model, hp, is_cuda, ctx.rank, ctx.world_size, use_compile)
     ema = EMA(model, hp.ema_decay) if hp.ema_decay > 0 else None
     cap_ms = 1000.0 * hp.max_wallclock_seconds
     ckpt_path = ctx.run_dir / "checkpoint.pt"
@@ -877,18 +969,17 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
                          f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
-    return sp, manifest
+    return sp, manifest, min(num_val, hp.val_max_tokens + 1) if hp.val_max_tokens else num_val
 
 
 def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None):
     """Roundtrip (and, with `stride`, sliding) eval of `model`; returns a dict of metrics.
 
     The sliding eval's time guard gets what is left of EVAL_MAX_SECONDS since `started`
-    (loading and the roundtrip count against the same 600 s). On CUDA the forward is compiled.
+    (loading and the roundtrip count against the same 600 s). Autocast and compile as in training.
     """
-    is_cuda = ctx.device.type == "cuda"
-    common = dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=is_cuda,
-                  autocast_dtype=torch.bfloat16 if is_cuda else None)
+    common = dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=ctx.compile,
+                  autocast_dtype=ctx.autocast_dtype)
     model.eval()
     with torch.no_grad():
         loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
@@ -903,8 +994,59 @@ def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None):
     return out
 
 
+def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:
+    """EVAL_AUTO_STRIDE before training: the smallest stride >= EVAL_STRIDE whose projected eval fits.
+
+    Times 3 forward passes of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
+    read) on a fresh model, compiled and autocast as the eval runs it, before the training clock.
+    Projection (seconds) = seconds per batch x (roundtrip windows + sliding windows) / (batch x ranks),
+    and must fit 90% of EVAL_MAX_SECONDS (the rest: loading, compilation, the pre-quant pass is not
+    counted). The eval's own guard still checks the real speed (and restarts at a larger stride).
+    Logs `eval_plan:` with the numbers; returns the stride (TRAIN_SEQ_LEN if none fits).
+    """
+    b, seq_len = hp.eval_batch_seqs, hp.train_seq_len
+    model = GPT(**model_config).to(ctx.device).eval()
+    forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
+    x = torch.zeros(b, seq_len, dtype=torch.int64, device=ctx.device)
+    with torch.inference_mode(), ctx.autocast():
+        forward(x)
+        ctx.sync()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            forward(x)
+        ctx.sync()
+    per_batch = (time.perf_counter() - t0) / 3
+    n = num_val_tokens - 1
+    project = lambda s: per_batch * (count_sliding_windows(n, seq_len, seq_len)
+                                     + count_sliding_windows(n, seq_len, s)) / (b * ctx.world_size)
+    stride = next((s for s in range(hp.eval_stride, seq_len) if project(s) <= 0.9 * hp.eval_max_seconds), seq_len)
+    ctx.log(f"eval_plan: {1000 * per_batch:.1f}ms per batch of {b}x{seq_len}, {n} val targets: projected "
+            f"{project(hp.eval_stride):.0f}s at EVAL_STRIDE={hp.eval_stride}, {project(stride):.0f}s at stride {stride} "
+            f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
+    return stride
+
+
+def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path) -> str:
+    """The status for result.json of a run whose training finished but a later step failed; logs the
+    one-line cause (for OOM: the knob that lowers memory) and what to run next."""
+    if isinstance(err, torch.OutOfMemoryError):
+        ctx.log(f"ERROR: CUDA out of memory after training: lower EVAL_BATCH_SEQS={hp.eval_batch_seqs} "
+                f"(sliding) or VAL_BATCH_SIZE={hp.val_batch_size} (roundtrip)")
+    else:
+        ctx.log(f"ERROR: {type(err).__name__}: {err}")
+    stride = getattr(err, "fit_stride", 0) or hp.eval_stride
+    if artifact_path.is_file():
+        ctx.log(f"next: python -m eval score --artifact {artifact_path} --data-path {hp.data_path} "
+                f"--tokenizer {hp.tokenizer_path} --stride {stride}")
+    return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
+
+
 def main() -> int:
-    """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json."""
+    """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json.
+
+    A run whose training finished always writes result.json, whatever fails after (status, every
+    number measured so far, the artifact path), and says what to run next.
+    """
     hp = Hyperparameters.from_env()
     ctx = setup_distributed(hp)
     if ctx.is_main:
@@ -912,13 +1054,13 @@ def main() -> int:
         ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
     code_bytes = measure_code_bytes()
     log_run_header(ctx, hp)
-    sp, manifest = check_inputs(hp, ctx)
+    sp, manifest, num_val_tokens = check_inputs(hp, ctx)
     torch.manual_seed(hp.seed)
 
     config = build_model_config(hp)
     model = GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
-    attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device)
+    attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log)
     policy = QuantPolicy.from_env()
     model.configure_qat(policy)
     num_params = sum(p.numel() for p in model.parameters())
@@ -930,17 +1072,21 @@ def main() -> int:
             + (" WARNING: over budget" * (projected + code_bytes > hp.byte_budget)))
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, ctx.rank, ctx.world_size, ctx.device)
     luts = build_sentencepiece_luts(sp, hp.vocab_size)
+    eval_on = not hp.skip_final_eval
+    eval_stride = plan_eval_stride(ctx, config, hp, num_val_tokens) if eval_on and hp.eval_auto_stride else hp.eval_stride
 
     @functools.cache
     def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens
         tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
+    artifact_path = ctx.run_dir / "final_model.ptz"
     summary = dict(run_id=hp.run_id, preset=hp.preset, seed=hp.seed, world_size=ctx.world_size, status="ok",
                    device=describe_device(ctx.device), hyperparameters=dataclasses.asdict(hp),
                    quant_policy=policy.to_dict(), max_wallclock_seconds=hp.max_wallclock_seconds,
                    bytes_code=code_bytes, byte_budget=hp.byte_budget, torch_version=torch.__version__,
-                   python_version=platform.python_version(), model_params=num_params)
+                   python_version=platform.python_version(), model_params=num_params, attention_backend=attn_backend,
+                   artifact_path=str(artifact_path))
     try:
         steps, train_seconds, losses, signum = train(ctx, hp, model, loader, flops_per_token,
                                                      lambda m: evaluate_model(ctx, hp, m, val_tokens(), luts))
@@ -948,6 +1094,12 @@ def main() -> int:
         ctx.log(f"ERROR: {e}; no artifact written")
         steps, signum = None, 0
         summary["status"] = "nonfinite_loss"
+    except torch.OutOfMemoryError:
+        accum = hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+        ctx.log(f"ERROR: CUDA out of memory in training: raise GRAD_ACCUM_STEPS (now {accum}: micro-batches of "
+                f"{hp.train_batch_tokens // (ctx.world_size * accum * hp.train_seq_len)} sequences) or lower TRAIN_BATCH_TOKENS")
+        steps, signum = None, 0
+        summary["status"] = "oom"
     if steps is not None:
         summary.update(steps=steps, train_seconds=train_seconds, train_losses=losses,
                        ms_per_step=1000 * train_seconds / max(1, steps))
@@ -957,12 +1109,29 @@ def main() -> int:
                                                             else "stopped_by_signal"})
         return 128 + signum if signum else 1
 
+    rc = 0
+    try:
+        finish_run(ctx, hp, model, config, policy, code_bytes, artifact_path, val_tokens, luts, eval_stride, summary)
+    except Exception as err:  # training finished: keep every number measured so far
+        summary["status"] = after_training_error(ctx, hp, err, artifact_path)
+        summary["error"] = f"{type(err).__name__}: {err}"
+        rc = 1
+        if not isinstance(err, (ValueError, torch.OutOfMemoryError)):
+            write_result(ctx, hp, summary, manifest)
+            raise
+    write_result(ctx, hp, summary, manifest)
+    if ctx.world_size > 1:
+        dist.destroy_process_group()
+    return rc
+
+
+def finish_run(ctx, hp, model, config, policy, code_bytes, artifact_path, val_tokens, luts, eval_stride, summary):
+    """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval; fills `summary`."""
     eval_on = not hp.skip_final_eval
     if eval_on:
         pre = evaluate_model(ctx, hp, model, val_tokens(), luts)
         ctx.log(f"final_prequant_exact val_loss:{pre['val_loss']:.8f} val_bpb:{pre['val_bpb']:.8f}")
         summary.update(val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"])
-    artifact_path = ctx.run_dir / "final_model.ptz"
     if ctx.is_main:
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
         if hp.save_prequant:  # for tools/bench_quant.py
@@ -970,35 +1139,37 @@ def main() -> int:
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, log=ctx.log)
         summary.update({k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing")})
+        ctx.log(f"Total submission size: {summary['bytes_total']} bytes")
     if ctx.world_size > 1:
         dist.barrier()
-
+    if not eval_on:
+        return
     eval_start = time.perf_counter()
     state, loaded_config, _ = load_artifact(artifact_path)
     eval_model = GPT(**loaded_config).to(ctx.device)
     eval_model.load_state_dict(state)
-    if eval_on:
-        out = evaluate_model(ctx, hp, eval_model, val_tokens(), luts, stride=hp.eval_stride, started=eval_start)
-        sw = out["sliding"]
-        ctx.log(f"final_roundtrip_exact val_loss:{out['val_loss']:.8f} val_bpb:{out['val_bpb']:.8f}")
-        ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
-                f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
-        summary.update(val_loss_roundtrip=out["val_loss"], val_bpb_roundtrip=out["val_bpb"],
-                       val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
-                       eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
-                       tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
-    if ctx.is_main:
-        ctx.log(f"Total submission size: {summary['bytes_total']} bytes")
-        summary["compliance"] = dict(
-            train_time_ok=0 < summary["train_seconds"] <= hp.max_wallclock_seconds,
-            eval_time_ok=eval_on and summary["eval_seconds"] <= 600,
-            bytes_ok=summary["bytes_total"] <= hp.byte_budget, full_val_split=not hp.val_max_tokens,
-            val_not_seen_in_training=True, splits_disjoint=None if manifest is None else True)
-        atomic_write_json(ctx.run_dir / "result.json", summary)
-        ctx.log(f"result:{ctx.run_dir / 'result.json'}")
-    if ctx.world_size > 1:
-        dist.destroy_process_group()
-    return 0
+    out = evaluate_model(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
+    ctx.log(f"final_roundtrip_exact val_loss:{out['val_loss']:.8f} val_bpb:{out['val_bpb']:.8f}")
+    summary.update(val_loss_roundtrip=out["val_loss"], val_bpb_roundtrip=out["val_bpb"])
+    sw = out["sliding"]
+    ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
+            f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
+    summary.update(val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
+                   eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
+                   tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
+
+
+def write_result(ctx: RunContext, hp: Hyperparameters, summary: dict, manifest) -> None:
+    """result.json (rank 0), with the compliance flags computed from what the run measured."""
+    if not ctx.is_main:
+        return
+    summary["compliance"] = dict(
+        train_time_ok=0 < summary["train_seconds"] <= hp.max_wallclock_seconds,
+        eval_time_ok="eval_seconds" in summary and summary["eval_seconds"] <= 600,
+        bytes_ok=summary.get("bytes_total", math.inf) <= hp.byte_budget, full_val_split=not hp.val_max_tokens,
+        val_not_seen_in_training=True, splits_disjoint=None if manifest is None else True)
+    atomic_write_json(ctx.run_dir / "result.json", summary)
+    ctx.log(f"result:{ctx.run_dir / 'result.json'}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,15 @@ import torch.nn.functional as F
 from eval.bpb import count_target_bytes
 
 
+class EvalTimeError(ValueError):
+    """The projected eval time exceeds EVAL_MAX_SECONDS; `fit_stride` is the smallest stride whose
+    projection fits (0: none <= seq_len does), for the message that says what to run next."""
+
+    def __init__(self, message: str, fit_stride: int):
+        super().__init__(message)
+        self.fit_stride = fit_stride
+
+
 def count_sliding_windows(num_targets: int, seq_len: int, stride: int) -> int:
     """Number of windows of the exact set: max(1, ceil((num_targets - (seq_len - stride)) / stride))."""
     return max(1, -(-(num_targets - seq_len + stride) // stride))
@@ -62,13 +71,14 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     is padded with masked windows past the last, and a window shorter than seq_len only occurs
     when the stream is (causal attention: padding at a window's end never changes a real
     position), so one static graph serves every batch. compile_model: torch.compile(dynamic=False)
-    the forward on CUDA (on CPU the same padded batches run uncompiled: the tested twin).
+    the forward (the trainer asks for it on CUDA; on CPU, tests compile it with Inductor to prove
+    there is no recompile across batches).
     autocast_dtype: e.g. torch.bfloat16 on CUDA, None for none.
     Time guard: after batch 3 (batch 0, which pays for compilation, is timed apart; earlier when a
     rank has fewer batches) the total time is projected as elapsed + seconds_per_batch * remaining
     batches (max over ranks)
     and logged on rank 0. If it exceeds max_seconds (EVAL_MAX_SECONDS) ValueError is raised with the
-    numbers, or with auto_stride (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose
+    numbers (EvalTimeError, a ValueError carrying the smallest stride that fits), or with auto_stride (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose
     projection fits (ValueError if none <= seq_len does). A progress line goes to stderr on a TTY.
     clock: seconds, injectable for tests.
     Returns dict(val_loss nats/token, val_bpb, stride (the one used), eval_seconds (wall, this call),
@@ -86,7 +96,7 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     luts = [t.to(device) for t in luts]
     num_targets = len(tokens) - 1
     forward = model.forward_logits
-    if compile_model and device.type == "cuda":
+    if compile_model:
         forward = torch.compile(forward, dynamic=False)
     # Batches of the busiest rank when the windows of `stride` are split over all ranks.
     num_batches = lambda s: -(-count_sliding_windows(num_targets, seq_len, s) // (world_size * batch_seqs))
@@ -131,7 +141,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
                     new_stride = next((s for s in range(stride + 1, seq_len + 1)
                                        if elapsed_seconds + seconds_per_batch * num_batches(s) <= max_seconds), 0)
                     if not (auto_stride and new_stride):
-                        raise ValueError(what + (": no stride fits" if auto_stride else ": raise EVAL_STRIDE or set EVAL_AUTO_STRIDE=1"))
+                        raise EvalTimeError(what + (": no stride fits" if auto_stride else ": raise EVAL_STRIDE or set "
+                                                    "EVAL_AUTO_STRIDE=1"), new_stride)
                     if rank == 0:
                         log(f"eval_sliding: stride {stride} -> {new_stride}")
                     stride = new_stride

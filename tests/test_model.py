@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from quant.core import fake_quantize_per_row
 from quant.policy import QuantPolicy
 from train_gpt import (
-    EMA, GPT, Hyperparameters, apply_partial_rope, attention, build_model_config, build_optimizers,
+    EMA, GPT, Hyperparameters, Muon, apply_partial_rope, attention, build_model_config, build_optimizers,
     count_train_flops_per_token, exclusive_self_attention, lr_multiplier, muon_momentum_at, qat_active,
     split_params,
 )
@@ -108,7 +108,7 @@ def test_optimizer_split_matrices_to_muon_rest_to_adamw():
     assert every == {n for n, _ in model.named_parameters()}
     hp = Hyperparameters()
     muon, adam = build_optimizers(model, hp, is_cuda=False)
-    assert isinstance(muon, torch.optim.Muon) and isinstance(adam, torch.optim.AdamW)
+    assert isinstance(muon, Muon) and isinstance(adam, torch.optim.AdamW)
     assert muon.param_groups[0]["weight_decay"] == hp.muon_wd and adam.param_groups[0]["weight_decay"] == hp.adam_wd
     assert sum(len(g["params"]) for g in muon.param_groups) == len(groups["muon"])
 

