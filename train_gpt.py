@@ -251,7 +251,7 @@ class DistributedTokenLoader:
         self.files = list_shards(data_path, "train")
         for path in self.files:
             read_shard_header(path)
-        self.vocab_size, self.rank, self.world_size, self.device = vocab_size, rank, world_size, device
+        self.vocab_size, self.rank, self.world_size, self.device = vocab_size, rank, world_size, torch.device(device)
         self.shard_index = -1
         self.seek(0, 0)
 

@@ -183,3 +183,74 @@ def test_bf16_autocast_switch_resolves_per_device():
     with pytest.raises(ValueError, match="AUTOCAST='fp8': expected auto, bf16 or none"):
         Hyperparameters(autocast="fp8").validate()
     assert hp.autocast == "bf16"
+
+
+# ----------------------------------------------------------------------------------------------- compiled step
+
+STEP_TINY = dict(num_layers=2, model_dim=64, num_heads=4, num_kv_heads=4, mlp_mult=1.0, rope_dims=8, xsa_last_n=1,
+                 vocab_size=1024, train_seq_len=32, train_batch_tokens=128, iterations=6, max_wallclock_seconds=0.0,
+                 warmup_steps=0, qat_start_frac=0.5, muon_momentum_warmup_steps=4, train_log_every=100, seed=3)
+
+
+def run_train_in_process(tiny_dataset, tmp_path, *, compile, autocast_dtype, **overrides):
+    """train_gpt.train() with the trainer's own compiled objects; returns (losses, the log lines)."""
+    hp = Hyperparameters(**{**STEP_TINY, **overrides}, data_path=str(tiny_dataset))
+    lines = []
+    ctx = train_gpt.RunContext(0, 1, 0, torch.device("cpu"), tmp_path, autocast_dtype, compile)
+    ctx.log = lambda msg="", console=True: lines.append(msg)
+    torch.manual_seed(hp.seed)
+    model = GPT(**build_model_config(hp))
+    model.init_weights()
+    model.configure_qat(QuantPolicy())
+    loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    steps, _, losses, signum = train_gpt.train(ctx, hp, model, loader, flops_per_token=1.0)
+    assert steps == hp.iterations and signum == 0
+    return model, losses, lines
+
+
+@pytest.mark.slow
+def test_compiled_training_step_has_no_graph_break_and_no_recompile_after_qat_flip(tiny_dataset, tmp_path):
+    """Inductor on CPU, fullgraph: the model's forward+backward (with the QAT gate and the flash
+    stand-in under bf16 autocast with fp32 rms_norm, as on an H100) and Muon's batched Newton-Schulz
+    compile once; the QAT flip at step 3 and the changing lr/momentum compile nothing new; eval
+    batches share one graph. AdamW (fused on CUDA) and the EMA (one foreach lerp) stay eager."""
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(qat=True)
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    for gate in (False, True):  # explain: eager backend, both QAT states
+        model.set_qat(gate)
+        assert torch._dynamo.explain(model)(x, x).graph_break_count == 0
+    torch._dynamo.reset()
+    counters.clear()
+    with plugged_flash_standin(), cuda_autocast_rms_norm():
+        model, losses, lines = run_train_in_process(tiny_dataset, tmp_path, compile=True,
+                                                    autocast_dtype=torch.bfloat16)
+    assert any(line.startswith("late_qat:on step:3") for line in lines)
+    assert all(math.isfinite(v) for v in losses) and len(losses) == 6
+    assert sum(counters["graph_break"].values()) == 0
+    # one graph for the training forward (its backward is compiled with it by AOTAutograd) and one
+    # for Newton-Schulz (every block matrix is 64 x 64): nothing recompiled on the QAT flip
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    from eval.sliding import eval_sliding
+
+    model.eval()
+    tokens = torch.randint(0, 1024, (32 * 12 + 1,), generator=torch.Generator().manual_seed(1))
+    luts = (torch.ones(1024, dtype=torch.int16), torch.zeros(1024, dtype=torch.bool), torch.zeros(1024, dtype=torch.bool))
+    with plugged_flash_standin():
+        result = eval_sliding(model, tokens, luts, seq_len=32, stride=16, batch_seqs=4, device="cpu",
+                              autocast_dtype=torch.bfloat16, compile_model=True, log=lambda msg: None)
+    assert result["num_scored_tokens"] == 32 * 12 and math.isfinite(result["val_loss"])
+    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])  # 6 eval batches, one graph
+    assert sum(counters["graph_break"].values()) == 0
+
+
+@pytest.mark.slow
+def test_training_steps_under_cpu_bf16_autocast_end_finite_and_near_fp32(tiny_dataset, tmp_path):
+    """AUTOCAST=bf16 on CPU with the H100's attention path (flash stand-in, fp32 rms_norm): a few
+    steps end with finite losses that track the fp32 run's."""
+    _, fp32_losses, _ = run_train_in_process(tiny_dataset, tmp_path, compile=False, autocast_dtype=None)
+    with plugged_flash_standin(), cuda_autocast_rms_norm():
+        _, bf16_losses, _ = run_train_in_process(tiny_dataset, tmp_path, compile=False, autocast_dtype=torch.bfloat16)
+    assert all(math.isfinite(v) for v in bf16_losses)
+    assert bf16_losses == pytest.approx(fp32_losses, rel=0.03)
