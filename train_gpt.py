@@ -972,8 +972,9 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     return sp, manifest, min(num_val, hp.val_max_tokens + 1) if hp.val_max_tokens else num_val
 
 
-def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None):
-    """Roundtrip (and, with `stride`, sliding) eval of `model`; returns a dict of metrics.
+def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None, out=None):
+    """Roundtrip (and, with `stride`, sliding) eval of `model`; returns a dict of metrics (`out`, filled
+    as each pass finishes, so the roundtrip numbers survive a sliding pass that fails).
 
     The sliding eval's time guard gets what is left of EVAL_MAX_SECONDS since `started`
     (loading and the roundtrip count against the same 600 s). Autocast and compile as in training.
@@ -984,11 +985,12 @@ def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None):
     with torch.no_grad():
         loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
                                    batch_seqs=max(1, hp.val_batch_size // hp.train_seq_len), **common)
-        out = {"val_loss": loss, "val_bpb": bpb}
+        out = {} if out is None else out
+        out.update(val_loss=loss, val_bpb=bpb)
         if stride:
             left = hp.eval_max_seconds - (time.perf_counter() - (started or time.perf_counter()))
             out["sliding"] = eval_sliding(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
-                                          batch_seqs=hp.eval_batch_seqs, max_seconds=left,
+                                          batch_seqs=hp.eval_batch_seqs, max_seconds=max(left, 1e-9),
                                           auto_stride=hp.eval_auto_stride, log=ctx.log, **common)
     model.train()
     return out
@@ -1037,7 +1039,8 @@ def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, a
     stride = getattr(err, "fit_stride", 0) or hp.eval_stride
     if artifact_path.is_file():
         ctx.log(f"next: python -m eval score --artifact {artifact_path} --data-path {hp.data_path} "
-                f"--tokenizer {hp.tokenizer_path} --stride {stride}")
+                f"--tokenizer {hp.tokenizer_path} --seq-len {hp.train_seq_len} --stride {stride}"
+                + f" --val-max-tokens {hp.val_max_tokens}" * bool(hp.val_max_tokens))
     return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
 
 
@@ -1148,9 +1151,13 @@ def finish_run(ctx, hp, model, config, policy, code_bytes, artifact_path, val_to
     state, loaded_config, _ = load_artifact(artifact_path)
     eval_model = GPT(**loaded_config).to(ctx.device)
     eval_model.load_state_dict(state)
-    out = evaluate_model(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
-    ctx.log(f"final_roundtrip_exact val_loss:{out['val_loss']:.8f} val_bpb:{out['val_bpb']:.8f}")
-    summary.update(val_loss_roundtrip=out["val_loss"], val_bpb_roundtrip=out["val_bpb"])
+    out = {}
+    try:
+        evaluate_model(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start, out=out)
+    finally:
+        if out:
+            ctx.log(f"final_roundtrip_exact val_loss:{out['val_loss']:.8f} val_bpb:{out['val_bpb']:.8f}")
+            summary.update(val_loss_roundtrip=out["val_loss"], val_bpb_roundtrip=out["val_bpb"])
     sw = out["sliding"]
     ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
             f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")

@@ -134,7 +134,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
                 elapsed_seconds, seconds_per_batch = stats.tolist()
                 projected_seconds = elapsed_seconds + seconds_per_batch * (num_batches(stride) - probe - 1)
                 what = (f"eval_sliding: projected {projected_seconds:.1f}s at stride {stride} ({num_windows} windows, "
-                        f"{seconds_per_batch * 1000:.1f}ms/batch, {elapsed_seconds:.1f}s elapsed), EVAL_MAX_SECONDS={max_seconds:g}")
+                        f"{seconds_per_batch * 1000:.1f}ms/batch, {elapsed_seconds:.1f}s elapsed), {max_seconds:.1f}s left "
+                        "of EVAL_MAX_SECONDS")
                 if rank == 0:
                     log(what)
                 if projected_seconds > max_seconds:

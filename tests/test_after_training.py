@@ -1,0 +1,104 @@
+"""A run whose training finished always leaves result.json (issue 9, defect 3), CUDA out-of-memory
+stops with the knob that lowers memory, and the eval stride is planned before training."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import train_gpt
+from tests.test_train import REPO, TINY_ENV, read_result, run_trainer, trainer_env
+from train_gpt import GPT, Hyperparameters, RunContext, build_model_config, plan_eval_stride
+
+
+@pytest.mark.slow
+def test_eval_overrun_after_training_leaves_result_json_and_the_next_command(tiny_dataset, sp1024_model, tmp_path):
+    """Defect 3: the sliding eval's time guard trips after training; before the fix main() exited 2
+    with no result.json. The suggested command then scores the artifact."""
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="overrun", EVAL_MAX_SECONDS="0.05")
+    proc = run_trainer(env, check=False)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    result = read_result(tmp_path, "overrun")
+    assert result["status"] == "eval_over_time"
+    assert re.fullmatch(r"EvalTimeError: eval_sliding: projected [\d.]+s at stride 32 \(127 windows, .*\), 0.0s left of "
+                        r"EVAL_MAX_SECONDS: raise EVAL_STRIDE or set EVAL_AUTO_STRIDE=1", result["error"]), result["error"]
+    assert result["steps"] == 8 and len(result["train_losses"]) == 8
+    for key in ("val_bpb_prequant", "val_bpb_roundtrip", "bytes_total", "bytes_model"):
+        assert key in result, key
+    assert "val_bpb_sliding" not in result and result["compliance"]["eval_time_ok"] is False
+    artifact = tmp_path / "overrun" / "final_model.ptz"
+    assert result["artifact_path"] == str(artifact) and artifact.stat().st_size == result["bytes_model"]
+    command = re.search(r"^next: (python -m eval score .*)$", proc.stdout, re.M).group(1)
+    assert f"--artifact {artifact}" in command and "--stride 32" in command and "--seq-len 64" in command
+    args = command.split()[1:]  # drop "python"
+    score = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
+                           env={**env, "EVAL_MAX_SECONDS": "600"})
+    assert score.returncode == 0, score.stderr[-2000:]
+    m = re.search(r"final_roundtrip_exact val_loss:\S+ val_bpb:(\S+)", score.stdout)
+    assert float(m.group(1)) == pytest.approx(result["val_bpb_roundtrip"], abs=1e-7)
+    assert "final_sliding_window_exact" in score.stdout and "stride:32" in score.stdout
+
+
+def run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, out_dir, run_id):
+    for key, value in trainer_env(tiny_dataset, sp1024_model, out_dir, RUN_ID=run_id, ITERATIONS=4).items():
+        if key in TINY_ENV or key in ("DATA_PATH", "TOKENIZER_PATH", "OUT_DIR", "RUN_ID", "ITERATIONS"):
+            monkeypatch.setenv(key, value)
+    return train_gpt.main()
+
+
+def out_of_memory(*args, **kwargs):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_the_final_eval_names_the_knob_and_keeps_result_json(
+        monkeypatch, tiny_dataset, sp1024_model, tmp_path, capsys):
+    monkeypatch.setattr(train_gpt, "eval_sliding", out_of_memory)
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "oom_eval") == 1
+    out = capsys.readouterr().out
+    assert "ERROR: CUDA out of memory after training: lower EVAL_BATCH_SEQS=16 (sliding) or VAL_BATCH_SIZE=4096" in out
+    assert "next: python -m eval score" in out
+    result = read_result(tmp_path, "oom_eval")
+    assert result["status"] == "oom" and result["steps"] == 4 and "val_bpb_roundtrip" in result
+
+
+@pytest.mark.slow
+def test_out_of_memory_in_training_names_grad_accum_steps(monkeypatch, tiny_dataset, sp1024_model, tmp_path, capsys):
+    calls = []
+
+    def next_batch(self, local_tokens, seq_len):
+        calls.append(1)
+        if len(calls) == 3:
+            out_of_memory()
+        return original(self, local_tokens, seq_len)
+
+    original = train_gpt.DistributedTokenLoader.next_batch
+    monkeypatch.setattr(train_gpt.DistributedTokenLoader, "next_batch", next_batch)
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "oom_train") == 1
+    out = capsys.readouterr().out
+    assert ("ERROR: CUDA out of memory in training: raise GRAD_ACCUM_STEPS (now 1: micro-batches of 16 sequences)"
+            in out)
+    assert read_result(tmp_path, "oom_train")["status"] == "oom"
+
+
+def test_eval_stride_plan_picks_the_smallest_stride_that_fits(tmp_path):
+    hp = Hyperparameters(num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1, rope_dims=8, xsa_last_n=0,
+                         train_seq_len=64, eval_stride=16, eval_batch_seqs=4, vocab_size=128)
+    lines = []
+    ctx = RunContext(0, 1, 0, torch.device("cpu"), tmp_path)
+    ctx.log = lambda msg="", console=True: lines.append(msg)
+    config = build_model_config(hp)
+    plenty = Hyperparameters(**{**hp.__dict__, "eval_max_seconds": 1e9})
+    assert plan_eval_stride(ctx, config, plenty, 10_000_001) == 16
+    tight = Hyperparameters(**{**hp.__dict__, "eval_max_seconds": 1e-6})
+    assert plan_eval_stride(ctx, config, tight, 10_000_001) == 64  # nothing fits: one window per sequence
+    m = re.fullmatch(r"eval_plan: [\d.]+ms per batch of 4x64, 10000000 val targets: projected (\d+)s at "
+                     r"EVAL_STRIDE=16, (\d+)s at stride 64 \(EVAL_MAX_SECONDS=1e-06\)", lines[-1])
+    assert m, lines[-1]
+    # projection = seconds per batch x windows / batch: roundtrip windows (156,250) + sliding windows
+    # (stride 16: 624,997; stride 64: 156,250), so the two projections stand in the ratio of windows
+    ratio = int(m.group(1)) / int(m.group(2))
+    assert ratio == pytest.approx((156_250 + 624_997) / (2 * 156_250), rel=0.02)
