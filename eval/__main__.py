@@ -10,6 +10,8 @@
       Prints `val_tokens:N val_bytes:M tokens_per_byte:R` where N is the number of scored
       targets (all val tokens but the first) and M their byte count (official LUT rule).
 
+Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA2 -> SDPA (ATTN_BACKEND /
+--attn-backend), bf16 autocast, torch.compile of the forward; on CPU SDPA in float32, eager.
 Environment defaults (flags override): EVAL_STRIDE (64), EVAL_BATCH_SEQS (32),
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
 EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split).
@@ -38,9 +40,11 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {value!r}") from None
 
 
-def _load_model(artifact_path, device: torch.device, log):
+def _load_model(artifact_path, device: torch.device, log, attn_backend="auto"):
     from quant.artifact import load_artifact  # written concurrently; CLI-only imports
-    from train_gpt import GPT
+    from train_gpt import GPT, resolve_attention_backend
+
+    log(f"attention:{resolve_attention_backend(attn_backend, device, log)}")  # the trainer's FA3 -> FA2 -> SDPA choice
 
     state_dict, model_config, meta = load_artifact(artifact_path)
     model = GPT(**model_config)
@@ -73,7 +77,7 @@ def cmd_score(args) -> None:
             print(msg, flush=True)
 
     try:
-        model, model_config, meta = _load_model(args.artifact, device, log)
+        model, model_config, meta = _load_model(args.artifact, device, log, args.attn_backend)
         vocab_size = int(model_config["vocab_size"])
         seq_len = args.seq_len or int(meta.get("train_seq_len") or 2048)
         luts = load_sentencepiece_luts(args.tokenizer, vocab_size)
@@ -128,6 +132,8 @@ def main(argv=None) -> int:
     score.add_argument("--val-max-tokens", type=int, default=_env_int("VAL_MAX_TOKENS", 0),
                        help="score only the first N+1 val tokens, as the trainer's VAL_MAX_TOKENS (0 = all; records need all)")
     score.add_argument("--autocast", choices=("bf16", "none"), default="bf16", help="autocast dtype on CUDA")
+    score.add_argument("--attn-backend", choices=("auto", "fa3", "fa2", "sdpa"), default=os.environ.get("ATTN_BACKEND", "auto"),
+                       help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA2 -> SDPA)")
     score.set_defaults(func=cmd_score)
     count = sub.add_parser("bytes", help="count tokens and bytes of the val split")
     count.add_argument("--data-path", required=True)
@@ -138,6 +144,9 @@ def main(argv=None) -> int:
         args.func(args)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except torch.OutOfMemoryError:
+        print(f"error: CUDA out of memory: lower --batch-seqs (EVAL_BATCH_SEQS, now {args.batch_seqs})", file=sys.stderr)
         return 2
     return 0
 

@@ -1,0 +1,258 @@
+"""GPU check: prove the trainer's CUDA path on this machine in a few minutes (a pod preflight).
+
+    python tools/gpu_check.py                 # the 1xh100 preset on synthetic tokens, <= ~5 min on an H100
+    DATA_PATH=... python tools/gpu_check.py   # real train shards, and the real val token count
+    PRESET=8xh100 python tools/gpu_check.py   # any preset / env override, as for train_gpt.py
+
+Runs the trainer's own code (train_gpt.train with its compiled model, batched Muon, fused AdamW,
+EMA, late QAT, and the eval engine) and prints one table: versions and the attention backend; the
+GPU and whether it is an H100 SXM (the leaderboard's machine); compile time, graph breaks and
+recompiles; ms per step, tokens/s, MFU and peak memory after warmup; the step-time change when QAT
+switches on; CUDA vs CPU forward agreement at bf16 tolerance; QAT fake-quant equal to the export
+rounding on the GPU; sliding-eval ms per window and the projected full-val eval time at strides 64,
+96 and 128. Exits 1 if any check fails, 2 (one line, no traceback) without CUDA.
+
+`--cpu-twin` runs the same checks on the CPU with the CUDA twins of tools/flash_twin.py (flash-attn
+stand-in, bf16 autocast with CUDA's float32 rms_norm): the tests use it to cover this script's code
+path; its timings say nothing about a GPU.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import train_gpt  # noqa: E402
+from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
+from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
+from quant.policy import QuantPolicy  # noqa: E402
+
+OFFICIAL_VAL_TOKENS = 62_021_846  # sp1024 val split, 50,000 documents (tools/bench_eval.py)
+H100_SXM_SMS = 132  # H100 SXM5 has 132 SMs; the PCIe card 114 (NVIDIA H100 datasheet)
+
+
+class SyntheticLoader:
+    """Random train tokens on the device, with the DistributedTokenLoader interface train() uses."""
+
+    def __init__(self, vocab_size, device, seed=0):
+        self.vocab_size, self.device = vocab_size, device
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.shard_index, self.offset = 0, 0
+
+    def seek(self, shard_index, offset):
+        self.shard_index, self.offset = shard_index, offset
+
+    def next_batch(self, local_tokens, seq_len):
+        x = torch.randint(0, self.vocab_size, (local_tokens // seq_len, seq_len + 1), device=self.device,
+                          generator=self.generator)
+        return x[:, :-1], x[:, 1:]
+
+
+class GraphCountingLoader:
+    """Wraps a loader; records, at every batch, how many graphs dynamo has compiled so far, so the graphs
+    compiled after the first step (recompiles) can be counted."""
+
+    def __init__(self, inner):
+        self.inner, self.graphs_seen = inner, []
+
+    def __getattr__(self, name):  # shard_index, offset, seek: the inner loader's
+        return getattr(self.inner, name)
+
+    def next_batch(self, local_tokens, seq_len):
+        from torch._dynamo.utils import counters
+
+        self.graphs_seen.append(counters["stats"]["unique_graphs"])
+        return self.inner.next_batch(local_tokens, seq_len)
+
+
+@dataclasses.dataclass
+class Row:
+    check: str
+    value: str
+    ok: bool = True
+
+
+def versions_and_device(device, backend) -> list:
+    rows = [Row("torch / CUDA", f"{torch.__version__} / {torch.version.cuda or 'none'}")]
+    versions = []
+    for module in ("flash_attn_interface", "flash_attn"):
+        with contextlib.suppress(Exception):
+            versions.append(f"{module} {getattr(__import__(module), '__version__', '(no __version__)')}")
+    rows.append(Row("flash-attn", ", ".join(versions) or "not importable"))
+    rows.append(Row("attention backend", backend, ok=device.type != "cuda" or backend != "sdpa"))
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        sxm = "H100" in props.name and props.multi_processor_count == H100_SXM_SMS
+        rows.append(Row("GPU", f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB, "
+                        f"{'H100 SXM' if sxm else 'NOT an H100 SXM: timings differ from the leaderboard'}"))
+    else:
+        rows.append(Row("GPU", "none: CPU twin (flash stand-in, bf16 autocast, fp32 rms_norm)"))
+    return rows
+
+
+def training_rows(ctx, hp, loader, num_steps) -> tuple:
+    """train() for warmup + 2 x num_steps steps, QAT on for the second half; returns (rows, model)."""
+    from torch._dynamo.utils import counters
+
+    hp = dataclasses.replace(hp, iterations=2 * num_steps, max_wallclock_seconds=0.0, qat_start_frac=0.5,
+                             train_log_every=num_steps, val_loss_every=0, warmup_steps=max(1, hp.warmup_steps),
+                             checkpoint_every=0, resume=False)
+    config = train_gpt.build_model_config(hp)
+    torch.manual_seed(hp.seed)
+    model = train_gpt.GPT(**config).to(ctx.device)
+    model.init_weights(hp.tied_embed_init_std)
+    model.configure_qat(QuantPolicy.from_env())
+    flops = train_gpt.count_train_flops_per_token(config, hp.train_seq_len)
+    lines, log = [], ctx.log
+    ctx.log = lambda msg="", console=True: lines.append(msg)
+    torch._dynamo.reset()
+    counters.clear()
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    t0 = time.perf_counter()
+    try:
+        steps, train_seconds, losses, _ = train_gpt.train(ctx, hp, model, loader, flops)
+    finally:
+        ctx.log = log
+    total_seconds = time.perf_counter() - t0
+    tok_s = [float(m.group(1)) for line in lines if (m := re.search(r" tok_s:(\d+)", line))
+             and re.match(rf"step:({num_steps}|{2 * num_steps})/", line)]
+    ms_off, ms_on = (1000 * hp.train_batch_tokens / t for t in tok_s)
+    accum = hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    after_first = loader.graphs_seen[accum * (hp.warmup_steps + 1)]  # graphs once step 1 of warmup has run
+    breaks = sum(counters["graph_break"].values())
+    peak = (f"{torch.cuda.max_memory_allocated(ctx.device) / 2**30:.1f} GiB" if ctx.device.type == "cuda"
+            else "n/a on the CPU")
+    rows = [
+        Row("compile + warmup", f"{total_seconds - train_seconds:.1f} s ({hp.warmup_steps} warmup steps, compile "
+            f"{'on' if ctx.compile else 'off'})"),
+        Row("graph breaks", str(breaks), ok=breaks == 0),
+        Row("recompiles after step 1", f"{counters['stats']['unique_graphs'] - after_first} (QAT flip at step "
+            f"{num_steps}; {after_first} graphs in all)", ok=counters["stats"]["unique_graphs"] == after_first),
+        Row("train step", f"{ms_off:.1f} ms, {tok_s[0]:,.0f} tok/s, MFU {100 * flops * tok_s[0] / train_gpt.H100_BF16_PEAK_FLOPS:.1f}% "
+            f"of H100 bf16 ({hp.preset}, {hp.train_batch_tokens:,} tok/step, accum {accum})"),
+        Row("train step, QAT on", f"{ms_on:.1f} ms ({100 * (ms_on / ms_off - 1):+.1f}%)"),
+        Row("losses finite", f"{losses[0]:.3f} -> {losses[-1]:.3f} over {steps} steps",
+            ok=all(math.isfinite(v) for v in losses)),
+        Row("peak memory", peak),
+    ]
+    return rows, model
+
+
+def agreement_rows(ctx, model, hp) -> list:
+    """The trained model's forward on this device (autocast, chosen attention) vs float32 SDPA on the CPU;
+    QAT fake-quant on this device vs the export rounding."""
+    model.eval()
+    x = torch.randint(0, hp.vocab_size, (1, hp.train_seq_len), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        with ctx.autocast():
+            dev_loss = model(x.to(ctx.device), x.to(ctx.device)).float().item()
+        saved = train_gpt._FLASH_ATTN[:]
+        train_gpt._FLASH_ATTN.clear()
+        try:
+            ref = train_gpt.GPT(**model.config)
+            ref.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
+            cpu_loss = ref.eval()(x, x).item()
+        finally:
+            train_gpt._FLASH_ATTN[:] = saved
+    rel = abs(dev_loss - cpu_loss) / abs(cpu_loss)
+    rows = [Row("forward vs CPU fp32", f"loss {dev_loss:.5f} vs {cpu_loss:.5f} (rel {rel:.1e}, bf16 tolerance 1e-2)",
+                ok=rel < 1e-2)]
+    w = next(p for n, p in model.named_parameters() if n.endswith("mlp.fc.weight")).detach()
+    bits = QuantPolicy.from_env().mlp_bits
+    export = dequantize_per_row(*quantize_per_row(w.float().cpu(), bits))
+    eager = fake_quantize_per_row(w.float(), bits).cpu()
+    rows.append(Row("QAT fake-quant == export", f"int{bits} {list(w.shape)} eager on {ctx.device.type}: max |diff| "
+                    f"{(eager - export).abs().max():.1e}", ok=torch.equal(eager, export)))
+    if ctx.compile:  # Triton may contract a multiply-add into an FMA: a rare value 1 ulp off is tolerated
+        compiled = torch.compile(fake_quantize_per_row, dynamic=False)(w.float(), bits).cpu()
+        moved = (compiled != export).float().mean().item()
+        rows.append(Row("QAT fake-quant compiled", f"{100 * moved:.4f}% of values differ from export (limit 0.01%)",
+                        ok=moved < 1e-4))
+    model.train()
+    return rows
+
+
+def eval_rows(ctx, model, hp, num_val_tokens) -> list:
+    """Sliding eval speed on synthetic tokens (the trainer's engine, compile and autocast), projected to the
+    full val split: (roundtrip windows + sliding windows at stride s) x seconds per window."""
+    from torch._dynamo.utils import counters
+
+    model.eval()
+    b, seq_len = hp.eval_batch_seqs, hp.train_seq_len
+    n = seq_len + 8 * b * 64  # 8 batches of windows at stride 64 after the first window
+    tokens = torch.randint(0, hp.vocab_size, (n + 1,), generator=torch.Generator().manual_seed(2))
+    luts = (torch.ones(hp.vocab_size, dtype=torch.int16), torch.zeros(hp.vocab_size, dtype=torch.bool),
+            torch.zeros(hp.vocab_size, dtype=torch.bool))
+    common = dict(seq_len=seq_len, batch_seqs=b, device=ctx.device, autocast_dtype=ctx.autocast_dtype,
+                  compile_model=ctx.compile, log=lambda msg: None)
+    eval_sliding(model, tokens, luts, stride=64, **common)  # compile and warm
+    graphs = counters["stats"]["unique_graphs"]
+    result = eval_sliding(model, tokens, luts, stride=64, **common)
+    model.train()
+    windows = count_sliding_windows(n, seq_len, 64)
+    per_window = result["eval_seconds"] / windows
+    targets = num_val_tokens - 1
+    project = {s: per_window * (count_sliding_windows(targets, seq_len, seq_len) + count_sliding_windows(targets, seq_len, s))
+               for s in (64, 96, 128)}
+    return [Row("eval recompiles", str(counters["stats"]["unique_graphs"] - graphs),
+                ok=counters["stats"]["unique_graphs"] == graphs),
+            Row("sliding eval", f"{1000 * per_window:.2f} ms per window of {seq_len} (batch {b})"),
+            Row("projected full-val eval", ", ".join(f"stride {s}: {t:.0f} s" for s, t in project.items())
+                + f" ({targets + 1:,} val tokens, + roundtrip; limit 600 s)")]
+
+
+def print_table(rows) -> None:
+    width = max(len(r.check) for r in rows)
+    for r in rows:
+        print(f"{'ok ' if r.ok else 'FAIL'} {r.check:<{width}}  {r.value}")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-twin", action="store_true", help="run on the CPU with the CUDA twins (for tests)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps with QAT off, then as many with QAT on")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available() and not args.cpu_twin:
+        print(f"gpu_check: needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU run "
+              "`python -m pytest` or `python tools/gpu_check.py --cpu-twin`", file=sys.stderr)
+        return 2
+    try:
+        hp = train_gpt.Hyperparameters.from_env()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    twin = contextlib.ExitStack()
+    if args.cpu_twin:
+        from tools.flash_twin import cuda_autocast_rms_norm, plugged_flash_standin
+
+        twin.enter_context(plugged_flash_standin())
+        twin.enter_context(cuda_autocast_rms_norm())
+        hp = dataclasses.replace(hp, autocast="bf16")
+    with twin:
+        ctx = train_gpt.setup_distributed(hp)
+        backend = "flash stand-in" if args.cpu_twin else train_gpt.resolve_attention_backend(hp.attn_backend, ctx.device)
+        rows = versions_and_device(ctx.device, backend)
+        if Path(hp.data_path).is_dir() and not args.cpu_twin:
+            loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
+            num_val = train_gpt.load_validation_tokens(hp.data_path).numel()
+        else:
+            loader, num_val = SyntheticLoader(hp.vocab_size, ctx.device), OFFICIAL_VAL_TOKENS
+        train_rows, model = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
+        rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val)
+    print_table(rows)
+    failed = [r.check for r in rows if not r.ok]
+    print(f"gpu_check: {'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
