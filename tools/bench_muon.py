@@ -1,0 +1,90 @@
+"""Muon benchmark: torch.optim.Muon (eager, one matrix at a time) vs the kit's batched Muon, on the
+block matrices of a preset (default 1xh100: 8 layers x c_q, c_k, c_v, proj 512-wide, MLP 3x = 48
+matrices in 4 shapes), on this machine's CPU.
+
+    python tools/bench_muon.py [--preset 1xh100] [--layers N] [--steps 2] [--compile]
+
+Prints one table: ms per optimizer step (after one warm step) and the ops each step launches,
+counted with torch.profiler as leaf aten ops that compute (views and allocations excluded): on a
+GPU each is about one kernel launch. --compile adds the batched Muon with its Newton-Schulz
+compiled by Inductor (CPU compile takes minutes; on CUDA the trainer compiles it). The parameter
+values of both optimizers stay equal (checked at the end), so the rows time the same update.
+Timings need a quiet machine: never run it beside other work.
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from train_gpt import GPT, Hyperparameters, Muon, build_model_config, split_params  # noqa: E402
+
+NON_COMPUTE_OPS = {"aten::view", "aten::t", "aten::transpose", "aten::as_strided", "aten::empty", "aten::unbind",
+                   "aten::select", "aten::expand", "aten::reshape", "aten::alias", "aten::detach", "aten::empty_strided",
+                   "aten::_reshape_alias", "aten::lift_fresh", "aten::numpy_T", "aten::permute", "aten::slice",
+                   "aten::resolve_conj", "aten::resolve_neg", "aten::result_type", "aten::_to_copy"}
+
+
+def block_matrices(preset: str, num_layers: int) -> list:
+    """Shapes of the Muon-optimized matrices of `preset` with `num_layers` layers."""
+    hp = Hyperparameters.from_env({"PRESET": preset, **({"NUM_LAYERS": str(num_layers), "XSA_LAST_N": "0"} if num_layers else {})},
+                                  log=lambda *_: None)
+    with torch.device("meta"):
+        model = GPT(**build_model_config(hp))
+    params = dict(model.named_parameters())
+    return [tuple(params[n].shape) for n in split_params(model)["muon"]]
+
+
+def count_compute_ops(step) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(1 for e in prof.events() if e.name.startswith("aten::") and not e.cpu_children
+               and e.name not in NON_COMPUTE_OPS)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="1xh100")
+    parser.add_argument("--layers", type=int, default=0, help="override NUM_LAYERS (0: the preset's)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--compile", action="store_true")
+    args = parser.parse_args(argv)
+    shapes = block_matrices(args.preset, args.layers)
+    torch.manual_seed(0)
+    init = [torch.randn(*s) * 0.02 for s in shapes]
+    grads = [torch.randn(*s) for s in shapes]
+    variants = [("torch.optim.Muon", lambda ps: torch.optim.Muon(ps, lr=0.032, momentum=0.95, weight_decay=0.02,
+                                                                  adjust_lr_fn="original")),
+                ("batched Muon (eager)", lambda ps: Muon(ps, lr=0.032, momentum=0.95, weight_decay=0.02))]
+    if args.compile:
+        variants.append(("batched Muon (compiled NS)", lambda ps: Muon(ps, lr=0.032, momentum=0.95, weight_decay=0.02,
+                                                                        compile=True)))
+    rows, finals = [], []
+    for name, make in variants:
+        params = [torch.nn.Parameter(w.clone()) for w in init]
+        for p, g in zip(params, grads):
+            p.grad = g
+        opt = make(params)
+        opt.step()  # warm (and compile)
+        ops = count_compute_ops(opt.step)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            opt.step()
+        rows.append((name, 1000 * (time.perf_counter() - start) / args.steps, ops))
+        finals.append(params)
+    print(f"{args.preset}: {len(shapes)} matrices in {len(set(shapes))} shapes, {torch.get_num_threads()} CPU threads")
+    print(f"{'optimizer':28} {'ms/step':>10} {'ops/step':>9}")
+    for name, ms, ops in rows:
+        print(f"{name:28} {ms:>10.1f} {ops:>9}")
+    worst = max((a - b).abs().max().item() for ps in finals[1:] for a, b in zip(finals[0], ps))
+    print(f"max |param difference| vs torch.optim.Muon after {args.steps + 2} steps: {worst:.2e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
