@@ -254,3 +254,66 @@ def test_training_steps_under_cpu_bf16_autocast_end_finite_and_near_fp32(tiny_da
         _, bf16_losses, _ = run_train_in_process(tiny_dataset, tmp_path, compile=False, autocast_dtype=torch.bfloat16)
     assert all(math.isfinite(v) for v in bf16_losses)
     assert bf16_losses == pytest.approx(fp32_losses, rel=0.03)
+
+
+# ----------------------------------------------------------------------------------------------- backend choice
+
+
+def test_cuda_without_flash_attn_falls_back_to_sdpa_with_a_warning(monkeypatch):
+    """On a CUDA device whose flash-attn does not import (missing, or built for another torch), the run
+    says so in a WARNING line instead of silently running slower."""
+    import importlib
+
+    def broken_import(name):
+        raise ImportError(f"{name}: undefined symbol: _ZN3c104cuda9SetDeviceEi (built for another torch)")
+
+    monkeypatch.setattr(importlib, "import_module", broken_import)
+    lines = []
+    saved = train_gpt._FLASH_ATTN[:]
+    assert train_gpt.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "sdpa"
+    assert train_gpt._FLASH_ATTN == saved
+    assert len(lines) == 1 and lines[0].startswith("WARNING: attention falls back to PyTorch SDPA")
+    assert "flash_attn_interface: flash_attn_interface: undefined symbol" in lines[0] and "flash_attn: " in lines[0]
+    with pytest.raises(ValueError, match="ATTN_BACKEND='fa3': cannot import flash_attn_interface"):
+        train_gpt.resolve_attention_backend("fa3", torch.device("cuda"), lines.append)
+
+
+# ----------------------------------------------------------------------------------------------- DDP Muon
+
+DDP_MUON_SCRIPT = r"""
+import sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from train_gpt import Muon
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+shapes = [(32, 32), (16, 32), (16, 32), (32, 32), (96, 32), (32, 96), (32, 32)]
+params = [torch.nn.Parameter(torch.randn(*s) * 0.02) for s in shapes]
+single = [torch.nn.Parameter(p.detach().clone()) for p in params]
+sharded = Muon(params, lr=0.03, momentum=0.95, weight_decay=0.02, rank=dist.get_rank(), world_size=dist.get_world_size())
+alone = Muon(single, lr=0.03, momentum=0.95, weight_decay=0.02)
+for _ in range(3):
+    for a, b in zip(params, single):
+        a.grad = torch.randn_like(a)
+        b.grad = a.grad.clone()
+    sharded.step()
+    alone.step()
+assert all(torch.equal(a, b) for a, b in zip(params, single)), "sharded Muon differs from one process"
+print("rank", dist.get_rank(), "equal")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_muon_sharded_over_two_ranks_equals_one_process(tmp_path):
+    """Each rank orthogonalizes its share of every shape group (3 matrices of 32x32 over 2 ranks: one
+    padded share) and all-gathers: the parameters equal a single process's bit for bit."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "ddp_muon.py"
+    script.write_text(DDP_MUON_SCRIPT)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(train_gpt.Path(train_gpt.__file__).parent)],
+                          capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("equal") == 2
