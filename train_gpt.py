@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import difflib
 import functools
+import hashlib
 import importlib
 import inspect
 import json
@@ -155,7 +156,7 @@ class Hyperparameters:
                 continue
             values[f.name] = parse_env_value(name, environ[name], f.type)
         warn_unknown_env(environ, log)
-        if not values.get("run_id"):
+        if "run_id" not in values:  # unset: a fresh id; set, it must be a folder name (validate)
             values["run_id"] = f"{preset}_{uuid.uuid4().hex[:8]}"
         hp = cls(**values)
         hp.validate()
@@ -170,6 +171,9 @@ class Hyperparameters:
         hd = self.model_dim // max(1, self.num_heads)
         for name, ok, expected in (
             ("VOCAB_SIZE", 0 < self.vocab_size <= 65536, "1..65536 (uint16 tokens)"),
+            # RUN_ID names the run's folder under OUT_DIR: nothing may be written outside it
+            ("RUN_ID", self.run_id.strip(".") and not {"/", "\\"} & set(self.run_id),
+             "a folder name: no '/' or '\\', not empty or dots"),
             *((n, getattr(self, n.lower()) > 0, "> 0") for n in (
                 "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_LAYERS", "NUM_HEADS", "NUM_KV_HEADS", "EVAL_STRIDE",
                 "EVAL_BATCH_SEQS", "TRAIN_LOG_EVERY")),
@@ -449,7 +453,6 @@ class GPT(nn.Module):
     def __init__(self, *, vocab_size, num_layers, model_dim, num_heads, num_kv_heads, mlp_mult,
                  mlp_activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
                  logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0):
-        self.config = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
         activation = mlp_activation
         self.logit_softcap = logit_softcap
@@ -771,8 +774,9 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     import sentencepiece
     import zstandard
 
-    code = globals().get("BUNDLE_SOURCE")  # set by the packed file's exec wrapper
-    if code is None:
+    if BUNDLE_KIND == "packed":
+        code = BUNDLE_SOURCE  # noqa: F821 (bound by the packed file's exec wrapper)
+    else:
         code = Path(__file__).read_text("utf-8") if BUNDLE_KIND == "human" else kit_module("tools.bundle").build_human_source()
     ctx.log(code, False)
     ctx.log("=" * 100, False)
@@ -1139,8 +1143,11 @@ def finish_run(ctx, hp, model, config, policy, code_bytes, artifact_path, val_to
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
         if hp.save_prequant:  # for tools/bench_quant.py
             kit_module("tools.checkpoint").save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
+        # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
+        run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=hp.eval_stride,
+                   tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest())
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
-                                 policy=policy, log=ctx.log)
+                                 policy=policy, log=ctx.log, run=run)
         summary.update({k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing")})
         ctx.log(f"Total submission size: {summary['bytes_total']} bytes")
     if ctx.world_size > 1:

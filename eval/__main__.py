@@ -5,6 +5,11 @@
       runs the roundtrip and sliding evals and prints the official-style lines
       `final_roundtrip_exact val_loss:... val_bpb:...` and
       `final_sliding_window_exact val_loss:... val_bpb:... stride:S eval_time:Nms`.
+      The artifact (format 3) says how to score it: the sequence length (the run's TRAIN_SEQ_LEN),
+      the stride (its EVAL_STRIDE) and the vocabulary come from it, flags override. A tokenizer
+      whose sha256 differs from the one the run trained with is refused (exit 2, both named)
+      unless --allow-tokenizer-mismatch. A format-2 artifact records none of these: it needs
+      --seq-len, and its tokenizer cannot be checked.
       Works under `torchrun --nproc_per_node=K` (nccl on CUDA, gloo on CPU).
   python -m eval bytes --data-path DIR --tokenizer MODEL
       Prints `val_tokens:N val_bytes:M tokens_per_byte:R` where N is the number of scored
@@ -12,16 +17,18 @@
 
 Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA2 -> SDPA (ATTN_BACKEND /
 --attn-backend), bf16 autocast, torch.compile of the forward; on CPU SDPA in float32, eager.
-Environment defaults (flags override): EVAL_STRIDE (64), EVAL_BATCH_SEQS (32),
+Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wins over it), EVAL_BATCH_SEQS (32),
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
 EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split).
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
 import argparse
+import hashlib
 import os
 import sys
 import time
+from pathlib import Path
 
 import sentencepiece as spm
 import torch
@@ -58,6 +65,59 @@ def _load_model(artifact_path, device: torch.device, log, attn_backend="auto"):
     return model.to(device).eval(), model_config, meta  # the evals expect eval mode
 
 
+def resolve_score_settings(args, model_config: dict, meta: dict, environ=None, log=print) -> tuple:
+    """(seq_len, stride) to score an artifact with: a flag, else the artifact's run metadata, else
+    (stride only) env EVAL_STRIDE, else 64. Checks the tokenizer's sha256 against the one the run
+    recorded (format 3) before anything long starts.
+
+    Raises ValueError naming the artifact (and both sha256 and the tokenizer file on a mismatch,
+    unless args.allow_tokenizer_mismatch) for: a format-2 artifact without --seq-len, malformed run
+    metadata, a vocab size that disagrees with the model config, a different tokenizer.
+    """
+    environ = os.environ if environ is None else environ
+    run = meta.get("run") or {}
+    name = args.artifact
+    if meta.get("format_version", 2) < 3:
+        log(f"artifact {name} is format 2: it records no training sequence length, tokenizer sha256 or eval "
+            f"stride (format 3 does); the tokenizer is not checked")
+    elif run:
+        ok = all(type(run.get(k)) is int and run[k] > 0 for k in ("train_seq_len", "vocab_size", "eval_stride"))
+        sha = run.get("tokenizer_sha256")
+        if not (ok and isinstance(sha, str) and len(sha) == 64):
+            raise ValueError(f"artifact {name}: malformed run metadata {run}")
+        if run["vocab_size"] != model_config.get("vocab_size"):
+            raise ValueError(f"artifact {name}: run vocab_size {run['vocab_size']} but model config vocab_size "
+                             f"{model_config.get('vocab_size')}")
+    else:
+        log(f"artifact {name}: no run metadata (written outside the trainer); the tokenizer is not checked")
+    seq_len = args.seq_len or run.get("train_seq_len")
+    if not seq_len:
+        raise ValueError(f"artifact {name} does not record the training sequence length: pass --seq-len "
+                         f"(the run's TRAIN_SEQ_LEN)")
+    env_stride = environ.get("EVAL_STRIDE")
+    if args.stride is not None:
+        stride = args.stride
+    elif "eval_stride" in run:
+        stride = run["eval_stride"]
+        if env_stride is not None and env_stride != str(stride):
+            log(f"EVAL_STRIDE={env_stride} in the environment ignored: the artifact records stride {stride} "
+                f"(pass --stride to override)")
+    else:
+        stride = _env_int("EVAL_STRIDE", 64)
+    if "tokenizer_sha256" in run:
+        if not Path(args.tokenizer).is_file():
+            raise FileNotFoundError(f"TOKENIZER_PATH={args.tokenizer} does not exist")
+        sha = hashlib.sha256(Path(args.tokenizer).read_bytes()).hexdigest()
+        if sha != run["tokenizer_sha256"]:
+            what = (f"tokenizer {args.tokenizer} has sha256 {sha}, but the artifact {name} was trained with a "
+                    f"tokenizer of sha256 {run['tokenizer_sha256']}")
+            if not args.allow_tokenizer_mismatch:
+                raise ValueError(what + ": wrong tokenizer for this model (pass --allow-tokenizer-mismatch to "
+                                        "score anyway)")
+            log(f"WARNING: {what}; scoring anyway (--allow-tokenizer-mismatch)")
+    return int(seq_len), int(stride)
+
+
 def cmd_score(args) -> None:
     t_start = time.perf_counter()
     from eval.shards import check_data_manifest, load_validation_tokens
@@ -79,7 +139,7 @@ def cmd_score(args) -> None:
     try:
         model, model_config, meta = _load_model(args.artifact, device, log, args.attn_backend)
         vocab_size = int(model_config["vocab_size"])
-        seq_len = args.seq_len or int(meta.get("train_seq_len") or 2048)
+        seq_len, stride = resolve_score_settings(args, model_config, meta, log=log)
         luts = load_sentencepiece_luts(args.tokenizer, vocab_size)
         check_data_manifest(args.data_path, vocab_size=vocab_size, log=log)
         val_tokens = load_validation_tokens(args.data_path, vocab_size=vocab_size)
@@ -90,9 +150,9 @@ def cmd_score(args) -> None:
                       autocast_dtype=autocast_dtype, compile_model=bool(args.compile) and device.type == "cuda")
         val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
         log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-        if args.stride > 0:
+        if stride > 0:
             budget_seconds = args.max_seconds - (time.perf_counter() - t_start)
-            result = eval_sliding(model, val_tokens, luts, seq_len=seq_len, stride=args.stride, max_seconds=budget_seconds,
+            result = eval_sliding(model, val_tokens, luts, seq_len=seq_len, stride=stride, max_seconds=budget_seconds,
                                   auto_stride=bool(args.auto_stride), log=log, **common)
             log(
                 f"final_sliding_window_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
@@ -123,8 +183,12 @@ def main(argv=None) -> int:
     score.add_argument("--artifact", required=True)
     score.add_argument("--data-path", required=True)
     score.add_argument("--tokenizer", required=True)
-    score.add_argument("--stride", type=int, default=_env_int("EVAL_STRIDE", 64), help="sliding stride; 0 skips the sliding eval")
-    score.add_argument("--seq-len", type=int, default=0, help="default: meta train_seq_len of the artifact, else 2048")
+    score.add_argument("--stride", type=int, default=None,
+                       help="sliding stride; 0 skips the sliding eval (default: the artifact's, else EVAL_STRIDE or 64)")
+    score.add_argument("--seq-len", type=int, default=0,
+                       help="window length (default: the artifact's training sequence length; required for format 2)")
+    score.add_argument("--allow-tokenizer-mismatch", action="store_true",
+                       help="score with a tokenizer whose sha256 differs from the one the artifact records")
     score.add_argument("--batch-seqs", type=int, default=_env_int("EVAL_BATCH_SEQS", 32))
     score.add_argument("--max-seconds", type=float, default=float(os.environ.get("EVAL_MAX_SECONDS", "600")))
     score.add_argument("--auto-stride", type=int, choices=(0, 1), default=_env_int("EVAL_AUTO_STRIDE", 0))

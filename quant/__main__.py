@@ -32,7 +32,7 @@ def _inspect(path: str, out=print) -> int:
         fmt = f"int{kind} {'packed' if packing == 'bits' else 'in bytes'} clip={clip:g}" if isinstance(kind, int) else kind
         rows.append((name, "x".join(map(str, shape)) or "scalar", fmt, pieces[name]))
     data_bytes = sum(pieces.values())
-    header = {k: v for k, v in meta.items() if k != "compressor"}
+    header = {k: v for k, v in meta.items() if k not in ("compressor", "format_version")}
     raw_bytes = data_bytes + len(json.dumps(header).encode()) + 4  # the payload's JSON header is re-serialized identically
     width = max([len(r[0]) for r in rows] + [4])
     out(f"{'name':<{width}}  {'shape':>11}  {'format':<24} {'bytes':>10}  {'share':>6}")
@@ -41,6 +41,8 @@ def _inspect(path: str, out=print) -> int:
     num_params = sum(math.prod(shape) for _, shape, _, _ in meta["tensors"])
     comp_bytes = len(data) - QUANT_HEADER_BYTES
     out(f"tensors: {len(rows)}   params: {num_params:,}   model_config: {json.dumps(model_config)}")
+    out(f"format: {meta['format_version']}   run: " + (json.dumps(meta["run"]) if meta.get("run") else
+        "none (format 2, or written outside the trainer: python -m eval score needs --seq-len)"))
     out(f"raw payload: {raw_bytes:,} bytes = tensor data {data_bytes:,} + JSON header {raw_bytes - data_bytes:,}")
     out(f"compressed payload: {comp_bytes:,} bytes ({meta['compressor']}, packing {packing}, ratio {raw_bytes / max(comp_bytes, 1):.3f})")
     out(f"file total: container header {QUANT_HEADER_BYTES} + compressed payload {comp_bytes:,} = {len(data):,} bytes"
@@ -48,26 +50,33 @@ def _inspect(path: str, out=print) -> int:
     return 0
 
 
-def _model_shapes_from_env() -> tuple[dict, int]:
+def shipped_code_bytes() -> int:
+    """Bytes of the train_gpt.py a record ships: the packed file tools/bundle.py builds from this
+    package (its default, ASCII encoding), measured, as every run logs it (code_bytes)."""
+    from tools.bundle import build_packed_bytes
+
+    return len(build_packed_bytes())
+
+
+def _model_shapes_from_env() -> dict:
     import torch
-    import train_gpt
     from train_gpt import GPT, Hyperparameters, build_model_config
 
     config = build_model_config(Hyperparameters.from_env())
     with torch.device("meta"):
         model = GPT(**config)
-    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    return shapes, Path(train_gpt.__file__).stat().st_size
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def _estimate(args, out=print) -> int:
     policy = QuantPolicy.from_env()
     budget = quant_byte_budget(args.byte_budget)
     if args.shapes:
-        shapes, code_bytes = quant_check_shapes(json.loads(Path(args.shapes).read_text())), 0
+        shapes = quant_check_shapes(json.loads(Path(args.shapes).read_text()))
     else:
-        shapes, code_bytes = _model_shapes_from_env()  # code: the readable train_gpt.py, an upper bound
-    code_bytes = code_bytes if args.code_bytes is None else args.code_bytes
+        shapes = _model_shapes_from_env()
+    # code: the packed train_gpt.py a record ships (what every run logs as code_bytes)
+    code_bytes = shipped_code_bytes() if args.code_bytes is None else args.code_bytes
     groups = {}
     for name, shape in shapes.items():
         bits = policy.bits_for(name, shape)
@@ -91,7 +100,9 @@ def quant_cli(argv=None) -> int:
     p_inspect = sub.add_parser("inspect", help="per-tensor byte table of an artifact")
     p_inspect.add_argument("file")
     p_est = sub.add_parser("estimate", help="projected artifact bytes before training")
-    p_est.add_argument("--code-bytes", type=int, default=None, help="counted code bytes (default: size of train_gpt.py)")
+    p_est.add_argument("--code-bytes", type=int, default=None,
+                       help="counted code bytes (default: the size of the packed train_gpt.py a record ships, "
+                            "built by tools/bundle.py)")
     p_est.add_argument("--byte-budget", type=int, default=None, help="default: env BYTE_BUDGET or 16,000,000")
     p_est.add_argument("--shapes", default=None, help="JSON file {name: [dims]} instead of building the model")
     args = parser.parse_args(argv)

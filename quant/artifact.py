@@ -9,8 +9,10 @@ unpickled.
 
 File layout (little-endian):
     offset 0   4 bytes  magic b"PGQZ"
-    offset 4   1 byte   format version, 2 (QUANT_PREFIX holds both; version 1 was a safetensors
-                        payload, whose metadata key order changed from process to process)
+    offset 4   1 byte   format version, 3 (QUANT_PREFIX holds both). Version 2 (same layout, no
+                        "run" entry in the header: no training sequence length, tokenizer sha256
+                        or eval stride) still loads; version 1 was a safetensors payload, whose
+                        metadata key order changed from process to process, and is refused
     offset 5   1 byte   compressor id: 1 zlib (level 9), 2 zstd (level 22), 3 lzma (raw LZMA2, preset 9|extreme)
     offset 6   4 bytes  uint32 length L of the decompressed payload
     offset 10  4 bytes  uint32 CRC-32 of bytes 0..9 followed by the compressed payload
@@ -23,10 +25,14 @@ Payload (L bytes, decompressed):
           or the stored passthrough tensor (raw bytes of its dtype). Integer data first: a few kB
           of float16 noise in front of it cost zstd ~4% of the whole artifact in measurements.
     header: UTF-8 JSON {"config": model_config, "packing": "int8"|"bits", "policy": policy dict,
-          "tensors": [[name, shape, kind, clip quantile], ...]} in state-dict order; kind is the
+          "tensors": [[name, shape, kind, clip quantile], ...], "run": run} in state-dict order; kind is the
           int bit width N of a quantized tensor or the dtype name ("float16", "int64", ...) of a
           passthrough one. No dict with hash-ordered keys: the bytes depend only on the inputs
           (same state dict -> same file, in any process; tests/test_quant_artifact.py runs two).
+          run (format 3): what scoring the file needs besides the data and the tokenizer, as the
+          trainer writes it: {"train_seq_len": int (the eval window), "vocab_size": int,
+          "tokenizer_sha256": hex str, "eval_stride": int (EVAL_STRIDE the run started its sliding
+          eval with)}; {} when the writer had none (tests, benches). `python -m eval score` reads it.
     4 bytes: uint32 length of the header.
 Decoding checks magic + version and the CRC before anything else, inflates with the output capped
 at the declared length (no zip bombs), then requires the data to split exactly into the pieces the
@@ -58,7 +64,7 @@ import zstandard
 from quant.core import dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 
-QUANT_PREFIX = b"PGQZ\x02"  # magic + format version 2
+QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
 # (policy field, value): applied in order while the artifact does not fit; a step that would not
 # lower the bits / raise the prune fraction of the current policy is skipped.
 QUANT_FIT_LADDER = (("mlp_bits", 5), ("prune_fraction", 0.02), ("attn_bits", 5), ("prune_fraction", 0.05),
@@ -117,10 +123,11 @@ def quantize_state_dict(state_dict, policy):
     return entries, err / norm
 
 
-def quant_build_payload(entries, model_config, policy_dict, packing):
+def quant_build_payload(entries, model_config, policy_dict, packing, run=None):
     """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
 
-    packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)).
+    packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)); run: the
+    header's run metadata (JSON-serializable dict; None stores {}).
     """
     info, ints, rest = [], [], []
     for name, (shape, bits, t, s, clip) in entries.items():
@@ -129,7 +136,7 @@ def quant_build_payload(entries, model_config, policy_dict, packing):
             t = s
         info.append([name, shape, bits or str(t.dtype)[6:], clip])
         rest.append(t)
-    head = json.dumps(dict(config=model_config, packing=packing, policy=policy_dict, tensors=info)).encode()
+    head = json.dumps(dict(config=model_config, packing=packing, policy=policy_dict, tensors=info, run=run or {})).encode()
     return (b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in ints + rest)
             + head + struct.pack("<I", len(head)))
 
@@ -143,13 +150,14 @@ def quant_wrap_container(raw, compressor):
 
 
 def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=16_000_000, policy=None,
-                    compressor="auto", log=print):
+                    compressor="auto", log=print, run=None):
     """Quantize, compress and atomically write the artifact; fit model + code bytes into the budget.
 
     state_dict: name -> tensor (CPU or CUDA, float32/bf16/...); model_config: JSON-serializable
     dict stored in the file (GPT(**model_config) rebuilds the model); code_bytes: counted code
     bytes (int >= 0); byte_budget: int > 0; policy: QuantPolicy, default QuantPolicy.from_env();
-    compressor: "auto" (use the policy's, itself auto by default) or zlib/zstd/lzma to force it.
+    compressor: "auto" (use the policy's, itself auto by default) or zlib/zstd/lzma to force it;
+    run: the run metadata stored in the header (module docstring; the trainer always passes it).
     Every packing x compressor candidate is compressed in its own thread (zlib/zstd/lzma release
     the GIL); the smallest wins and later fit steps reuse its encoding. One log line per attempt.
     Returns a report: bytes_model, bytes_code, bytes_total, compressor, packing, fit_steps (list of
@@ -167,7 +175,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     while True:
         entries, rel_mse = quantize_state_dict(state_dict, policy)
         blobs = dict(zip(jobs, ThreadPoolExecutor(6).map(lambda j: quant_wrap_container(
-            quant_build_payload(entries, model_config, policy.to_dict(), j[0]), j[1]), jobs)))
+            quant_build_payload(entries, model_config, policy.to_dict(), j[0], run), j[1]), jobs)))
         job, blob = min(blobs.items(), key=lambda kv: len(kv[1]))
         jobs, total = [job], len(blob) + code_bytes
         if change:
@@ -204,12 +212,13 @@ def decode_artifact(data, label="artifact"):
     """Artifact bytes -> (state_dict float32 tensors, model_config dict, meta dict).
 
     Non-float passthrough tensors keep their dtype. meta: the payload header (config, packing,
-    policy dict, tensors: [[name, shape, kind, clip], ...]) plus compressor.
+    policy dict, tensors: [[name, shape, kind, clip], ...], run: the run metadata, format 3 only)
+    plus compressor and format_version (2 or 3).
     ValueError "<label>: ..." for any truncated, corrupted, foreign or other-version data.
     """
     try:
         prefix, cid, n, crc = struct.unpack_from("<5sBII", data)
-        if prefix != QUANT_PREFIX:
+        if prefix not in (QUANT_PREFIX, b"PGQZ\x02"):  # version 2: no run metadata
             raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
         if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
             raise ValueError("checksum mismatch (truncated or corrupted)")
@@ -236,7 +245,7 @@ def decode_artifact(data, label="artifact"):
                 t = dequantize_per_row(
                     unpack_bits(next(q_pieces), container or kind, math.prod(shape)).view(shape[0], -1), t)
             state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
-        return state_dict, head["config"], dict(head, compressor=QUANT_COMPRESSORS[cid - 1])
+        return state_dict, head["config"], dict(head, compressor=QUANT_COMPRESSORS[cid - 1], format_version=prefix[4])
     except Exception as err:  # a damaged file must never surface as anything but a ValueError
         raise ValueError(f"{label}: {err}") from None
 

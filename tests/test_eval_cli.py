@@ -56,7 +56,7 @@ def tiny_artifact(tmp_path_factory):
     model.init_weights(0.05)
     path = tmp_path_factory.mktemp("artifact") / "final_model.ptz"
     state = {k: v.detach().float() for k, v in model.state_dict().items()}
-    artifact.export_artifact(state, model.config, path, code_bytes=0, log=lambda msg: None)
+    artifact.export_artifact(state, config, path, code_bytes=0, log=lambda msg: None)
     return path
 
 
