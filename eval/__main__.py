@@ -39,8 +39,8 @@ from eval.roundtrip import eval_roundtrip
 from eval.sliding import eval_sliding
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, str(default))
+def _env_int(name: str, default: int, environ=None) -> int:
+    value = (os.environ if environ is None else environ).get(name, str(default))
     try:
         return int(value)
     except ValueError:
@@ -103,7 +103,7 @@ def resolve_score_settings(args, model_config: dict, meta: dict, environ=None, l
             log(f"EVAL_STRIDE={env_stride} in the environment ignored: the artifact records stride {stride} "
                 f"(pass --stride to override)")
     else:
-        stride = _env_int("EVAL_STRIDE", 64)
+        stride = _env_int("EVAL_STRIDE", 64, environ)
     if "tokenizer_sha256" in run:
         if not Path(args.tokenizer).is_file():
             raise FileNotFoundError(f"TOKENIZER_PATH={args.tokenizer} does not exist")

@@ -1,10 +1,15 @@
 """`python -m eval bytes` and `python -m eval score` (from the artifact on disk), as a user runs them."""
 
+import argparse
+import hashlib
 import json
 import os
 import re
+import shutil
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -81,6 +86,71 @@ def test_score_cli_rebuilds_the_model_from_the_artifact(tiny_artifact, tiny_data
     assert 5.0 < loss < 8.0  # a near-uniform model over 1024 ids: ~ln(1024) = 6.93
 
 
+def _as_format_2(data: bytes) -> bytes:
+    """The same artifact with the version byte of format 2 (no run metadata) and a valid checksum."""
+    data = bytearray(data)
+    data[4] = 2
+    struct.pack_into("<I", data, 10, zlib.crc32(bytes(data[14:]), zlib.crc32(bytes(data[:10]))))
+    return bytes(data)
+
+
+def test_score_cli_needs_seq_len_for_an_artifact_that_does_not_record_it(tiny_artifact, tiny_dataset, sp1024_model,
+                                                                         tmp_path):
+    old = tmp_path / "v2.ptz"
+    old.write_bytes(_as_format_2(tiny_artifact.read_bytes()))
+    common = ("score", "--artifact", old, "--data-path", tiny_dataset, "--tokenizer", sp1024_model)
+    proc = run_cli(*common, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"artifact {old} does not record the training sequence length: pass --seq-len" in proc.stderr
+    out = run_cli(*common, "--seq-len", 64, "--stride", 0, "--val-max-tokens", 640).stdout
+    assert f"artifact {old} is format 2: it records no training sequence length, tokenizer sha256 or eval stride" in out
+    assert ROUNDTRIP_RE.search(out) and "seq_len:64 " in out
+
+
+def _score_args(**kw):
+    base = dict(artifact="a.ptz", tokenizer="tok.model", seq_len=0, stride=None, allow_tokenizer_mismatch=False)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_score_settings_come_from_the_artifact_flags_override_and_the_tokenizer_is_checked(tmp_path):
+    from eval.__main__ import resolve_score_settings
+
+    tok = tmp_path / "tok.model"
+    tok.write_bytes(b"tokenizer bytes")
+    sha = hashlib.sha256(b"tokenizer bytes").hexdigest()
+    run = dict(train_seq_len=256, vocab_size=1024, eval_stride=32, tokenizer_sha256=sha)
+    meta, config = dict(format_version=3, run=run), dict(vocab_size=1024)
+    lines = []
+    args = _score_args(tokenizer=str(tok))
+    assert resolve_score_settings(args, config, meta, environ={}, log=lines.append) == (256, 32)
+    assert lines == []
+    assert resolve_score_settings(_score_args(tokenizer=str(tok), seq_len=128, stride=64), config, meta, environ={},
+                                  log=lines.append) == (128, 64)
+    # a stray EVAL_STRIDE does not silently change the score: the artifact wins and says so
+    assert resolve_score_settings(args, config, meta, environ={"EVAL_STRIDE": "128"}, log=lines.append) == (256, 32)
+    assert lines == ["EVAL_STRIDE=128 in the environment ignored: the artifact records stride 32 (pass --stride to override)"]
+    other = tmp_path / "other.model"
+    other.write_bytes(b"another tokenizer")
+    other_sha = hashlib.sha256(b"another tokenizer").hexdigest()
+    with pytest.raises(ValueError) as err:
+        resolve_score_settings(_score_args(tokenizer=str(other)), config, meta, environ={}, log=lines.append)
+    assert str(err.value) == (f"tokenizer {other} has sha256 {other_sha}, but the artifact a.ptz was trained with a "
+                              f"tokenizer of sha256 {sha}: wrong tokenizer for this model (pass "
+                              f"--allow-tokenizer-mismatch to score anyway)")
+    lines.clear()
+    allowed = _score_args(tokenizer=str(other), allow_tokenizer_mismatch=True)
+    assert resolve_score_settings(allowed, config, meta, environ={}, log=lines.append) == (256, 32)
+    assert lines[0].startswith(f"WARNING: tokenizer {other} has sha256 {other_sha}") and "scoring anyway" in lines[0]
+    # format 2: nothing recorded; EVAL_STRIDE (else 64) is the stride, --seq-len is required
+    v2 = dict(format_version=2)
+    assert resolve_score_settings(_score_args(seq_len=100), config, v2, environ={"EVAL_STRIDE": "20"}, log=lines.append) == (100, 20)
+    with pytest.raises(ValueError, match="does not record the training sequence length: pass --seq-len"):
+        resolve_score_settings(_score_args(), config, v2, environ={}, log=lines.append)
+    for bad in (dict(run, train_seq_len="256"), dict(run, tokenizer_sha256="abc"), dict(run, vocab_size=2048)):
+        with pytest.raises(ValueError, match="artifact a.ptz: (malformed run metadata|run vocab_size 2048)"):
+            resolve_score_settings(args, config, dict(format_version=3, run=bad), environ={}, log=lines.append)
+
+
 def test_score_cli_errors_are_clear(tiny_artifact, tiny_dataset, tmp_path):
     bad = tmp_path / "bad.ptz"
     bad.write_bytes(tiny_artifact.read_bytes()[:-100])
@@ -89,13 +159,15 @@ def test_score_cli_errors_are_clear(tiny_artifact, tiny_dataset, tmp_path):
 
 
 @pytest.mark.slow
-def test_score_cli_reproduces_the_training_run(tiny_dataset, sp1024_model, tmp_path):
+def test_score_cli_reproduces_the_training_run_from_the_artifact_alone(tiny_dataset, sp1024_model, shared_dir, tmp_path):
+    """Issue 12: a seq-64 run's artifact, scored with no flag but the data and the tokenizer, gives the
+    run's numbers (the old CLI assumed seq 2048); a different tokenizer is refused by name."""
     if not (REPO / "train_gpt.py").is_file() or not (REPO / "quant" / "artifact.py").is_file():
         pytest.skip("needs train_gpt.py and quant/artifact.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "RUN_ID", "EVAL_", "VAL_"))}
     env.update(PRESET="smoke", NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", ROPE_DIMS="16",
                XSA_LAST_N="1", TRAIN_SEQ_LEN="64", TRAIN_BATCH_TOKENS="1024", ITERATIONS="6", MAX_WALLCLOCK_SECONDS="0",
-               VAL_MAX_TOKENS="6000", EVAL_STRIDE="16", EVAL_BATCH_SEQS="8", VAL_BATCH_SIZE="2048", SEED="11",
+               EVAL_STRIDE="16", EVAL_BATCH_SEQS="8", VAL_BATCH_SIZE="2048", SEED="11",
                DATA_PATH=str(tiny_dataset), TOKENIZER_PATH=str(sp1024_model), OUT_DIR=str(tmp_path), RUN_ID="score",
                OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
@@ -105,12 +177,27 @@ def test_score_cli_reproduces_the_training_run(tiny_dataset, sp1024_model, tmp_p
     logged_rt, logged_sl = ROUNDTRIP_RE.search(log), SLIDING_RE.search(log)
     assert logged_rt and logged_sl, log[-2000:]
     result = json.loads((tmp_path / "score" / "result.json").read_text())
-    seq_len = result["hyperparameters"]["train_seq_len"]
-    out = run_cli("score", "--artifact", tmp_path / "score" / "final_model.ptz", "--data-path", tiny_dataset,
-                  "--tokenizer", sp1024_model, "--seq-len", seq_len, "--stride", logged_sl[3], "--batch-seqs", 13,
-                  "--val-max-tokens", 6000).stdout
+    artifact = tmp_path / "score" / "final_model.ptz"
+    from quant.artifact import load_artifact
+
+    meta = load_artifact(artifact)[2]
+    assert meta["format_version"] == 3 and meta["run"] == dict(
+        train_seq_len=64, vocab_size=1024, eval_stride=16,
+        tokenizer_sha256=hashlib.sha256(Path(sp1024_model).read_bytes()).hexdigest())
+    out = run_cli("score", "--artifact", artifact, "--data-path", tiny_dataset, "--tokenizer", sp1024_model).stdout
     rt, sl = ROUNDTRIP_RE.search(out), SLIDING_RE.search(out)
-    assert rt and sl, out
+    assert rt and sl and "seq_len:64 " in out, out
     for got, logged in ((rt, logged_rt), (sl, logged_sl)):
         assert abs(float(got[1]) - float(logged[1])) <= 1e-6 and abs(float(got[2]) - float(logged[2])) <= 1e-6, (got[0], logged[0])
+    assert abs(float(sl[2]) - result["val_bpb_sliding"]) <= 1e-6
     assert sl[3] == logged_sl[3] == "16"
+    # another tokenizer: refused before any scoring, both sha256 named
+    other = tmp_path / "other.model"
+    if shared_dir is not None and (shared_dir / "data/tokenizers/fineweb_2048_bpe.model").is_file():
+        shutil.copyfile(shared_dir / "data/tokenizers/fineweb_2048_bpe.model", other)
+    else:
+        other.write_bytes(Path(sp1024_model).read_bytes() + b"\0")
+    bad = run_cli("score", "--artifact", artifact, "--data-path", tiny_dataset, "--tokenizer", other, check=False)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "final_" not in bad.stdout
+    assert (f"tokenizer {other} has sha256 {hashlib.sha256(other.read_bytes()).hexdigest()}, but the artifact "
+            f"{artifact} was trained with a tokenizer of sha256 {meta['run']['tokenizer_sha256']}") in bad.stderr

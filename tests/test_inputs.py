@@ -1,5 +1,6 @@
 """Bad input is refused before the clock starts, with a message naming the input (issue 6)."""
 
+import re
 import shutil
 import struct
 import subprocess
@@ -155,3 +156,29 @@ def test_cli_exits_nonzero_with_the_message_and_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert "error: NUM_LAYERS=-1: expected a finite value >= 0" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("run_id", ["../../escaped_run", "a/b", "/tmp/abs", "..", ".", "a\\b", ""])
+def test_run_id_that_is_not_a_folder_name_is_refused(run_id):
+    expected = f"RUN_ID={run_id!r}: expected a folder name: no '/' or '\\', not empty or dots"
+    with pytest.raises(ValueError) as err:
+        Hyperparameters.from_env({"RUN_ID": run_id}, log=lambda *_: None)
+    assert str(err.value) == expected
+
+
+def test_run_id_defaults_to_a_fresh_name_and_keeps_a_plain_one():
+    assert Hyperparameters.from_env({"RUN_ID": "seed1.v2_a-b"}, log=lambda *_: None).run_id == "seed1.v2_a-b"
+    fresh = Hyperparameters.from_env({"PRESET": "smoke"}, log=lambda *_: None).run_id
+    assert re.fullmatch(r"smoke_[0-9a-f]{8}", fresh)
+
+
+def test_escaping_run_id_writes_nothing(tmp_path):
+    """RUN_ID=../../escaped_run used to train and write train.log and the artifact outside runs/."""
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    env = {"PATH": "/usr/bin:/bin", "PRESET": "smoke", "RUN_ID": "../../escaped_run", "OUT_DIR": "runs"}
+    proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=work, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "error: RUN_ID='../../escaped_run': expected a folder name" in proc.stderr
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["a", "a/b"]

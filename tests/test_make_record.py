@@ -25,7 +25,12 @@ DATE = "2026-01-02"
 @pytest.fixture(scope="module")
 def fake_src(tmp_path_factory):
     root = write_tree(tmp_path_factory.mktemp("src"))
-    return root, bundle.build_human_source(root), bundle.build_packed_bytes(root)  # packed: bytes (auto)
+    return root, bundle.build_human_source(root), bundle.build_packed_bytes(root, "ascii")  # the default
+
+
+@pytest.fixture(scope="module")
+def fake_src_latin1(fake_src):
+    return fake_src[0], fake_src[1], bundle.build_packed_bytes(fake_src[0], "latin1")  # the opt-in
 
 
 def fabricate_run(base: Path, run_id: str, seed: int, src, *, result=None, hp=None, log_edit=None,
@@ -221,9 +226,14 @@ def test_check_record_catches_a_tampered_folder(fake_src, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["flip a payload byte", "re-saved as UTF-8"])
-def test_check_record_catches_a_packed_file_that_does_not_unpack(fake_src, tmp_path, damage):
-    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
-    assert cli(fake_src, tmp_path, runs) == 0
+def test_check_record_catches_a_packed_file_that_does_not_unpack(fake_src, fake_src_latin1, tmp_path, damage,
+                                                                 monkeypatch):
+    src = fake_src
+    if damage == "re-saved as UTF-8":  # only the latin-1 opt-in can be damaged that way
+        monkeypatch.setenv("BUNDLE_ENCODING", "latin1")
+        src = fake_src_latin1
+    runs = [fabricate_run(tmp_path, "a", 1, src)]
+    assert cli(src, tmp_path, runs) == 0
     folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
     path = folder / "train_gpt.py"
     data = path.read_bytes()
@@ -243,16 +253,40 @@ def test_check_record_catches_a_packed_file_that_does_not_unpack(fake_src, tmp_p
         check_record(folder)
 
 
-def test_a_packed_run_that_logged_its_bundle_source_is_accepted(fake_src, tmp_path):
+@pytest.mark.parametrize("encoding", ["ascii", "latin1"])
+def test_a_packed_run_that_logged_its_bundle_source_is_accepted(fake_src, fake_src_latin1, tmp_path, encoding,
+                                                                 monkeypatch):
     """Packed runs log BUNDLE_SOURCE (the minified code their wrapper execs), not the file itself."""
-    minified = bundle.unpack_packed(fake_src[2])
-    runs = [fabricate_run(tmp_path, "a", 1, fake_src, code=minified),
-            fabricate_run(tmp_path, "b", 2, fake_src, code=fake_src[1])]
-    assert cli(fake_src, tmp_path, runs) == 0
+    src = fake_src if encoding == "ascii" else fake_src_latin1
+    monkeypatch.delenv("BUNDLE_ENCODING", raising=False)
+    if encoding == "latin1":
+        monkeypatch.setenv("BUNDLE_ENCODING", "latin1")
+    minified = bundle.unpack_packed(src[2])
+    runs = [fabricate_run(tmp_path, "a", 1, src, code=minified),
+            fabricate_run(tmp_path, "b", 2, src, code=src[1])]
+    assert cli(src, tmp_path, runs) == 0
     folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
     readme = (folder / "README.md").read_text()
-    assert bundle.packed_encoding(fake_src[2]) == "latin1"  # compressed code: latin1 wins even on the fake tree
-    assert "not UTF-8" in readme and "GitHub shows it as binary" in readme
+    shipped = (folder / "train_gpt.py").read_bytes()
+    assert shipped == src[2]
+    if encoding == "ascii":  # the default: a file every reader can open
+        assert shipped.isascii() and compile(open(folder / "train_gpt.py").read(), "t", "exec")
+        assert "plain ASCII" in readme and "not UTF-8" not in readme
+    else:
+        assert bundle.packed_encoding(shipped) == "latin1"
+        assert "not UTF-8" in readme and "GitHub shows it as binary" in readme
+
+
+@pytest.mark.parametrize("name", ["../escaped", "a/b", "..", " "])
+def test_a_name_that_is_not_a_folder_name_is_refused_before_anything_is_written(fake_src, tmp_path, capsys, name):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    argv = ["--runs", str(runs[0]), "--name", name, "--author", "x", "--github-id", "y",
+            "--records-dir", str(tmp_path / "records"), "--root", str(fake_src[0]), "--date", DATE, "--skip-smoke"]
+    assert make_record.main(argv) == 2
+    assert f"--name {name!r}: expected letters, digits" in capsys.readouterr().err
+    assert not (tmp_path / "records").exists() and not (tmp_path / "escaped").exists()
+    with pytest.raises(RecordError, match="--name '': expected"):  # (the CLI already requires a value)
+        make_record.make_record(runs, name="", author="x", github_id="y", records_dir=tmp_path / "records")
 
 
 # -----------------------------------------------------------------------------------------------

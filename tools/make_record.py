@@ -6,8 +6,9 @@
 writes `records/<track>/<YYYY-MM-DD>_<NAME>/` with README.md (what the run is, per-seed table, mean
 and std, the command that reproduces it, compliance, loss curve), submission.json (the official
 fields plus track, seeds, seed_results, val_bpb_std, hardware, pytorch_version), the logs as
-train_seed<SEED>.log, the packed train_gpt.py (copied as bytes: it is latin-1 when that packs
-smaller, see tools/bundle.py) and train_gpt_human.py,
+train_seed<SEED>.log, the packed train_gpt.py (plain ASCII by default; latin-1 only when the runs
+measured that opt-in, BUNDLE_ENCODING=latin1, see tools/bundle.py; copied as bytes) and
+train_gpt_human.py,
 requirements.txt (runtime deps at the run's versions) and loss_curve.png.
 
 It refuses (exit 2, the message names the run and the field) runs that are over the byte budget or
@@ -244,8 +245,8 @@ def check_code_is_current(runs: list, human: str, packed: bytes, root: Path) -> 
     (its packed size differs, or the code at the top of its log differs).
 
     `packed` is the packed file's bytes. A run logs the human source (package and human runs) or
-    the minified source its wrapper execs (BUNDLE_SOURCE, packed runs); an ASCII (base85) packed
-    file's own text and the package's train_gpt.py are accepted too."""
+    the minified source its wrapper execs (BUNDLE_SOURCE, packed runs); an ASCII (base93/base85)
+    packed file's own text and the package's train_gpt.py are accepted too."""
     packed_bytes = len(packed)
     entry = root / BUNDLE_PACKED_NAME
     accepted = {human.rstrip("\n"), unpack_packed(packed).rstrip("\n")}
@@ -453,7 +454,7 @@ def _fmt_bpb(x) -> str:
 
 
 def build_readme(runs: list, submission: dict, *, track_reason: str, command: str, folder_rel: str,
-                 code_encoding: str = "base85") -> str:
+                 code_encoding: str = "base93") -> str:
     r0 = runs[0].result
     hp = r0["hyperparameters"]
     per = submission["seed_results"]
@@ -551,7 +552,8 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         "## Files",
         "",
         f"- `{BUNDLE_PACKED_NAME}`: the counted script ({submission['bytes_code']:,} bytes; runs from this folder)"
-        + (f"; {LATIN1_TRADE_OFF}." if code_encoding == "latin1" else "."),
+        + (f"; {LATIN1_TRADE_OFF}." if code_encoding == "latin1" else
+           f"; plain ASCII: minified, compressed, {code_encoding}-encoded code and a short exec wrapper."),
         f"- `{BUNDLE_HUMAN_NAME}`: the same code, readable (not counted).",
         "- " + ", ".join(f"`train_seed{s['seed']}.log`" for s in per) + ": the training logs.",
         "- `submission.json`, `requirements.txt`, `loss_curve.png`.",
@@ -710,7 +712,7 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
         check_run(run)
     check_runs_agree(runs)
     human = build_human_source(root)
-    packed = pack_code(minify_source(set_bundle_kind(human, "packed")))[0]  # bytes; the encoding runs measure
+    packed = pack_code(minify_source(set_bundle_kind(human, "packed")))[0]  # bytes; ASCII unless BUNDLE_ENCODING
     check_code_is_current(runs, human, packed, root)
     track_name, reason = choose_track(runs, track)
     now = dt.datetime.now(dt.timezone.utc)
