@@ -7,6 +7,7 @@ including the smoke run of the packed train_gpt.py from inside the new folder.
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -327,3 +328,15 @@ def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset,
 
     assert significance.main(["--runs", *map(str, runs), "--baseline-bpb", "99"]) == 0
     assert "verdict: SIGNIFICANT" in capsys.readouterr().out
+
+
+def test_records_folder_documents_the_tracks_and_the_files_make_record_writes(fake_src, tmp_path):
+    readme = (REPO / "records" / "README.md").read_text(encoding="utf-8")
+    for track in make_record.RECORD_TRACKS:
+        assert (REPO / "records" / track / "README.md").is_file() and f"`{track}/`" in readme
+    assert "only adds one new folder" in readme and "make_record.py --check" in readme
+    documented = set(re.findall(r"^\| `([^`]+)` \|", readme.split("## Filling a folder")[1].split("## From")[0], re.M))
+    runs = [fabricate_run(tmp_path, "a", 7, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    written = {p.name for p in (tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny").iterdir()}
+    assert {n.replace("<S>", "7") for n in documented} == written
