@@ -167,7 +167,7 @@ def test_score_cli_reproduces_the_training_run_from_the_artifact_alone(tiny_data
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "RUN_ID", "EVAL_", "VAL_"))}
     env.update(PRESET="smoke", NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", ROPE_DIMS="16",
                XSA_LAST_N="1", TRAIN_SEQ_LEN="64", TRAIN_BATCH_TOKENS="1024", ITERATIONS="6", MAX_WALLCLOCK_SECONDS="0",
-               EVAL_STRIDE="16", EVAL_BATCH_SEQS="8", VAL_BATCH_SIZE="2048", SEED="11",
+               EVAL_STRIDE="32", EVAL_BATCH_SEQS="32", VAL_BATCH_SIZE="8192", SEED="11",
                DATA_PATH=str(tiny_dataset), TOKENIZER_PATH=str(sp1024_model), OUT_DIR=str(tmp_path), RUN_ID="score",
                OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
@@ -182,7 +182,7 @@ def test_score_cli_reproduces_the_training_run_from_the_artifact_alone(tiny_data
 
     meta = load_artifact(artifact)[2]
     assert meta["format_version"] == 3 and meta["run"] == dict(
-        train_seq_len=64, vocab_size=1024, eval_stride=16,
+        train_seq_len=64, vocab_size=1024, eval_stride=32,
         tokenizer_sha256=hashlib.sha256(Path(sp1024_model).read_bytes()).hexdigest())
     out = run_cli("score", "--artifact", artifact, "--data-path", tiny_dataset, "--tokenizer", sp1024_model).stdout
     rt, sl = ROUNDTRIP_RE.search(out), SLIDING_RE.search(out)
@@ -190,7 +190,7 @@ def test_score_cli_reproduces_the_training_run_from_the_artifact_alone(tiny_data
     for got, logged in ((rt, logged_rt), (sl, logged_sl)):
         assert abs(float(got[1]) - float(logged[1])) <= 1e-6 and abs(float(got[2]) - float(logged[2])) <= 1e-6, (got[0], logged[0])
     assert abs(float(sl[2]) - result["val_bpb_sliding"]) <= 1e-6
-    assert sl[3] == logged_sl[3] == "16"
+    assert sl[3] == logged_sl[3] == "32"
     # another tokenizer: refused before any scoring, both sha256 named
     other = tmp_path / "other.model"
     if shared_dir is not None and (shared_dir / "data/tokenizers/fineweb_2048_bpe.model").is_file():
