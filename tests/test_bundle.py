@@ -212,11 +212,15 @@ def test_base93_round_trips_through_the_wrapper_decoder(data):
     assert b'"' not in digits and b"\\" not in digits and all(32 <= c < 127 for c in digits)
     env = {}
     exec(bundle.BUNDLE_BASE93_DECODER, env)  # the exact line the packed file carries
-    assert env["f"](digits).to_bytes(len(data), "big") == data
+    assert env["f"](digits).to_bytes(len(data), "big") == data == bundle.base93_decode(digits, len(data))
     value = int.from_bytes(data, "big")
     assert len(digits) == bundle._base93_num_digits(value) and (value == 0 or 93 ** (len(digits) - 1) <= value)
     if len(data) > 1000:  # 8 / log2(93) chars per byte
         assert len(digits) <= len(data) * 8 / math.log2(93) + 1
+    with pytest.raises(ValueError):
+        bundle.base93_decode(digits + b"\\", len(data) + 1)
+    with pytest.raises(OverflowError):  # more digits than the bytes can hold
+        bundle.base93_decode(b"~" * (math.ceil(len(data) * 8 / math.log2(93)) + 1), len(data))
 
 
 def _tricky_payloads():

@@ -610,6 +610,28 @@ def base93_encode(data: bytes) -> bytes:
     return bytes(d + 32 + (d > 1) + (d > 58) for d in digits(n, _base93_num_digits(n)))
 
 
+def base93_decode(digits: bytes, num_bytes: int) -> bytes:
+    """Inverse of base93_encode without running any code of a packed file: for readers (auditors)
+    that take the b"..." literal and the to_bytes length from a wrapper with ast. ValueError for a
+    char outside the alphabet or a value that does not fit num_bytes."""
+    if any(c < 32 or c > 126 or c in (34, 92) for c in digits):
+        raise ValueError("base93: a char outside printable ASCII minus '\"' and '\\'")
+    powers = {}
+
+    def value(s: bytes) -> int:
+        if len(s) <= 8:
+            n = 0
+            for c in s:
+                n = n * 93 + c - 32 - (c > 34) - (c > 92)
+            return n
+        h = len(s) // 2
+        if len(s) - h not in powers:
+            powers[len(s) - h] = 93 ** (len(s) - h)
+        return value(s[:h]) * powers[len(s) - h] + value(s[h:])
+
+    return value(digits).to_bytes(num_bytes, "big")
+
+
 def _quote_latin1(text: str, quote: str) -> str:
     """`text` (chars U+0000..U+00FF) as a str literal in `quote` (one of BUNDLE_LATIN1_QUOTES),
     escaping only what must be: backslash; CR (the tokenizer reads a raw CR as a line end); NUL (not
