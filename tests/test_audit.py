@@ -251,6 +251,12 @@ def test_nothing_in_a_stub_runs(tmp_path):
     assert script.kind == "unreadable" and script.error.startswith("unsupported stub") and not marker.exists()
     opener = b'exec(open("/etc/hostname").read())\n'
     assert "not a file of the record folder" in unpack_script(opener, tmp_path).error
+    # a lambda that is not bundle.py's base93 decoder (same shape as our stub) is never evaluated
+    lookalike = (f'import os\nf=lambda s:os.system("touch {marker}")\nexec(f(\nb"x").to_bytes(1,"big"))\n').encode()
+    script = unpack_script(lookalike, tmp_path)
+    assert script.kind == "unreadable" and script.error.startswith("unsupported stub") and not marker.exists()
+    huge = f'import lzma as L\n{bundle.BUNDLE_BASE93_DECODER}\nexec(L.decompress(f(\nb"!").to_bytes(1<<40,"big")))\n'
+    assert unpack_script(huge.replace("1<<40", str(1 << 40)).encode()).kind == "unreadable"  # no 1 TB allocation
 
 
 def test_a_decompression_bomb_is_refused():
@@ -260,7 +266,7 @@ def test_a_decompression_bomb_is_refused():
     assert script.kind == "unreadable" and "bomb" in script.error
 
 
-@pytest.mark.parametrize("encoding", ["base85", "latin1"])
+@pytest.mark.parametrize("encoding", ["base93", "base85", "latin1"])
 def test_our_packed_files_unpack_without_exec(fake_src, encoding):  # noqa: F811
     human = fake_src[1]
     packed = bundle.pack_code(bundle.minify_source(bundle.set_bundle_kind(human, "packed")), encoding)[0]
@@ -336,8 +342,8 @@ def test_a_make_record_folder_passes_its_own_audit(fake_src, tmp_path, capsys): 
                                  "claims_match_logs")} == dict.fromkeys(
         ("train_under_600s", "eval_under_600s", "artifact_under_16mb", "code_parses", "claims_match_logs"), True)
     assert comp["three_seeds"] is None  # non-record track
-    latin1 = (folder / "train_gpt.py").read_bytes().startswith(b"#coding")  # bundle.py: latin-1 or base85 file
-    layer = "str.encode(iso8859-1)" if latin1 else "base64.b85decode"
+    layer = {"latin1": "str.encode(iso8859-1)", "base85": "base64.b85decode", "base93": "bundle.base93"}[
+        bundle.packed_encoding((folder / "train_gpt.py").read_bytes())]
     assert f"packed: {layer} -> " in comp["evidence"]["code_parses"]  # the packed file was unpacked and read
     assert audit.main([str(folder)]) == 0
 
@@ -356,7 +362,7 @@ def test_make_record_refuses_runs_whose_byte_count_is_off(fake_src, tmp_path, ca
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("encoding", ["base85", "latin1"])
+@pytest.mark.parametrize("encoding", ["base93", "base85", "latin1"])
 def test_the_real_packed_train_gpt_unpacks_without_exec(encoding):
     packed = bundle.build_packed_bytes(encoding=encoding)
     script = unpack_script(packed)

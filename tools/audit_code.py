@@ -8,12 +8,17 @@ The forms seen in openai/parameter-golf records and in our bundler (tools/bundle
     #coding:l1                                   (our latin-1 form: PEP 263 cookie, bytes in a str)
     import lzma as L
     exec(BUNDLE_SOURCE:=L.decompress(\n"...".encode('l1')).decode())
+    import lzma as L                             (our ASCII default: base93 digits, decoded by a lambda)
+    f=lambda s:...
+    exec(BUNDLE_SOURCE:=L.decompress(f(\nb"...").to_bytes(N,"big")).decode())
     exec(open(__file__.replace("train_gpt.py","train_gpt_decode.py")).read())   (code in a sibling file)
 
 `unpack_script` parses the file with `ast` (which honours the coding cookie), finds the top-level
 `exec(...)` calls and evaluates their argument with a small interpreter that knows only literals,
 the module aliases bound by the stub's imports, a whitelist of pure decoders (lzma / zlib / bz2 /
-gzip / zstandard decompress, base64 decoders, `bytes.decode`, `str.encode`, `bytes.fromhex`) and
+gzip / zstandard decompress, base64 decoders, `bytes.decode`, `str.encode`, `bytes.fromhex`,
+tools/bundle.py's base93 lambda, recognized by its exact text and computed by `base93_value`, and
+`int.to_bytes`) and
 `open(<sibling of __file__>).read()`. Nothing of the file is executed, imported or compiled to
 code objects; decompression output is capped (`MAX_UNPACKED_BYTES`) against decompression bombs.
 Nested stubs (a payload that is itself a stub) are unpacked up to `MAX_DEPTH` levels.
@@ -34,6 +39,8 @@ import lzma
 import zlib
 from pathlib import Path
 
+from tools.bundle import BUNDLE_BASE93_DECODER, base93_value
+
 MAX_UNPACKED_BYTES = 64 << 20  # a record's source is < 1 MB; anything near this is a bomb
 MAX_DEPTH = 3
 
@@ -41,6 +48,10 @@ _LZMA_CONSTANTS = {name: getattr(lzma, name) for name in dir(lzma) if name.isupp
 _ZLIB_CONSTANTS = {name: getattr(zlib, name) for name in dir(zlib) if name.isupper()}
 _BASE64_DECODERS = ("b85decode", "b64decode", "a85decode", "b32decode", "b16decode", "decodebytes",
                     "standard_b64decode", "urlsafe_b64decode", "decodestring")
+
+
+# tools/bundle.py's base93 decoder (`f=lambda s:...`), matched by its AST: only this exact lambda is read
+_BASE93_LAMBDA = ast.dump(ast.parse(BUNDLE_BASE93_DECODER).body[0].value)
 
 
 class UnsupportedStub(ValueError):
@@ -101,6 +112,7 @@ _FUNCTIONS = {("lzma", "decompress"): _lzma_decompress, ("zlib", "decompress"): 
               ("zstandard", "decompress"): _zstd_decompress, ("zstd", "decompress"): _zstd_decompress,
               **{("base64", name): getattr(base64, name) for name in _BASE64_DECODERS if hasattr(base64, name)},
               ("binascii", "a2b_base64"): binascii.a2b_base64, ("binascii", "unhexlify"): binascii.unhexlify,
+              ("bundle", "base93"): base93_value,
               ("codecs", "decode"): None}  # codecs.decode handled below (bytes codecs only)
 
 
@@ -121,6 +133,9 @@ class _Reader:
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 for a in node.names:
                     self.aliases[a.asname or a.name] = ("function", node.module, a.name)
+            elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                  and ast.dump(node.value) == _BASE93_LAMBDA):
+                self.aliases[node.targets[0].id] = ("function", "bundle", "base93")
 
     def eval(self, node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes, int, float, type(None), bool)):
@@ -200,6 +215,10 @@ class _Reader:
                 return value.replace(*args)
             if func.attr == "read" and isinstance(value, (str, bytes)):
                 return value
+            if func.attr == "to_bytes" and type(value) is int and args and type(args[0]) is int:
+                if args[0] > MAX_UNPACKED_BYTES:
+                    raise ValueError(f"int.to_bytes({args[0]}): larger than {MAX_UNPACKED_BYTES} bytes (a bomb?)")
+                return value.to_bytes(*args, **kwargs)
             if func.attr == "fromhex" and isinstance(func.value, ast.Name) and func.value.id == "bytes":
                 return bytes.fromhex(args[0])
         raise UnsupportedStub(f"cannot evaluate call `{ast.unparse(node)[:80]}` without running it")

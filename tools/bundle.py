@@ -611,11 +611,16 @@ def base93_encode(data: bytes) -> bytes:
 
 
 def base93_decode(digits: bytes, num_bytes: int) -> bytes:
-    """Inverse of base93_encode without running any code of a packed file: for readers (auditors)
-    that take the b"..." literal and the to_bytes length from a wrapper with ast. ValueError for a
-    char outside the alphabet or a value that does not fit num_bytes."""
-    if any(c < 32 or c > 126 or c in (34, 92) for c in digits):
-        raise ValueError("base93: a char outside printable ASCII minus '\"' and '\\'")
+    """Inverse of base93_encode without running any code of a packed file. ValueError for a char
+    outside the alphabet, OverflowError for a value that does not fit num_bytes."""
+    return base93_value(digits).to_bytes(num_bytes, "big")
+
+
+def base93_value(digits: bytes) -> int:
+    """The integer BUNDLE_BASE93_DECODER's f(digits) returns, computed here (tools/audit_code.py reads
+    packed files with it, running nothing of them). ValueError for a char outside the alphabet."""
+    if not isinstance(digits, bytes) or any(c < 32 or c > 126 or c in (34, 92) for c in digits):
+        raise ValueError("base93: expected bytes of printable ASCII but '\"' and '\\'")
     powers = {}
 
     def value(s: bytes) -> int:
@@ -629,7 +634,7 @@ def base93_decode(digits: bytes, num_bytes: int) -> bytes:
             powers[len(s) - h] = 93 ** (len(s) - h)
         return value(s[:h]) * powers[len(s) - h] + value(s[h:])
 
-    return value(digits).to_bytes(num_bytes, "big")
+    return value(digits)
 
 
 def _quote_latin1(text: str, quote: str) -> str:
