@@ -67,7 +67,7 @@ FAKE_TREE = {
         '    code = BUNDLE_SOURCE if BUNDLE_KIND == "packed" else Path(__file__).read_text(encoding="utf-8")\n'
         '    out = {"kind": BUNDLE_KIND, "name": __name__, "value": policy.apply(bpb_of(float(os.environ.get("X", "5")))),\n'
         '           "fields": [f.name for f in dataclasses.fields(policy)], "code_bytes": measure_code_bytes(),\n'
-        '           "file": os.path.basename(__file__), "note": SHARD_NOTE,\n'
+        '           "file": os.path.basename(__file__), "note": SHARD_NOTE, "policy_class": type(policy).__name__,\n'
         '           "code_sha": hashlib.sha256(code.encode()).hexdigest()}\n'
         "    print(json.dumps(out))\n    return 0\n\n\n"
         'if __name__ == "__main__":\n    sys.exit(main())\n'),
@@ -306,6 +306,7 @@ def test_package_human_and_packed_behave_identically(fake_root, tmp_path, encodi
         assert result["value"] == package["value"]
         assert result["fields"] == ["bits", "note"]
         assert result["note"] == "na\u00efve \u2248 \u00b5s"
+        assert result["policy_class"] == "QuantPolicyFake"  # class names stay (type(err).__name__ is logged)
         assert result["code_bytes"] == len(packed_file)  # measured, in all three modes
     assert packed["file"] == "train_gpt.py"  # __file__ is the packed file itself
     # BUNDLE_SOURCE, set by the wrapper, is the code that runs: the minified source
