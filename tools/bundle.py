@@ -36,7 +36,7 @@ from inside its record folder. Our source is a package (`train_gpt.py` + `quant/
 Both are deterministic (same source, python-minifier and compressor library versions -> same bytes).
 Build with the Python the record states (3.11): python-minifier emits syntax the running interpreter
 accepts. A use of locals()/globals()/vars()/exec/eval anywhere in the bundled code makes
-python-minifier rename nothing (about +1.4 KB); the report warns and a test guards the package.
+python-minifier rename nothing (about +1.3 KB); the report warns and a test guards the package.
 
 The bundler fails loudly (`BundleError`, a ValueError naming file and line) on anything that would
 make the single file behave differently from the package: two modules binding the same top-level
@@ -529,7 +529,7 @@ def set_bundle_kind(source: str, kind: str) -> str:
 def renaming_blockers(source: str) -> list:
     """["name (line N)", ...]: what makes python-minifier rename NO name of the whole file (it cannot
     tell which names such code reads): the builtins locals/globals/vars/exec/eval and star imports.
-    Measured on this package: renaming saves ~1.4 KB of the ASCII packed file."""
+    Measured on this package: renaming saves ~1.3 KB of the ASCII packed file."""
     out = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Name) and node.id in BUNDLE_RENAME_BLOCKERS:
@@ -945,7 +945,7 @@ def format_report(report: dict) -> str:
     w(f"human file: {report['human_bytes']:,} bytes; minified: {report['minified_bytes']:,} bytes\n")
     if report["rename_blockers"]:
         w(f"WARNING: names are not shortened (python-minifier renames nothing in a file that uses "
-          f"{', '.join(report['rename_blockers'])}; about +1.4 KB): write that code without them\n")
+          f"{', '.join(report['rename_blockers'])}; about +1.3 KB): write that code without them\n")
     w(f"\n{'encoding':<10} {'packed bytes':>12}  best candidate\n")
     for name in BUNDLE_ENCODINGS:
         if name in report["by_encoding"]:
