@@ -248,7 +248,8 @@ class DistributedTokenLoader:
     W with accumulation A sees the same tokens in the same order as 1 rank with W*A micro steps: DDP
     and grad accumulation are interchangeable. Every shard header is validated up front and each
     shard's ids against `vocab_size` when it is loaded (ValueError naming the file). The position
-    (`shard_index`, `offset`) is checkpointable through `seek`.
+    (`shard_index`, `offset`) is checkpointable through `seek`. `opened` is the set of shard paths
+    loaded so far (warmup steps included): the evidence for compliance.val_not_seen_in_training.
     """
 
     def __init__(self, data_path: str, vocab_size: int, rank: int = 0, world_size: int = 1, device="cpu"):
@@ -256,11 +257,12 @@ class DistributedTokenLoader:
         for path in self.files:
             read_shard_header(path)
         self.vocab_size, self.rank, self.world_size, self.device = vocab_size, rank, world_size, torch.device(device)
-        self.shard_index = -1
+        self.shard_index, self.opened = -1, set()
         self.seek(0, 0)
 
     def seek(self, shard_index: int, offset: int) -> None:
         if shard_index != self.shard_index:
+            self.opened.add(self.files[shard_index])
             self.tokens = load_data_shard(self.files[shard_index])
             top = int(self.tokens.numpy().max()) if self.tokens.numel() else 0
             if top >= self.vocab_size:
@@ -1110,6 +1112,7 @@ def main() -> int:
     if steps is not None:
         summary.update(steps=steps, train_seconds=train_seconds, train_losses=losses,
                        ms_per_step=1000 * train_seconds / max(1, steps))
+    summary["train_shards"] = sorted(p.name for p in loader.opened)
     if steps is None or signum:
         if ctx.is_main:
             atomic_write_json(ctx.run_dir / "result.json", {**summary, "status": summary["status"] if signum == 0
@@ -1124,9 +1127,9 @@ def main() -> int:
         summary["error"] = f"{type(err).__name__}: {err}"
         rc = 1
         if not isinstance(err, (ValueError, torch.OutOfMemoryError)):
-            write_result(ctx, hp, summary, manifest)
+            write_result(ctx, hp, summary, manifest, loader.opened)
             raise
-    write_result(ctx, hp, summary, manifest)
+    write_result(ctx, hp, summary, manifest, loader.opened)
     if ctx.world_size > 1:
         dist.destroy_process_group()
     return rc
@@ -1173,15 +1176,40 @@ def finish_run(ctx, hp, model, config, policy, code_bytes, artifact_path, val_to
                    tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
 
 
-def write_result(ctx: RunContext, hp: Hyperparameters, summary: dict, manifest) -> None:
-    """result.json (rank 0), with the compliance flags computed from what the run measured."""
+def check_compliance(summary: dict, data_path: str, manifest, train_files) -> dict:
+    """One flag per rule of the challenge, computed from what the run measured (None: not checkable).
+
+    train_time_ok: train_seconds <= 600 (the challenge's limit, whatever MAX_WALLCLOCK_SECONDS was);
+    eval_time_ok: eval_seconds (artifact load + roundtrip + sliding) <= 600; bytes_ok: bytes_total
+    (shipped code + artifact) <= 16,000,000 (the challenge's, whatever BYTE_BUDGET was; the export
+    enforces BYTE_BUDGET itself); full_val_split: the score covered every token of the val shards
+    (their headers' counts); val_not_seen_in_training: none of `train_files` (the shards the training
+    loader opened) is a val shard: the same file (device and inode, so links count) as a
+    fineweb_val_*.bin or, with a manifest, as a shard its val split lists; splits_disjoint: the
+    manifest's train and val document hashes are disjoint (check_data_manifest) and the loader opened
+    only shards its train split lists (None without a manifest that has document hashes).
+    """
+    ident = lambda path: os.stat(path)[1:3]  # (inode, device)
+    listed = lambda split: {ident(Path(data_path) / n) for n in manifest["splits"][split]["shards"]} if manifest else set()
+    val_files, opened = list_shards(data_path, "val"), {ident(p) for p in train_files}
+    return dict(
+        train_time_ok=summary.get("train_seconds", math.inf) <= 600,
+        eval_time_ok=summary.get("eval_seconds", math.inf) <= 600,
+        bytes_ok=summary.get("bytes_total", math.inf) <= 16_000_000,
+        full_val_split=summary.get("val_tokens") == sum(map(read_shard_header, val_files)),
+        val_not_seen_in_training=bool(opened) and not opened & ({ident(p) for p in val_files} | listed("val")),
+        splits_disjoint=None if manifest is None else opened <= listed("train"))
+
+
+def write_result(ctx: RunContext, hp: Hyperparameters, summary: dict, manifest, train_files) -> None:
+    """result.json (rank 0), with the compliance flags (check_compliance) and the unmet ones logged."""
     if not ctx.is_main:
         return
-    summary["compliance"] = dict(
-        train_time_ok=0 < summary["train_seconds"] <= hp.max_wallclock_seconds,
-        eval_time_ok="eval_seconds" in summary and summary["eval_seconds"] <= 600,
-        bytes_ok=summary.get("bytes_total", math.inf) <= hp.byte_budget, full_val_split=not hp.val_max_tokens,
-        val_not_seen_in_training=True, splits_disjoint=None if manifest is None else True)
+    try:
+        flags = summary["compliance"] = check_compliance(summary, hp.data_path, manifest, train_files)
+        ctx.log(f"compliance: {' '.join(f'{k}:{v}' for k, v in flags.items())}")
+    except OSError as err:  # the data changed under the run: no flags, and make_record refuses it
+        summary["compliance"] = {"error": str(err)}
     atomic_write_json(ctx.run_dir / "result.json", summary)
     ctx.log(f"result:{ctx.run_dir / 'result.json'}")
 

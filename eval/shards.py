@@ -43,11 +43,12 @@ def load_data_shard(path) -> torch.Tensor:
 def list_shards(data_path, split: str) -> list:
     """Sorted shard paths `fineweb_{split}_*.bin` (split "train" or "val") in dir `data_path`.
 
-    Raises FileNotFoundError naming the dir and the pattern if none match.
+    Raises ValueError naming DATA_PATH and the pattern if none match (a user's input error, so the
+    CLIs exit 2 with one line, with or without a manifest.json).
     """
     files = sorted(Path(data_path).glob(f"fineweb_{split}_*.bin"))
     if not files:
-        raise FileNotFoundError(f"no fineweb_{split}_*.bin in DATA_PATH={data_path}")
+        raise ValueError(f"DATA_PATH={data_path}: no fineweb_{split}_*.bin (the {split} split; tools/prepare_data.py makes it)")
     return files
 
 
@@ -55,8 +56,7 @@ def load_validation_tokens(data_path, vocab_size=None) -> torch.Tensor:
     """All val shards of `data_path` concatenated in sorted order, int64 [N] (BOS tokens kept).
 
     Raises ValueError naming DATA_PATH and the largest id (-1 when there are no tokens) if there
-    are no tokens or (when vocab_size is given) any id >= vocab_size; FileNotFoundError if there
-    are no val shards.
+    are no val shards, no tokens or (when vocab_size is given) any id >= vocab_size.
     """
     tokens = torch.cat([load_data_shard(p).long() for p in list_shards(data_path, "val")])
     top_id = tokens.numpy().max(initial=-1)  # ids are >= 0: -1 means no tokens

@@ -141,12 +141,48 @@ def test_token_id_beyond_vocab_is_refused(tiny_dataset, sp1024_model, tmp_path):
         load_validation_tokens(str(data), vocab_size=1024)
 
 
-def test_empty_val_split_is_refused(tiny_dataset, sp1024_model, tmp_path):
+def broken_dataset(tiny_dataset, tmp_path, *, manifest: bool, split: str, how: str) -> Path:
+    """A copy of the tiny dataset with or without manifest.json whose `split` shards are deleted
+    (how="missing") or hold no tokens (how="empty"). The official HF export has no manifest."""
+    from eval.offline import write_data_shard
+
     data = copy_dataset(tiny_dataset, tmp_path / "data")
-    for shard in data.glob("fineweb_val_*.bin"):
+    if not manifest:
+        (data / "manifest.json").unlink()
+    for shard in data.glob(f"fineweb_{split}_*.bin"):
         shard.unlink()
-    with pytest.raises((ValueError, FileNotFoundError), match="val"):
+        if how == "empty":
+            write_data_shard(shard, np.zeros(0, dtype=np.uint16))
+    return data
+
+
+@pytest.mark.parametrize("manifest", [False, True])
+@pytest.mark.parametrize("how", ["missing", "empty"])
+def test_empty_or_missing_val_split_is_a_value_error(tiny_dataset, sp1024_model, tmp_path, manifest, how):
+    data = broken_dataset(tiny_dataset, tmp_path, manifest=manifest, split="val", how=how)
+    with pytest.raises(ValueError, match=str(data)):
         check_inputs(hp_for(data, sp1024_model), ctx(tmp_path))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("manifest, split, how, expected", [
+    (False, "val", "missing", "DATA_PATH={data}: no fineweb_val_*.bin"),
+    (False, "val", "empty", "val shards in DATA_PATH={data}: max id -1"),
+    (False, "train", "missing", "DATA_PATH={data}: no fineweb_train_*.bin"),
+    (True, "val", "missing", "manifest {data}/manifest.json: "),
+])
+def test_data_errors_exit_2_with_one_line_through_the_cli(tiny_dataset, sp1024_model, tmp_path, manifest, split, how,
+                                                          expected):
+    """Before the fix a dataset without manifest.json and without val shards ended in a
+    FileNotFoundError traceback and exit 1."""
+    data = broken_dataset(tiny_dataset, tmp_path, manifest=manifest, split=split, how=how)
+    env = {"PATH": "/usr/bin:/bin", "PRESET": "smoke", "DATA_PATH": str(data), "TOKENIZER_PATH": str(sp1024_model),
+           "OUT_DIR": str(tmp_path / "runs"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("error: " + expected.format(data=data)), lines[0]
 
 
 def test_cli_exits_nonzero_with_the_message_and_no_traceback(tmp_path):
