@@ -1186,19 +1186,21 @@ def check_compliance(summary: dict, data_path: str, manifest, train_files) -> di
     (their headers' counts); val_not_seen_in_training: none of `train_files` (the shards the training
     loader opened) is a val shard: the same file (device and inode, so links count) as a
     fineweb_val_*.bin or, with a manifest, as a shard its val split lists; splits_disjoint: the
-    manifest's train and val document hashes are disjoint (check_data_manifest) and the loader opened
-    only shards its train split lists (None without a manifest that has document hashes).
+    manifest's train and val document hashes are disjoint (check_data_manifest), none of its train
+    shards is a val shard and the loader opened only shards its train split lists (None without a
+    manifest that has document hashes).
     """
     ident = lambda path: os.stat(path)[1:3]  # (inode, device)
     listed = lambda split: {ident(Path(data_path) / n) for n in manifest["splits"][split]["shards"]} if manifest else set()
     val_files, opened = list_shards(data_path, "val"), {ident(p) for p in train_files}
+    val = {ident(p) for p in val_files} | listed("val")
     return dict(
         train_time_ok=summary.get("train_seconds", math.inf) <= 600,
         eval_time_ok=summary.get("eval_seconds", math.inf) <= 600,
         bytes_ok=summary.get("bytes_total", math.inf) <= 16_000_000,
         full_val_split=summary.get("val_tokens") == sum(map(read_shard_header, val_files)),
-        val_not_seen_in_training=bool(opened) and not opened & ({ident(p) for p in val_files} | listed("val")),
-        splits_disjoint=None if manifest is None else opened <= listed("train"))
+        val_not_seen_in_training=bool(opened) and not opened & val,
+        splits_disjoint=None if manifest is None else opened <= listed("train") and not listed("train") & val)
 
 
 def write_result(ctx: RunContext, hp: Hyperparameters, summary: dict, manifest, train_files) -> None:
