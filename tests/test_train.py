@@ -166,3 +166,63 @@ def test_warmup_steps_restore_model_optimizer_and_data_exactly(reference_run, ti
     warm = read_result(out, "warm")
     assert warm["train_losses"] == result["train_losses"]
     assert "warmup_steps:3 done" in (out / "warm" / "train.log").read_text()
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    """In-process runs on one intra-op thread: the trainer sets cpu_count threads, and on a loaded
+    2-core machine two spinning OpenMP threads made a tiny step ~25x slower than one (measured)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    yield
+    monkeypatch.undo()
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
+        tiny_dataset, sp1024_model, tmp_path, monkeypatch, capsys, one_thread):
+    """MAX_WALLCLOCK_SECONDS=6 with ITERATIONS far out of reach: the cap, not the step count, ends the
+    run, and the schedules run on time. Asserts the log lines and flags, never step counts (the
+    machine is shared: a step takes 10-300 ms)."""
+    import train_gpt
+
+    cap_s = 6.0
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="capped", MAX_WALLCLOCK_SECONDS=cap_s,
+                      ITERATIONS=1_000_000, TRAIN_LOG_EVERY=1_000_000, WARMDOWN_FRAC=0.5, QAT_START_FRAC=0.5,
+                      SKIP_FINAL_EVAL=1)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    seen = []  # (progress, lr multiplier) as the loop asks for them: once per param group per step
+
+    def spy(progress, *args):
+        seen.append((progress, original(progress, *args)))
+        return seen[-1][1]
+
+    original = train_gpt.lr_multiplier
+    monkeypatch.setattr(train_gpt, "lr_multiplier", spy)
+    assert train_gpt.main() == 0
+    log = (tmp_path / "capped" / "train.log").read_text()
+    result = read_result(tmp_path, "capped")
+    stop = re.search(r"^stopping_early: wallclock_cap train_time:(\d+)ms step:(\d+)/1000000$", log, re.M)
+    assert stop, log[-2000:]
+    steps = int(stop.group(2))
+    seen = list(dict.fromkeys(seen))  # one entry per step (the clock moves between steps)
+    assert result["steps"] == steps == len(seen) and 2 <= steps < 1_000_000
+    assert abs(int(stop.group(1)) - 1000 * result["train_seconds"]) <= 1
+    # stopped by the cap's projection (elapsed + one average step >= cap): near the cap, within the rule
+    assert 0.5 * cap_s <= result["train_seconds"] < 600 and result["compliance"]["train_time_ok"] is True
+    qat = re.search(r"^late_qat:on step:(\d+) train_time:(\d+)ms progress:([\d.]+)$", log, re.M)
+    assert qat, log[-2000:]
+    qat_step, qat_ms, qat_progress = int(qat.group(1)), int(qat.group(2)), float(qat.group(3))
+    # on by time: half the cap had passed (by step count, progress would be ~steps / 1e6)
+    assert qat_progress >= 0.5 and qat_ms >= 0.5 * 1000 * cap_s - 1 and 1 <= qat_step < steps
+    assert qat_progress == pytest.approx(qat_ms / (1000 * cap_s), abs=2e-3)
+    # warmdown by time: progress grows with the clock past the warmdown start, the LR multiplier falls
+    progress = [p for p, _ in seen]
+    assert progress == sorted(progress) and progress[0] < 0.5 <= progress[-1] < 1.0
+    assert seen[0][1] == 1.0 and seen[-1][1] == pytest.approx(2 * (1 - progress[-1])) and seen[-1][1] < 1.0
+    assert "stopping_early: wallclock_cap" in capsys.readouterr().out
