@@ -151,7 +151,9 @@ def cmd_score(args) -> None:
         val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
         log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
         if stride > 0:
-            budget_seconds = args.max_seconds - (time.perf_counter() - t_start)
+            # loading and the roundtrip count against the same EVAL_MAX_SECONDS; when they used it all,
+            # the guard still projects and says so (a budget <= 0 would be refused as a bad input)
+            budget_seconds = max(args.max_seconds - (time.perf_counter() - t_start), 1e-9)
             result = eval_sliding(model, val_tokens, luts, seq_len=seq_len, stride=stride, max_seconds=budget_seconds,
                                   auto_stride=bool(args.auto_stride), log=log, **common)
             log(

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import train_gpt
-from tests.test_train import REPO, TINY_ENV, read_result, run_trainer, trainer_env
+from tests.test_train import REPO, TINY_ENV, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
 from train_gpt import GPT, Hyperparameters, RunContext, build_model_config, plan_eval_stride
 
 
@@ -42,9 +42,9 @@ def test_eval_overrun_after_training_leaves_result_json_and_the_next_command(tin
     assert "final_sliding_window_exact" in score.stdout and "stride:32" in score.stdout
 
 
-def run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, out_dir, run_id):
-    for key, value in trainer_env(tiny_dataset, sp1024_model, out_dir, RUN_ID=run_id, ITERATIONS=4).items():
-        if key in TINY_ENV or key in ("DATA_PATH", "TOKENIZER_PATH", "OUT_DIR", "RUN_ID", "ITERATIONS"):
+def run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, out_dir, run_id, **extra):
+    for key, value in trainer_env(tiny_dataset, sp1024_model, out_dir, RUN_ID=run_id, ITERATIONS=4, **extra).items():
+        if key in TINY_ENV or key in ("DATA_PATH", "TOKENIZER_PATH", "OUT_DIR", "RUN_ID", "ITERATIONS", *extra):
             monkeypatch.setenv(key, value)
     return train_gpt.main()
 
@@ -102,3 +102,49 @@ def test_eval_stride_plan_picks_the_smallest_stride_that_fits(tmp_path):
     # (stride 16: 624,997; stride 64: 156,250), so the two projections stand in the ratio of windows
     ratio = int(m.group(1)) / int(m.group(2))
     assert ratio == pytest.approx((156_250 + 624_997) / (2 * 156_250), rel=0.02)
+
+
+@pytest.mark.slow
+def test_eval_auto_stride_recovers_in_the_trainer_within_what_load_and_roundtrip_left(
+        monkeypatch, tiny_dataset, sp1024_model, tmp_path, capsys, one_thread):
+    """EVAL_AUTO_STRIDE=1 through main(): the final sliding eval trips at EVAL_STRIDE=8 and restarts
+    at the smallest stride that fits what loading the artifact (+0.3 s injected) and the roundtrip
+    (+0.2 s) left of EVAL_MAX_SECONDS; result.json is status ok with that stride. The sliding eval
+    runs on a per-batch clock (100 s a batch), so the stride is exact on a loaded machine."""
+    import time
+
+    from test_eval_support import BatchClock, expected_auto_stride
+
+    clock, budgets = BatchClock(100.0), []
+    load, roundtrip, sliding = train_gpt.load_artifact, train_gpt.eval_roundtrip, train_gpt.eval_sliding
+
+    def slow_load(*args, **kwargs):
+        time.sleep(0.3)
+        return load(*args, **kwargs)
+
+    def slow_roundtrip(*args, **kwargs):
+        time.sleep(0.2)
+        return roundtrip(*args, **kwargs)
+
+    def spy(*args, **kwargs):
+        budgets.append((kwargs["max_seconds"], time.perf_counter()))
+        return sliding(*args, clock=clock, **kwargs)
+
+    monkeypatch.setattr(train_gpt, "load_artifact", slow_load)
+    monkeypatch.setattr(train_gpt, "eval_roundtrip", slow_roundtrip)
+    monkeypatch.setattr(train_gpt, "eval_sliding", spy)
+    monkeypatch.setattr(train_gpt.GPT, "forward_logits", clock.wrap(train_gpt.GPT.forward_logits))
+    t0 = time.perf_counter()
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "auto", EVAL_AUTO_STRIDE=1,
+                               EVAL_STRIDE=8, EVAL_MAX_SECONDS=1950) == 0
+    out = capsys.readouterr().out
+    result = read_result(tmp_path, "auto")
+    # planned before training on the real speed: stride 8 fits 1950 s easily, so the eval starts at 8
+    assert re.search(r"^eval_plan: .* at stride 8 \(EVAL_MAX_SECONDS=1950\)$", out, re.M), out
+    (budget, started), = budgets
+    assert 1950 - (started - t0) <= budget <= 1950 - 0.5  # load + roundtrip deducted, training not
+    stride = expected_auto_stride(4096, 64, 8, 16, budget, 100.0)
+    assert 8 < stride < 64
+    assert f"eval_sliding: stride 8 -> {stride}" in out
+    assert result["status"] == "ok" and result["eval_stride"] == stride and f"stride:{stride} " in out
+    assert result["compliance"]["eval_time_ok"] is True and result["val_tokens"] == 4097

@@ -26,8 +26,8 @@ ROUNDTRIP_RE = re.compile(r"^final_roundtrip_exact val_loss:(\S+) val_bpb:(\S+)$
 SLIDING_RE = re.compile(r"^final_sliding_window_exact val_loss:(\S+) val_bpb:(\S+) stride:(\d+) eval_time:(\d+)ms$", re.M)
 
 
-def run_cli(*args, timeout=300, check=True):
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+def run_cli(*args, timeout=300, check=True, **env_extra):
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **env_extra)
     proc = subprocess.run([sys.executable, "-m", "eval", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -149,6 +149,66 @@ def test_score_settings_come_from_the_artifact_flags_override_and_the_tokenizer_
     for bad in (dict(run, train_seq_len="256"), dict(run, tokenizer_sha256="abc"), dict(run, vocab_size=2048)):
         with pytest.raises(ValueError, match="artifact a.ptz: (malformed run metadata|run vocab_size 2048)"):
             resolve_score_settings(args, config, dict(format_version=3, run=bad), environ={}, log=lines.append)
+
+
+def test_score_cli_time_guard_trips_with_one_line(tiny_artifact, tiny_dataset, sp1024_model):
+    """A tiny EVAL_MAX_SECONDS: loading and the roundtrip use it up, and the sliding eval's guard
+    says so in one line. Before the fix the negative budget left was refused as a bad input
+    ("EVAL_MAX_SECONDS=-0.4 ... expected others > 0")."""
+    proc = run_cli("score", "--artifact", tiny_artifact, "--data-path", tiny_dataset, "--tokenizer", sp1024_model,
+                   "--seq-len", 64, "--stride", 8, "--batch-seqs", 4, "--val-max-tokens", 3000, check=False,
+                   EVAL_MAX_SECONDS="0.05", EVAL_AUTO_STRIDE="0")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert re.fullmatch(r"error: eval_sliding: projected [\d.]+s at stride 8 \(368 windows, [\d.]+ms/batch, [\d.]+s "
+                        r"elapsed\), 0.0s left of EVAL_MAX_SECONDS: raise EVAL_STRIDE or set EVAL_AUTO_STRIDE=1", lines[0]), lines[0]
+    assert ROUNDTRIP_RE.search(proc.stdout) and not SLIDING_RE.search(proc.stdout)
+
+
+def test_score_cli_auto_stride_recovers_within_what_load_and_roundtrip_left(
+        tiny_artifact, tiny_dataset, sp1024_model, monkeypatch, capsys):
+    """EVAL_AUTO_STRIDE=1: the guard trips at stride 8 and the eval restarts at the smallest stride
+    that fits what is left of EVAL_MAX_SECONDS after loading (+0.3 s injected) and the roundtrip
+    (+0.2 s). The sliding eval runs on a per-batch clock (100 s a batch) so the stride is exact."""
+    import time
+
+    import eval.__main__ as cli
+    from test_eval_support import BatchClock, expected_auto_stride
+
+    clock, budgets = BatchClock(100.0), []
+    load, roundtrip, sliding = cli._load_model, cli.eval_roundtrip, cli.eval_sliding
+
+    def slow_load(*args, **kwargs):
+        time.sleep(0.3)
+        model, config, meta = load(*args, **kwargs)
+        model.forward_logits = clock.wrap(model.forward_logits)
+        return model, config, meta
+
+    def slow_roundtrip(*args, **kwargs):
+        time.sleep(0.2)
+        return roundtrip(*args, **kwargs)
+
+    def spy(*args, **kwargs):
+        budgets.append(kwargs["max_seconds"])
+        return sliding(*args, clock=clock, **kwargs)
+
+    monkeypatch.setattr(cli, "_load_model", slow_load)
+    monkeypatch.setattr(cli, "eval_roundtrip", slow_roundtrip)
+    monkeypatch.setattr(cli, "eval_sliding", spy)
+    monkeypatch.setenv("EVAL_MAX_SECONDS", "1950")
+    monkeypatch.setenv("EVAL_AUTO_STRIDE", "1")
+    t0 = time.perf_counter()
+    assert cli.main(["score", "--artifact", str(tiny_artifact), "--data-path", str(tiny_dataset), "--tokenizer",
+                     str(sp1024_model), "--seq-len", "64", "--stride", "8", "--batch-seqs", "16",
+                     "--val-max-tokens", "4096"]) == 0
+    wall = time.perf_counter() - t0
+    assert len(budgets) == 1 and 1950 - wall <= budgets[0] <= 1950 - 0.5  # load + roundtrip deducted
+    stride = expected_auto_stride(4096, 64, 8, 16, budgets[0], 100.0)
+    assert 8 < stride < 64
+    out = capsys.readouterr().out
+    assert f"eval_sliding: stride 8 -> {stride}" in out
+    m = SLIDING_RE.search(out)
+    assert m and m[3] == str(stride), out
 
 
 def test_score_cli_errors_are_clear(tiny_artifact, tiny_dataset, tmp_path):

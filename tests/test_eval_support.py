@@ -141,3 +141,33 @@ def test_reference_windows_cover_each_target_once():
     for num_targets, seq_len, stride in [(1, 4, 1), (10, 4, 4), (10, 4, 3), (37, 8, 2), (5, 16, 4)]:
         seen = [t for _, end, first in reference_windows(num_targets, seq_len, stride) for t in range(first, end)]
         assert seen == list(range(num_targets))
+
+
+class BatchClock:
+    """A clock for eval_sliding's time guard that advances `seconds_per_batch` per forward call of
+    the models it wraps: the guard's projections become exact and independent of a loaded machine."""
+
+    def __init__(self, seconds_per_batch: float):
+        self.calls, self.seconds_per_batch = 0, seconds_per_batch
+
+    def __call__(self) -> float:
+        return self.calls * self.seconds_per_batch
+
+    def wrap(self, forward):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return forward(*args, **kwargs)
+
+        return counted
+
+
+def expected_auto_stride(num_targets: int, seq_len: int, stride: int, batch_seqs: int, max_seconds: float,
+                         seconds_per_batch: float, probe: int = 3) -> int:
+    """The stride eval_sliding restarts at under a BatchClock (one rank): the probe after batch
+    `probe` has seen probe + 1 batches; the first stride > `stride` whose full pass fits on top of
+    them (0 when none <= seq_len does)."""
+    from eval.sliding import count_sliding_windows
+
+    batches = lambda s: -(-count_sliding_windows(num_targets, seq_len, s) // batch_seqs)
+    return next((s for s in range(stride + 1, seq_len + 1)
+                 if (probe + 1 + batches(s)) * seconds_per_batch <= max_seconds), 0)
