@@ -11,15 +11,21 @@ measured that opt-in, BUNDLE_ENCODING=latin1, see tools/bundle.py; copied as byt
 train_gpt_human.py,
 requirements.txt (runtime deps at the run's versions) and loss_curve.png.
 
-It refuses (exit 2, the message names the run and the field) runs that are over the byte budget or
-a time limit, did not finish (no final log lines, status not ok), were scored on part of the val
-split, differ in configuration beyond SEED/RUN_ID/OUT_DIR, repeat a seed, report different code
-bytes, or whose code is not the current source (the shipped file must be the code that ran); an
-existing folder without --force; a track name that is not official or does not fit the hardware.
+It refuses (exit 2, the message names the run and the field) runs that are over the byte budget,
+did not finish (no final log lines, status not ok), have no `compliance` block in result.json,
+break a challenge rule that every track keeps (compliance.bytes_ok, full_val_split,
+val_not_seen_in_training, splits_disjoint false; scored on part of the val split), differ in
+configuration beyond SEED/RUN_ID/OUT_DIR, repeat a seed, report different code bytes, or whose code
+is not the current source (the shipped file must be the code that ran); a track_10min_16mb record
+with any rule unmet (train_time_ok / eval_time_ok false or the seconds over 600 too), naming the
+flag and the run; an existing folder without --force; a track name that is not official or does
+not fit the hardware. The non-record track accepts longer runs: its README and submission.json
+(`rules_not_met`) state which rules each run does not meet.
 The folder is written to a temp dir next to its destination, checked (`check_record`), audited
 (tools/audit.py: a failed check refuses the record, except three_seeds / significance, which are
 flagged; the result goes into submission.json as its `compliance` block), smoke-run
-(the packed train_gpt.py from inside the folder, 2 CPU steps, nothing else on sys.path), then
+(the packed train_gpt.py from inside the folder, nothing else on sys.path: 2 CPU steps, export and
+the final evals on the first SMOKE_VAL_MAX_TOKENS val tokens; a smoke check, never a score), then
 renamed into place: a refused or failed record leaves nothing behind.
 """
 
@@ -53,6 +59,18 @@ RECORD_IGNORED_HYPERPARAMETERS = ("seed", "run_id", "out_dir")
 RECORD_RUNTIME_PACKAGES = ("torch", "numpy", "sentencepiece", "zstandard", "safetensors")
 LOG_CODE_SEPARATOR = "=" * 100
 SMOKE_RUN_ID = "record_smoke"
+SMOKE_VAL_MAX_TOKENS = 4096  # the smoke run evaluates on this many val tokens: proves the eval runs, scores nothing
+# result.json["compliance"] (train_gpt.check_compliance): one challenge rule per flag, and the
+# result.json field that is its evidence
+RECORD_RULES = {
+    "train_time_ok": ("training <= 600 s", "train_seconds"),
+    "eval_time_ok": ("evaluation <= 600 s", "eval_seconds"),
+    "bytes_ok": ("code + artifact <= 16,000,000 bytes", "bytes_total"),
+    "full_val_split": ("scored on the full val split", "val_tokens"),
+    "val_not_seen_in_training": ("no val shard read by the training loader", "train_shards"),
+    "splits_disjoint": ("train/val documents disjoint (manifest hashes)", "train_shards"),
+}
+NON_RECORD_ACCEPTS = ("train_time_ok", "eval_time_ok")  # track_non_record_16mb: unlimited compute
 SMOKE_TIMEOUT_SECONDS = 600
 
 _NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
@@ -198,20 +216,51 @@ def check_run(run: Run) -> None:
         raise RecordError(f"{who}: bytes_total={r['bytes_total']:,} is over the budget of {RECORD_BYTE_BUDGET:,} bytes")
     if int(r["bytes_code"]) + int(r["bytes_model"]) != int(r["bytes_total"]):
         raise RecordError(f"{who}: bytes_code + bytes_model != bytes_total in result.json")
-    if float(r["train_seconds"]) > RECORD_TRAIN_LIMIT_SECONDS:
-        raise RecordError(f"{who}: train_seconds={r['train_seconds']:.1f} is over the limit of "
-                          f"{RECORD_TRAIN_LIMIT_SECONDS:.0f} s")
-    if float(r["eval_seconds"]) > RECORD_EVAL_LIMIT_SECONDS:
-        raise RecordError(f"{who}: eval_seconds={r['eval_seconds']:.1f} is over the limit of "
-                          f"{RECORD_EVAL_LIMIT_SECONDS:.0f} s")
     hp = r["hyperparameters"]
     if hp.get("val_max_tokens"):
         raise RecordError(f"{who}: hyperparameters VAL_MAX_TOKENS={hp['val_max_tokens']}: scored on part of the "
                           f"val split only")
-    compliance = r.get("compliance") or {}
-    for flag in ("bytes_ok", "eval_time_ok", "full_val_split", "val_not_seen_in_training", "splits_disjoint"):
-        if compliance.get(flag) is False:
-            raise RecordError(f"{who}: result.json compliance.{flag} is false")
+    compliance = r.get("compliance")
+    missing = [f for f in RECORD_RULES if not isinstance(compliance, dict) or f not in compliance]
+    if missing:
+        why = f" ({compliance['error']})" if isinstance(compliance, dict) and "error" in compliance else ""
+        raise RecordError(f"{who}: result.json has no compliance block{why} (lacks {', '.join(missing)}): "
+                          f"rerun with the current train_gpt.py, which computes each rule's flag")
+
+
+def unmet_rules(run: Run) -> dict:
+    """{flag: evidence} for each challenge rule (RECORD_RULES) the run does not meet: its result.json
+    compliance flag is false, or (for the limits) its measured number is over the limit anyway.
+    None (not checkable, e.g. splits_disjoint without a manifest) is not a failure."""
+    r, flags = run.result, run.result["compliance"]
+    over = {"train_time_ok": float(r["train_seconds"]) > RECORD_TRAIN_LIMIT_SECONDS,
+            "eval_time_ok": float(r["eval_seconds"]) > RECORD_EVAL_LIMIT_SECONDS,
+            "bytes_ok": int(r["bytes_total"]) > RECORD_BYTE_BUDGET}
+    out = {}
+    for flag, (rule, field) in RECORD_RULES.items():
+        if flags.get(flag) is False or over.get(flag):
+            value = r.get(field)
+            out[flag] = f"{rule}: {field}={value:.1f}" if isinstance(value, float) else f"{rule}: {field}={value}"
+    return out
+
+
+def check_rules(runs: list, track: str) -> dict:
+    """Refuse (RecordError naming the flag and the run) a track_10min_16mb record with any rule
+    unmet, and any record with a rule every track keeps unmet; returns {seed: {flag: evidence}} of
+    the rules a non-record run does not meet (that track accepts longer runs), for the README and
+    submission.json."""
+    accepted = NON_RECORD_ACCEPTS if track == "track_non_record_16mb" else ()
+    out = {}
+    for run in runs:
+        unmet = unmet_rules(run)
+        refused = [f for f in unmet if f not in accepted]
+        if refused:
+            raise RecordError("; ".join(f"run {run.label}: result.json compliance.{f} not met ({unmet[f]})"
+                                        for f in refused)
+                              + (f": {track} needs every rule met" if track == "track_10min_16mb" else ""))
+        if unmet:
+            out[str(run.seed)] = unmet
+    return out
 
 
 def check_runs_agree(runs: list) -> None:
@@ -307,6 +356,7 @@ def seed_results(runs: list) -> list:
             "val_loss_sliding": r["val_loss_sliding"], "val_bpb_sliding": r["val_bpb_sliding"],
             "eval_stride": r.get("eval_stride"), "bytes_model": r["bytes_model"], "bytes_total": r["bytes_total"],
             "tokens_per_byte": r.get("tokens_per_byte"), "val_tokens": r.get("val_tokens"), "run_id": r.get("run_id"),
+            "compliance": {k: v for k, v in r["compliance"].items() if k in RECORD_RULES},
         })
     return out
 
@@ -527,26 +577,43 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
     if n > 1:
         others = ", ".join(str(s["seed"]) for s in per[1:])
         lines += [f"The other seeds: the same command with SEED={others} (and a matching RUN_ID).", ""]
-    c0 = r0.get("compliance") or {}
+    flags = [s["compliance"] for s in per]
+
+    def met(flag) -> str:  # over all seeds: yes / NO (seeds) / n/a (not checkable)
+        bad = [str(s["seed"]) for s in per if s["compliance"].get(flag) is False]
+        if bad:
+            return f"NO (seed {', '.join(bad)})"
+        return "yes" if all(f.get(flag) is True for f in flags) else "n/a"
+
+    disjoint = {"yes": "checked", "n/a": "no manifest: not checked"}.get(met("splits_disjoint"), "OVERLAP")
     lines += [
         "## Compliance",
         "",
-        "| check | value | limit | ok |",
+        "Each rule is a flag that `train_gpt.py` computed from what the run measured "
+        "(`result.json[\"compliance\"]`, per seed in `submission.json`).",
+        "",
+        "| rule | value | limit | met |",
         "|---|---:|---:|:---:|",
         f"| training time (max over seeds) | {max_train:.1f} s | {RECORD_TRAIN_LIMIT_SECONDS:.0f} s | "
-        f"{'yes' if max_train <= RECORD_TRAIN_LIMIT_SECONDS else 'NO'} |",
+        f"{met('train_time_ok')} |",
         f"| evaluation time (max over seeds) | {max_eval:.1f} s | {RECORD_EVAL_LIMIT_SECONDS:.0f} s | "
-        f"{'yes' if max_eval <= RECORD_EVAL_LIMIT_SECONDS else 'NO'} |",
+        f"{met('eval_time_ok')} |",
         f"| artifact bytes (max over seeds) | {max_total:,} | {RECORD_BYTE_BUDGET:,} | "
-        f"{'yes' if max_total <= RECORD_BYTE_BUDGET else 'NO'} (margin {RECORD_BYTE_BUDGET - max_total:,}) |",
+        f"{met('bytes_ok')} (margin {RECORD_BYTE_BUDGET - max_total:,}) |",
         f"| code bytes (`train_gpt.py`, measured) | {submission['bytes_code']:,} | counted in the artifact | yes |",
-        f"| validation split | full (VAL_MAX_TOKENS unset) | full | yes |",
-        f"| validation tokens seen in training | {'no' if c0.get('val_not_seen_in_training', True) else 'YES'} | "
-        f"no | {'yes' if c0.get('val_not_seen_in_training', True) else 'NO'} |",
-        f"| train/val documents disjoint (manifest doc hashes) | "
-        f"{ {True: 'checked', None: 'no manifest: not checked', False: 'OVERLAP'}[c0.get('splits_disjoint')] } | "
-        f"disjoint | {'yes' if c0.get('splits_disjoint') else ('n/a' if c0.get('splits_disjoint') is None else 'NO')} |",
+        f"| validation split scored | every token of the val shards | full | {met('full_val_split')} |",
+        f"| val shards read by the training loader | none (it opened train shards only) | none | "
+        f"{met('val_not_seen_in_training')} |",
+        f"| train/val documents disjoint (manifest doc hashes) | {disjoint} | disjoint | {met('splits_disjoint')} |",
         "",
+    ]
+    not_met = submission.get("rules_not_met") or {}
+    if not_met:
+        lines += [f"**Rules not met** (accepted in `{submission['track']}`, which takes runs beyond the limits; a "
+                  "`track_10min_16mb` record must meet every rule):", ""]
+        lines += [f"- seed {seed}: `{flag}`: {evidence}" for seed, unmet in not_met.items() for flag, evidence in unmet.items()]
+        lines.append("")
+    lines += [
         f"Hardware: {submission['hardware']}. Track: `{submission['track']}` ({track_reason}).",
         "",
         "## Files",
@@ -653,23 +720,26 @@ def audit_record(folder: Path, runs: list, submission: dict, log=print) -> dict:
 
 
 def smoke_run(folder: Path, run: Run, log=print) -> dict:
-    """Run the packed train_gpt.py from inside `folder` for 2 CPU-sized steps (PRESET=smoke,
-    SKIP_FINAL_EVAL=1), with no PYTHONPATH (only the file itself can provide the code). Checks
-    that it exits 0 and logs its own size as code_bytes. Leaves the folder as it was."""
+    """Run the packed train_gpt.py from inside `folder`, with no PYTHONPATH (only the file itself can
+    provide the code): 2 CPU-sized steps (PRESET=smoke), the export, then the final evals on the first
+    SMOKE_VAL_MAX_TOKENS val tokens (a smoke check that the shipped file evaluates, not a score).
+    Checks that it exits 0, logs its own size as code_bytes, the 2 steps and every final line.
+    Leaves the folder as it was; returns {"code_bytes", "train", "final"} from its log."""
     before = sorted(p.name for p in folder.iterdir())
     packed_bytes = (folder / BUNDLE_PACKED_NAME).stat().st_size
     hp = run.result["hyperparameters"]
     with tempfile.TemporaryDirectory(prefix="record_smoke_") as out_dir:
         env = {k: v for k, v in os.environ.items()
                if k != "PYTHONPATH" and not k.startswith(("QUANT_",)) and k.lower() not in hp}
-        env.update(PRESET="smoke", ITERATIONS="2", SKIP_FINAL_EVAL="1", MAX_WALLCLOCK_SECONDS="0",
-                   WARMUP_STEPS="0", TRAIN_LOG_EVERY="1", RUN_ID=SMOKE_RUN_ID, OUT_DIR=out_dir,
+        env.update(PRESET="smoke", ITERATIONS="2", VAL_MAX_TOKENS=str(SMOKE_VAL_MAX_TOKENS), EVAL_AUTO_STRIDE="0",
+                   MAX_WALLCLOCK_SECONDS="0", WARMUP_STEPS="0", TRAIN_LOG_EVERY="1", RUN_ID=SMOKE_RUN_ID, OUT_DIR=out_dir,
                    DATA_PATH=str(resolve_run_path(run, "data_path")),
                    TOKENIZER_PATH=str(resolve_run_path(run, "tokenizer_path")),
                    VOCAB_SIZE=str(hp.get("vocab_size", 1024)), SEED=str(run.seed))
         env.setdefault("OMP_NUM_THREADS", "2")
         cmd = [sys.executable, BUNDLE_PACKED_NAME]
-        log(f"smoke: cd {folder} && PRESET=smoke ITERATIONS=2 SKIP_FINAL_EVAL=1 ... python {BUNDLE_PACKED_NAME}")
+        log(f"smoke: cd {folder} && PRESET=smoke ITERATIONS=2 VAL_MAX_TOKENS={SMOKE_VAL_MAX_TOKENS} ... "
+            f"python {BUNDLE_PACKED_NAME}")
         try:
             proc = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True,
                                   timeout=SMOKE_TIMEOUT_SECONDS)
@@ -687,10 +757,17 @@ def smoke_run(folder: Path, run: Run, log=print) -> dict:
                               f"the packed file's {packed_bytes} bytes")
         if not parsed["train"] or parsed["train"][-1][0] != 2:
             raise RecordError(f"smoke run: the log has no `step:2/2 train_loss:` line:\n{tail}")
+        missing = [f"final_{k}_exact" for k in _FINAL_KEYS if _FINAL_KEYS[k] not in parsed["final"]]
+        if missing or parsed["total_bytes"] is None:
+            raise RecordError(f"smoke run: the log lacks {', '.join(missing) or 'Total submission size'}:\n{tail}")
     for p in folder.iterdir():  # nothing may be left behind (e.g. a runs/ folder from a bad OUT_DIR)
         if p.name not in before:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-    return {"code_bytes": parsed["code_bytes"], "train": parsed["train"]}
+    sliding = parsed["final"]["sliding"]
+    log(f"smoke: ok, packed file ran from the folder: code_bytes:{parsed['code_bytes']} steps:2 "
+        f"final_sliding_window_exact val_bpb:{sliding['val_bpb']:.4f} stride:{sliding['stride']} "
+        f"(smoke check on {SMOKE_VAL_MAX_TOKENS} val tokens, not a score)")
+    return {"code_bytes": parsed["code_bytes"], "train": parsed["train"], "final": parsed["final"]}
 
 
 # -----------------------------------------------------------------------------------------------
@@ -715,6 +792,7 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
     packed = pack_code(minify_source(set_bundle_kind(human, "packed")))[0]  # bytes; ASCII unless BUNDLE_ENCODING
     check_code_is_current(runs, human, packed, root)
     track_name, reason = choose_track(runs, track)
+    rules_not_met = check_rules(runs, track_name)
     now = dt.datetime.now(dt.timezone.utc)
     day = date or now.strftime("%Y-%m-%d")
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
@@ -733,6 +811,7 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
                  f"{max(int(r.result['bytes_total']) for r in runs):,} bytes.")
     submission = build_submission(runs, name=name, author=author, github_id=github_id, blurb=blurb,
                                   date_iso=date_iso, track=track_name, bytes_code=len(packed))
+    submission["rules_not_met"] = rules_not_met  # {seed: {flag: evidence}}; {} when every run meets every rule
     tmp = Path(tempfile.mkdtemp(prefix=f".{day}_{name}.tmp", dir=final_dir.parent))
     try:
         (tmp / BUNDLE_HUMAN_NAME).write_bytes(human.encode("utf-8"))
