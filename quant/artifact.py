@@ -196,16 +196,21 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
-    """Write to a temp file in the same folder, fsync, then rename: a crash never leaves a
-    half-written file at `path`. The one atomic writer of the kit (artifact, result.json, shards,
-    checkpoints, record files)."""
+    """Write to a temp file `.{name}.tmp{pid}` in the same folder, fsync, then rename: a crash never
+    leaves a half-written file at `path`, and a failed write (an OSError, an interrupt) leaves the
+    previous file intact and removes its temp file before re-raising. The one atomic writer of the
+    kit (artifact, result.json, shards, checkpoints, record files)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def decode_artifact(data, label="artifact"):

@@ -77,7 +77,7 @@ def test_export_load_is_bit_exact(tmp_path, packing, compressor):
     report = export_artifact(sd, CONFIG, path, code_bytes=1234, policy=policy, **QUIET)
     assert report["bytes_model"] == path.stat().st_size and report["bytes_total"] == report["bytes_model"] + 1234
     assert (report["packing"], report["compressor"], report["fit_steps"]) == (packing, compressor, [])
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not [p.name for p in tmp_path.iterdir() if ".tmp" in p.name]  # the writer's `.{name}.tmp{pid}`
     loaded, config, meta = load_artifact(path)
     assert config == CONFIG and meta["packing"] == packing and meta["compressor"] == compressor
     assert quant_policy_from_dict(meta["policy"]) == policy
@@ -91,6 +91,27 @@ def test_export_load_is_bit_exact(tmp_path, packing, compressor):
         else:
             expected = t.half().float()
         assert _bits_equal(loaded[name], expected), name
+
+
+@pytest.mark.parametrize("failure", ["disk full at fsync", "interrupt at fsync", "rename refused"])
+def test_an_interrupted_write_keeps_the_previous_file_and_leaves_no_temp_file(tmp_path, monkeypatch, failure):
+    path = tmp_path / "m.ptz"
+    export_artifact(_state(), CONFIG, path, code_bytes=0, policy=QuantPolicy(compressor="zlib"), **QUIET)
+    before = path.read_bytes()
+    temp = tmp_path / f".m.ptz.tmp{os.getpid()}"  # the writer's temp name
+    seen = []
+
+    def fail(*args):
+        seen.append(temp.stat().st_size)  # the new bytes are in the temp file when the failure hits
+        raise KeyboardInterrupt if failure.startswith("interrupt") else OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace" if failure.startswith("rename") else "fsync", fail)
+    with pytest.raises(KeyboardInterrupt if failure.startswith("interrupt") else OSError):
+        export_artifact(_state(seed=9), CONFIG, path, code_bytes=0, policy=QuantPolicy(compressor="zlib"), **QUIET)
+    monkeypatch.undo()
+    assert seen and seen[0] > 0
+    assert path.read_bytes() == before and load_artifact(path)[1] == CONFIG
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.ptz"]
 
 
 def test_all_encodings_decode_to_the_same_weights(tmp_path):
