@@ -5,6 +5,7 @@ import json
 import lzma
 import os
 import random
+import re
 import struct
 import subprocess
 import sys
@@ -445,18 +446,33 @@ def test_estimate_tracks_real_exports(tmp_path):
 
 # ---------------------------------------------------------------- CLI
 
-def test_cli_inspect_totals_equal_file_size(tmp_path, capsys):
+def test_cli_inspect_rows_and_header_add_up_to_the_payload(tmp_path, capsys):
+    """The per-tensor rows plus the payload's JSON header (and its 4-byte length) are the payload the
+    container declares, read from the file itself; one int6 row and one float16 row by hand."""
     path = tmp_path / "m.ptz"
-    export_artifact(_state(), CONFIG, path, code_bytes=0, run=RUN, **QUIET)
+    export_artifact(_state(), CONFIG, path, code_bytes=0, run=RUN, policy=QuantPolicy(packing="bits", compressor="zlib"), **QUIET)
     assert quant_cli(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "blocks.0.mlp.fc.weight" in out and "int6" in out and "float16" in out
     assert f"format: 3   run: {json.dumps(RUN)}" in out
+    rows = {}
+    for line in out.splitlines():
+        m = re.fullmatch(r"(\S+)\s+(\S+)\s+(.+?)\s+([\d,]+)\s+[\d.]+%", line)
+        if m:
+            rows[m[1]] = (m[2], m[3], int(m[4].replace(",", "")))
+    assert len(rows) == len(_state())
+    data = path.read_bytes()
+    declared = struct.unpack_from("<I", data, 6)[0]  # the container's payload length (offset 6)
+    payload = zlib.decompress(data[14:])
+    header_len = struct.unpack("<I", payload[-4:])[0]
+    assert len(payload) == declared
+    assert sum(nbytes for _, _, nbytes in rows.values()) + header_len + 4 == declared
+    assert f"raw payload: {declared:,} bytes" in out
+    # blocks.0.mlp.fc.weight [192, 64] at int6, bit-packed: 192 * 64 * 6 / 8 bytes + a float16 scale per row
+    shape, fmt, nbytes = rows["blocks.0.mlp.fc.weight"]
+    assert (shape, fmt.split(" clip=")[0], nbytes) == ("192x64", "int6 packed", 192 * 64 * 6 // 8 + 2 * 192)
+    assert rows["blocks.0.attn_scale"] == ("64", "float16", 64 * 2)
     total_line = [line for line in out.splitlines() if line.startswith("file total")][0]
-    header, comp, total = [int(x.replace(",", "")) for x in
-                           (total_line.split("header ")[1].split()[0], total_line.split("payload ")[1].split()[0],
-                            total_line.split("= ")[1].split()[0])]
-    assert header + comp == total == path.stat().st_size
+    assert f"container header 14 + compressed payload {len(data) - 14:,} = {len(data):,} bytes" in total_line
     path.write_bytes(path.read_bytes()[:-3])
     assert quant_cli(["inspect", str(path)]) == 2
     assert "checksum" in capsys.readouterr().err
