@@ -435,10 +435,6 @@ def test_without_a_trainer_all_library_modules_are_bundled(tmp_path):
 # the real package
 # -----------------------------------------------------------------------------------------------
 
-needs_trainer = pytest.mark.skipif(not (REPO / "train_gpt.py").is_file(), reason="train_gpt.py not written yet")
-
-
-@needs_trainer
 def test_real_package_bundles_deterministically_in_pipeline_order():
     modules, _ = bundle.discover_modules(REPO)
     order = [m.relpath for m in modules]
@@ -496,7 +492,6 @@ def _loss_lines(log: str) -> list:
     return [_VOLATILE.sub("", ln) for ln in keep]
 
 
-@needs_trainer
 @pytest.mark.slow
 def test_package_human_and_packed_trainer_give_identical_losses_and_code_bytes(tiny_dataset, sp1024_model, tmp_path):
     out = tmp_path / "record"

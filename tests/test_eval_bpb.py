@@ -9,7 +9,7 @@ from eval.bpb import build_sentencepiece_luts, count_target_bytes
 from eval.offline import count_stream_bytes, load_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import eval_sliding
-from test_eval_support import TOKENIZER_DIR, UniformLM, load_sp, read_docs, real_stream
+from test_eval_support import UniformLM, load_sp, read_docs, real_stream, tokenizer_path
 
 VOCABS = (1024, 2048, 4096, 8192)
 
@@ -30,13 +30,12 @@ def decode_bytes(sp, ids: list[int]) -> int:
 
 
 def sample_docs() -> list[str]:
-    return read_docs("fineweb_textfixer") + read_docs("c4_olmo_fixtures") + read_docs("nemotron_cc", 120) + read_docs("fineweb_edu", 60)
+    docs = read_docs("fineweb_textfixer") + read_docs("c4_olmo_fixtures") + read_docs("nemotron_cc", 120) + read_docs("fineweb_edu", 60)
+    return list(dict.fromkeys(docs))  # without ../shared every name gives the same sample documents
 
 
 @pytest.fixture(scope="module")
 def docs():
-    sp = load_sp(1024)  # skips when the shared data is absent
-    assert sp is not None
     return sample_docs()
 
 
@@ -97,8 +96,7 @@ def test_lut_rules_by_piece():
 
 
 def test_load_luts_checks(tmp_path):
-    path = TOKENIZER_DIR / "fineweb_1024_bpe.model"
-    load_sp(1024)
+    path = tokenizer_path(1024)
     with pytest.raises(ValueError, match="VOCAB_SIZE=512"):
         load_sentencepiece_luts(path, 512)
     with pytest.raises(FileNotFoundError, match="TOKENIZER_PATH"):

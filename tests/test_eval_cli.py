@@ -52,8 +52,8 @@ def test_bytes_cli_matches_decoded_documents(tiny_dataset, sp1024_model):
 
 @pytest.fixture(scope="module")
 def tiny_artifact(tmp_path_factory):
-    artifact = pytest.importorskip("quant.artifact")
-    train_gpt = pytest.importorskip("train_gpt")
+    import train_gpt
+    from quant import artifact
     config = dict(vocab_size=1024, num_layers=2, model_dim=64, num_heads=2, num_kv_heads=1, mlp_mult=2,
                   rope_dims=16, xsa_last_n=1)
     torch.manual_seed(0)
@@ -222,8 +222,6 @@ def test_score_cli_errors_are_clear(tiny_artifact, tiny_dataset, tmp_path):
 def test_score_cli_reproduces_the_training_run_from_the_artifact_alone(tiny_dataset, sp1024_model, shared_dir, tmp_path):
     """Issue 12: a seq-64 run's artifact, scored with no flag but the data and the tokenizer, gives the
     run's numbers (the old CLI assumed seq 2048); a different tokenizer is refused by name."""
-    if not (REPO / "train_gpt.py").is_file() or not (REPO / "quant" / "artifact.py").is_file():
-        pytest.skip("needs train_gpt.py and quant/artifact.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "RUN_ID", "EVAL_", "VAL_"))}
     env.update(PRESET="smoke", NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="2", NUM_KV_HEADS="1", ROPE_DIMS="16",
                XSA_LAST_N="1", TRAIN_SEQ_LEN="64", TRAIN_BATCH_TOKENS="1024", ITERATIONS="6", MAX_WALLCLOCK_SECONDS="0",

@@ -169,7 +169,7 @@ def test_export_matches_qat_forward_without_clip_search(tmp_path):
 
 
 def test_real_model_roundtrip(tmp_path):
-    train_gpt = pytest.importorskip("train_gpt")
+    import train_gpt
     config = tiny_model_config(train_gpt)
     torch.manual_seed(0)
     model = train_gpt.GPT(**config)
@@ -496,7 +496,6 @@ def test_cli_estimate_with_shapes(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cli_subprocess_estimate_and_inspect(tmp_path):
-    pytest.importorskip("train_gpt")
     env = dict(os.environ, NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="4", NUM_KV_HEADS="2", ROPE_DIMS="8", VOCAB_SIZE="1024")
     run = subprocess.run([sys.executable, "-m", "quant", "estimate"], cwd=REPO, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
