@@ -90,7 +90,8 @@ def _estimate(args, out=print) -> int:
     total = model_bytes + code_bytes
     out(f"overhead {estimate_artifact_bytes({}, policy):,} bytes; projected model {model_bytes:,} + code {code_bytes:,} = "
         f"{total:,} bytes; budget {budget:,}: {'fits' if total <= budget else 'DOES NOT FIT'} (margin {budget - total:,})")
-    out("assumes Gaussian-like weights (upper bound); QUANT_FIT steps down bits / prunes if the real export is over")
+    out("a projection calibrated on Gaussian weights, not a bound (trained weights measured -2%..+0.4%, uniform "
+        "-8%, heavy-tailed +12..25%); QUANT_FIT steps down bits / prunes if the real export is over")
     return 0 if total <= budget else 1
 
 
