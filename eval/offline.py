@@ -27,8 +27,9 @@ SHARD_MANIFEST_FORMAT = "parameter-golf-shards"
 def write_data_shard(path, tokens) -> None:
     """Write `tokens` (integer array [N], ids in [0, 65535]) as one shard file, atomically.
 
-    Through quant.artifact.atomic_write_bytes (temp file `.{name}.tmp{pid}` in the same dir, fsync, rename). Raises ValueError (naming the path)
-    for a non-integer / non-1-D array, ids that do not fit uint16, or N >= 2**31.
+    Through quant.artifact.atomic_write_bytes (temp file `.{name}.tmp{pid}` in the same dir, fsync,
+    rename). Raises ValueError (naming the path) for a non-integer / non-1-D array, ids that do not
+    fit uint16, or N >= 2**31.
     """
     path = Path(path)
     arr = np.asarray(tokens)
