@@ -224,7 +224,8 @@ def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
     # warmdown by time: progress grows with the clock past the warmdown start, the LR multiplier falls
     progress = [p for p, _ in seen]
     assert progress == sorted(progress) and progress[0] < 0.5 <= progress[-1] < 1.0
-    assert seen[0][1] == 1.0 and seen[-1][1] == pytest.approx(2 * (1 - progress[-1])) and seen[-1][1] < 1.0
+    multipliers = [m for _, m in seen]
+    assert multipliers[0] == 1.0 and multipliers == sorted(multipliers, reverse=True) and multipliers[-1] < 1.0
     assert "stopping_early: wallclock_cap" in capsys.readouterr().out
 
 
