@@ -457,7 +457,6 @@ def test_real_package_bundles_deterministically_in_pipeline_order():
     assert len(latin1) < sizes["base93"] == len(packed) < sizes["base85"]
 
 
-@needs_trainer
 @pytest.mark.slow
 def test_cli_ascii_bundle_is_byte_identical_across_runs_and_opens_as_text(tmp_path):
     env = clean_env()
