@@ -158,7 +158,7 @@ def agreement_rows(ctx, model, hp) -> list:
         saved = train_gpt._FLASH_ATTN[:]
         train_gpt._FLASH_ATTN.clear()
         try:
-            ref = train_gpt.GPT(**model.config)
+            ref = train_gpt.GPT(**train_gpt.build_model_config(hp))
             ref.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
             cpu_loss = ref.eval()(x, x).item()
         finally:
