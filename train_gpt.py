@@ -43,6 +43,8 @@ from quant.core import fake_quantize_per_row
 from quant.policy import QuantPolicy
 from quant.artifact import atomic_write_bytes, export_artifact, load_artifact
 from quant.estimate import estimate_artifact_bytes
+from quant.fit import fit_policy
+from quant.gptq import collect_gptq_hessians
 
 BUNDLE_KIND = "package"
 H100_BF16_PEAK_FLOPS = 989e12
@@ -62,7 +64,7 @@ PRESETS = {
         "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
         "train_batch_tokens": 8192, "max_wallclock_seconds": 120.0, "warmup_steps": 0, "xsa_last_n": 1,
         "train_log_every": 10, "muon_momentum_warmup_steps": 50, "eval_batch_seqs": 32,
-        "val_batch_size": 32768, "eval_auto_stride": False,
+        "val_batch_size": 32768, "eval_auto_stride": False, "gptq_calib_batches": 4,
     },
 }
 
@@ -134,6 +136,10 @@ class Hyperparameters:
     eval_auto_stride: bool = True  # GPU presets: stride planned before training (plan_eval_stride); smoke: off
     val_max_tokens: int = 0  # 0 = the whole val split (required for a record)
     byte_budget: int = 16_000_000
+    # full GPTQ (QUANT_GPTQ=1): Hessians from this many train micro-batches, read inside the clock in
+    # the last GPTQ_RESERVE_SECONDS (64 batches took about 7 s on one H100 in PR #1763)
+    gptq_calib_batches: int = 64
+    gptq_reserve_seconds: float = 10.0
     # machinery
     compile: int = -1  # -1 = on for CUDA, off for CPU
     attn_backend: str = "auto"  # auto | fa3 | fa2 | sdpa
@@ -189,6 +195,8 @@ class Hyperparameters:
             *((n, getattr(self, n.lower()) <= 1, "a fraction in [0, 1]") for n in (
                 "WARMDOWN_FRAC", "QAT_START_FRAC", "EMA_DECAY")),
             ("ITERATIONS", self.max_wallclock_seconds > 0 or self.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
+            ("GPTQ_RESERVE_SECONDS", not self.max_wallclock_seconds or self.gptq_reserve_seconds < self.max_wallclock_seconds,
+             f"< MAX_WALLCLOCK_SECONDS={self.max_wallclock_seconds}"),
             ("RESUME", not self.resume or not self.max_wallclock_seconds, "only with MAX_WALLCLOCK_SECONDS=0"),
         ):
             if not ok:
@@ -457,7 +465,7 @@ class GPT(nn.Module):
                  logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0):
         super().__init__()
         activation = mlp_activation
-        self.logit_softcap = logit_softcap
+        self.logit_softcap, self.gptq_hessians = logit_softcap, None
         self.tok_emb = nn.Embedding(vocab_size, model_dim)
         self.blocks = nn.ModuleList(
             Block(model_dim, num_heads, num_kv_heads, mlp_mult, activation, rope_dims, qk_gain_init,
@@ -483,7 +491,14 @@ class GPT(nn.Module):
             nn.init.zeros_(self.lm_head.weight)
 
     def configure_qat(self, policy) -> dict:
-        """Set each block linear's QAT bit width from the export policy; returns {param name: bits}."""
+        """Set each block linear's QAT bit width from the export policy; returns {param name: bits}.
+
+        QAT rounds per row at max-abs, the rule of the export without GPTQ (bit for bit). With
+        QUANT_GPTQ=1 the export rounds with error feedback instead: QAT then trains the weights for
+        the grid and scale the artifact uses, not for its exact rounding. With QUANT_GPTQ=1,
+        `gptq_hessians` becomes {} and train() fills it with calibration Hessians for the export.
+        """
+        self.gptq_hessians = {} if policy.gptq else None
         chosen = {}
         for name, module in self.named_modules():
             if isinstance(module, CastedLinear) and name.startswith("blocks."):
@@ -772,6 +787,7 @@ def describe_device(device: torch.device) -> str:
 
 def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     """The log opens with the code, versions, device (nvidia-smi on CUDA) and every hyperparameter."""
+    import brotli
     import safetensors
     import sentencepiece
     import zstandard
@@ -783,7 +799,7 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     ctx.log(code, False)
     ctx.log("=" * 100, False)
     ctx.log(f"python:{platform.python_version()} "
-            + " ".join(f"{m.__name__}:{m.__version__}" for m in (torch, np, sentencepiece, zstandard, safetensors)))
+            + " ".join(f"{m.__name__}:{m.__version__}" for m in (torch, np, sentencepiece, zstandard, brotli, safetensors)))
     ctx.log(f"device:{describe_device(ctx.device)} world_size:{ctx.world_size}")
     if ctx.device.type == "cuda":
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -833,7 +849,10 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     fwd = torch.compile(ddp, dynamic=False, fullgraph=ctx.world_size == 1) if use_compile else ddp
     optimizers = build_optimizers(model, hp, is_cuda, ctx.rank, ctx.world_size, use_compile)
     ema = EMA(model, hp.ema_decay) if hp.ema_decay > 0 else None
-    cap_ms = 1000.0 * hp.max_wallclock_seconds
+    gptq_reserve = hp.gptq_reserve_seconds * (model.gptq_hessians is not None and hp.max_wallclock_seconds > 0)
+    cap_ms = 1000.0 * (hp.max_wallclock_seconds - gptq_reserve)
+    if gptq_reserve:
+        ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
     ckpt_path = ctx.run_dir / "checkpoint.pt"
     ckpt = kit_module("tools.checkpoint") if hp.checkpoint_every or hp.resume else None
     nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
@@ -938,6 +957,15 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         if ema and not stop[0]:  # the swap counts as training time
             ema.copy_to_model()
         model.set_qat(False)
+        if model.gptq_hessians is not None and not stop[0]:
+            c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
+            hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
+                                          hp.gptq_calib_batches, t0 + (hp.max_wallclock_seconds or math.inf)
+                                          - train_ms / 1000, ctx.autocast)
+            model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
+            ctx.sync()
+            ctx.log(f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
+                    f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms")
         ctx.sync()
         train_ms += 1000 * (time.perf_counter() - t0)
     if stop[0]:
@@ -1070,10 +1098,11 @@ def main() -> int:
     model = GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
     attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log)
-    policy = QuantPolicy.from_env()
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    policy = fit_policy(QuantPolicy.from_env(), shapes, hp.byte_budget - code_bytes, ctx.log)  # bits before QAT
     model.configure_qat(policy)
     num_params = sum(p.numel() for p in model.parameters())
-    projected = estimate_artifact_bytes({n: tuple(p.shape) for n, p in model.named_parameters()}, policy)
+    projected = estimate_artifact_bytes(shapes, policy)
     flops_per_token = count_train_flops_per_token(config, hp.train_seq_len)
     ctx.log(f"model_params:{num_params} attention:{attn_backend} "
             f"train_flops_per_token:{flops_per_token:.4g} code_bytes:{code_bytes}")
@@ -1150,7 +1179,7 @@ def finish_run(ctx, hp, model, config, policy, code_bytes, artifact_path, val_to
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=hp.eval_stride,
                    tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest())
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
-                                 policy=policy, log=ctx.log, run=run)
+                                 policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
         summary.update({k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing")})
         ctx.log(f"Total submission size: {summary['bytes_total']} bytes")
     if ctx.world_size > 1:

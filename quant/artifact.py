@@ -1,11 +1,10 @@
 """The counted model artifact (.ptz): export a trained state dict into the byte budget, load it back.
 
-export_artifact: quantize by policy (GPTQ-lite per matrix) -> payload per packing -> every
-compressor (in threads) -> keep the smallest (QUANT_PACKING / QUANT_COMPRESSOR = auto) -> if model
-bytes + code bytes exceed the budget, walk QUANT_FIT_LADDER (least sensitive first: MLP int6 ->
-int5, then magnitude pruning, attention int5, embedding int7, more pruning), logging bytes and
-reconstruction error per step -> write the file atomically. load_artifact reverses it; nothing is
-unpickled.
+export_artifact: quantize by policy (full GPTQ where a calibration Hessian exists, else GPTQ-lite
+per matrix) -> payload per packing x byte-shuffle -> every compressor (in threads) -> keep the
+smallest (QUANT_PACKING / QUANT_SHUFFLE / QUANT_COMPRESSOR = auto) -> if model bytes + code bytes
+exceed the budget, step tensors down by measured error per byte (quant/fit.py), logging every step
+and round -> write the file atomically. load_artifact reverses it; nothing is unpickled.
 
 File layout (little-endian):
     offset 0   4 bytes  magic b"PGQZ"
@@ -13,7 +12,9 @@ File layout (little-endian):
                         "run" entry in the header: no training sequence length, tokenizer sha256
                         or eval stride) still loads; version 1 was a safetensors payload, whose
                         metadata key order changed from process to process, and is refused
-    offset 5   1 byte   compressor id: 1 zlib (level 9), 2 zstd (level 22), 3 lzma (raw LZMA2, preset 9|extreme)
+    offset 5   1 byte   compressor id: 1 zlib (level 9), 2 zstd (level 22), 3 lzma (.lzma "alone" format,
+                        preset 9|extreme), 4 brotli (quality 11, window 2**24; ~500 KB smaller than
+                        LZMA-9 with byte-shuffle on a record's checkpoint, PR #1218)
     offset 6   4 bytes  uint32 length L of the decompressed payload
     offset 10  4 bytes  uint32 CRC-32 of bytes 0..9 followed by the compressed payload
     offset 14  ...      compressed payload
@@ -22,10 +23,13 @@ Payload (L bytes, decompressed):
           "int8" stores one offset byte per value (pack_bits(q, 8): q + 128, the int8 bytes with the
           top bit flipped, which compresses exactly like int8), packing "bits" ceil(R*C*N/8) bytes
           (pack_bits(q, N)); then, in header order, the float16 scale [R] of each quantized tensor
-          or the stored passthrough tensor (raw bytes of its dtype). Integer data first: a few kB
-          of float16 noise in front of it cost zstd ~4% of the whole artifact in measurements.
-    header: UTF-8 JSON {"config": model_config, "packing": "int8"|"bits", "policy": policy dict,
-          "tensors": [[name, shape, kind, clip quantile], ...], "run": run} in state-dict order; kind is the
+          or the stored passthrough tensor (raw bytes of its dtype; with "shuffle" true, its
+          bytes grouped by significance: all first bytes of its values, then all second bytes,
+          ...). Integer data first: a few kB of float16 noise in front of it cost zstd ~4% of the
+          whole artifact in measurements.
+    header: UTF-8 JSON {"config": model_config, "packing": "int8"|"bits", "shuffle": bool,
+          "policy": policy dict, "tensors": [[name, shape, kind, clip quantile], ...], "run": run}
+          in state-dict order; kind is the
           int bit width N of a quantized tensor or the dtype name ("float16", "int64", ...) of a
           passthrough one. No dict with hash-ordered keys: the bytes depend only on the inputs
           (same state dict -> same file, in any process; tests/test_quant_artifact.py runs two).
@@ -34,8 +38,8 @@ Payload (L bytes, decompressed):
           "tokenizer_sha256": hex str, "eval_stride": int (EVAL_STRIDE the run started its sliding
           eval with)}; {} when the writer had none (tests, benches). `python -m eval score` reads it.
     4 bytes: uint32 length of the header.
-Decoding checks magic + version and the CRC before anything else, inflates with the output capped
-at the declared length (no zip bombs), then requires the data to split exactly into the pieces the
+Decoding checks magic + version, the CRC and the compressor id before anything else, inflates with
+the output capped at the declared length (no zip bombs; brotli's cap is its output buffer limit), then requires the data to split exactly into the pieces the
 header describes (so no allocation exceeds the file's own size class). Every failure, including
 any exception of the parsing code on a crafted payload with a valid CRC, is a ValueError naming
 the file: a damaged file never crashes or hangs the loader; nothing is unpickled.
@@ -58,18 +62,17 @@ import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
+import brotli
 import torch
 import zstandard
 
-from quant.core import dequantize_per_row, gptq_lite_quantize, quantize_per_row
+from quant.core import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
+from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
+from quant.fit import quant_fit_step
+from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
-# (policy field, value): applied in order while the artifact does not fit; a step that would not
-# lower the bits / raise the prune fraction of the current policy is skipped.
-QUANT_FIT_LADDER = (("mlp_bits", 5), ("prune_fraction", 0.02), ("attn_bits", 5), ("prune_fraction", 0.05),
-                    ("embed_bits", 7), ("prune_fraction", 0.1), ("mlp_bits", 4), ("prune_fraction", 0.2),
-                    ("embed_bits", 6), ("prune_fraction", 0.35))
 
 
 def pack_bits(q, bits):
@@ -93,41 +96,62 @@ def unpack_bits(packed, bits, n):
     return ((w >> torch.arange(0, 8 * bits, bits)) & (1 << bits) - 1).view(-1)[:n] - offset
 
 
-def quantize_state_dict(state_dict, policy):
+def quantize_matrix(cache, name, t, bits, policy, hessians=None):
+    """cache[name, bits], computed on first use: tensor t (>= 2 dims, as [shape[0], -1]) at `bits`.
+
+    Full GPTQ (quant/gptq.py) when policy.gptq and hessians has `name` (a [C, C] H), GPTQ-lite
+    clip search when policy.gptq_lite, else max-abs round-to-nearest (the QAT forward's rule);
+    magnitude pruning first (policy.prune_fraction). Value: (q int8 [R, C], scale float16 [R],
+    clip, rel_err, sq_err, sq_norm): rel_err = tr(dW H dW^T) / tr(W H W^T) (H = I without a
+    Hessian: the fit's error measure), sq_err / sq_norm the plain squared error and norm (float64).
+    """
+    if (name, bits) not in cache:
+        w = t.detach().cpu().double().reshape(t.shape[0], -1)
+        k = int(policy.prune_fraction * w.numel())  # magnitude pruning: zero the k smallest |w|
+        v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
+        h = (hessians or {}).get(name) if policy.gptq else None
+        q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None
+                   else gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0))
+        d = dequantize_per_row(q, s, torch.double) - w
+        h = (torch.eye(w.shape[1]) if h is None else h).cpu().double()
+        cache[name, bits] = q, s, c, float(((d @ h) * d).sum() / ((w @ h) * w).sum()), float(d.square().sum()), \
+            float(w.square().sum())
+    return cache[name, bits]
+
+
+def quantize_state_dict(state_dict, policy, hessians=None, cache=None):
     """Quantize each tensor as the policy says -> (entries for quant_build_payload, rel_mse).
 
-    state_dict: name -> tensor (float tensors any dtype/device, all finite). entries: name ->
-    (shape, bits, q int8 [R, C], scale float16 [R], clip quantile) for a quantized tensor, or
-    (shape, None, stored tensor, None, None) for a passthrough one (floats in policy.float_dtype,
-    other dtypes as they are). rel_mse: squared reconstruction error / squared norm of the
-    quantized matrices (float64 sums; the float16 passthrough error is negligible).
+    state_dict: name -> tensor (float tensors any dtype/device, all finite); hessians: see
+    quantize_matrix; cache: a dict that keeps each (name, bits) result across calls (the fit
+    re-reads them). entries: name -> (shape, bits, q int8 [R, C], scale float16 [R], clip) for a
+    quantized tensor, or (shape, None, stored tensor, None, None) for a passthrough one (floats in
+    policy.float_dtype, other dtypes as they are). rel_mse: squared reconstruction error / squared
+    norm of the quantized matrices (float64 sums; the float16 passthrough error is negligible).
     ValueError for a non-finite float tensor.
     """
-    entries, err, norm = {}, 0.0, 1e-30
+    entries, err, norm, cache = {}, 0.0, 1e-30, {} if cache is None else cache
     for name, t in state_dict.items():
-        t = t.detach().cpu()
+        t = t.detach()
         shape, fp = tuple(t.shape), t.is_floating_point()
         if fp and not t.isfinite().all():
             raise ValueError(f"state_dict[{name!r}] is not finite")
         bits = fp and t.numel() and policy.bits_for(name, shape)
         if not bits:
-            entries[name] = shape, None, t.to(getattr(torch, policy.float_dtype)) if fp else t, None, None
+            entries[name] = shape, None, t.cpu().to(getattr(torch, policy.float_dtype)) if fp else t.cpu(), None, None
             continue
-        w = t.double().reshape(shape[0], -1)
-        k = int(policy.prune_fraction * w.numel())  # magnitude pruning: zero the k smallest |w|
-        v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
-        q, s, c = gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0)
+        q, s, c, _, e, n = quantize_matrix(cache, name, t, bits, policy, hessians)
         entries[name] = shape, bits, q, s, c
-        err += float((dequantize_per_row(q, s, torch.double) - w).square().sum())
-        norm += float(w.square().sum())
+        err, norm = err + e, norm + n
     return entries, err / norm
 
 
-def quant_build_payload(entries, model_config, policy_dict, packing, run=None):
+def quant_build_payload(entries, model_config, policy_dict, packing, shuffle=False, run=None):
     """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
 
-    packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)); run: the
-    header's run metadata (JSON-serializable dict; None stores {}).
+    packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)); shuffle:
+    store the bytes of each multi-byte float/int tensor grouped by significance (byte-shuffle);
+    run: the header's run metadata (JSON-serializable dict; None stores {}).
     """
     info, ints, rest = [], [], []
     for name, (shape, bits, t, s, clip) in entries.items():
@@ -135,64 +159,81 @@ def quant_build_payload(entries, model_config, policy_dict, packing, run=None):
             ints.append(pack_bits(t, bits if packing == "bits" else 8))
             t = s
         info.append([name, shape, bits or str(t.dtype)[6:], clip])
-        rest.append(t)
-    head = json.dumps(dict(config=model_config, packing=packing, policy=policy_dict, tensors=info, run=run or {})).encode()
-    return (b"".join(t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in ints + rest)
-            + head + struct.pack("<I", len(head)))
+        k = t.element_size()
+        t = t.reshape(-1).view(torch.uint8)
+        rest.append(t.view(-1, k).T if shuffle else t)
+    head = json.dumps(dict(config=model_config, packing=packing, shuffle=shuffle, policy=policy_dict,
+                           tensors=info, run=run or {})).encode()
+    return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + head + struct.pack("<I", len(head)))
 
 
 def quant_wrap_container(raw, compressor):
-    """Compress payload bytes with `compressor` (zlib/zstd/lzma) and prepend the 14-byte header."""
+    """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli) and prepend the 14-byte header."""
     data = (zlib.compress(raw, 9) if compressor == "zlib" else zstandard.ZstdCompressor(22).compress(raw)
-            if compressor == "zstd" else lzma.compress(raw, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME))
+            if compressor == "zstd" else brotli.compress(raw, quality=11, lgwin=24) if compressor == "brotli"
+            else lzma.compress(raw, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME))
     head = struct.pack("<5sBI", QUANT_PREFIX, QUANT_COMPRESSORS.index(compressor) + 1, len(raw))
     return head + struct.pack("<I", zlib.crc32(data, zlib.crc32(head))) + data
 
 
 def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=16_000_000, policy=None,
-                    compressor="auto", log=print, run=None):
+                    compressor="auto", hessians=None, log=print, run=None):
     """Quantize, compress and atomically write the artifact; fit model + code bytes into the budget.
 
     state_dict: name -> tensor (CPU or CUDA, float32/bf16/...); model_config: JSON-serializable
     dict stored in the file (GPT(**model_config) rebuilds the model); code_bytes: counted code
     bytes (int >= 0); byte_budget: int > 0; policy: QuantPolicy, default QuantPolicy.from_env();
-    compressor: "auto" (use the policy's, itself auto by default) or zlib/zstd/lzma to force it;
-    run: the run metadata stored in the header (module docstring; the trainer always passes it).
-    Every packing x compressor candidate is compressed in its own thread (zlib/zstd/lzma release
-    the GIL); the smallest wins and later fit steps reuse its encoding. One log line per attempt.
-    Returns a report: bytes_model, bytes_code, bytes_total, compressor, packing, fit_steps (list of
-    dicts: change, bytes_model, rel_mse), policy (dict of the final policy), rel_mse.
-    (tools/bench_quant.py tabulates every packing x compressor.)
+    compressor: "auto" (use the policy's, itself auto by default) or a QUANT_COMPRESSORS name;
+    hessians: {param name: H [C, C]} from quant.gptq.collect_gptq_hessians (full GPTQ for those
+    matrices when policy.gptq; the fit's error measure); run: the run metadata stored in the
+    header (module docstring; the trainer always passes it).
+    Every packing x shuffle x compressor candidate is compressed in its own thread (the
+    compressors release the GIL); the smallest wins and later fit rounds reuse its encoding. While
+    over budget, the fit (quant/fit.py) steps tensors down one bit at a time by measured error per
+    byte and compresses again; one log line per round and per step.
+    Returns a report: bytes_model, bytes_code, bytes_total, packing, shuffle, compressor, fit_steps
+    (list of "name=intN" strings, in order), policy (dict of the final policy), rel_mse.
+    (tools/bench_quant.py tabulates every candidate.)
     ValueError when it cannot fit (message has the numbers), on bad inputs or non-finite weights;
     nothing is written then.
     """
     policy = policy or QuantPolicy.from_env()
     if compressor != "auto":
         policy = dataclasses.replace(policy, compressor=compressor)
-    jobs = [(p, c) for p in ("int8", "bits") for c in QUANT_COMPRESSORS
-            if policy.packing in ("auto", p) and policy.compressor in ("auto", c)]
-    steps, ladder, change = [], iter(QUANT_FIT_LADDER), ""
+    jobs = [(p, b, c) for p in ("int8", "bits") for b in (False, True) for c in QUANT_COMPRESSORS
+            if policy.packing in ("auto", p) and policy.shuffle in ("auto", "on" if b else "off")
+            and policy.compressor in ("auto", c)]
+    shapes = {k: tuple(v.shape) for k, v in state_dict.items() if v.is_floating_point() and v.numel()}
+    cache, steps = {}, []
+
+    def err(name, bits):  # measured relative (Hessian-weighted) error of `name` at `bits`
+        return quantize_matrix(cache, name, state_dict[name], bits, policy, hessians)[3]
+
     while True:
-        entries, rel_mse = quantize_state_dict(state_dict, policy)
-        blobs = dict(zip(jobs, ThreadPoolExecutor(6).map(lambda j: quant_wrap_container(
-            quant_build_payload(entries, model_config, policy.to_dict(), j[0], run), j[1]), jobs)))
-        job, blob = min(blobs.items(), key=lambda kv: len(kv[1]))
+        entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
+        blob, job = min(zip(ThreadPoolExecutor(len(jobs)).map(lambda j: quant_wrap_container(
+            quant_build_payload(entries, model_config, policy.to_dict(), *j[:2], run), j[2]), jobs), jobs),
+            key=lambda bj: len(bj[0]))
         jobs, total = [job], len(blob) + code_bytes
-        if change:
-            steps.append(dict(change=change, bytes_model=len(blob), rel_mse=rel_mse))
-        log(f"quant export {change or 'start'}: {'+'.join(job)} model {len(blob)} + code {code_bytes} = {total} bytes "
+        log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = {total} bytes "
             f"(budget {byte_budget}) rel_mse {rel_mse:.3e}")
         if total <= byte_budget:
             break
-        # next ladder step that changes the policy: prune_fraction must rise, bits must fall
-        step = policy.fit and next(((f, v) for f, v in ladder if (v - getattr(policy, f)) * (f[0] == "p" or -1) > 0), 0)
-        if not step:
-            raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
-                             f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
-        policy, change = dataclasses.replace(policy, **dict([step])), "%s=%s" % step
+        # the fit: cheapest error per byte until the estimated saving (scaled to real bytes) covers the overshoot
+        over, ratio = total - byte_budget, len(blob) / estimate_artifact_bytes(shapes, policy)
+        while over > 0:
+            step = quant_fit_step(policy, shapes, lambda n, b: err(n, b) - err(n, b + 1))
+            if not step:
+                raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
+                                 f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
+            name, bits = step
+            over -= ratio * (estimate_tensor_bytes(shapes[name], bits + 1) - estimate_tensor_bytes(shapes[name], bits))
+            policy = policy.with_bits(name, bits)
+            steps.append(f"{name}=int{bits}")
+            log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits):.3e}")
     atomic_write_bytes(path, blob)
-    return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], compressor=job[1],
-                fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
+    return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], shuffle=job[1],
+                compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
@@ -227,17 +268,19 @@ def decode_artifact(data, label="artifact"):
             raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
         if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
             raise ValueError("checksum mismatch (truncated or corrupted)")
+        if not 0 < cid <= len(QUANT_COMPRESSORS):
+            raise ValueError(f"unknown compressor id {cid}")
         data = data[14:]
-        # at most n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
+        # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
         raw = (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
-               (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE))
-               .decompress(data, n + 1))
+               brotli.Decompressor().process(data, output_buffer_limit=n + 1) if cid == 4 else
+               (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))
         if len(raw) != n:
             raise ValueError(f"payload inflates to {len(raw)} bytes, not {n}")
         k = int.from_bytes(raw[-4:], "little")
         head = json.loads(raw[-4 - k:-4])
-        tensors = head["tensors"]
-        container = 8 * (head["packing"] == "int8")  # bits per stored q value (0: the tensor's own bits)
+        tensors, shuffle = head["tensors"], head.get("shuffle") is True
+        container = {"int8": 8, "bits": 0}[head["packing"]]  # bits per stored q value (0: the tensor's own bits)
         sizes = [-(-math.prod(shape) * (container or kind) // 8) for _, shape, kind, _ in tensors if type(kind) is int]
         sizes += [shape[0] * 2 if type(kind) is int else math.prod(shape) * getattr(torch, kind).itemsize
                   for _, shape, kind, _ in tensors]
@@ -245,7 +288,8 @@ def decode_artifact(data, label="artifact"):
         pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes)
         q_pieces, state_dict = iter(pieces), {}
         for (name, shape, kind, _), t in zip(tensors, pieces[-len(tensors):]):  # (no tensors: zip is empty)
-            t = t.clone().view(getattr(torch, "float16" if type(kind) is int else kind))
+            dtype = getattr(torch, "float16" if type(kind) is int else kind)
+            t = (t.view(dtype.itemsize, -1).T if shuffle else t).flatten().clone().view(dtype)
             if type(kind) is int:
                 t = dequantize_per_row(
                     unpack_bits(next(q_pieces), container or kind, math.prod(shape)).view(shape[0], -1), t)

@@ -26,6 +26,14 @@ QUANT_EST_BITS_PER_VALUE = {2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5
                             7: (6.39, 0.065), 8: (7.41, 0.065)}
 
 
+def estimate_tensor_bytes(shape, bits):
+    """Projected compressed bytes of one matrix of `shape` (ints, numel > 0) stored at `bits` (2..8),
+    without its 120-byte header share: values plus the float16 scale of each row."""
+    n = math.prod(shape)
+    base, slope = QUANT_EST_BITS_PER_VALUE[bits]
+    return n * (base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)) / 8 + 2 * shape[0]
+
+
 def estimate_artifact_bytes(param_shapes, policy=None):
     """Projected artifact (model) bytes for param_shapes (name -> shape tuple of ints >= 0).
 
@@ -37,9 +45,5 @@ def estimate_artifact_bytes(param_shapes, policy=None):
     for name, shape in param_shapes.items():
         n = math.prod(shape)
         bits = n and policy.bits_for(name, shape)
-        if bits:
-            base, slope = QUANT_EST_BITS_PER_VALUE[bits]
-            total += n * (base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)) / 8 + 2 * shape[0] + 120
-        else:
-            total += n * (4 if policy.float_dtype == "float32" else 2) + 60
+        total += estimate_tensor_bytes(shape, bits) + 120 if bits else n * (4 if policy.float_dtype == "float32" else 2) + 60
     return math.ceil(total)

@@ -40,8 +40,9 @@ def quant_policy_from_dict(d) -> QuantPolicy:
     if not isinstance(d, dict) or not set(d) <= names:
         raise ValueError(f"policy {d!r}: expected a dict with fields from {sorted(names)}")
     d = dict(d)
-    if "overrides" in d:
-        d["overrides"] = tuple((str(p), int(b)) for p, b in d["overrides"])
+    for key in ("overrides", "fitted"):
+        if key in d:
+            d[key] = tuple((str(p), int(b)) for p, b in d[key])
     if "control_patterns" in d:
         d["control_patterns"] = tuple(map(str, d["control_patterns"]))
     return QuantPolicy(**d)
@@ -49,14 +50,8 @@ def quant_policy_from_dict(d) -> QuantPolicy:
 
 def quant_policy_group(policy: QuantPolicy, name: str, shape) -> str:
     """Group of a tensor as QuantPolicy.bits_for decides it (overrides not applied):
-    'control', 'embed', 'attn', 'mlp' or 'other'."""
-    if len(shape) < 2 or any(p in name for p in policy.control_patterns):
-        return "control"
-    if "emb" in name or "lm_head" in name:
-        return "embed"
-    if ".attn." in name:
-        return "attn"
-    return "mlp" if ".mlp." in name else "other"
+    'control', 'embed', 'attn', 'mlp' or 'other' (QuantPolicy.group_of)."""
+    return policy.group_of(name, shape)
 
 
 def quant_check_shapes(param_shapes: dict) -> dict:

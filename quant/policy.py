@@ -1,29 +1,35 @@
 """Quantization policy: which tensor is stored in which format, chosen by parameter name.
 
-Defaults (the records' lessons): int6 per-row for attention and MLP matrices, int8 per-row for the
-tied embedding (it is also the output head, errors there hit every logit), float16 passthrough for
+Defaults: every matrix starts at int8 per-row and the fit (quant/fit.py, QUANT_FIT=1) steps tensors
+down only as far as the byte budget needs: on one H100 the budget rarely binds (the best sp8192
+1-GPU run stores every matrix in int8 at 15.82 MB), on 8 GPUs it does. Float16 passthrough for
 vectors and control tensors (norm gains, attn/mlp scales, resid_mix, q_gain, skip weights, gates:
 few bytes, and int8 there cost the reference PR more bpb than it saved bytes).
 
-Groups, decided in this order (`bits_for`; quant.offline.quant_policy_group names them):
+Groups, decided in this order (`group_of`, `bits_for`):
   1. the first matching QUANT_OVERRIDES substring wins (bits 0 = float passthrough);
   2. "control": fewer than 2 dims, or a name containing a control pattern -> float passthrough;
-  3. "embed": a name containing "emb" (tok_emb, embed) or "lm_head" -> embed_bits;
+  3. `fitted`: the fit's per-tensor choice (exact parameter name -> bits);
+  4. "embed": a name containing "emb" (tok_emb, embed) or "lm_head" -> embed_bits;
      "attn": ".attn." -> attn_bits;  "mlp": ".mlp." -> mlp_bits (quantized whatever their size);
-  4. "other": other matrices -> other_bits when numel > passthrough_max_numel, else float passthrough.
+     "other": other matrices -> other_bits when numel > passthrough_max_numel, else float passthrough.
+A group's bits 0 (the default) means "not set": int8 to start with, and the fit may step its tensors
+down; bits set explicitly (QUANT_ATTN_BITS=6, ...) or by an override are never changed by the fit.
 Tensors with more than 2 dims are quantized as [shape[0], prod(rest)].
 
 Environment (all optional; every field F reads QUANT_<F upper-cased>; an unknown QUANT_* name gets a
 warning, a bad value a ValueError naming the variable):
-  QUANT_ATTN_BITS=6  QUANT_MLP_BITS=6  QUANT_EMBED_BITS=8  QUANT_OTHER_BITS=8   (2..8)
+  QUANT_ATTN_BITS  QUANT_MLP_BITS  QUANT_EMBED_BITS  QUANT_OTHER_BITS   (2..8; unset: chosen by the fit)
   QUANT_MATRIX_BITS           sets attn and mlp bits at once (QUANT_ATTN_BITS / QUANT_MLP_BITS win)
   QUANT_FLOAT_DTYPE=float16|float32|bfloat16   storage of unquantized float tensors
   QUANT_PASSTHROUGH_MAX_NUMEL=65536   "other" matrices up to this size stay float
   QUANT_GPTQ_LITE=1           GPTQ-lite clip search (0: plain max-abs, as the QAT forward; bools are 0/1)
+  QUANT_GPTQ=1                full GPTQ (quant/gptq.py) for the matrices with a calibration Hessian
   QUANT_PRUNE_FRACTION=0      zero this fraction of smallest-|w| weights of each quantized matrix
-  QUANT_PACKING=auto|int8|bits          QUANT_COMPRESSOR=auto|zlib|zstd|lzma
-  QUANT_FIT=1                 step down bits / prune until the artifact fits BYTE_BUDGET
+  QUANT_PACKING=auto|int8|bits   QUANT_SHUFFLE=auto|on|off   QUANT_COMPRESSOR=auto|zlib|zstd|lzma|brotli
+  QUANT_FIT=1                 the most precise bits that fit BYTE_BUDGET (quant/fit.py)
   QUANT_OVERRIDES="blocks.0.:8,lm_head:0"   substring:bits pairs, first match wins
+  QUANT_FITTED="blocks.3.mlp.fc.weight:6"   name:bits pairs, normally written by the fit itself
   QUANT_CONTROL_PATTERNS="attn_scale,mlp_scale,..."  replaces the default control patterns
 from_env validates each variable on its own (a one-field policy) and prefixes the message with the
 variable and its raw value.
@@ -35,58 +41,62 @@ import math
 import os
 import warnings
 
-QUANT_COMPRESSORS = ("zlib", "zstd", "lzma")
+QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class QuantPolicy:
     """Frozen description of the export format; see the module docstring for fields and env vars.
 
-    Fields (type, default): attn_bits/mlp_bits/embed_bits/other_bits (int 2..8: 6/6/8/8),
-    float_dtype (str, float16), passthrough_max_numel (int, 65536), gptq_lite (bool, True),
-    prune_fraction (float in [0, 1), 0), packing (auto/int8/bits), compressor
-    (auto/zlib/zstd/lzma), fit (bool, True), overrides (tuple of (substring, bits 0|2..8)),
-    control_patterns (tuple of substrings); quant.offline.quant_policy_from_dict turns the lists of
-    a JSON round trip back into tuples.
-    ValueError naming the field for a bad value (a negative passthrough_max_numel just quantizes
-    every "other" matrix).
+    Fields (type, default): attn_bits/mlp_bits/embed_bits/other_bits (int 0 = unset, or 2..8),
+    float_dtype (str, float16), passthrough_max_numel (int, 65536), gptq_lite (bool, True), gptq
+    (bool, True), prune_fraction (float in [0, 1), 0), packing (auto/int8/bits), shuffle
+    (auto/on/off), compressor (auto/zlib/zstd/lzma/brotli), fit (bool, True), overrides (tuple of
+    (substring, bits 0|2..8)), fitted (tuple of (name, bits 2..8)), control_patterns (tuple of
+    substrings); quant.offline.quant_policy_from_dict turns the lists of a JSON round trip back into
+    tuples. ValueError naming the field for a bad value (a negative passthrough_max_numel just
+    quantizes every "other" matrix).
     """
 
-    attn_bits: int = 6
-    mlp_bits: int = 6
-    embed_bits: int = 8
-    other_bits: int = 8
+    attn_bits: int = 0
+    mlp_bits: int = 0
+    embed_bits: int = 0
+    other_bits: int = 0
     float_dtype: str = "float16"
     passthrough_max_numel: int = 65536
     gptq_lite: bool = True
+    gptq: bool = True
     prune_fraction: float = 0.0
     packing: str = "auto"
+    shuffle: str = "auto"
     compressor: str = "auto"
     fit: bool = True
     overrides: tuple = ()
+    fitted: tuple = ()
     control_patterns: tuple = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight", "smear", "gate",
                                "gain", "lambda", "norm")
 
     def __post_init__(self):
-        bits = range(2, 9)
+        bits = (0, *range(2, 9))
         for name, want in dict(attn_bits=bits, mlp_bits=bits, embed_bits=bits, other_bits=bits,
                                float_dtype=("float16", "float32", "bfloat16"), packing=("auto", "int8", "bits"),
-                               compressor=("auto",) + QUANT_COMPRESSORS).items():
+                               shuffle=("auto", "on", "off"), compressor=("auto",) + QUANT_COMPRESSORS).items():
             if getattr(self, name) not in want:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {want}")
-        if not 0 <= self.prune_fraction < 1 or any(b and b not in bits for _, b in self.overrides):
-            raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides}: "
-                             "expected [0, 1) / bits 0 or 2..8")
+        if not 0 <= self.prune_fraction < 1 or any(b and b not in bits for _, b in self.overrides + self.fitted) \
+                or any(b == 0 for _, b in self.fitted):
+            raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides} / fitted="
+                             f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
 
     @classmethod
     def from_env(cls, environ=None):
         """Policy from the QUANT_* variables of `environ` (default os.environ).
 
         Each variable is parsed by its field's type (bool: an int, 0 or 1; tuple: comma-separated
-        items, for QUANT_OVERRIDES substring:bits pairs) and validated on its own (a one-field
-        policy). QUANT_MATRIX_BITS is read first, so QUANT_ATTN_BITS / QUANT_MLP_BITS win over it.
-        Warns (UserWarning) for an unknown QUANT_* name; ValueError naming the variable and its
-        value for a value that does not parse or is out of range.
+        items, for QUANT_OVERRIDES / QUANT_FITTED name:bits pairs) and validated on its own (a
+        one-field policy). QUANT_MATRIX_BITS is read first, so QUANT_ATTN_BITS / QUANT_MLP_BITS win
+        over it. Warns (UserWarning) for an unknown QUANT_* name; ValueError naming the variable and
+        its value for a value that does not parse or is out of range.
         """
         env = os.environ if environ is None else environ
         kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
@@ -101,7 +111,7 @@ class QuantPolicy:
                 items = [i for i in raw.replace(" ", "").split(",") if i]
                 try:
                     kwargs[name] = value = (
-                        tuple((p, int(b)) for p, b in (i.split(":") for i in items)) if name == "overrides"
+                        tuple((p, int(b)) for p, b in (i.split(":") for i in items)) if name in ("overrides", "fitted")
                         else tuple(items) if kind is tuple else kind(int(raw)) if kind is bool else kind(raw))
                     cls(**{name: value})
                 except ValueError as err:
@@ -112,17 +122,29 @@ class QuantPolicy:
         """JSON-serializable dict of every field (tuples become lists, as after a JSON round trip)."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
+    def group_of(self, name, shape):
+        """'control', 'embed', 'attn', 'mlp' or 'other' (overrides and passthrough size not applied)."""
+        if len(shape) < 2 or any(p in name for p in self.control_patterns):
+            return "control"
+        return "embed" if "emb" in name or "lm_head" in name else "attn" if ".attn." in name \
+            else "mlp" if ".mlp." in name else "other"
+
     def bits_for(self, name, shape):
         """Bits for parameter `name` of `shape` (tuple or torch.Size), or None for float passthrough."""
         for pattern, bits in self.overrides:
             if pattern in name:
                 return bits or None
-        if len(shape) < 2 or any(p in name for p in self.control_patterns):
+        group = self.group_of(name, shape)
+        if group == "control" or group == "other" and math.prod(shape) <= self.passthrough_max_numel:
             return None
-        if "emb" in name or "lm_head" in name:
-            return self.embed_bits
-        if ".attn." in name:
-            return self.attn_bits
-        if ".mlp." in name:
-            return self.mlp_bits
-        return self.other_bits if math.prod(shape) > self.passthrough_max_numel else None
+        return dict(self.fitted).get(name) or getattr(self, group + "_bits") or 8
+
+    def fittable(self, name, shape):
+        """True when the fit may change this tensor's bits: QUANT_FIT=1, quantized, its group's bits
+        not set explicitly and no override matches it."""
+        return bool(self.fit and self.bits_for(name, shape) and not getattr(self, self.group_of(name, shape) + "_bits")
+                    and not any(p in name for p, _ in self.overrides))
+
+    def with_bits(self, name, bits):
+        """A copy with tensor `name` at `bits` in `fitted` (the fit's per-tensor choice)."""
+        return dataclasses.replace(self, fitted=tuple((n, b) for n, b in self.fitted if n != name) + ((name, bits),))

@@ -135,7 +135,7 @@ def test_two_runs_make_a_complete_folder_that_passes_its_checks(fake_src, tmp_pa
     assert (folder / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     req = (folder / "requirements.txt").read_text()
     assert "torch==2.13.0" in req and "numpy==2.4.6" in req and "sentencepiece==0.2.3" in req
-    assert "zstandard==" in req and "safetensors==" in req
+    assert "zstandard==" in req and "brotli==" in req and "safetensors==" in req
     readme = (folder / "README.md").read_text()
     for needle in ("| 1337 | 50 |", "| 42 | 50 |", "**mean**", "| std |", "loss_curve.png",
                    f"cd {folder}", "SEED=1337", "python train_gpt.py", "600 s", "margin",

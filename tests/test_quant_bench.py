@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tools.bench_quant import POLICIES, official_int8_zlib, run_bench
+from tools.bench_quant import METHODS, main, official_int8_zlib, run_bench
 
 
 def test_official_baseline_semantics():
@@ -38,9 +38,16 @@ def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt),
               metadata={"model_config": json.dumps(config)})
     args = SimpleNamespace(checkpoint=str(ckpt), data_path=str(tiny_dataset), tokenizer=str(sp1024_model),
-                           val_tokens=2048, seq_len=128)
+                           val_tokens=2048, seq_len=128, calib_batches=2, calib_tokens=1024, bits=[6, 5], compressor="zlib")
     table = run_bench(args)
-    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line][1:]
-    assert rows[0].startswith("| official int8")
-    assert len(rows) == 1 + 6 * len(POLICIES)
-    assert sum("(auto)" in r for r in rows) >= len(POLICIES)
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    frontier = [r for r in rows if r.split("|")[1].strip() in ("6", "5")]
+    assert [r.split("|")[2].strip() for r in frontier] == list(METHODS) * 2
+    assert all("+zlib" in r for r in frontier) and "GPTQ calibration: 2 train batches x 1024 tokens, 12 Hessians" in table
+    assert "int5 check: full GPTQ d val_bpb" in table
+    comp = [r for r in rows if r.split("|")[2].strip() in ("on", "off")]
+    assert len(comp) == 16 and sum("(auto)" in r for r in comp) >= 1
+    assert any(r.startswith("| official torch.save int8") for r in rows)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(ckpt), "--data-path", str(tiny_dataset), "--tokenizer", str(sp1024_model), "--bits", "9"])
+    assert exit_info.value.code == 2

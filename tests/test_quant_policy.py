@@ -1,5 +1,6 @@
 """quant/policy.py: formats by parameter name, env overrides, serialization."""
 
+import dataclasses
 import json
 import warnings
 
@@ -21,15 +22,16 @@ CONTRACT_SHAPES = {
 def test_default_formats_of_contract_names():
     p = QuantPolicy()
     bits = {name: p.bits_for(name, shape) for name, shape in CONTRACT_SHAPES.items()}
-    assert bits == {
+    assert bits == {  # unset groups start at int8 (the fit steps them down only when over budget)
         "tok_emb.weight": 8, "lm_head.weight": 8, "skip_weights": None,
-        "blocks.0.attn.c_q.weight": 6, "blocks.0.attn.c_k.weight": 6, "blocks.0.attn.c_v.weight": 6,
-        "blocks.0.attn.proj.weight": 6, "blocks.0.attn.q_gain": None, "blocks.0.mlp.fc.weight": 6,
-        "blocks.0.mlp.proj.weight": 6, "blocks.0.attn_scale": None, "blocks.0.mlp_scale": None,
+        "blocks.0.attn.c_q.weight": 8, "blocks.0.attn.c_k.weight": 8, "blocks.0.attn.c_v.weight": 8,
+        "blocks.0.attn.proj.weight": 8, "blocks.0.attn.q_gain": None, "blocks.0.mlp.fc.weight": 8,
+        "blocks.0.mlp.proj.weight": 8, "blocks.0.attn_scale": None, "blocks.0.mlp_scale": None,
         "blocks.0.resid_mix": None,
     }
+    assert all(p.fittable(n, s) == (b is not None) for (n, s), b in zip(CONTRACT_SHAPES.items(), bits.values()))
     # named matrices are quantized at any size; unnamed ones only above the passthrough size
-    assert p.bits_for("blocks.0.attn.c_q.weight", (8, 8)) == 6
+    assert p.bits_for("blocks.0.attn.c_q.weight", (8, 8)) == 8
     assert p.bits_for("bigram.weight", (256, 256)) is None
     assert p.bits_for("bigram.weight", (512, 256)) == 8
     assert p.bits_for("blocks.0.attn.gate.weight", (8, 512)) is None  # control pattern wins
@@ -37,6 +39,25 @@ def test_default_formats_of_contract_names():
     assert groups["blocks.0.mlp.fc.weight"] == "mlp"
     assert groups["tok_emb.weight"] == groups["lm_head.weight"] == "embed" and groups["skip_weights"] == "control"
     assert groups["blocks.0.attn.c_q.weight"] == "attn" and quant_policy_group(p, "bigram.weight", (512, 256)) == "other"
+
+
+def test_fitted_bits_explicit_groups_and_overrides():
+    p = QuantPolicy(mlp_bits=6, overrides=(("blocks.1.", 7),)).with_bits("blocks.0.attn.c_q.weight", 5)
+    p = p.with_bits("blocks.0.attn.c_q.weight", 4).with_bits("tok_emb.weight", 7)
+    assert p.fitted == (("blocks.0.attn.c_q.weight", 4), ("tok_emb.weight", 7))
+    shape = (64, 64)
+    assert p.bits_for("blocks.0.attn.c_q.weight", shape) == 4 and p.bits_for("blocks.0.attn.c_k.weight", shape) == 8
+    assert p.bits_for("blocks.0.mlp.fc.weight", shape) == 6 and p.bits_for("blocks.1.attn.c_q.weight", shape) == 7
+    # the fit may change unset groups only: never an explicit group, an override or a control tensor
+    assert p.fittable("blocks.0.attn.c_k.weight", shape) and p.fittable("tok_emb.weight", shape)
+    assert not p.fittable("blocks.0.mlp.fc.weight", shape) and not p.fittable("blocks.1.attn.c_q.weight", shape)
+    assert not p.fittable("blocks.0.attn_scale", (64,)) and not dataclasses.replace(p, fit=False).fittable(
+        "blocks.0.attn.c_k.weight", shape)
+    q = QuantPolicy.from_env({"QUANT_FITTED": "blocks.0.attn.c_q.weight:4,tok_emb.weight:7", "QUANT_MLP_BITS": "6",
+                              "QUANT_OVERRIDES": "blocks.1.:7"})
+    assert q == p
+    with pytest.raises(ValueError, match="QUANT_FITTED"):
+        QuantPolicy.from_env({"QUANT_FITTED": "tok_emb.weight:0"})  # the fit never chooses float
 
 
 def test_from_env_overrides_and_validation():
@@ -54,7 +75,7 @@ def test_from_env_overrides_and_validation():
     assert QuantPolicy.from_env({}) == QuantPolicy()
     for var, value, match in [
         ("QUANT_MLP_BITS", "six", "QUANT_MLP_BITS='six'"), ("QUANT_ATTN_BITS", "9", "QUANT_ATTN_BITS"),
-        ("QUANT_COMPRESSOR", "brotli", "QUANT_COMPRESSOR"), ("QUANT_GPTQ_LITE", "yes", "QUANT_GPTQ_LITE"),
+        ("QUANT_COMPRESSOR", "bzip2", "QUANT_COMPRESSOR"), ("QUANT_SHUFFLE", "1", "QUANT_SHUFFLE"), ("QUANT_GPTQ_LITE", "yes", "QUANT_GPTQ_LITE"),
         ("QUANT_OVERRIDES", "blocks.0", "QUANT_OVERRIDES"), ("QUANT_PRUNE_FRACTION", "1.0", "QUANT_PRUNE_FRACTION"),
         ("QUANT_FLOAT_DTYPE", "float8", "QUANT_FLOAT_DTYPE"), ("QUANT_MATRIX_BITS", "1", "QUANT_MATRIX_BITS"),
     ]:
@@ -76,7 +97,7 @@ def test_unknown_quant_variable_warns():
 
 
 def test_dict_roundtrip_through_json():
-    p = QuantPolicy(mlp_bits=5, overrides=(("blocks.0.", 8),), control_patterns=("q_gain",))
+    p = QuantPolicy(mlp_bits=5, overrides=(("blocks.0.", 8),), fitted=(("tok_emb.weight", 7),), control_patterns=("q_gain",))
     assert quant_policy_from_dict(json.loads(json.dumps(p.to_dict()))) == p
     with pytest.raises(ValueError, match="fields"):
         quant_policy_from_dict({"mlp_bits": 5, "typo": 1})
@@ -90,7 +111,7 @@ def test_policy_covers_the_real_model():
 
     config = dict(tiny_model_config(train_gpt), tie_embeddings=False)
     model = train_gpt.GPT(**config)
-    p = QuantPolicy()
+    p = QuantPolicy(attn_bits=6, mlp_bits=6)
     for name, t in model.state_dict().items():
         bits = p.bits_for(name, tuple(t.shape))
         if t.ndim == 2 and name.startswith("blocks.") and not name.endswith("resid_mix"):

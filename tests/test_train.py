@@ -72,7 +72,7 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     assert result["compliance"] == dict(train_time_ok=True, eval_time_ok=True, bytes_ok=True, full_val_split=False,
                                         val_not_seen_in_training=True, splits_disjoint=True)
     assert result["train_shards"] == ["fineweb_train_000000.bin"]  # 8 steps of 1,025 tokens: the first shard
-    # roundtrip through int6/int8 stays close to the pre-quant number
+    # roundtrip through int8 (full GPTQ) stays close to the pre-quant number
     assert abs(result["val_bpb_roundtrip"] - result["val_bpb_prequant"]) < 0.05
     log = (run_dir / "train.log").read_text()
     assert "MATRIX_LR:0.032" in log and "NUM_LAYERS:2" in log and "torch:" in log
@@ -83,6 +83,11 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     m = re.search(r"final_sliding_window_exact val_loss:(\d+\.\d{8}) val_bpb:(\d+\.\d{8}) stride:32", log)
     assert m and float(m.group(2)) == pytest.approx(result["val_bpb_sliding"], abs=1e-8)
     assert f"Total submission size: {result['bytes_total']} bytes" in log
+    # the budget fit keeps int8 everywhere (it fits); QUANT_GPTQ=1 (default) calibrates on 4 train batches
+    # (smoke preset) after the loop; no wallclock cap here, so no reservation
+    assert "quant_fit: 0 steps" in log and "tensors per bits int8:13" in log and result["quant_policy"]["gptq"] is True
+    assert re.search(r"gptq_calibration batches:4 tokens:4096 time:\d+ms reserve:0ms", log)
+    assert not re.search(r"^gptq_reserve_seconds:\d", log, re.M)
     # SAVE_PREQUANT=1 leaves the float weights and the config for tools/bench_quant.py
     from safetensors import safe_open
 

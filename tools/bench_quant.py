@@ -1,24 +1,42 @@
-"""Benchmark the quant export: bytes and roundtrip val_bpb cost per policy x packing x compressor.
+"""Benchmark the quant export on a trained checkpoint: the bytes vs val_bpb frontier of round-to-nearest,
+GPTQ-lite and full GPTQ at int8/6/5/4, and the table of entropy coders.
 
-  python tools/bench_quant.py runs/<RUN_ID>/prequant.safetensors --data-path DATA --tokenizer M.model \
-      [--val-tokens 131072] [--seq-len 256] [--out bench.md]
+  python tools/bench_quant.py runs/<RUN_ID>/prequant.safetensors --data-path DATA --tokenizer M.model \\
+      [--val-tokens 65536] [--seq-len 256] [--calib-batches 64] [--calib-tokens 8192] [--bits 8,6,5,4] \\
+      [--compressor auto] [--out bench.md]
   python tools/bench_quant.py --calibrate      # Gaussian bits/value table behind quant/estimate.py
 
 Checkpoint: a .safetensors state dict whose metadata "model_config" holds the GPT config JSON (the
-trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). val_bpb comes from
-eval.roundtrip.eval_roundtrip on GPT(**config) from train_gpt, on the first --val-tokens of the
-val split (CPU). Packing and compressor are lossless, so val_bpb is measured once per policy.
+trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The CPU checkpoint of the
+issue-10 note was made with (2 shared CPU cores, about 3 h; the weights after 200 Muon steps,
+0.8 M tokens, warmdown over the second half, EMA, no QAT so that no bit width is favoured):
 
-Baseline "official": the openai/parameter-golf train_gpt.py export, reproduced here: int8 per-row
-for 2-D float tensors with > 65,536 elements (row clip at quantile 0.9999984, scale clamped to
->= 1/127, fp16 scales), fp16 passthrough of smaller tensors (fp32 for control tensors),
-torch.save + zlib level 9. Target: the default policy >= 40% smaller at <= 0.005 bpb extra cost.
+  python tools/prepare_data.py jsonl --input ../shared/data/text/fineweb_edu.jsonl \\
+      --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model --out data/datasets/fwedu_sp1024 --val-docs 200
+  PRESET=smoke DATA_PATH=data/datasets/fwedu_sp1024 TOKENIZER_PATH=../shared/data/tokenizers/fineweb_1024_bpe.model \\
+      MAX_WALLCLOCK_SECONDS=0 ITERATIONS=200 TRAIN_BATCH_TOKENS=4096 QAT_START_FRAC=0 QUANT_GPTQ=0 \\
+      SAVE_PREQUANT=1 SKIP_FINAL_EVAL=1 RUN_ID=bench_ckpt SEED=1 python train_gpt.py
+
+Frontier: the block matrices (attention + MLP) at each --bits, the embedding at int8, float16
+control tensors, QUANT_FIT off; per method the artifact is exported with every encoding candidate
+(or --compressor) and the smallest kept, then decoded and scored. val_bpb: eval.roundtrip on the
+first --val-tokens of the val split, GPT(**config) from train_gpt, float32 on CPU. Full GPTQ uses
+Hessians collected by quant.gptq.collect_gptq_hessians from --calib-batches batches of
+--calib-tokens TRAIN tokens (read through train_gpt.DistributedTokenLoader, as the trainer does).
+The int5 line checks the issue's target: full GPTQ's val_bpb cost <= 70% of GPTQ-lite's.
+
+Compressors: one payload (the int6-blocks / int8-embedding policy of the records, GPTQ-lite) under
+every packing x byte-shuffle x compressor, with compression seconds (on whatever the machine is
+doing: label timings as such), and the official baseline's torch.save + zlib-9 export of the same
+weights ("official", reproduced: int8 per-row for 2-D float tensors with > 65,536 elements, row
+clip at quantile 0.9999984, scale clamped to >= 1/127, fp16 scales, fp16/fp32 passthrough).
 """
 
 import argparse
 import io
 import json
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -29,22 +47,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from quant.artifact import decode_artifact, quant_build_payload, quant_wrap_container, quantize_state_dict  # noqa: E402
+from quant.artifact import (  # noqa: E402
+    decode_artifact, export_artifact, load_artifact, quant_build_payload, quant_wrap_container, quantize_state_dict,
+)
 from quant.core import gptq_lite_quantize  # noqa: E402
-from quant.estimate import estimate_artifact_bytes  # noqa: E402
 from quant.offline import QUANT_PACKINGS, quant_compress  # noqa: E402
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy  # noqa: E402
 
-POLICIES = {
-    "default (attn6 mlp6 emb8)": QuantPolicy(),
-    "int8 everywhere": QuantPolicy(attn_bits=8, mlp_bits=8),
-    "mlp5": QuantPolicy(mlp_bits=5),
-    "attn5 mlp5": QuantPolicy(attn_bits=5, mlp_bits=5),
-    "emb7": QuantPolicy(embed_bits=7),
-    "emb6": QuantPolicy(embed_bits=6),
-    "no GPTQ-lite": QuantPolicy(gptq_lite=False),
-    "float32 passthrough": QuantPolicy(float_dtype="float32"),
+METHODS = {  # label -> policy fields (bits set per row of the frontier)
+    "RTN": dict(gptq_lite=False, gptq=False),
+    "GPTQ-lite": dict(gptq_lite=True, gptq=False),
+    "full GPTQ": dict(gptq_lite=True, gptq=True),
 }
+COMPRESSOR_POLICY = QuantPolicy(attn_bits=6, mlp_bits=6, embed_bits=8, gptq=False, fit=False)
 _OFFICIAL_CONTROL = ("attn_scale", "attn_scales", "mlp_scale", "mlp_scales", "resid_mix", "resid_mixes", "q_gain",
                      "skip_weight", "skip_weights")
 
@@ -79,14 +94,67 @@ def _load_checkpoint(path: Path) -> tuple[dict, dict]:
     return load_file(str(path)), json.loads(meta["model_config"])
 
 
-def _val_bpb(config: dict, state_dict: dict, val_tokens, luts, seq_len: int) -> float:
-    from eval.roundtrip import eval_roundtrip
+def _model(config: dict, state_dict: dict):
     from train_gpt import GPT
 
     model = GPT(**config)
     model.load_state_dict(state_dict, strict=True)
-    model.eval()
-    return eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, batch_seqs=16, device=torch.device("cpu"))[1]
+    return model.eval()
+
+
+def _val_bpb(config: dict, state_dict: dict, val_tokens, luts, seq_len: int) -> float:
+    from eval.roundtrip import eval_roundtrip
+
+    return eval_roundtrip(_model(config, state_dict), val_tokens, luts, seq_len=seq_len, batch_seqs=16,
+                          device=torch.device("cpu"))[1]
+
+
+def collect_hessians(config: dict, state_dict: dict, data_path: str, num_batches: int, batch_tokens: int,
+                     seq_len: int) -> tuple[dict, float]:
+    """Calibration Hessians of the checkpoint's linears from the TRAIN shards -> ({name: H}, seconds)."""
+    from quant.gptq import collect_gptq_hessians
+    from train_gpt import DistributedTokenLoader
+
+    loader = DistributedTokenLoader(data_path, config["vocab_size"])
+    t0 = time.perf_counter()
+    hessians, _ = collect_gptq_hessians(_model(config, state_dict), lambda: loader.next_batch(batch_tokens, seq_len),
+                                        num_batches)
+    return hessians, time.perf_counter() - t0
+
+
+def frontier_rows(state, config, hessians, score, bits_list, compressor="auto") -> list[dict]:
+    """One row per (bits, method): bytes of the smallest encoding, val_bpb, rel_mse, seconds."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for bits in bits_list:
+            for label, fields in METHODS.items():
+                policy = QuantPolicy(attn_bits=bits, mlp_bits=bits, embed_bits=8, fit=False, **fields)
+                t0 = time.perf_counter()
+                report = export_artifact(state, config, Path(tmp) / "m.ptz", code_bytes=0, byte_budget=10**12,
+                                         policy=policy, compressor=compressor, hessians=hessians, log=lambda msg: None)
+                seconds = time.perf_counter() - t0
+                loaded = load_artifact(Path(tmp) / "m.ptz")[0]
+                rows.append(dict(bits=bits, method=label, bytes=report["bytes_model"], val_bpb=score(loaded),
+                                 rel_mse=report["rel_mse"], seconds=seconds,
+                                 encoding=f"{report['packing']}{'+shuffle' * report['shuffle']}+{report['compressor']}"))
+    return rows
+
+
+def compressor_rows(state, config) -> list[dict]:
+    """Every packing x shuffle x compressor on one payload (COMPRESSOR_POLICY)."""
+    entries, _ = quantize_state_dict(state, COMPRESSOR_POLICY)
+    rows = []
+    for packing in QUANT_PACKINGS:
+        for shuffle in (False, True):
+            raw = quant_build_payload(entries, config, COMPRESSOR_POLICY.to_dict(), packing, shuffle)
+            for comp in QUANT_COMPRESSORS:
+                t0 = time.perf_counter()
+                blob = quant_wrap_container(raw, comp)
+                seconds = time.perf_counter() - t0
+                decode_artifact(blob)  # every candidate must load
+                rows.append(dict(packing=packing, shuffle=shuffle, compressor=comp, bytes=len(blob), seconds=seconds,
+                                 raw_bytes=len(raw)))
+    return rows
 
 
 def run_bench(args) -> str:
@@ -101,46 +169,53 @@ def run_bench(args) -> str:
         raise FileNotFoundError(f"--tokenizer {args.tokenizer} does not exist")
     luts = build_sentencepiece_luts(spm.SentencePieceProcessor(model_file=str(args.tokenizer)), config["vocab_size"])
     val_tokens = load_validation_tokens(args.data_path, vocab_size=config["vocab_size"])[: args.val_tokens + 1]
-    base_bpb = _val_bpb(config, state, val_tokens, luts, args.seq_len)
-    off_bytes, off_state = official_int8_zlib(state)
-    off_bpb = _val_bpb(config, off_state, val_tokens, luts, args.seq_len)
+
+    def score(sd):
+        return _val_bpb(config, sd, val_tokens, luts, args.seq_len)
+
+    base_bpb = score(state)
+    hessians, calib_seconds = collect_hessians(config, state, args.data_path, args.calib_batches, args.calib_tokens,
+                                               args.seq_len)
     lines = [
         f"checkpoint {args.checkpoint}: {num_params:,} params, config {json.dumps(config)}",
         f"val: {val_tokens.numel() - 1:,} tokens, seq_len {args.seq_len}; prequant val_bpb {base_bpb:.5f}",
+        f"GPTQ calibration: {args.calib_batches} train batches x {args.calib_tokens} tokens, {len(hessians)} Hessians, "
+        f"{calib_seconds:.1f} s (CPU)",
         "",
-        "| policy | packing | compressor | bytes | bytes/param | vs official | estimate | d val_bpb | rel_mse | seconds |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        f"| official int8 (torch.save) | int8 | zlib-9 | {off_bytes:,} | {off_bytes / num_params:.4f} | +0.0% | "
-        f"| {off_bpb - base_bpb:+.5f} | | |",
+        "Frontier (block matrices at `bits`, embedding int8; bytes = smallest encoding):",
+        "",
+        "| bits | method | bytes | bits/param | d val_bpb | rel_mse | encoding | seconds |",
+        "|---:|---|---:|---:|---:|---:|---|---:|",
     ]
-    shapes = {k: tuple(v.shape) for k, v in state.items()}
-    for label, policy in POLICIES.items():
-        t0 = time.perf_counter()
-        entries, rel_mse = quantize_state_dict(state, policy)
-        q_seconds = time.perf_counter() - t0
-        estimate = estimate_artifact_bytes(shapes, policy)
-        blob_for_eval, rows = None, []
-        for packing in QUANT_PACKINGS:
-            raw = quant_build_payload(entries, config, policy.to_dict(), packing)
-            for comp in QUANT_COMPRESSORS:
-                t1 = time.perf_counter()
-                blob = quant_wrap_container(raw, comp)
-                rows.append((packing, comp, len(blob), q_seconds + time.perf_counter() - t1))
-                blob_for_eval = blob_for_eval or blob
-        sd, _, _ = decode_artifact(blob_for_eval)
-        d_bpb = _val_bpb(config, sd, val_tokens, luts, args.seq_len) - base_bpb
-        best = min(r[2] for r in rows)
-        for packing, comp, nbytes, seconds in rows:
-            mark = " **(auto)**" if nbytes == best else ""
-            lines.append(f"| {label} | {packing} | {comp}{mark} | {nbytes:,} | {nbytes / num_params:.4f} | "
-                         f"{100 * (nbytes / off_bytes - 1):+.1f}% | {estimate:,} | {d_bpb:+.5f} | {rel_mse:.2e} | {seconds:.1f} |")
+    rows = frontier_rows(state, config, hessians, score, args.bits, args.compressor)
+    for r in rows:
+        lines.append(f"| {r['bits']} | {r['method']} | {r['bytes']:,} | {8 * r['bytes'] / num_params:.3f} | "
+                     f"{r['val_bpb'] - base_bpb:+.5f} | {r['rel_mse']:.2e} | {r['encoding']} | {r['seconds']:.1f} |")
+    by = {(r["bits"], r["method"]): r["val_bpb"] - base_bpb for r in rows}
+    if (5, "full GPTQ") in by:
+        lite, full = by[5, "GPTQ-lite"], by[5, "full GPTQ"]
+        ratio = full / lite if lite > 0 else float("nan")
+        lines += ["", f"int5 check: full GPTQ d val_bpb {full:+.5f} / GPTQ-lite {lite:+.5f} = {ratio:.2f} "
+                      f"({'PASS' if ratio <= 0.7 else 'FAIL'}: target <= 0.70)"]
+    off_bytes, off_state = official_int8_zlib(state)
+    comp = compressor_rows(state, config)
+    lzma9 = min(r["bytes"] for r in comp if r["compressor"] == "lzma")
+    lines += ["", "Compressors (attn/mlp int6, embedding int8, GPTQ-lite; seconds on a shared, loaded CPU):", "",
+              "| packing | shuffle | compressor | bytes | vs best lzma | seconds |", "|---|---|---|---:|---:|---:|",
+              f"| official torch.save int8 | - | zlib-9 | {off_bytes:,} | {off_bytes - lzma9:+,} | |"]
+    best = min(r["bytes"] for r in comp)
+    for r in comp:
+        lines.append(f"| {r['packing']} | {'on' if r['shuffle'] else 'off'} | {r['compressor']}"
+                     f"{' **(auto)**' if r['bytes'] == best else ''} | {r['bytes']:,} | {r['bytes'] - lzma9:+,} | "
+                     f"{r['seconds']:.1f} |")
+    lines.append(f"(official baseline d val_bpb {score(off_state) - base_bpb:+.5f})")
     return "\n".join(lines)
 
 
 def run_calibration() -> str:
-    """Compressed bits per value of Gaussian rows (GPTQ-lite, int8 containers, best compressor)."""
+    """Compressed bits per value of Gaussian rows (GPTQ-lite, int8 containers, each compressor)."""
     torch.manual_seed(0)
-    lines = ["| bits | row length | zlib | zstd | lzma |", "|---:|---:|---:|---:|---:|"]
+    lines = ["| bits | row length | " + " | ".join(QUANT_COMPRESSORS) + " |", "|---:|---:|" + "---:|" * len(QUANT_COMPRESSORS)]
     for bits in range(2, 9):
         for row_len in (512, 2048):
             w = torch.randn(2_000_000 // row_len, row_len)
@@ -155,8 +230,12 @@ def main(argv=None) -> int:
     parser.add_argument("checkpoint", nargs="?")
     parser.add_argument("--data-path")
     parser.add_argument("--tokenizer")
-    parser.add_argument("--val-tokens", type=int, default=131_072)
+    parser.add_argument("--val-tokens", type=int, default=65_536)
     parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--calib-batches", type=int, default=64)
+    parser.add_argument("--calib-tokens", type=int, default=8192, help="train tokens per calibration batch")
+    parser.add_argument("--bits", default="8,6,5,4", help="comma-separated block-matrix bit widths")
+    parser.add_argument("--compressor", default="auto", choices=("auto",) + QUANT_COMPRESSORS)
     parser.add_argument("--out", help="also write the table to this file")
     parser.add_argument("--calibrate", action="store_true")
     args = parser.parse_args(argv)
@@ -165,6 +244,14 @@ def main(argv=None) -> int:
     else:
         if not (args.checkpoint and args.data_path and args.tokenizer):
             parser.error("checkpoint, --data-path and --tokenizer are required (or --calibrate)")
+        try:
+            args.bits = [int(b) for b in args.bits.split(",")]
+            if not all(2 <= b <= 8 for b in args.bits) or min(args.val_tokens, args.calib_batches, args.calib_tokens) < 1 \
+                    or args.calib_tokens % args.seq_len:
+                raise ValueError
+        except ValueError:
+            parser.error(f"--bits {args.bits!r}: expected integers in 2..8; counts >= 1; --calib-tokens a multiple of "
+                         "--seq-len")
         text = run_bench(args)
     print(text)
     if args.out:

@@ -56,7 +56,7 @@ RECORD_TRAIN_LIMIT_SECONDS = 600.0
 RECORD_EVAL_LIMIT_SECONDS = 600.0
 RECORD_TRACKS = ("track_10min_16mb", "track_non_record_16mb")
 RECORD_IGNORED_HYPERPARAMETERS = ("seed", "run_id", "out_dir")
-RECORD_RUNTIME_PACKAGES = ("torch", "numpy", "sentencepiece", "zstandard", "safetensors")
+RECORD_RUNTIME_PACKAGES = ("torch", "numpy", "sentencepiece", "zstandard", "brotli", "safetensors")
 LOG_CODE_SEPARATOR = "=" * 100
 SMOKE_RUN_ID = "record_smoke"
 SMOKE_VAL_MAX_TOKENS = 4096  # the smoke run evaluates on this many val tokens: proves the eval runs, scores nothing

@@ -1,0 +1,68 @@
+"""The budget fit: the most precise per-tensor bit widths whose artifact fits BYTE_BUDGET.
+
+Every matrix the fit may change (QuantPolicy.fittable: its group's bits not set, no override)
+starts at int8. While the artifact is over budget, the fit takes the one-bit step (one tensor,
+int8 -> 7 -> 6 -> 5) with the smallest error increase per byte saved, in stages:
+  0. block matrices (attention, MLP, other) down to int5;
+  1. then the embedding down to int5 (the tied embedding is also the output head: last);
+  2. then block matrices down to int4; beyond that the export fails with the numbers.
+The same greedy runs twice (quant.artifact.export_artifact for the second):
+  - before training (`fit_policy`), on the size estimate (quant/estimate.py) with a prior error
+    model, so that late QAT trains for the bits that will be stored: a one-bit step multiplies a
+    tensor's error by about 4 (error ~ 4**-bits), scaled by QUANT_FIT_PRIOR per group (MLP
+    least sensitive: the records stored MLP at int5 with attention at int6, e.g. PR #1773);
+  - at export, only if the real compressed artifact is still over budget, with measured errors:
+    the relative layer-output error tr(dW H dW^T) / tr(W H W^T) under the calibration Hessian H
+    (relative Frobenius error without one), and steps until the estimated saving, scaled by the
+    real / estimated size ratio, covers the overshoot; then it compresses again.
+Each step is logged; the chosen bits live in QuantPolicy.fitted (stored in the artifact header).
+
+Size note: bundled into the counted train_gpt.py.
+"""
+
+import collections
+
+from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
+
+QUANT_FIT_PRIOR = {"mlp": 1.0, "attn": 2.0, "other": 2.0, "embed": 4.0}
+
+
+def quant_fit_step(policy, shapes, score):
+    """The fit's next step (name, new bits) or None when no tensor can step down.
+
+    shapes: name -> shape of the state dict's float tensors; score(name, new_bits) -> error
+    increase of that step (any consistent unit); the step with the lowest (stage, score per
+    estimated byte saved) wins, ties to the earlier name.
+    """
+    best = None
+    for name, shape in shapes.items():
+        if not policy.fittable(name, shape):
+            continue
+        b, embed = policy.bits_for(name, shape), policy.group_of(name, shape) == "embed"
+        if b > (5 if embed else 4):
+            key = (1 if embed else 0 if b > 5 else 2,
+                   score(name, b - 1) / max(1e-9, estimate_tensor_bytes(shape, b) - estimate_tensor_bytes(shape, b - 1)))
+            if best is None or key < best[0]:
+                best = key, name, b - 1
+    return best and best[1:]
+
+
+def fit_policy(policy, shapes, model_budget_bytes, log=print):
+    """Before training: the policy whose estimated artifact fits model_budget_bytes (budget minus code).
+
+    shapes: name -> shape tuple of the model's parameters. Returns the policy with the chosen bits
+    in `fitted` (unchanged when QUANT_FIT=0 or nothing is fittable); logs every step and the
+    result. If even the last step does not fit, returns the smallest policy (the export then fails
+    with the real numbers).
+    """
+    num_steps = 0
+    while (est := estimate_artifact_bytes(shapes, policy)) > model_budget_bytes:
+        step = quant_fit_step(policy, shapes, lambda n, b: QUANT_FIT_PRIOR[policy.group_of(n, shapes[n])] * 4.0 ** -b)
+        if not step:
+            break
+        policy, num_steps = policy.with_bits(*step), num_steps + 1
+        log(f"quant_fit step:{num_steps} {step[0]} -> int{step[1]}")
+    bits = collections.Counter(policy.bits_for(n, s) for n, s in shapes.items())
+    log(f"quant_fit: {num_steps} steps, estimated model bytes {est} (budget {model_budget_bytes}), tensors per bits "
+        + " ".join(f"int{b}:{c}" for b, c in sorted(((b, c) for b, c in bits.items() if b), reverse=True)))
+    return policy

@@ -1,0 +1,91 @@
+"""Full GPTQ: per-row intN quantization with error feedback through the inverse input Hessian.
+
+Source: Frantar et al. 2022, "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
+Transformers" (arXiv:2210.17323): quantize the columns of W [R, C] one at a time; the rounding
+error of column j, divided by the j-th diagonal of the upper Cholesky factor U of H^-1, is pushed
+onto the not yet quantized columns through row j of U, which minimizes the layer-output error
+||(W - Q) X||^2 for the calibration inputs X (H = X^T X). Lazy batch updates over blocks of 128
+columns, damping 1% of the mean diagonal, columns in descending diag(H) order (act-order).
+In parameter golf: PR #535 (-0.0026 bpb over percentile clip search at int6), PR #1422 (about
+-0.007 on one GPU over round-to-nearest), Hessians from training batches inside the 600 s with
+the solve after the clock (GPTQ_RESERVE_SECONDS; about 7 s for 64 batches on one H100, PR #1763).
+
+Scales are per row and fixed before the solve, exactly as quant.core computes them for a clip
+quantile, so the artifact format does not change. The clip is chosen per row among the GPTQ-lite
+quantiles by the Hessian-weighted error (every candidate is solved at once: the rows are
+independent given H). With H = I there is no feedback and the result is round-to-nearest.
+GPTQ runs where the weights are (the export's CPU copy: deterministic).
+
+Size note: bundled into the counted train_gpt.py.
+"""
+
+import contextlib
+import math
+import time
+
+import torch
+
+from quant.core import QUANT_CLIP_QUANTILES, quantize_per_row
+
+
+def gptq_quantize(w, h, bits, clips=QUANT_CLIP_QUANTILES):
+    """Full GPTQ of w [R, C] (float, CPU or CUDA) with input Hessian h [C, C] (X^T X, any positive scale).
+
+    Returns (q int8 [R, C] in [-qmax, qmax], scale float16 [R], clip float): each row keeps the
+    clip quantile of `clips` (ties to the earlier) whose GPTQ result has the lowest
+    (w - w') h (w - w')^T; clip is the mean chosen quantile (informational). Blocks of 128 columns,
+    damping 1% of the mean diagonal (the factorization runs in float64: h + damping is positive
+    definite even for inputs that never fire or fewer samples than columns). ValueError for bits
+    outside 2..8.
+    """
+    m, (r, c), k = (1 << bits - 1) - 1, w.shape, len(clips)
+    w = w.detach().float()
+    s = torch.cat([quantize_per_row(w, bits, p)[1].float() for p in clips])  # [K*R]: the candidates as extra rows
+    h = h.to(w)
+    o = torch.argsort(h.diagonal(), descending=True, stable=True)  # act-order
+    g = h[o][:, o].double()
+    g = torch.linalg.cholesky(g + 0.01 * g.diagonal().mean() * torch.eye(c, dtype=g.dtype, device=g.device))
+    u = torch.linalg.cholesky(torch.cholesky_inverse(g), upper=True).to(w)  # upper Cholesky factor of H^-1
+    x, q = w[:, o].repeat(k, 1), w.new_empty(k * r, c)
+    for i in range(0, c, 128):
+        j = min(i + 128, c)
+        b, e = x[:, i:j], w.new_empty(k * r, j - i)  # b: a view, updated in place
+        for t in range(j - i):
+            q[:, i + t] = z = torch.round(b[:, t] / s).clamp(-m, m)
+            e[:, t] = (b[:, t] - z * s) / u[i + t, i + t]
+            b[:, t + 1:] -= e[:, t:t + 1] * u[i + t, i + t + 1:j]
+        x[:, j:] -= e @ u[i:j, j:]  # the block's error, pushed onto the later columns at once
+    q = q[:, o.argsort()]
+    d = q * s[:, None] - w.repeat(k, 1)
+    a, n = ((d @ h) * d).sum(1).view(k, r).argmin(0), torch.arange(r, device=w.device)  # argmin: the first minimum
+    return q.view(k, r, c)[a, n].to(torch.int8), s.view(k, r)[a, n].half(), sum(clips[i] for i in a.tolist()) / r
+
+
+@torch.no_grad()
+def collect_gptq_hessians(model, next_batch, num_batches, deadline=math.inf, autocast=contextlib.nullcontext):
+    """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, over training batches.
+
+    next_batch() -> (x, y) int64 [B, T] token batches (the trainer's train loader: calibration never
+    touches val tokens); model(x, y) runs the forward (its output is ignored). Reads up to
+    num_batches batches (at least one, so that every rank has every H to average), stopping early
+    once time.perf_counter() passes `deadline`. Returns ({"<module>.weight": H float32 [C, C] on
+    the model's device}, number of batches read).
+    """
+    sums, last, n = {}, [None], 0
+
+    def hook(mod, args, out):
+        if args[0] is not last[0]:  # c_q, c_k, c_v share one input: one product
+            a = args[0].flatten(0, -2).float()
+            last[:] = args[0], a.T @ a, len(a)
+        h, c = sums.get(mod, (0, 0))
+        sums[mod] = last[1] + h, c + last[2]
+
+    hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    while n < num_batches and (n == 0 or time.perf_counter() < deadline):
+        with autocast():
+            model(*next_batch())
+        n += 1
+    for x in hooks:
+        x.remove()
+    names = {m: k + ".weight" for k, m in model.named_modules()}
+    return {names[m]: h / c for m, (h, c) in sums.items()}, n

@@ -1,0 +1,143 @@
+"""quant/gptq.py: full GPTQ against round-to-nearest and GPTQ-lite, the identity-Hessian case, and the
+calibration Hessians (every linear's inputs, train shards only, inside the trainer's clock)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from quant.core import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
+from quant.gptq import collect_gptq_hessians, gptq_quantize
+
+
+def _calibration_inputs(n=4096, c=160, seed=0):
+    """Correlated inputs with a few large channels, like a transformer's activations: x [n, c]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, generator=g) @ (torch.randn(c, c, generator=g) / c ** 0.5) + 0.3 * torch.randn(n, c, generator=g)
+    x[:, :5] *= 6
+    return x
+
+
+def _output_error(w, x, q, s):
+    return float(((dequantize_per_row(q, s) - w) @ x.T).square().sum())
+
+
+@pytest.mark.parametrize("bits", [3, 4, 5, 6, 8])
+def test_gptq_output_error_is_lower_than_round_to_nearest(bits):
+    x = _calibration_inputs()
+    w = torch.randn(48, x.shape[1], generator=torch.Generator().manual_seed(bits)) * 0.05
+    h = x.T @ x / len(x)
+    rtn = _output_error(w, x, *quantize_per_row(w, bits))
+    lite = _output_error(w, x, *gptq_lite_quantize(w, bits)[:2])
+    one_clip = _output_error(w, x, *gptq_quantize(w, h, bits, (1.0,))[:2])
+    full = _output_error(w, x, *gptq_quantize(w, h, bits)[:2])
+    assert one_clip < 0.8 * rtn and full < 0.8 * lite, (rtn, lite, one_clip, full)
+    assert full <= one_clip * (1 + 1e-5)  # each row keeps its best clip, 1.0 included
+
+
+@pytest.mark.parametrize("bits", [2, 4, 5, 6, 8])
+def test_identity_hessian_equals_round_to_nearest(bits):
+    w = torch.randn(40, 200, generator=torch.Generator().manual_seed(bits))  # 200 columns: two GPTQ blocks
+    w[3, 7] = 25.0  # an outlier row: its clip quantile matters
+    for clip in QUANT_CLIP_QUANTILES:
+        q, s, chosen = gptq_quantize(w, 3.0 * torch.eye(200), bits, (clip,))
+        q0, s0 = quantize_per_row(w, bits, clip)
+        assert torch.equal(q, q0) and torch.equal(s, s0) and chosen == pytest.approx(clip)
+    # with every candidate, each row keeps the clip with the lowest squared error (ties: the earlier one)
+    q, s, _ = gptq_quantize(w, torch.eye(200), bits)
+    row_err = (dequantize_per_row(q, s) - w).square().sum(1)
+    for clip in QUANT_CLIP_QUANTILES:
+        assert (row_err <= (dequantize_per_row(*quantize_per_row(w, bits, clip)) - w).square().sum(1)).all()
+
+
+def test_gptq_handles_dead_and_rank_deficient_inputs_deterministically():
+    x = _calibration_inputs(n=40, c=64)  # fewer samples than columns: H is singular
+    x[:, 10] = 0  # an input that never fires
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    h = x.T @ x
+    q, s, clip = gptq_quantize(w, h, 4)
+    assert q.dtype == torch.int8 and q.abs().max() <= 7 and s.dtype == torch.float16 and 0.999 <= clip <= 1.0
+    assert torch.equal(q, gptq_quantize(w, h.clone(), 4)[0])
+    assert _output_error(w, x, q, s) < _output_error(w, x, *quantize_per_row(w, 4))
+
+
+def _tiny_gpt(train_gpt, vocab_size=1024, **extra):
+    env = {"NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8",
+           "XSA_LAST_N": "1", "VOCAB_SIZE": str(vocab_size), "MLP_MULT": "2", **extra}
+    hp = train_gpt.Hyperparameters.from_env(env, log=lambda msg: None)
+    torch.manual_seed(0)
+    model = train_gpt.GPT(**train_gpt.build_model_config(hp))
+    model.init_weights()
+    return model
+
+
+def test_collected_hessians_are_the_inputs_second_moment_of_every_linear():
+    train_gpt = pytest.importorskip("train_gpt")
+    model = _tiny_gpt(train_gpt, vocab_size=64, TIE_EMBEDDINGS="0")
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 64, (3, 16), generator=g) for _ in range(5)]
+    inputs, handles = {}, []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear):
+            handles.append(module.register_forward_hook(
+                lambda m, a, o, name=name: inputs.setdefault(name + ".weight", []).append(a[0].reshape(-1, a[0].shape[-1]))))
+    with torch.no_grad():
+        for x in batches:
+            model(x, x)
+    for handle in handles:
+        handle.remove()
+    stream = iter(batches)
+    hessians, n = collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 5)
+    assert n == 5 and len(hessians) == len(inputs) == 2 * 6  # (the untied head is applied by F.linear: no module)
+    for name, xs in inputs.items():
+        x = torch.cat(xs)
+        torch.testing.assert_close(hessians[name], x.T @ x / len(x), rtol=1e-5, atol=1e-6)
+    assert torch.equal(hessians["blocks.0.attn.c_q.weight"], hessians["blocks.0.attn.c_v.weight"])  # one input
+    assert hessians["blocks.1.mlp.proj.weight"].shape == (64, 64) and not model._forward_hooks
+    # the deadline stops it early, after at least one batch (every rank must have every H)
+    stream = iter(batches)
+    assert collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 5, deadline=0)[1] == 1
+
+
+def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp1024_model, monkeypatch, tmp_path):
+    """train() with QUANT_GPTQ=1 reserves GPTQ_RESERVE_SECONDS, then reads its calibration batches through
+    the train loader: every shard file opened during train() is a train shard, never a val shard."""
+    train_gpt = pytest.importorskip("train_gpt")
+    import json
+
+    from eval.shards import list_shards
+    from quant.policy import QuantPolicy
+    from tools.prepare_data import prepare_jsonl_dataset
+
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in real_text_docs[:40]))
+    dataset = tmp_path / "small_shards"  # 4096-token shards: the calibration stream wraps around all of them
+    prepare_jsonl_dataset([tmp_path / "docs.jsonl"], sp1024_model, dataset, num_val_docs=10, shard_tokens=4096,
+                          progress=False, log=lambda msg: None)
+    num_train_tokens = sum(p.stat().st_size - 1024 for p in list_shards(dataset, "train")) // 2
+
+    opened, real_load = [], train_gpt.load_data_shard
+    monkeypatch.setattr(train_gpt, "load_data_shard", lambda path: opened.append(Path(path).name) or real_load(path))
+    monkeypatch.setattr(train_gpt, "load_validation_tokens", lambda *a, **k: pytest.fail("val tokens loaded"))
+    env = {"PRESET": "smoke", "NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2",
+           "ROPE_DIMS": "8", "XSA_LAST_N": "1", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "2048",
+           "ITERATIONS": "2", "MAX_WALLCLOCK_SECONDS": "500", "GPTQ_RESERVE_SECONDS": "5",
+           "GPTQ_CALIB_BATCHES": str(num_train_tokens // 2048 + 2), "EMA_DECAY": "0", "DATA_PATH": str(dataset)}
+    hp = train_gpt.Hyperparameters.from_env(env, log=lambda msg: None)
+    logs = []
+    ctx = train_gpt.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
+    ctx.log = lambda msg="", console=True: logs.append(msg)
+    torch.manual_seed(0)
+    model = train_gpt.GPT(**train_gpt.build_model_config(hp))
+    model.init_weights()
+    model.configure_qat(QuantPolicy(gptq=True))
+    loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    steps = train_gpt.train(ctx, hp, model, loader, 0.0)[0]
+    train_names = [p.name for p in list_shards(dataset, "train")]
+    assert steps == 2 and len(train_names) > 5 and sorted(set(opened)) == train_names  # wrapped around the split
+    assert not set(opened) & {p.name for p in list_shards(dataset, "val")}
+    assert "gptq_reserve_seconds:5.0 training cap:495000ms" in logs
+    line = next(m for m in logs if m.startswith("gptq_calibration"))
+    assert line.startswith(f"gptq_calibration batches:{hp.gptq_calib_batches} tokens:{hp.gptq_calib_batches * 2048} ")
+    assert "reserve:5000ms" in line
+    linears = [n + ".weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(model.gptq_hessians) == sorted(linears) and len(linears) == 12
