@@ -195,8 +195,6 @@ class Hyperparameters:
             *((n, getattr(self, n.lower()) <= 1, "a fraction in [0, 1]") for n in (
                 "WARMDOWN_FRAC", "QAT_START_FRAC", "EMA_DECAY")),
             ("ITERATIONS", self.max_wallclock_seconds > 0 or self.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
-            ("GPTQ_RESERVE_SECONDS", not self.max_wallclock_seconds or self.gptq_reserve_seconds < self.max_wallclock_seconds,
-             f"< MAX_WALLCLOCK_SECONDS={self.max_wallclock_seconds}"),
             ("RESUME", not self.resume or not self.max_wallclock_seconds, "only with MAX_WALLCLOCK_SECONDS=0"),
         ):
             if not ok:
@@ -850,6 +848,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     optimizers = build_optimizers(model, hp, is_cuda, ctx.rank, ctx.world_size, use_compile)
     ema = EMA(model, hp.ema_decay) if hp.ema_decay > 0 else None
     gptq_reserve = hp.gptq_reserve_seconds * (model.gptq_hessians is not None and hp.max_wallclock_seconds > 0)
+    if gptq_reserve >= hp.max_wallclock_seconds > 0:  # (checked here: only QUANT_GPTQ=1 reserves time)
+        raise ValueError(f"GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds}: expected < MAX_WALLCLOCK_SECONDS="
+                         f"{hp.max_wallclock_seconds} with QUANT_GPTQ=1")
     cap_ms = 1000.0 * (hp.max_wallclock_seconds - gptq_reserve)
     if gptq_reserve:
         ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
@@ -1180,7 +1181,8 @@ def finish_run(ctx, hp, model, config, policy, code_bytes, artifact_path, val_to
                    tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest())
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
-        summary.update({k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing")})
+        summary.update({k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle",
+                                               "fit_steps")})
         ctx.log(f"Total submission size: {summary['bytes_total']} bytes")
     if ctx.world_size > 1:
         dist.barrier()

@@ -103,6 +103,7 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     """train() with QUANT_GPTQ=1 reserves GPTQ_RESERVE_SECONDS, then reads its calibration batches through
     the train loader: every shard file opened during train() is a train shard, never a val shard."""
     train_gpt = pytest.importorskip("train_gpt")
+    import dataclasses
     import json
 
     from eval.shards import list_shards
@@ -131,6 +132,11 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     model.init_weights()
     model.configure_qat(QuantPolicy(gptq=True))
     loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    no_time_left = dataclasses.replace(hp, max_wallclock_seconds=5.0)  # a 5 s reserve of a 5 s cap: refused up front
+    num_opened = len(opened)
+    with pytest.raises(ValueError, match=r"^GPTQ_RESERVE_SECONDS=5\.0: expected < MAX_WALLCLOCK_SECONDS=5\.0 with QUANT_GPTQ=1$"):
+        train_gpt.train(ctx, no_time_left, model, loader, 0.0)
+    assert len(opened) == num_opened and not logs  # no batch read, nothing logged
     steps = train_gpt.train(ctx, hp, model, loader, 0.0)[0]
     train_names = [p.name for p in list_shards(dataset, "train")]
     assert steps == 2 and len(train_names) > 5 and sorted(set(opened)) == train_names  # wrapped around the split

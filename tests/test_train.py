@@ -86,6 +86,9 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     # the budget fit keeps int8 everywhere (it fits); QUANT_GPTQ=1 (default) calibrates on 4 train batches
     # (smoke preset) after the loop; no wallclock cap here, so no reservation
     assert "quant_fit: 0 steps" in log and "tensors per bits int8:13" in log and result["quant_policy"]["gptq"] is True
+    assert result["fit_steps"] == [] and result["shuffle"] in (True, False) and (
+        f"quant export: {result['packing']}{'+shuffle' * result['shuffle']}+{result['compressor']} model "
+        f"{result['bytes_model']} + code ") in log
     assert re.search(r"gptq_calibration batches:4 tokens:4096 time:\d+ms reserve:0ms", log)
     assert not re.search(r"^gptq_reserve_seconds:\d", log, re.M)
     # SAVE_PREQUANT=1 leaves the float weights and the config for tools/bench_quant.py
@@ -198,7 +201,7 @@ def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
     cap_s = 6.0
     env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="capped", MAX_WALLCLOCK_SECONDS=cap_s,
                       ITERATIONS=1_000_000, TRAIN_LOG_EVERY=1_000_000, WARMDOWN_FRAC=0.5, QAT_START_FRAC=0.5,
-                      SKIP_FINAL_EVAL=1)
+                      SKIP_FINAL_EVAL=1, QUANT_GPTQ=0)  # (GPTQ would stop the loop GPTQ_RESERVE_SECONDS early)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     seen = []  # (progress, lr multiplier) as the loop asks for them: once per param group per step

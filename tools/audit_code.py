@@ -16,7 +16,7 @@ The forms seen in openai/parameter-golf records and in our bundler (tools/bundle
 `unpack_script` parses the file with `ast` (which honours the coding cookie), finds the top-level
 `exec(...)` calls and evaluates their argument with a small interpreter that knows only literals,
 the module aliases bound by the stub's imports, a whitelist of pure decoders (lzma / zlib / bz2 /
-gzip / zstandard decompress, base64 decoders, `bytes.decode`, `str.encode`, `bytes.fromhex`,
+gzip / zstandard / brotli decompress, base64 decoders, `bytes.decode`, `str.encode`, `bytes.fromhex`,
 tools/bundle.py's base93 lambda, recognized by its exact text and computed by `base93_value`, and
 `int.to_bytes`) and
 `open(<sibling of __file__>).read()`. Nothing of the file is executed, imported or compiled to
@@ -106,10 +106,17 @@ def _zstd_decompress(data, max_output_size=0):
                    "zstandard.decompress")
 
 
+def _brotli_decompress(data):
+    import brotli
+
+    return _capped(brotli.Decompressor().process(data, output_buffer_limit=MAX_UNPACKED_BYTES + 1), "brotli.decompress")
+
+
 # (module, function) -> the pure decoder it names
 _FUNCTIONS = {("lzma", "decompress"): _lzma_decompress, ("zlib", "decompress"): _zlib_decompress,
               ("bz2", "decompress"): _bz2_decompress, ("gzip", "decompress"): _gzip_decompress,
               ("zstandard", "decompress"): _zstd_decompress, ("zstd", "decompress"): _zstd_decompress,
+              ("brotli", "decompress"): _brotli_decompress,
               **{("base64", name): getattr(base64, name) for name in _BASE64_DECODERS if hasattr(base64, name)},
               ("binascii", "a2b_base64"): binascii.a2b_base64, ("binascii", "unhexlify"): binascii.unhexlify,
               ("bundle", "base93"): base93_value,

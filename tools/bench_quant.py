@@ -137,6 +137,7 @@ def frontier_rows(state, config, hessians, score, bits_list, compressor="auto") 
                 rows.append(dict(bits=bits, method=label, bytes=report["bytes_model"], val_bpb=score(loaded),
                                  rel_mse=report["rel_mse"], seconds=seconds,
                                  encoding=f"{report['packing']}{'+shuffle' * report['shuffle']}+{report['compressor']}"))
+                print(f"done: {rows[-1]}", file=sys.stderr, flush=True)  # progress: a CPU run takes many minutes
     return rows
 
 
@@ -174,6 +175,7 @@ def run_bench(args) -> str:
         return _val_bpb(config, sd, val_tokens, luts, args.seq_len)
 
     base_bpb = score(state)
+    print(f"prequant val_bpb {base_bpb:.5f}", file=sys.stderr, flush=True)
     hessians, calib_seconds = collect_hessians(config, state, args.data_path, args.calib_batches, args.calib_tokens,
                                                args.seq_len)
     lines = [
