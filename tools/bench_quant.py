@@ -8,14 +8,23 @@ GPTQ-lite and full GPTQ at int8/6/5/4, and the table of entropy coders.
 
 Checkpoint: a .safetensors state dict whose metadata "model_config" holds the GPT config JSON (the
 trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The CPU checkpoint of the
-issue-10 note was made with (2 shared CPU cores, about 3 h; the weights after 200 Muon steps,
-0.8 M tokens, warmdown over the second half, EMA, no QAT so that no bit width is favoured):
+issue-10 note (PRESET=smoke: 4 layers, dim 256, sp1024, 2.6 M params) trained for a 30-minute
+wallclock cap, niced, on 2 CPU cores shared with ~5 other jobs: 19 Muon steps of 4,096 tokens
+(80 s a step on that machine; warmdown over the second half of the clock, EMA with warmup, no QAT
+so that no bit width is favoured), prequant val_bpb 3.176 on the first 32,768 val tokens:
 
   python tools/prepare_data.py jsonl --input ../shared/data/text/fineweb_edu.jsonl \\
       --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model --out data/datasets/fwedu_sp1024 --val-docs 200
   PRESET=smoke DATA_PATH=data/datasets/fwedu_sp1024 TOKENIZER_PATH=../shared/data/tokenizers/fineweb_1024_bpe.model \\
-      MAX_WALLCLOCK_SECONDS=0 ITERATIONS=200 TRAIN_BATCH_TOKENS=4096 QAT_START_FRAC=0 QUANT_GPTQ=0 \\
-      SAVE_PREQUANT=1 SKIP_FINAL_EVAL=1 RUN_ID=bench_ckpt SEED=1 python train_gpt.py
+      MAX_WALLCLOCK_SECONDS=1800 TRAIN_BATCH_TOKENS=4096 QAT_START_FRAC=0 QUANT_GPTQ=0 \\
+      SAVE_PREQUANT=1 SKIP_FINAL_EVAL=1 RUN_ID=bench_ckpt2 SEED=1 nice -n 10 python train_gpt.py
+  nice -n 10 python tools/bench_quant.py runs/bench_ckpt2/prequant.safetensors --data-path data/datasets/fwedu_sp1024 \\
+      --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model --val-tokens 32768 --calib-batches 16 \\
+      --calib-tokens 2048 --compressor brotli
+
+On a quiet machine use ITERATIONS=200 MAX_WALLCLOCK_SECONDS=0 and the defaults of this script
+(more trained weights, 65,536 val tokens, 64 x 8,192 calibration tokens); rows print to stderr as
+they finish.
 
 Frontier: the block matrices (attention + MLP) at each --bits, the embedding at int8, float16
 control tensors, QUANT_FIT off; per method the artifact is exported with every encoding candidate
