@@ -56,17 +56,30 @@ H100_BF16_PEAK_FLOPS = 989e12
 # Preset defaults. `1xh100` starts from the single-H100 reference run (PR #1559): 8x512, GQA 8/4,
 # MLP 3x relu^2, seq 2048, partial RoPE 32/64, XSA on the last 2 layers, Muon lr 0.032 WD 0.02,
 # AdamW WD 0.04, EMA 0.997, 524,288 tokens/step. `8xh100` follows the 8xH100 records (11 layers,
-# 786,432 tokens/step, XSA on the last 4). `smoke` is sized for a CPU in a couple of minutes.
+# 786,432 tokens/step, XSA on the last 4). `smoke` is sized for a CPU in a few minutes.
+#
+# Schedules are fractions of the run (of MAX_WALLCLOCK_SECONDS, or of ITERATIONS without a cap), so
+# a shorter or slower run keeps the recipe's shape. Each preset states the run length it was set for
+# (EXPECTED_STEPS) and writes the records' step values as fractions of it: at that length they
+# resolve to the records' 1500-step Muon momentum warmup and EMA decay 0.997 (horizon 1/(1-0.997)
+# = 333 steps). The records' step forms (MUON_MOMENTUM_WARMUP_STEPS, WARMDOWN_ITERS, EMA_DECAY)
+# still work and, when set, replace the fraction. 1xh100: ~1,800-2,100 steps in 600 s (issue 13's
+# estimate; the 8xH100 records' 7,051-7,103 steps x 8 GPUs x 786,432 tokens scaled by 11/8 layers
+# and 524,288 tokens/step gives ~1,800). 8xh100: the records' 7,051-7,103 steps (2026-03-20/21/22).
 PRESETS = {
     "1xh100": {},
-    "8xh100": {"num_layers": 11, "train_batch_tokens": 786_432, "xsa_last_n": 4},
+    "8xh100": {"num_layers": 11, "train_batch_tokens": 786_432, "xsa_last_n": 4, "expected_steps": 7000,
+               "muon_momentum_warmup_frac": 1500 / 7000, "ema_horizon_frac": (1 / 0.003) / 7000},
     "smoke": {
         "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
-        "train_batch_tokens": 8192, "max_wallclock_seconds": 120.0, "warmup_steps": 0, "xsa_last_n": 1,
-        "train_log_every": 10, "muon_momentum_warmup_steps": 50, "eval_batch_seqs": 32,
-        "val_batch_size": 32768, "eval_auto_stride": False, "gptq_calib_batches": 4,
+        "train_batch_tokens": 8192, "max_wallclock_seconds": 240.0, "warmup_steps": 0, "xsa_last_n": 1,
+        "train_log_every": 10, "eval_batch_seqs": 32, "val_batch_size": 32768, "expected_steps": 150,
+        "muon_momentum_warmup_frac": 50 / 150, "ema_horizon_frac": (1 / 0.003) / 150, "eval_auto_stride": False, "gptq_calib_batches": 4,
     },
 }
+# A step form and its fraction of the run: an explicit variable for one of them replaces the other.
+SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"),
+                  ("warmdown_iters", "warmdown_frac"), ("ema_decay", "ema_horizon_frac"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +106,8 @@ class Hyperparameters:
     max_wallclock_seconds: float = 600.0  # 0 = no cap (non-record runs; use ITERATIONS)
     warmup_steps: int = 20  # compile/prime steps before the clock, then state is restored
     warmdown_frac: float = 0.5  # LR decays linearly to 0 over this last fraction of the budget
+    warmdown_iters: int = 0  # records' step form (official WARMDOWN_ITERS): the last N steps; 0 = WARMDOWN_FRAC
+    expected_steps: int = 2000  # the run length (steps) the preset's schedule was set for (logged, see PRESETS)
     val_loss_every: int = 0  # 0 = only the final evaluation
     val_batch_size: int = 524_288
     train_log_every: int = 200
@@ -118,7 +133,8 @@ class Hyperparameters:
     head_lr: float = 0.008  # untied output head (official)
     muon_momentum: float = 0.99
     muon_momentum_warmup_start: float = 0.92
-    muon_momentum_warmup_steps: int = 1500
+    muon_momentum_warmup_steps: int = 0  # records' step form (1500); 0 = MUON_MOMENTUM_WARMUP_FRAC
+    muon_momentum_warmup_frac: float = 1500 / 2000  # 0.92 -> 0.99 over this fraction of the run
     muon_backend_steps: int = 5
     muon_wd: float = 0.02
     adam_wd: float = 0.04
@@ -128,7 +144,9 @@ class Hyperparameters:
     grad_clip_norm: float = 0.3  # 0 = off
     # late QAT and EMA
     qat_start_frac: float = 0.1  # fake-quant switches on for the last fraction of the budget
-    ema_decay: float = 0.997  # 0 = off
+    ema_decay: float = 0.0  # records' step form: a fixed per-step decay (0.997); 0 = EMA_HORIZON_FRAC
+    ema_horizon_frac: float = (1 / 0.003) / 2000  # EMA time constant 1/(1-decay) as a fraction of the run
+    ema_start_frac: float = 0.0  # the EMA starts averaging at this fraction of the run (before: = weights)
     # evaluation and export
     eval_stride: int = 64
     eval_batch_seqs: int = 64
@@ -161,6 +179,10 @@ class Hyperparameters:
             if f.name == "preset" or name not in environ:
                 continue
             values[f.name] = parse_env_value(name, environ[name], f.type)
+        for pair in SCHEDULE_PAIRS:  # MUON_MOMENTUM_WARMUP_STEPS=500 alone replaces the preset's fraction
+            given = [n for n in pair if n.upper() in environ]
+            if len(given) == 1:
+                values[pair[pair.index(given[0]) - 1]] = 0
         warn_unknown_env(environ, log)
         if "run_id" not in values:  # unset: a fresh id; set, it must be a folder name (validate)
             values["run_id"] = f"{preset}_{uuid.uuid4().hex[:8]}"
@@ -182,7 +204,7 @@ class Hyperparameters:
              "a folder name: no '/' or '\\', not empty or dots"),
             *((n, getattr(self, n.lower()) > 0, "> 0") for n in (
                 "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_LAYERS", "NUM_HEADS", "NUM_KV_HEADS", "EVAL_STRIDE",
-                "EVAL_BATCH_SEQS", "TRAIN_LOG_EVERY")),
+                "EVAL_BATCH_SEQS", "TRAIN_LOG_EVERY", "EXPECTED_STEPS")),
             ("MODEL_DIM", self.model_dim % self.num_heads == 0, f"a multiple of NUM_HEADS={self.num_heads}"),
             ("NUM_HEADS", self.num_heads % self.num_kv_heads == 0, f"a multiple of NUM_KV_HEADS={self.num_kv_heads}"),
             ("ROPE_DIMS", self.rope_dims % 2 == 0 and self.rope_dims <= hd, f"even and <= head_dim={hd}"),
@@ -193,7 +215,9 @@ class Hyperparameters:
             ("COMPILE", self.compile in (-1, 0, 1), "-1 (auto), 0 or 1"),
             ("AUTOCAST", self.autocast in ("auto", "bf16", "none"), "auto, bf16 or none"),
             *((n, getattr(self, n.lower()) <= 1, "a fraction in [0, 1]") for n in (
-                "WARMDOWN_FRAC", "QAT_START_FRAC", "EMA_DECAY")),
+                "WARMDOWN_FRAC", "QAT_START_FRAC", "MUON_MOMENTUM_WARMUP_FRAC", "EMA_START_FRAC")),
+            ("EMA_DECAY", self.ema_decay < 1, "< 1"),
+            *((a.upper(), not (getattr(self, a) and getattr(self, b)), f"0 when {b.upper()} is set") for a, b in SCHEDULE_PAIRS),
             ("ITERATIONS", self.max_wallclock_seconds > 0 or self.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
             ("RESUME", not self.resume or not self.max_wallclock_seconds, "only with MAX_WALLCLOCK_SECONDS=0"),
         ):
@@ -650,6 +674,25 @@ def build_optimizers(model: GPT, hp: Hyperparameters, is_cuda: bool, rank: int =
     return optimizers
 
 
+# Schedules. `progress` in [0, 1] is the fraction of the run done: of MAX_WALLCLOCK_SECONDS (or of
+# ITERATIONS, whichever ends the run first). A knob's step form, when set, is converted with the
+# run length in steps: ITERATIONS, or for a wallclock run step / progress (the official script's
+# WARMDOWN_ITERS does the same with its measured step time).
+
+
+def run_steps_estimate(step: int, progress: float, hp: Hyperparameters) -> float:
+    """The run's length in steps: ITERATIONS without a wallclock cap, else step / progress once the
+    clock has run (EXPECTED_STEPS, at most ITERATIONS, before the first step)."""
+    if hp.max_wallclock_seconds <= 0:
+        return float(hp.iterations)
+    return step / progress if step and progress > 0 else float(min(hp.expected_steps, hp.iterations))
+
+
+def warmdown_frac_at(step: int, progress: float, hp: Hyperparameters) -> float:
+    """WARMDOWN_FRAC, or WARMDOWN_ITERS as a fraction of the run."""
+    return hp.warmdown_iters / run_steps_estimate(step, progress, hp) if hp.warmdown_iters else hp.warmdown_frac
+
+
 def lr_multiplier(progress: float, warmdown_frac: float) -> float:
     """1.0, then linear decay to 0 over the last `warmdown_frac` of progress (time or steps)."""
     if warmdown_frac <= 0:
@@ -662,29 +705,54 @@ def qat_active(progress: float, qat_start_frac: float) -> bool:
     return qat_start_frac > 0 and progress >= 1.0 - qat_start_frac
 
 
-def muon_momentum_at(step: int, hp: Hyperparameters) -> float:
-    if hp.muon_momentum_warmup_steps <= 0:
-        return hp.muon_momentum
-    frac = min(1.0, step / hp.muon_momentum_warmup_steps)
+def muon_momentum_at(step: int, hp: Hyperparameters, progress: float = 0.0) -> float:
+    """Linear warmup MUON_MOMENTUM_WARMUP_START -> MUON_MOMENTUM over MUON_MOMENTUM_WARMUP_STEPS
+    steps (records' form, exact), else over the first MUON_MOMENTUM_WARMUP_FRAC of the run."""
+    if hp.muon_momentum_warmup_steps:
+        frac = min(1.0, step / hp.muon_momentum_warmup_steps)
+    else:
+        frac = min(1.0, progress / hp.muon_momentum_warmup_frac) if hp.muon_momentum_warmup_frac else 1.0
     return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
+
+
+def ema_decay_at(step: int, progress: float, hp: Hyperparameters) -> float:
+    """Per-step EMA decay: 0 (follow the weights) before EMA_START_FRAC of the run; then EMA_DECAY,
+    or 1 - 1 / (EMA_HORIZON_FRAC x run length in steps)."""
+    if progress < hp.ema_start_frac:
+        return 0.0
+    if hp.ema_decay:
+        return hp.ema_decay
+    return max(0.0, 1 - 1 / (hp.ema_horizon_frac * run_steps_estimate(step, progress, hp)))
+
+
+def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
+    """One log line: the schedule resolved for a run of `run_steps` steps (ema_decay 0 = EMA off)."""
+    n = max(1.0, run_steps)
+    steps = dict(run_steps=n, expected_steps=hp.expected_steps,
+                 muon_momentum_warmup_steps=hp.muon_momentum_warmup_steps or hp.muon_momentum_warmup_frac * n,
+                 warmdown_steps=min(n, hp.warmdown_iters or hp.warmdown_frac * n), qat_steps=hp.qat_start_frac * n,
+                 ema_start_step=hp.ema_start_frac * n)
+    ema = hp.ema_decay or hp.ema_horizon_frac and max(0.0, 1 - 1 / (hp.ema_horizon_frac * n))
+    return "schedule: " + " ".join(f"{k}:{v:.0f}" for k, v in steps.items()) + f" ema_decay:{ema:.5f}"
 
 
 class EMA:
     """Exponential moving average of the weights in float32: ema <- d * ema + (1 - d) * w.
 
-    d = min(decay, (1 + t) / (10 + t)) at update t (the usual EMA warmup), so short runs average
-    their recent weights instead of staying near the initialization; long runs use `decay`.
+    `update(decay)` uses d = min(decay, (1 + t) / (10 + t)) at update t (the usual EMA warmup), so
+    short runs average their recent weights instead of staying near the initialization; long runs
+    use `decay`. decay = 0 (before EMA_START_FRAC) copies the weights and restarts the warmup.
     """
 
-    def __init__(self, model: nn.Module, decay: float):
-        self.decay, self.num_updates = decay, 0
+    def __init__(self, model: nn.Module):
+        self.num_updates = 0
         self.params = [p for p in model.parameters()]
         self.shadow = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
-    def update(self) -> None:
-        d = min(self.decay, (1 + self.num_updates) / (10 + self.num_updates))
-        self.num_updates += 1
+    def update(self, decay: float) -> None:
+        d = min(decay, (1 + self.num_updates) / (10 + self.num_updates))
+        self.num_updates = self.num_updates + 1 if decay > 0 else 0
         torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - d)
 
     @torch.no_grad()
@@ -846,7 +914,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                                   broadcast_buffers=False) if ctx.world_size > 1 else model
     fwd = torch.compile(ddp, dynamic=False, fullgraph=ctx.world_size == 1) if use_compile else ddp
     optimizers = build_optimizers(model, hp, is_cuda, ctx.rank, ctx.world_size, use_compile)
-    ema = EMA(model, hp.ema_decay) if hp.ema_decay > 0 else None
+    ema = EMA(model) if hp.ema_decay or hp.ema_horizon_frac else None
     gptq_reserve = hp.gptq_reserve_seconds * (model.gptq_hessians is not None and hp.max_wallclock_seconds > 0)
     if gptq_reserve >= hp.max_wallclock_seconds > 0:  # (checked here: only QUANT_GPTQ=1 reserves time)
         raise ValueError(f"GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds}: expected < MAX_WALLCLOCK_SECONDS="
@@ -861,9 +929,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     def one_step(step: int, progress: float) -> torch.Tensor:
         for opt in optimizers:
             for group in opt.param_groups:
-                group["lr"] = group["base_lr"] * lr_multiplier(progress, hp.warmdown_frac)
+                group["lr"] = group["base_lr"] * lr_multiplier(progress, warmdown_frac_at(step, progress, hp))
         for group in optimizers[0].param_groups:
-            group["momentum"] = muon_momentum_at(step, hp)
+            group["momentum"] = muon_momentum_at(step, hp, progress)
         total = torch.zeros((), device=ctx.device)
         for micro in range(accum):
             x, y = loader.next_batch(local_tokens, hp.train_seq_len)
@@ -878,7 +946,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             opt.step()
         model.zero_grad(set_to_none=True)
         if ema:
-            ema.update()
+            ema.update(ema_decay_at(step, progress, hp))
         bad = ~torch.isfinite(total)
         nonfinite_step.copy_(torch.where(bad & (nonfinite_step < 0), step, nonfinite_step))
         return total
@@ -892,7 +960,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         for opt, sd in zip(optimizers, initial[1]):
             opt.load_state_dict(sd)
         loader.seek(*initial[2])
-        ema = EMA(model, hp.ema_decay) if ema else None
+        ema = EMA(model) if ema else None
         nonfinite_step.fill_(-1)
         ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
 
@@ -911,13 +979,14 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         train_ms = 1000.0 * train_seconds
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
+    ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
     with stop_on_signals() as stop:
         ctx.sync()
         t0 = time.perf_counter()
         log_t, log_step = t0, step
         while True:
             elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
-            progress = elapsed_ms / cap_ms if cap_ms > 0 else step / max(1, hp.iterations)
+            progress = min(1.0, max(elapsed_ms / cap_ms if cap_ms > 0 else 0.0, step / max(1, hp.iterations)))
             step_avg = elapsed_ms / max(1, step) if step else 0.0
             want_stop = step >= hp.iterations or bool(stop[0]) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
             last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
@@ -977,6 +1046,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     else:
         ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
                 if step < hp.iterations else f"training done step:{step}")
+    if hp.max_wallclock_seconds > 0:
+        ctx.log(describe_schedule(hp, step))
     return step, train_ms / 1000.0, history(losses).tolist(), stop[0]
 
 

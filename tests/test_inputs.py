@@ -48,7 +48,7 @@ def test_preset_defaults_and_explicit_override():
     assert hp.num_layers == 12 and hp.train_batch_tokens == 786_432 and hp.xsa_last_n == 4
     smoke = Hyperparameters.from_env({"PRESET": "smoke"}, log=lambda *_: None)
     assert (smoke.num_layers, smoke.model_dim, smoke.train_seq_len, smoke.train_batch_tokens) == (4, 256, 256, 8192)
-    assert smoke.max_wallclock_seconds == 120.0
+    assert (smoke.max_wallclock_seconds, smoke.expected_steps) == (240.0, 150)
     default = Hyperparameters.from_env({}, log=lambda *_: None)
     assert (default.preset, default.num_layers, default.train_seq_len, default.eval_stride) == ("1xh100", 8, 2048, 64)
 

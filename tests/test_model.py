@@ -149,12 +149,12 @@ def test_ema_matches_closed_form():
     lin = torch.nn.Linear(3, 2, bias=False)
     with torch.no_grad():
         lin.weight.fill_(1.0)
-    ema = EMA(lin, decay=0.2)
+    ema = EMA(lin)
     expected = torch.ones(2, 3)
     for t, value in enumerate((2.0, 3.0, -1.0, 4.0)):
         with torch.no_grad():
             lin.weight.fill_(value)
-        ema.update()
+        ema.update(0.2)
         d = [0.1, 2 / 11, 0.2, 0.2][t]  # warmup (1 + t) / (10 + t), then capped at the decay
         expected = d * expected + (1 - d) * value
     assert torch.allclose(ema.shadow[0], expected)

@@ -78,6 +78,8 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     assert "MATRIX_LR:0.032" in log and "NUM_LAYERS:2" in log and "torch:" in log
     assert re.search(r"step:8/8 train_loss:\d+\.\d{4} train_time:\d+ms step_avg:[\d.]+ms tok_s:\d+", log)
     assert "late_qat:on step:6" in log  # progress >= 1 - 0.25 at step 6 of 8
+    # the resolved schedule: MUON_MOMENTUM_WARMUP_STEPS=4 (a step count stays a step count), the rest fractions
+    assert "schedule: run_steps:8 expected_steps:150 muon_momentum_warmup_steps:4 warmdown_steps:4 qat_steps:2 " in log
     assert re.search(r"step:4/8 val_loss:\d+\.\d{4} val_bpb:\d+\.\d{4}", log)  # VAL_LOSS_EVERY=4
     assert re.search(r"step:8/8 val_loss:", log)
     m = re.search(r"final_sliding_window_exact val_loss:(\d+\.\d{8}) val_bpb:(\d+\.\d{8}) stride:32", log)

@@ -1,0 +1,122 @@
+"""Schedules relative to the run (issue 13): fractions of the run, the records' step forms, and the
+presets resolving to the records' values at the run length each was set for."""
+
+import pytest
+import torch
+
+from train_gpt import (
+    EMA, Hyperparameters, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active,
+    run_steps_estimate, warmdown_frac_at,
+)
+
+
+def env_hp(**env):
+    return Hyperparameters.from_env({k: str(v) for k, v in env.items()}, log=lambda *_: None)
+
+
+def old_momentum(step, warmup_steps=1500, start=0.92, end=0.99):
+    """The schedule before issue 13 (and of the records): linear over a fixed step count."""
+    frac = min(1.0, step / warmup_steps)
+    return (1 - frac) * start + frac * end
+
+
+@pytest.mark.parametrize("preset,expected_steps", [("1xh100", 2000), ("8xh100", 7000)])
+def test_gpu_presets_resolve_to_the_records_schedule_at_their_expected_length(preset, expected_steps):
+    hp = env_hp(PRESET=preset)
+    assert hp.expected_steps == expected_steps
+    # a 600 s run that takes exactly the expected number of steps: progress = step / expected
+    for step in range(0, expected_steps + 1, 25):
+        progress = step / expected_steps
+        assert muon_momentum_at(step, hp, progress) == pytest.approx(old_momentum(step), abs=1e-12), step
+        assert ema_decay_at(step, progress, hp) == pytest.approx(0.997, abs=1e-12)
+        assert lr_multiplier(progress, warmdown_frac_at(step, progress, hp)) == pytest.approx(
+            min(1.0, (1 - progress) / 0.5))
+    assert describe_schedule(hp, expected_steps) == (
+        f"schedule: run_steps:{expected_steps} expected_steps:{expected_steps} muon_momentum_warmup_steps:1500 "
+        f"warmdown_steps:{expected_steps // 2} qat_steps:{expected_steps // 10} ema_start_step:0 ema_decay:0.99700")
+
+
+def test_fractions_scale_with_the_run_length():
+    hp = env_hp(PRESET="1xh100", MAX_WALLCLOCK_SECONDS=0, ITERATIONS=200)
+    # the same shape at a tenth of the length: momentum warmup over 150 steps, EMA horizon 33.3 steps
+    assert muon_momentum_at(75, hp, 75 / 200) == pytest.approx(0.955)
+    assert muon_momentum_at(150, hp, 150 / 200) == pytest.approx(0.99)
+    assert ema_decay_at(10, 10 / 200, hp) == pytest.approx(1 - 1 / (200 / 6))
+    line = describe_schedule(hp, run_steps_estimate(0, 0.0, hp))
+    assert line == ("schedule: run_steps:200 expected_steps:2000 muon_momentum_warmup_steps:150 warmdown_steps:100 "
+                    "qat_steps:20 ema_start_step:0 ema_decay:0.97000")
+
+
+def test_wallclock_runs_estimate_their_length_from_the_clock():
+    hp = env_hp(PRESET="smoke")  # 240 s cap, set for 150 steps
+    assert run_steps_estimate(0, 0.0, hp) == 150.0
+    assert run_steps_estimate(30, 0.25, hp) == pytest.approx(120.0)  # 30 steps took a quarter of the time
+    assert run_steps_estimate(0, 0.0, env_hp(PRESET="smoke", ITERATIONS=40)) == 40.0
+
+
+def test_warmdown_iters_matches_the_official_wallclock_formula():
+    """Official train_gpt.py: lr scale = remaining_ms / (WARMDOWN_ITERS * step_ms) once remaining_ms is
+    below the warmdown's time; WARMDOWN_ITERS is the records' step form of WARMDOWN_FRAC."""
+    hp = env_hp(PRESET="smoke", WARMDOWN_ITERS=1200)
+    assert hp.warmdown_frac == 0 and hp.warmdown_iters == 1200
+    cap_ms, step_ms = 240_000.0, 1600.0  # 150 steps in the budget: the whole run is in warmdown
+    for step in (1, 10, 75, 149):
+        elapsed = step * step_ms
+        remaining = max(cap_ms - elapsed, 0.0)
+        official = remaining / (1200 * step_ms) if remaining <= 1200 * step_ms else 1.0
+        progress = elapsed / cap_ms
+        assert lr_multiplier(progress, warmdown_frac_at(step, progress, hp)) == pytest.approx(official)
+    iters = env_hp(PRESET="smoke", WARMDOWN_ITERS=50, MAX_WALLCLOCK_SECONDS=0, ITERATIONS=200)
+    assert [lr_multiplier(s / 200, warmdown_frac_at(s, s / 200, iters)) for s in (100, 150, 175, 200)] == \
+        pytest.approx([1.0, 1.0, 0.5, 0.0])  # official: (iterations - step) / warmdown_iters
+
+
+def test_an_explicit_step_form_replaces_the_presets_fraction():
+    hp = env_hp(PRESET="smoke", MUON_MOMENTUM_WARMUP_STEPS=500, EMA_DECAY=0.99)
+    assert (hp.muon_momentum_warmup_frac, hp.ema_horizon_frac) == (0, 0)
+    assert muon_momentum_at(250, hp, 0.9) == pytest.approx(0.955)  # steps, not progress
+    assert ema_decay_at(5, 0.1, hp) == 0.99
+    assert env_hp(PRESET="smoke", MUON_MOMENTUM_WARMUP_STEPS=0).muon_momentum_warmup_frac == 0
+    assert muon_momentum_at(0, env_hp(PRESET="smoke", MUON_MOMENTUM_WARMUP_STEPS=0)) == 0.99  # no warmup
+    off = env_hp(PRESET="smoke", EMA_DECAY=0)
+    assert (off.ema_decay, off.ema_horizon_frac) == (0, 0) and describe_schedule(off, 150).endswith("ema_decay:0.00000")
+    frac = env_hp(PRESET="1xh100", MUON_MOMENTUM_WARMUP_FRAC=0.1)
+    assert frac.muon_momentum_warmup_steps == 0 and frac.muon_momentum_warmup_frac == 0.1
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"MUON_MOMENTUM_WARMUP_STEPS": "500", "MUON_MOMENTUM_WARMUP_FRAC": "0.2"},
+     "MUON_MOMENTUM_WARMUP_STEPS=500: expected 0 when MUON_MOMENTUM_WARMUP_FRAC is set"),
+    ({"EMA_DECAY": "0.99", "EMA_HORIZON_FRAC": "0.1"}, "EMA_DECAY=0.99: expected 0 when EMA_HORIZON_FRAC is set"),
+    ({"WARMDOWN_ITERS": "100", "WARMDOWN_FRAC": "0.5"}, "WARMDOWN_ITERS=100: expected 0 when WARMDOWN_FRAC is set"),
+    ({"EMA_DECAY": "1"}, "EMA_DECAY=1.0: expected < 1"),
+    ({"EMA_START_FRAC": "1.5"}, r"EMA_START_FRAC=1.5: expected a fraction in \[0, 1\]"),
+    ({"EXPECTED_STEPS": "0"}, "EXPECTED_STEPS=0: expected > 0"),
+])
+def test_both_forms_of_one_knob_are_refused(env, message):
+    with pytest.raises(ValueError, match=message):
+        env_hp(**env)
+
+
+def test_ema_starts_late_and_follows_the_weights_before():
+    hp = env_hp(PRESET="smoke", MAX_WALLCLOCK_SECONDS=0, ITERATIONS=100, EMA_START_FRAC=0.5, EMA_HORIZON_FRAC=0.1)
+    assert [ema_decay_at(s, s / 100, hp) for s in (0, 49)] == [0.0, 0.0]
+    assert ema_decay_at(50, 0.5, hp) == pytest.approx(0.9)  # horizon 10 steps
+    lin = torch.nn.Linear(2, 2, bias=False)
+    ema = EMA(lin)
+    for value, decay in ((3.0, 0.0), (5.0, 0.0), (7.0, 0.9), (9.0, 0.9)):
+        with torch.no_grad():
+            lin.weight.fill_(value)
+        ema.update(decay)
+    # before the start the shadow is the weights (5); then the warmup: d = 1/10, then 2/11
+    expected = (2 / 11) * (0.1 * 5.0 + 0.9 * 7.0) + (9 / 11) * 9.0
+    assert torch.allclose(ema.shadow[0], torch.full((2, 2), expected))
+    assert describe_schedule(hp, 100).endswith("ema_start_step:50 ema_decay:0.90000")
+
+
+def test_progress_ends_with_whichever_limit_comes_first():
+    """ITERATIONS below what the cap allows still ends the warmdown at 0 (progress = step / ITERATIONS)."""
+    hp = env_hp(PRESET="smoke", ITERATIONS=100)
+    progress = min(1.0, max(1000.0 / 240_000.0, 100 / hp.iterations))
+    assert lr_multiplier(progress, warmdown_frac_at(100, progress, hp)) == 0.0
+    assert qat_active(progress, hp.qat_start_frac)
