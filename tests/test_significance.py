@@ -116,3 +116,20 @@ def test_cli_welch_against_baseline_runs_and_errors(tmp_path, capsys):
     assert "Welch" in out and "t = -8.0667" in out and "SIGNIFICANT" in out
     assert significance.main(["--runs", str(tmp_path / "missing"), "--baseline-bpb", "1"]) == 2
     assert "no result.json and no train.log" in capsys.readouterr().err
+
+
+def test_a_sweep_config_folder_is_read_as_its_group_of_seeds(tmp_path, capsys):
+    """tools/sweep.py lays runs out as <sweep>/<config>/seed<S>/: the config folder is the group."""
+    for i, bpb in enumerate(NEW):
+        _write_run(tmp_path / "sweep" / "new" / f"seed{i}", i, bpb, bpb * LN2 / TPB)
+    for i, bpb in enumerate(BASE_RUNS):
+        _write_run(tmp_path / "sweep" / "base" / f"seed{i}", i, bpb, bpb * LN2 / TPB)
+    (tmp_path / "sweep" / "base" / "seed9").mkdir()  # a run that never finished is not a seed
+    (tmp_path / "sweep" / "base" / "seed9" / "result.json").write_text(json.dumps({"status": "stopped_by_signal"}))
+    assert significance.main(["--runs", str(tmp_path / "sweep" / "new"),
+                              "--baseline-runs", str(tmp_path / "sweep" / "base")]) == 0
+    out = capsys.readouterr().out
+    assert "t = -8.0667" in out and f"n {len(BASE_RUNS)} (runs)" in out
+    (tmp_path / "empty").mkdir()
+    assert significance.main(["--runs", str(tmp_path / "empty"), "--baseline-bpb", "1"]) == 2
+    assert "no finished run folders in it" in capsys.readouterr().err

@@ -11,8 +11,9 @@ mean(runs) < baseline - delta_bpb; against baseline runs, a one-sided Welch t-te
 (scipy.stats.ttest_ind, equal_var=False) of runs < baseline_runs - delta_bpb. Prints per-seed
 values, mean, std, t, p, the verdict at --alpha, and how many seeds the observed variance would need.
 
-Runs are run folders (result.json, else train.log), result.json or train.log files, or record
-folders (submission.json seed_results).
+Runs are run folders (result.json, else train.log), result.json or train.log files, record
+folders (submission.json seed_results), or a folder of run folders (a config of tools/sweep.py:
+runs/<sweep>/<config>/seed<S>/, every seed that finished).
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def load_values(path, metric: str = "sliding") -> list:
     """[SeedValue] from one path (a record folder gives one per seed). Raises ValueError naming the
     path when the metric is not there."""
     path = Path(path)
+    if path.is_dir() and not any((path / n).is_file() for n in ("result.json", "train.log", "submission.json")):
+        group = sorted(d for d in path.iterdir() if (d / "result.json").is_file()
+                       and json.loads((d / "result.json").read_text(encoding="utf-8")).get("status", "ok") == "ok")
+        if not group:
+            raise ValueError(f"{path}: no result.json, train.log or submission.json, and no finished run folders in it")
+        return [v for d in group for v in load_values(d, metric)]
     if path.is_dir() and (path / "submission.json").is_file() and not (path / "result.json").is_file():
         sub = json.loads((path / "submission.json").read_text(encoding="utf-8"))
         out = []

@@ -1,0 +1,232 @@
+"""tools/sweep.py: a grid of configurations x seeds, resumable, collected into a CSV, a table and a plot."""
+
+import csv
+import json
+import math
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tools import sweep
+from tests.test_train import TINY_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# A stand-in trainer: writes the result.json a run would, from its env, after a short sleep, and
+# records when it ran and on which CUDA_VISIBLE_DEVICES.
+FAKE_TRAINER = r'''
+import json, os, sys, time
+from pathlib import Path
+t0 = time.time()
+time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
+run_dir = Path(os.environ["OUT_DIR"]) / os.environ["RUN_ID"]
+run_dir.mkdir(parents=True, exist_ok=True)
+if os.environ.get("FAKE_CRASH") == os.environ["SEED"]:
+    sys.exit(3)
+seed, lr = int(os.environ["SEED"]), float(os.environ.get("MATRIX_LR", "0.04"))
+result = {"status": "ok", "seed": seed, "val_bpb_sliding": lr * 10 + seed / 1000, "val_bpb_roundtrip": 2.0,
+          "steps": 10, "ms_per_step": 100.0 + seed, "bytes_total": 1000, "train_losses": [5.0 - 0.1 * i for i in range(10)],
+          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "t0": t0, "t1": time.time()}
+(run_dir / "result.json").write_text(json.dumps(result))
+'''
+
+
+def run_cli(args, cwd=REPO, timeout=900):
+    return subprocess.run([sys.executable, str(REPO / "tools" / "sweep.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def fake_trainer(tmp_path):
+    path = tmp_path / "fake_trainer.py"
+    path.write_text(FAKE_TRAINER)
+    return path
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_cpu_sweep_end_to_end_and_a_rerun_skips_finished_runs(tiny_dataset, sp1024_model, tmp_path):
+    env = {**TINY_ENV, "ITERATIONS": "4", "VAL_MAX_TOKENS": "2048", "DATA_PATH": str(tiny_dataset),
+           "TOKENIZER_PATH": str(sp1024_model)}
+    env.pop("SEED")
+    args = ["--name", "tiny", "--out", str(tmp_path / "runs"), "--seeds", "1", "2", "--gpus", "",
+            "--set", *(f"{k}={v}" for k, v in env.items()), "--config", "base", "--config", "low_lr", "MATRIX_LR=0.01"]
+    proc = run_cli(args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sweep_dir = tmp_path / "runs" / "tiny"
+    for i, (config, seed) in enumerate([("base", 1), ("base", 2), ("low_lr", 1), ("low_lr", 2)]):
+        assert f"[{i + 1}/4] {config} seed {seed}: ok val_bpb " in proc.stdout
+    results = {(c, s): json.loads((sweep_dir / c / f"seed{s}" / "result.json").read_text())
+               for c in ("base", "low_lr") for s in (1, 2)}
+    assert results[("low_lr", 1)]["hyperparameters"]["matrix_lr"] == 0.01
+    assert results[("base", 2)]["hyperparameters"]["seed"] == 2 and results[("base", 2)]["steps"] == 4
+    rows = read_csv(sweep_dir / "results.csv")
+    assert [(r["config"], r["seed"], r["status"]) for r in rows] == [
+        ("base", "1", "ok"), ("base", "2", "ok"), ("low_lr", "1", "ok"), ("low_lr", "2", "ok")]
+    for r in rows:
+        assert float(r["val_bpb"]) == results[(r["config"], int(r["seed"]))]["val_bpb_sliding"]
+    table = (sweep_dir / "results.md").read_text()
+    means = {c: statistics.fmean(results[(c, s)]["val_bpb_sliding"] for s in (1, 2)) for c in ("base", "low_lr")}
+    stds = {c: statistics.stdev([results[(c, s)]["val_bpb_sliding"] for s in (1, 2)]) for c in ("base", "low_lr")}
+    order = sorted(means, key=means.get)
+    lines = [line for line in table.splitlines() if line.startswith(("| base ", "| low_lr "))]
+    assert [line.split(" | ")[0][2:] for line in lines] == order  # sorted by mean val_bpb
+    for c in ("base", "low_lr"):
+        assert f"| {c} | {means[c]:.5f} | {stds[c]:.5f} | 2/2 |" in table
+    png = (sweep_dir / "loss_curves.png").read_bytes()
+    assert png.startswith(PNG_MAGIC) and len(png) > 5000
+
+    stamps = {k: (sweep_dir / k[0] / f"seed{k[1]}" / "result.json").stat().st_mtime_ns for k in results}
+    again = run_cli(args)
+    assert again.returncode == 0, again.stderr
+    assert "4 finished, 0 to run" in again.stdout and again.stdout.count("skipped (finished)") == 4
+    assert stamps == {k: (sweep_dir / k[0] / f"seed{k[1]}" / "result.json").stat().st_mtime_ns for k in results}
+    assert read_csv(sweep_dir / "results.csv") == rows
+
+
+def test_gpu_slots_run_one_run_per_gpu_at_a_time(fake_trainer, tmp_path):
+    """`--gpus 0,1`: two runs at once, each with its own CUDA_VISIBLE_DEVICES, never two on one GPU."""
+    args = ["--name", "gpu", "--out", str(tmp_path), "--seeds", "1", "2", "3", "--gpus", "0,1", "--script",
+            str(fake_trainer), "--set", "FAKE_SLEEP=0.5", "--config", "a", "--config", "b", "MATRIX_LR=0.02"]
+    proc = run_cli(args, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "GPUs 0 | 1, one run per slot" in proc.stdout
+    results = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("gpu/*/seed*/result.json"))]
+    assert len(results) == 6
+    by_gpu = {}
+    for r in results:
+        by_gpu.setdefault(r["cuda_visible_devices"], []).append((r["t0"], r["t1"]))
+    assert set(by_gpu) == {"0", "1"}
+    for spans in by_gpu.values():  # runs on one GPU never overlap
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    starts = sorted(t0 for r in results for t0 in [r["t0"]])
+    assert starts[1] - starts[0] < 0.5  # the two GPUs started together
+    table = (tmp_path / "gpu" / "results.md").read_text()
+    assert table.index("| b | 0.20200 |") < table.index("| a | 0.40200 |")  # sorted by val_bpb
+    assert "| b | 0.20200 | 0.00100 | 3/3 | 0.20100 | 0.20300 | 10 | 102 | 1,000 | `MATRIX_LR=0.02` |" in table
+
+
+def test_torchrun_slots_group_the_gpus():
+    assert sweep.make_slots([str(i) for i in range(8)], 2) == ["0,1", "2,3", "4,5", "6,7"]
+    assert sweep.make_slots(["3", "5", "7"], 2) == ["3,5"]
+    assert sweep.make_slots([], 1) == [None]
+    with pytest.raises(sweep.SweepError, match="--gpus-per-run 4: expected 1..2"):
+        sweep.make_slots(["0", "1"], 4)
+
+
+def test_execute_never_runs_two_runs_in_one_slot():
+    runs = [sweep.SweepRun("c", s, {}, {}, Path("/nonexistent")) for s in range(9)]
+    busy, seen, lock, done = {}, [], threading.Lock(), []
+
+    def launch(run, slot):
+        with lock:
+            assert not busy.get(slot), f"slot {slot} already busy"
+            busy[slot] = True
+            seen.append(run.seed)
+        time.sleep(0.02)
+        with lock:
+            busy[slot] = False
+        return 0
+
+    sweep.execute(runs, ["0", "1", "2"], launch, lambda run, rc, s: done.append(run.seed))
+    assert sorted(seen) == list(range(9)) and sorted(done) == list(range(9))
+
+
+def test_a_crashed_run_is_reported_and_rerun_next_time(fake_trainer, tmp_path):
+    args = ["--name", "crash", "--out", str(tmp_path), "--seeds", "1", "2", "--gpus", "", "--script",
+            str(fake_trainer), "--config", "a"]
+    proc = subprocess.run([sys.executable, str(REPO / "tools" / "sweep.py"), *args], capture_output=True, text=True,
+                          env={**__import__("os").environ, "FAKE_CRASH": "2"}, timeout=120)
+    assert proc.returncode == 1
+    assert "[2/2] a seed 2: FAILED (exit 3; see" in proc.stdout and "[1/2] a seed 1: ok val_bpb 0.40100" in proc.stdout
+    rows = read_csv(tmp_path / "crash" / "results.csv")
+    assert [(r["seed"], r["status"]) for r in rows] == [("1", "ok"), ("2", "missing")]
+    again = run_cli(args, timeout=120)
+    assert again.returncode == 0 and "1 finished, 1 to run" in again.stdout
+    assert "[2/2] a seed 2: ok" in again.stdout
+
+
+def test_a_finished_run_with_other_settings_is_refused(fake_trainer, tmp_path):
+    base = ["--name", "s", "--out", str(tmp_path), "--gpus", "", "--script", str(fake_trainer)]
+    assert run_cli([*base, "--config", "a", "MATRIX_LR=0.02"], timeout=120).returncode == 0
+    proc = run_cli([*base, "--config", "a", "MATRIX_LR=0.03"], timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [
+        f"error: config 'a' seed 1337: {tmp_path / 's' / 'a' / 'seed1337'} finished with other settings "
+        "(MATRIX_LR differ); give the config a new name or delete that folder"]
+
+
+def test_spec_file_grid_and_names(tmp_path):
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text("name: g\nseeds: [1, 2]\nenv: {PRESET: smoke, ITERATIONS: 150}\n"
+                         "configs:\n  base: {}\n  mlp2: {MLP_MULT: 2}\ngrid: {MATRIX_LR: [0.03, 0.04]}\n")
+    runs = sweep.build_runs(sweep.load_spec_file(spec_path), tmp_path / "runs")
+    assert [(r.config, r.seed) for r in runs][:4] == [("base,MATRIX_LR=0.03", 1), ("base,MATRIX_LR=0.03", 2),
+                                                      ("base,MATRIX_LR=0.04", 1), ("base,MATRIX_LR=0.04", 2)]
+    assert len(runs) == 8 and runs[-1].config == "mlp2,MATRIX_LR=0.04"
+    last = runs[-1]
+    assert last.env == {"PRESET": "smoke", "ITERATIONS": "150", "MLP_MULT": "2", "MATRIX_LR": "0.04", "SEED": "2",
+                        "RUN_ID": "seed2", "OUT_DIR": str(tmp_path / "runs" / "g" / "mlp2,MATRIX_LR=0.04")}
+    assert last.run_dir == tmp_path / "runs" / "g" / "mlp2,MATRIX_LR=0.04" / "seed2"
+    grid_only = sweep.build_runs({"name": "x", "grid": {"MATRIX_LR": [0.03, 0.04]}}, tmp_path)
+    assert [r.config for r in grid_only] == ["MATRIX_LR=0.03", "MATRIX_LR=0.04"]
+    json_path = tmp_path / "s.json"
+    json_path.write_text(json.dumps({"name": "j", "configs": {"a": {"TIE_EMBEDDINGS": True}}}))
+    assert sweep.build_runs(sweep.load_spec_file(json_path), tmp_path)[0].settings == {"TIE_EMBEDDINGS": "1"}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--name", "x", "--config", "a", "MATRIX_LR"], "--config a: 'MATRIX_LR': expected NAME=VALUE"),
+    (["--name", "x", "--config", "a", "--config", "a"], "--config a: defined twice"),
+    (["--name", "x", "--set", "SEED=3"], "config 'base': ['SEED'] are set by the sweep for each run"),
+    (["--name", "a/b"], "name 'a/b': expected letters, digits"),
+    (["--config", "a"], "--name: a sweep needs a name"),
+    (["--name", "x", "--config", "a", "MATRIX_LRR=0.1"], "config 'a': ['MATRIX_LRR'] are not settings of train_gpt.py"),
+    (["--name", "x", "--config", "a", "NUM_LAYERS=two"], "config 'a': NUM_LAYERS='two': expected int"),
+    (["--name", "x", "--baseline", "zzz"], "baseline 'zzz': not a config of this sweep"),
+    (["--name", "x", "--seeds", "1", "1"], "seeds [1, 1]: a seed is listed twice"),
+    (["--file", "/nonexistent/s.yaml"], "--file /nonexistent/s.yaml: No such file or directory"),
+])
+def test_bad_sweep_definitions_exit_2_with_one_line(args, message, tmp_path, capsys):
+    assert sweep.main([*args, "--out", str(tmp_path), "--gpus", ""]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], captured.err
+    assert captured.out == "" and not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_bad_spec_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(sweep.SweepError, match="not valid YAML"):
+        sweep.load_spec_file(bad)
+    bad.write_text("name: x\nconfig: {}\n")
+    with pytest.raises(sweep.SweepError, match=r"unknown keys \['config'\]"):
+        sweep.load_spec_file(bad)
+    with pytest.raises(sweep.SweepError, match="configs.a: 'lr' is not an upper-case env var name"):
+        sweep.build_runs({"name": "x", "configs": {"a": {"lr": 1}}}, tmp_path)
+
+
+def test_summary_sorts_by_mean_and_marks_configs_without_results():
+    rows = [{"config": c, "seed": s, "val_bpb": v, "steps": 150, "ms_per_step": ms, "bytes_total": 10, "settings": ""}
+            for c, s, v, ms in (("a", 1, 2.30, 1600), ("a", 2, 2.32, 1700), ("b", 1, 2.20, 1500), ("b", 2, 2.26, 1500),
+                                ("c", 1, None, None))]
+    summary = sweep.summarize(rows, baseline="a")
+    assert [s["config"] for s in summary] == ["b", "a", "c"]
+    b = summary[0]
+    assert b["mean"] == pytest.approx(2.23) and b["std"] == pytest.approx(math.sqrt(0.0018))
+    assert b["vs"] == pytest.approx(-0.08) and summary[1]["ms_per_step"] == 1650
+    table = sweep.format_table(summary, metric="sliding", baseline="a", title="t")
+    assert "| b | 2.23000 | 0.04243 | 2/2 | 2.20000 | 2.26000 | -0.08000 | 150 | 1500 | 10 |  |" in table
+    assert "| c | - | - | 0/1 | - | - | - | 150 | - | 10 |  |" in table
