@@ -3,6 +3,8 @@
 import csv
 import json
 import math
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,9 +26,10 @@ FAKE_TRAINER = r'''
 import json, os, sys, time
 from pathlib import Path
 t0 = time.time()
-time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
 run_dir = Path(os.environ["OUT_DIR"]) / os.environ["RUN_ID"]
 run_dir.mkdir(parents=True, exist_ok=True)
+(run_dir / "pid").write_text(str(os.getpid()))
+time.sleep(float(os.environ.get("FAKE_SLEEP", "0")))
 if os.environ.get("FAKE_CRASH") == os.environ["SEED"]:
     sys.exit(3)
 seed, lr = int(os.environ["SEED"]), float(os.environ.get("MATRIX_LR", "0.04"))
@@ -155,6 +158,26 @@ def test_a_crashed_run_is_reported_and_rerun_next_time(fake_trainer, tmp_path):
     again = run_cli(args, timeout=120)
     assert again.returncode == 0 and "1 finished, 1 to run" in again.stdout
     assert "[2/2] a seed 2: ok" in again.stdout
+
+
+def test_a_stopped_sweep_stops_its_trainer_and_continues_later(fake_trainer, tmp_path):
+    args = [sys.executable, str(REPO / "tools" / "sweep.py"), "--name", "stop", "--out", str(tmp_path), "--gpus", "",
+            "--script", str(fake_trainer), "--seeds", "1", "2", "--config", "a"]
+    proc = subprocess.Popen([*args, "--set", "FAKE_SLEEP=60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid_file = tmp_path / "stop" / "a" / "seed1" / "pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    trainer_pid = int(pid_file.read_text())
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "sweep interrupted: run the same command again" in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(trainer_pid, 0)  # the trainer was stopped and reaped, not orphaned
+    assert not (tmp_path / "stop" / "a" / "seed2").exists()  # nothing new started after the stop
+    again = subprocess.run([*args, "--set", "FAKE_SLEEP=0"], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "0 finished, 2 to run" in again.stdout, again.stderr
+    assert "[1/2] a seed 1: ok" in again.stdout and "[2/2] a seed 2: ok" in again.stdout
 
 
 def test_a_finished_run_with_other_settings_is_refused(fake_trainer, tmp_path):

@@ -43,6 +43,7 @@ import json
 import os
 import queue
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,7 @@ from quant.artifact import atomic_write_bytes  # noqa: E402
 SWEEP_METRICS = ("sliding", "roundtrip", "prequant")
 SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
 SWEEP_RESERVED = ("SEED", "RUN_ID", "OUT_DIR", "CUDA_VISIBLE_DEVICES")  # set by the sweep per run
+_LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stopped sweep stops them too
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.,=+-]*$")
 _ENV_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
 CSV_FIELDS = ("config", "seed", "status", "val_bpb", "val_bpb_sliding", "val_bpb_roundtrip", "val_bpb_prequant",
@@ -263,20 +265,44 @@ def launch_run(run: SweepRun, slot, script: Path, gpus_per_run: int = 1, environ
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={gpus_per_run}", str(script)]
     with open(run.run_dir / "console.txt", "wb") as console:
-        return subprocess.run(cmd, env=env, stdout=console, stderr=subprocess.STDOUT, cwd=os.getcwd()).returncode
+        proc = subprocess.Popen(cmd, env=env, stdout=console, stderr=subprocess.STDOUT)
+        _LIVE_TRAINERS.add(proc)
+        returncode = proc.wait()  # an interrupt here leaves proc in _LIVE_TRAINERS for stop_trainers
+        _LIVE_TRAINERS.discard(proc)
+        return returncode
 
 
-def execute(runs: list, slots: list, launch, on_done) -> None:
+def stop_trainers(signum: int = signal.SIGTERM, grace_seconds: float = 120.0) -> None:
+    """Pass a stop to every running trainer (train_gpt.py finishes its step and writes result.json
+    with status stopped_by_signal) and wait for it; kill one that is still running after the grace."""
+    for proc in list(_LIVE_TRAINERS):
+        proc.send_signal(signum)
+    for proc in list(_LIVE_TRAINERS):
+        try:
+            proc.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        _LIVE_TRAINERS.discard(proc)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def execute(runs: list, slots: list, launch, on_done, stop: threading.Event | None = None) -> None:
     """Run every SweepRun with at most one run per slot at a time. `launch(run, slot)` -> exit code;
-    `on_done(run, returncode, seconds)` is called (serialized) after each."""
+    `on_done(run, returncode, seconds)` is called (serialized) after each; no run starts once `stop`
+    is set."""
     pending = queue.Queue()
     for run in runs:
         pending.put(run)
     lock = threading.Lock()
     errors = []
+    stop = stop or threading.Event()
 
     def worker(slot):
-        while not errors:
+        while not errors and not stop.is_set():
             try:
                 run = pending.get_nowait()
             except queue.Empty:
@@ -556,11 +582,22 @@ def main(argv=None) -> int:
                   + (f", ~{_duration(eta)} to go" if left else ""), flush=True)
         collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
 
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        execute(todo, slots, lambda run, slot: launch_run(run, slot, script, args.gpus_per_run), on_done)
+        execute(todo, slots, lambda run, slot: launch_run(run, slot, script, args.gpus_per_run), on_done, stop)
     except OSError as e:
         print(f"error: could not start {script}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the trainers too, keep what finished
+        stop.set()
+        stop_trainers()
+        collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
+        print("sweep interrupted: run the same command again to continue (finished runs are kept)",
+              file=sys.stderr, flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     table = collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
     print(table, end="")
     print(f"wrote {sweep_dir / 'results.csv'}, {sweep_dir / 'results.md'}, {sweep_dir / 'loss_curves.png'}")
