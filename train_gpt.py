@@ -74,12 +74,14 @@ PRESETS = {
         "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
         "train_batch_tokens": 8192, "max_wallclock_seconds": 240.0, "warmup_steps": 0, "xsa_last_n": 1,
         "train_log_every": 10, "eval_batch_seqs": 32, "val_batch_size": 32768, "expected_steps": 150,
-        "muon_momentum_warmup_frac": 50 / 150, "ema_horizon_frac": (1 / 0.003) / 150, "eval_auto_stride": False, "gptq_calib_batches": 4,
+        "mlp_mult": 2, "matrix_lr": 0.04, "scalar_lr": 0.04, "tied_embed_lr": 0.05, "warmdown_frac": 1.0,
+        "muon_momentum": 0.0, "muon_momentum_horizon_frac": (1 / 0.12) / 150, "muon_momentum_warmup_start": 0.85,
+        "muon_momentum_warmup_frac": 1.0, "ema_horizon_frac": (1 / 0.003) / 150, "eval_auto_stride": False, "gptq_calib_batches": 4,
     },
 }
 # A step form and its fraction of the run: an explicit variable for one of them replaces the other.
-SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"),
-                  ("warmdown_iters", "warmdown_frac"), ("ema_decay", "ema_horizon_frac"))
+SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"), ("warmdown_iters", "warmdown_frac"),
+                  ("ema_decay", "ema_horizon_frac"), ("muon_momentum", "muon_momentum_horizon_frac"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,7 +133,8 @@ class Hyperparameters:
     tied_embed_lr: float = 0.035
     embed_lr: float = 0.6  # untied input embedding (official)
     head_lr: float = 0.008  # untied output head (official)
-    muon_momentum: float = 0.99
+    muon_momentum: float = 0.99  # records' form, any run length; 0 = MUON_MOMENTUM_HORIZON_FRAC
+    muon_momentum_horizon_frac: float = 0.0  # momentum time constant 1/(1-momentum) as a fraction of the run
     muon_momentum_warmup_start: float = 0.92
     muon_momentum_warmup_steps: int = 0  # records' step form (1500); 0 = MUON_MOMENTUM_WARMUP_FRAC
     muon_momentum_warmup_frac: float = 1500 / 2000  # 0.92 -> 0.99 over this fraction of the run
@@ -705,14 +708,23 @@ def qat_active(progress: float, qat_start_frac: float) -> bool:
     return qat_start_frac > 0 and progress >= 1.0 - qat_start_frac
 
 
+def horizon_decay(horizon_frac: float, run_steps: float) -> float:
+    """The per-step decay whose time constant 1/(1-decay) is `horizon_frac` of a run of `run_steps`
+    steps (0 for a horizon of at most one step)."""
+    return max(0.0, 1 - 1 / (horizon_frac * run_steps)) if horizon_frac else 0.0
+
+
 def muon_momentum_at(step: int, hp: Hyperparameters, progress: float = 0.0) -> float:
-    """Linear warmup MUON_MOMENTUM_WARMUP_START -> MUON_MOMENTUM over MUON_MOMENTUM_WARMUP_STEPS
-    steps (records' form, exact), else over the first MUON_MOMENTUM_WARMUP_FRAC of the run."""
+    """Linear warmup MUON_MOMENTUM_WARMUP_START -> MUON_MOMENTUM (or the momentum whose time constant
+    1/(1-m) is MUON_MOMENTUM_HORIZON_FRAC of the run) over MUON_MOMENTUM_WARMUP_STEPS steps (records'
+    form, exact), else over the first MUON_MOMENTUM_WARMUP_FRAC of the run. A target below the start
+    is used from step 0."""
     if hp.muon_momentum_warmup_steps:
         frac = min(1.0, step / hp.muon_momentum_warmup_steps)
     else:
         frac = min(1.0, progress / hp.muon_momentum_warmup_frac) if hp.muon_momentum_warmup_frac else 1.0
-    return (1 - frac) * hp.muon_momentum_warmup_start + frac * hp.muon_momentum
+    end = hp.muon_momentum or horizon_decay(hp.muon_momentum_horizon_frac, run_steps_estimate(step, progress, hp))
+    return (1 - frac) * min(hp.muon_momentum_warmup_start, end) + frac * end
 
 
 def ema_decay_at(step: int, progress: float, hp: Hyperparameters) -> float:
@@ -722,7 +734,7 @@ def ema_decay_at(step: int, progress: float, hp: Hyperparameters) -> float:
         return 0.0
     if hp.ema_decay:
         return hp.ema_decay
-    return max(0.0, 1 - 1 / (hp.ema_horizon_frac * run_steps_estimate(step, progress, hp)))
+    return horizon_decay(hp.ema_horizon_frac, run_steps_estimate(step, progress, hp))
 
 
 def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
@@ -732,8 +744,10 @@ def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
                  muon_momentum_warmup_steps=hp.muon_momentum_warmup_steps or hp.muon_momentum_warmup_frac * n,
                  warmdown_steps=min(n, hp.warmdown_iters or hp.warmdown_frac * n), qat_steps=hp.qat_start_frac * n,
                  ema_start_step=hp.ema_start_frac * n)
-    ema = hp.ema_decay or hp.ema_horizon_frac and max(0.0, 1 - 1 / (hp.ema_horizon_frac * n))
-    return "schedule: " + " ".join(f"{k}:{v:.0f}" for k, v in steps.items()) + f" ema_decay:{ema:.5f}"
+    ema = hp.ema_decay or horizon_decay(hp.ema_horizon_frac, n)
+    momentum = hp.muon_momentum or horizon_decay(hp.muon_momentum_horizon_frac, n)
+    return ("schedule: " + " ".join(f"{k}:{v:.0f}" for k, v in steps.items())
+            + f" muon_momentum:{min(hp.muon_momentum_warmup_start, momentum):.4f}->{momentum:.4f} ema_decay:{ema:.5f}")
 
 
 class EMA:

@@ -75,7 +75,7 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     # roundtrip through int8 (full GPTQ) stays close to the pre-quant number
     assert abs(result["val_bpb_roundtrip"] - result["val_bpb_prequant"]) < 0.05
     log = (run_dir / "train.log").read_text()
-    assert "MATRIX_LR:0.032" in log and "NUM_LAYERS:2" in log and "torch:" in log
+    assert "MATRIX_LR:0.04" in log and "NUM_LAYERS:2" in log and "torch:" in log
     assert re.search(r"step:8/8 train_loss:\d+\.\d{4} train_time:\d+ms step_avg:[\d.]+ms tok_s:\d+", log)
     assert "late_qat:on step:6" in log  # progress >= 1 - 0.25 at step 6 of 8
     # the resolved schedule: MUON_MOMENTUM_WARMUP_STEPS=4 (a step count stays a step count), the rest fractions
