@@ -180,6 +180,19 @@ def test_a_stopped_sweep_stops_its_trainer_and_continues_later(fake_trainer, tmp
     assert "[1/2] a seed 1: ok" in again.stdout and "[2/2] a seed 2: ok" in again.stdout
 
 
+def test_only_runs_the_named_configs_in_that_order_and_the_table_lists_all(fake_trainer, tmp_path):
+    base = ["--name", "o", "--out", str(tmp_path), "--gpus", "", "--script", str(fake_trainer), "--seeds", "1",
+            "--config", "a", "--config", "b", "MATRIX_LR=0.02", "--config", "c", "MATRIX_LR=0.03"]
+    proc = run_cli([*base, "--only", "c", "a"], timeout=120)
+    assert proc.returncode == 0 and "0 finished, 2 to run (--only c a)" in proc.stdout, proc.stderr
+    ran = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("[")]
+    assert ran == ["[3/3] c seed 1", "[1/3] a seed 1"]
+    rows = read_csv(tmp_path / "o" / "results.csv")
+    assert [(r["config"], r["status"]) for r in rows] == [("a", "ok"), ("b", "missing"), ("c", "ok")]
+    again = run_cli([*base, "--dry-run"], timeout=120)
+    assert "2 finished, 1 to run;" in again.stdout and "to run    b seed 1" in again.stdout
+
+
 def test_a_finished_run_with_other_settings_is_refused(fake_trainer, tmp_path):
     base = ["--name", "s", "--out", str(tmp_path), "--gpus", "", "--script", str(fake_trainer)]
     assert run_cli([*base, "--config", "a", "MATRIX_LR=0.02"], timeout=120).returncode == 0
@@ -219,6 +232,7 @@ def test_spec_file_grid_and_names(tmp_path):
     (["--name", "x", "--config", "a", "NUM_LAYERS=two"], "config 'a': NUM_LAYERS='two': expected int"),
     (["--name", "x", "--baseline", "zzz"], "baseline 'zzz': not a config of this sweep"),
     (["--name", "x", "--seeds", "1", "1"], "seeds [1, 1]: a seed is listed twice"),
+    (["--name", "x", "--config", "a", "--only", "a", "b"], "--only b: not a config of this sweep"),
     (["--file", "/nonexistent/s.yaml"], "--file /nonexistent/s.yaml: No such file or directory"),
 ])
 def test_bad_sweep_definitions_exit_2_with_one_line(args, message, tmp_path, capsys):

@@ -490,6 +490,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--script", default=str(REPO_ROOT / "train_gpt.py"), help="trainer (default the kit's train_gpt.py)")
     p.add_argument("--gpus", help="comma-separated CUDA device ids (default: all visible; none on CPU)")
     p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per run, launched with torchrun (default 1)")
+    p.add_argument("--only", nargs="+", default=[], metavar="CONFIG",
+                   help="run only these configurations, in this order (the table still lists them all)")
     p.add_argument("--collect-only", action="store_true", help="only rewrite results.csv/md and the plot")
     p.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished, run nothing")
     return p
@@ -534,6 +536,9 @@ def main(argv=None) -> int:
         metric, baseline = spec.get("metric", "sliding"), spec.get("baseline")
         if baseline is not None and baseline not in {r.config for r in runs}:
             raise SweepError(f"baseline {baseline!r}: not a config of this sweep")
+        unknown = [c for c in args.only if c not in {r.config for r in runs}]
+        if unknown:
+            raise SweepError(f"--only {' '.join(unknown)}: not a config of this sweep")
         script = Path(args.script)
         if not script.is_file():
             raise SweepError(f"--script {script}: no such file")
@@ -547,14 +552,17 @@ def main(argv=None) -> int:
         return 2
     sweep_dir = Path(args.out) / spec["name"]
     title = f"sweep {spec['name']}"
-    todo = [r for r, done in zip(runs, finished) if not done]
+    todo = [r for r, done in zip(runs, finished) if not done and (not args.only or r.config in args.only)]
+    todo.sort(key=lambda r: args.only.index(r.config) if args.only else 0)
     where = "CPU, one run at a time" if slots == [None] else f"GPUs {' | '.join(slots)}, one run per slot"
     print(f"sweep {spec['name']}: {len(runs)} runs ({len({r.config for r in runs})} configs x "
-          f"{len({r.seed for r in runs})} seeds), {len(runs) - len(todo)} finished, {len(todo)} to run; {where}",
+          f"{len({r.seed for r in runs})} seeds), {sum(finished)} finished, {len(todo)} to run"
+          f"{' (--only ' + ' '.join(args.only) + ')' if args.only else ''}; {where}",
           flush=True)
     if args.dry_run or args.collect_only:
         for run, done in zip(runs, finished):
-            print(f"  {'finished' if done else 'to run  '}  {run.config} seed {run.seed}  {run.run_dir}")
+            what = "finished" if done else "to run  " if not args.only or run.config in args.only else "not now "
+            print(f"  {what}  {run.config} seed {run.seed}  {run.run_dir}")
         if args.collect_only:
             print(collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title), end="")
         return 0
