@@ -163,6 +163,7 @@ class Hyperparameters:
     gptq_reserve_seconds: float = 10.0
     # machinery
     compile: int = -1  # -1 = on for CUDA, off for CPU
+    num_threads: int = 0  # CPU threads per process; 0 = the cores / processes on this node
     attn_backend: str = "auto"  # auto | fa3 | fa2 | sdpa
     autocast: str = "auto"  # auto = bf16 on CUDA, none on CPU | bf16 (also on CPU: the CUDA twin) | none
     save_prequant: bool = False
@@ -829,7 +830,7 @@ def setup_distributed(hp: Hyperparameters) -> RunContext:
     else:
         device = torch.device("cpu")
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(hp.num_threads or max(1, (os.cpu_count() or 1) // local_world))
     if world_size > 1:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     run_dir = Path(hp.out_dir) / hp.run_id
