@@ -35,7 +35,8 @@ if os.environ.get("FAKE_CRASH") == os.environ["SEED"]:
 seed, lr = int(os.environ["SEED"]), float(os.environ.get("MATRIX_LR", "0.04"))
 result = {"status": "ok", "seed": seed, "val_bpb_sliding": lr * 10 + seed / 1000, "val_bpb_roundtrip": 2.0,
           "steps": 10, "ms_per_step": 100.0 + seed, "bytes_total": 1000, "train_losses": [5.0 - 0.1 * i for i in range(10)],
-          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "t0": t0, "t1": time.time()}
+          "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "resume": os.environ.get("RESUME"),
+          "t0": t0, "t1": time.time()}
 (run_dir / "result.json").write_text(json.dumps(result))
 '''
 
@@ -191,6 +192,22 @@ def test_only_runs_the_named_configs_in_that_order_and_the_table_lists_all(fake_
     assert [(r["config"], r["status"]) for r in rows] == [("a", "ok"), ("b", "missing"), ("c", "ok")]
     again = run_cli([*base, "--dry-run"], timeout=120)
     assert "2 finished, 1 to run;" in again.stdout and "to run    b seed 1" in again.stdout
+
+
+def test_a_stopped_run_with_a_checkpoint_resumes_with_the_same_settings_only(fake_trainer, tmp_path):
+    base = ["--name", "r", "--out", str(tmp_path), "--gpus", "", "--script", str(fake_trainer), "--seeds", "1", "2",
+            "--set", "CHECKPOINT_EVERY=5", "--config", "a"]
+    runs = sweep.build_runs(sweep.spec_from_args(sweep.build_parser().parse_args(base)), tmp_path)
+    for run, env in zip(runs, (runs[0].env, {**runs[1].env, "MATRIX_LR": "0.01"})):  # seed 2: other settings
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "sweep_run.json").write_text(json.dumps({"env": env}))
+        (run.run_dir / "checkpoint.pt").write_bytes(b"state")
+        (run.run_dir / "console.txt").write_text("before the stop\n")
+    assert run_cli(base, timeout=120).returncode == 0
+    assert [json.loads((r.run_dir / "result.json").read_text())["resume"] for r in runs] == ["1", None]
+    assert (runs[0].run_dir / "console.txt").read_text().startswith("before the stop")
+    assert json.loads((runs[0].run_dir / "sweep_run.json").read_text())["env"] == runs[0].env  # no RESUME in it
+    assert sweep.main([*base, "--set", "RESUME=1"]) == 2  # the sweep decides
 
 
 def test_a_finished_run_with_other_settings_is_refused(fake_trainer, tmp_path):

@@ -59,7 +59,7 @@ from quant.artifact import atomic_write_bytes  # noqa: E402
 
 SWEEP_METRICS = ("sliding", "roundtrip", "prequant")
 SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
-SWEEP_RESERVED = ("SEED", "RUN_ID", "OUT_DIR", "CUDA_VISIBLE_DEVICES")  # set by the sweep per run
+SWEEP_RESERVED = ("SEED", "RUN_ID", "OUT_DIR", "CUDA_VISIBLE_DEVICES", "RESUME")  # set by the sweep per run
 _LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stopped sweep stops them too
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.,=+-]*$")
 _ENV_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -252,19 +252,26 @@ def launch_run(run: SweepRun, slot, script: Path, gpus_per_run: int = 1, environ
     """Run the trainer for one SweepRun from the current directory; returns its exit code.
 
     The env is the caller's environment + the run's settings (+ CUDA_VISIBLE_DEVICES=slot, and
-    torchrun for gpus_per_run > 1); stdout and stderr go to console.txt in the run folder."""
+    torchrun for gpus_per_run > 1); stdout and stderr go to console.txt in the run folder. A run
+    with CHECKPOINT_EVERY that was stopped with these settings continues from its checkpoint.pt
+    (RESUME=1)."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
+    recorded = run.run_dir / "sweep_run.json"
+    resume = (run.env.get("CHECKPOINT_EVERY", "0") not in ("", "0") and (run.run_dir / "checkpoint.pt").is_file()
+              and recorded.is_file() and json.loads(recorded.read_text(encoding="utf-8")).get("env") == run.env)
     atomic_write_bytes(run.run_dir / "sweep_run.json", (json.dumps(
         {"config": run.config, "seed": run.seed, "settings": run.settings, "env": run.env}, indent=2) + "\n").encode())
     env = {**(os.environ if environ is None else environ), **run.env}
     env.setdefault("PYTHONPATH", str(REPO_ROOT))
+    if resume:
+        env["RESUME"] = "1"
     cmd = [sys.executable, str(script)]
     if slot is not None:
         env["CUDA_VISIBLE_DEVICES"] = slot
         if gpus_per_run > 1:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                    f"--nproc_per_node={gpus_per_run}", str(script)]
-    with open(run.run_dir / "console.txt", "wb") as console:
+    with open(run.run_dir / "console.txt", "ab" if resume else "wb") as console:
         proc = subprocess.Popen(cmd, env=env, stdout=console, stderr=subprocess.STDOUT)
         _LIVE_TRAINERS.add(proc)
         returncode = proc.wait()  # an interrupt here leaves proc in _LIVE_TRAINERS for stop_trainers
