@@ -155,3 +155,27 @@ def test_smoke_momentum_is_a_fraction_of_the_run_and_matches_the_baseline_at_150
     assert env_hp(PRESET="1xh100").muon_momentum_horizon_frac == 0
     frac = env_hp(PRESET="1xh100", MUON_MOMENTUM_HORIZON_FRAC=0.05, MAX_WALLCLOCK_SECONDS=0, ITERATIONS=2000)
     assert frac.muon_momentum == 0 and muon_momentum_at(2000, frac, 1.0) == pytest.approx(0.99)
+
+
+def test_smoke_is_the_measured_candidate_N_of_the_proxy_ablation_at_150_steps():
+    """tools/sweeps/proxy_ablation.yaml's N (written in the records' step forms) is what the smoke
+    preset resolves to at 150 steps: same settings, same schedule at every step."""
+    import dataclasses
+    from pathlib import Path
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[1] / "tools/sweeps/proxy_ablation.yaml").read_text())
+    run = {k: str(v) for k, v in {**spec["env"], "ITERATIONS": 150}.items()}
+    n = env_hp(**run, **{k: str(v) for k, v in spec["configs"]["N"].items()})
+    smoke = env_hp(**run)
+    own_form = ("run_id", "muon_momentum", "muon_momentum_horizon_frac", "muon_momentum_warmup_start",
+                "muon_momentum_warmup_steps", "muon_momentum_warmup_frac", "ema_decay", "ema_horizon_frac")
+    for f in dataclasses.fields(Hyperparameters):
+        if f.name not in own_form:  # run_id is random; the rest are the two forms of one schedule
+            assert getattr(n, f.name) == getattr(smoke, f.name), f.name
+    for step in range(151):
+        progress = step / 150
+        assert muon_momentum_at(step, smoke, progress) == pytest.approx(muon_momentum_at(step, n, progress), abs=1e-12)
+        assert ema_decay_at(step, progress, smoke) == pytest.approx(ema_decay_at(step, progress, n), abs=1e-12)
+        assert warmdown_frac_at(step, progress, smoke) == warmdown_frac_at(step, progress, n) == 1.0
