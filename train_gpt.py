@@ -270,11 +270,12 @@ def warn_unknown_env(environ, log=print) -> list:
     checked by quant's policy.
     """
     known = {f.name.upper() for f in dataclasses.fields(Hyperparameters)} | {"PRESET"}
+    others = {"OMP_NUM_THREADS", "MKL_NUM_THREADS"}  # standard variables near NUM_THREADS: not typos
     prefixes = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_")
     unknown = []
     for name in sorted(environ):
         close = difflib.get_close_matches(name, known, 1, 0.8)
-        if name not in known and not name.startswith("QUANT_") and (close or name.startswith(prefixes)):
+        if name not in known | others and not name.startswith("QUANT_") and (close or name.startswith(prefixes)):
             unknown.append(name)
             log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored"
                 + (f" (did you mean {close[0]}?)" if close else ""))

@@ -56,7 +56,7 @@ def test_preset_defaults_and_explicit_override():
 def test_unknown_lookalike_env_var_warns_with_a_suggestion():
     lines = []
     unknown = warn_unknown_env({"MATRIX_LRR": "0.1", "MUON_WEIGHT_DECAY": "0.1", "HOME": "/root",
-                                "MATRIX_LR": "0.02", "PATH": "/bin"}, log=lines.append)
+                                "MATRIX_LR": "0.02", "PATH": "/bin", "OMP_NUM_THREADS": "1"}, log=lines.append)
     assert unknown == ["MATRIX_LRR", "MUON_WEIGHT_DECAY"]
     assert "did you mean MATRIX_LR?" in lines[0]
 
