@@ -128,7 +128,11 @@ def test_warmdown_and_qat_schedule_on_a_fake_clock():
 def test_qat_gate_switches_the_compiled_model_at_run_time():
     """Design §4: a flag read inside a compiled model must not be constant-folded at first trace."""
     model = tiny_model(xsa_last_n=0)
-    chosen = model.configure_qat(QuantPolicy())
+    chosen = model.configure_qat(QuantPolicy())  # no bits set: QUANT_FIT's start, int8
+    assert chosen["blocks.0.mlp.fc.weight"] == 8 and chosen["blocks.0.attn.c_q.weight"] == 8
+    chosen = model.configure_qat(QuantPolicy(mlp_bits=5, attn_bits=7))
+    assert chosen["blocks.0.mlp.fc.weight"] == 5 and chosen["blocks.0.attn.c_q.weight"] == 7
+    chosen = model.configure_qat(QuantPolicy(mlp_bits=6, attn_bits=6))  # the bits the rest of this test checks
     assert chosen["blocks.0.mlp.fc.weight"] == 6 and chosen["blocks.0.attn.c_q.weight"] == 6
     compiled = torch.compile(model.forward_logits, backend="aot_eager", fullgraph=True)
     x = torch.randint(0, 64, (2, 8))
