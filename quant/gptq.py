@@ -69,14 +69,15 @@ def collect_gptq_hessians(model, next_batch, num_batches, deadline=math.inf, aut
     touches val tokens); model(x, y) runs the forward (its output is ignored). Reads up to
     num_batches batches (at least one, so that every rank has every H to average), stopping early
     once time.perf_counter() passes `deadline`. Returns ({"<module>.weight": H float32 [C, C] on
-    the model's device}, number of batches read).
+    the model's device, summed in float32 even under `autocast`}, number of batches read).
     """
     sums, last, n = {}, [None], 0
 
     def hook(mod, args, out):
         if args[0] is not last[0]:  # c_q, c_k, c_v share one input: one product
             a = args[0].flatten(0, -2).float()
-            last[:] = args[0], a.T @ a, len(a)
+            with torch.autocast(a.device.type, enabled=False):  # autocast would sum X^T X in bf16
+                last[:] = args[0], a.T @ a, len(a)
         h, c = sums.get(mod, (0, 0))
         sums[mod] = last[1] + h, c + last[2]
 

@@ -8,6 +8,7 @@ import torch
 
 from quant.core import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.gptq import collect_gptq_hessians, gptq_quantize
+import train_gpt
 
 
 def _calibration_inputs(n=4096, c=160, seed=0):
@@ -72,7 +73,6 @@ def _tiny_gpt(train_gpt, vocab_size=1024, **extra):
 
 
 def test_collected_hessians_are_the_inputs_second_moment_of_every_linear():
-    train_gpt = pytest.importorskip("train_gpt")
     model = _tiny_gpt(train_gpt, vocab_size=64, TIE_EMBEDDINGS="0")
     g = torch.Generator().manual_seed(0)
     batches = [torch.randint(0, 64, (3, 16), generator=g) for _ in range(5)]
@@ -99,10 +99,28 @@ def test_collected_hessians_are_the_inputs_second_moment_of_every_linear():
     assert collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 5, deadline=0)[1] == 1
 
 
+def test_hessians_are_summed_in_float32_under_bf16_autocast():
+    """CPU twin of the CUDA run: train() collects under ctx.autocast (bf16 on CUDA), where a plain
+    X^T X would be a bf16 matmul and the 64-batch sums would keep 8 bits of mantissa."""
+    model = _tiny_gpt(train_gpt, vocab_size=64)
+    batches = [torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+    inputs = []
+    handle = model.blocks[0].mlp.fc.register_forward_hook(lambda m, a, o: inputs.append(a[0].reshape(-1, a[0].shape[-1])))
+    with torch.no_grad(), bf16():
+        for x in batches:
+            model(x, x)
+    handle.remove()
+    stream = iter(batches)
+    hessians, n = collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 3, autocast=bf16)
+    assert n == 3 and {h.dtype for h in hessians.values()} == {torch.float32}
+    x = torch.cat(inputs).float()
+    torch.testing.assert_close(hessians["blocks.0.mlp.fc.weight"], x.T @ x / len(x), rtol=1e-5, atol=1e-6)
+
+
 def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp1024_model, monkeypatch, tmp_path):
     """train() with QUANT_GPTQ=1 reserves GPTQ_RESERVE_SECONDS, then reads its calibration batches through
     the train loader: every shard file opened during train() is a train shard, never a val shard."""
-    train_gpt = pytest.importorskip("train_gpt")
     import dataclasses
     import json
 
