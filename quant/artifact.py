@@ -113,9 +113,13 @@ def quantize_matrix(cache, name, t, bits, policy, hessians=None):
         q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None
                    else gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0))
         d = dequantize_per_row(q, s, torch.double) - w
-        h = (torch.eye(w.shape[1]) if h is None else h).cpu().double()
-        cache[name, bits] = q, s, c, float(((d @ h) * d).sum() / ((w @ h) * w).sum()), float(d.square().sum()), \
-            float(w.square().sum())
+        sq_err, sq_norm = float(d.square().sum()), float(w.square().sum())
+        if h is None:  # H = I: the plain ratio (no [C, C] identity matmul)
+            rel_err = sq_err / sq_norm if sq_norm else 0.0
+        else:
+            h = h.cpu().double()
+            rel_err = float(((d @ h) * d).sum() / ((w @ h) * w).sum())
+        cache[name, bits] = q, s, c, rel_err, sq_err, sq_norm
     return cache[name, bits]
 
 
@@ -211,9 +215,10 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
 
     while True:
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
-        blob, job = min(zip(ThreadPoolExecutor(len(jobs)).map(lambda j: quant_wrap_container(
-            quant_build_payload(entries, model_config, policy.to_dict(), *j[:2], run), j[2]), jobs), jobs),
-            key=lambda bj: len(bj[0]))
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            blob, job = min(zip(pool.map(lambda j: quant_wrap_container(
+                quant_build_payload(entries, model_config, policy.to_dict(), *j[:2], run), j[2]), jobs), jobs),
+                key=lambda bj: len(bj[0]))
         jobs, total = [job], len(blob) + code_bytes
         log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = {total} bytes "
             f"(budget {byte_budget}) rel_mse {rel_mse:.3e}")
