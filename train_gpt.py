@@ -736,18 +736,24 @@ def muon_momentum_at(step: int, hp: Hyperparameters, progress: float = 0.0) -> f
         frac = min(1.0, step / hp.muon_momentum_warmup_steps)
     else:
         frac = min(1.0, progress / hp.muon_momentum_warmup_frac) if hp.muon_momentum_warmup_frac else 1.0
-    end = hp.muon_momentum or horizon_decay(hp.muon_momentum_horizon_frac, run_steps_estimate(step, progress, hp))
+    end = muon_momentum_target(hp, run_steps_estimate(step, progress, hp))
     return (1 - frac) * min(hp.muon_momentum_warmup_start, end) + frac * end
+
+
+def muon_momentum_target(hp: Hyperparameters, run_steps: float) -> float:
+    """MUON_MOMENTUM, or the momentum whose time constant is MUON_MOMENTUM_HORIZON_FRAC of the run."""
+    return hp.muon_momentum or horizon_decay(hp.muon_momentum_horizon_frac, run_steps)
+
+
+def ema_target(hp: Hyperparameters, run_steps: float) -> float:
+    """EMA_DECAY, or the decay whose time constant is EMA_HORIZON_FRAC of the run (0 = EMA off)."""
+    return hp.ema_decay or horizon_decay(hp.ema_horizon_frac, run_steps)
 
 
 def ema_decay_at(step: int, progress: float, hp: Hyperparameters) -> float:
     """Per-step EMA decay: 0 (follow the weights) before EMA_START_FRAC of the run; then EMA_DECAY,
     or 1 - 1 / (EMA_HORIZON_FRAC x run length in steps)."""
-    if progress < hp.ema_start_frac:
-        return 0.0
-    if hp.ema_decay:
-        return hp.ema_decay
-    return horizon_decay(hp.ema_horizon_frac, run_steps_estimate(step, progress, hp))
+    return 0.0 if progress < hp.ema_start_frac else ema_target(hp, run_steps_estimate(step, progress, hp))
 
 
 def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
@@ -757,8 +763,7 @@ def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
                  muon_momentum_warmup_steps=hp.muon_momentum_warmup_steps or hp.muon_momentum_warmup_frac * n,
                  warmdown_steps=min(n, hp.warmdown_iters or hp.warmdown_frac * n), qat_steps=hp.qat_start_frac * n,
                  ema_start_step=hp.ema_start_frac * n)
-    ema = hp.ema_decay or horizon_decay(hp.ema_horizon_frac, n)
-    momentum = hp.muon_momentum or horizon_decay(hp.muon_momentum_horizon_frac, n)
+    ema, momentum = ema_target(hp, n), muon_momentum_target(hp, n)
     return ("schedule: " + " ".join(f"{k}:{v:.0f}" for k, v in steps.items())
             + f" muon_momentum:{min(hp.muon_momentum_warmup_start, momentum):.4f}->{momentum:.4f} ema_decay:{ema:.5f}")
 
