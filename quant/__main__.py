@@ -16,7 +16,7 @@ from pathlib import Path
 from quant.artifact import decode_artifact
 from quant.estimate import estimate_artifact_bytes
 from quant.offline import (
-    quant_byte_budget, quant_check_shapes, quant_estimate_tensor_bytes, quant_piece_bytes, quant_policy_group,
+    quant_byte_budget, quant_check_shapes, quant_estimate_tensor_bytes, quant_piece_bytes,
 )
 from quant.policy import QuantPolicy
 
@@ -80,7 +80,7 @@ def _estimate(args, out=print) -> int:
     groups = {}
     for name, shape in shapes.items():
         bits = policy.bits_for(name, shape)
-        key = (quant_policy_group(policy, name, shape), f"int{bits}" if bits else policy.float_dtype)
+        key = (policy.group_of(name, shape), f"int{bits}" if bits else policy.float_dtype)
         g = groups.setdefault(key, [0, 0, 0.0])
         g[0], g[1], g[2] = g[0] + 1, g[1] + math.prod(shape), g[2] + quant_estimate_tensor_bytes(name, shape, policy)
     out(f"{'group':<8} {'format':<9} {'tensors':>7} {'params':>12} {'bytes':>12}")

@@ -48,12 +48,6 @@ def quant_policy_from_dict(d) -> QuantPolicy:
     return QuantPolicy(**d)
 
 
-def quant_policy_group(policy: QuantPolicy, name: str, shape) -> str:
-    """Group of a tensor as QuantPolicy.bits_for decides it (overrides not applied):
-    'control', 'embed', 'attn', 'mlp' or 'other' (QuantPolicy.group_of)."""
-    return policy.group_of(name, shape)
-
-
 def quant_check_shapes(param_shapes: dict) -> dict:
     """name -> shape (any sequence of ints) -> name -> tuple of ints; ValueError naming a bad one."""
     out = {}

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from quant.offline import quant_env_names, quant_policy_from_dict, quant_policy_group
+from quant.offline import quant_env_names, quant_policy_from_dict
 from quant.policy import QuantPolicy
 
 D, V, H = 512, 1024, 8
@@ -35,10 +35,10 @@ def test_default_formats_of_contract_names():
     assert p.bits_for("bigram.weight", (256, 256)) is None
     assert p.bits_for("bigram.weight", (512, 256)) == 8
     assert p.bits_for("blocks.0.attn.gate.weight", (8, 512)) is None  # control pattern wins
-    groups = {name: quant_policy_group(p, name, shape) for name, shape in CONTRACT_SHAPES.items()}
+    groups = {name: p.group_of(name, shape) for name, shape in CONTRACT_SHAPES.items()}
     assert groups["blocks.0.mlp.fc.weight"] == "mlp"
     assert groups["tok_emb.weight"] == groups["lm_head.weight"] == "embed" and groups["skip_weights"] == "control"
-    assert groups["blocks.0.attn.c_q.weight"] == "attn" and quant_policy_group(p, "bigram.weight", (512, 256)) == "other"
+    assert groups["blocks.0.attn.c_q.weight"] == "attn" and p.group_of("bigram.weight", (512, 256)) == "other"
 
 
 def test_fitted_bits_explicit_groups_and_overrides():
