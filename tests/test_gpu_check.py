@@ -40,5 +40,7 @@ def test_cpu_twin_runs_every_check_and_passes():
                       "projected full-val eval"]
     assert "attention backend         flash stand-in" in proc.stdout
     assert re.search(r"forward vs CPU fp32 +loss [\d.]+ vs [\d.]+ \(rel \S+, bf16 tolerance 1e-2\)", proc.stdout)
+    # the QAT row checks the bits QAT trains for: int8 when no QUANT_*_BITS is set (the fit's start)
+    assert re.search(r"QAT fake-quant == export +int8 \[\d+, \d+\] eager on cpu: max \|diff\| 0\.0e\+00", proc.stdout)
     assert re.search(r"projected full-val eval +stride 64: \d+ s, stride 96: \d+ s, stride 128: \d+ s", proc.stdout)
     assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")

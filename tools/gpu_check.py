@@ -167,8 +167,7 @@ def agreement_rows(ctx, model, hp) -> list:
     rows = [Row("forward vs CPU fp32", f"loss {dev_loss:.5f} vs {cpu_loss:.5f} (rel {rel:.1e}, bf16 tolerance 1e-2)",
                 ok=rel < 1e-2)]
     name, w = next((n, p.detach()) for n, p in model.named_parameters() if n.endswith("mlp.fc.weight"))
-    # the bits QAT was configured with (0 = left to QUANT_FIT, which starts from int8)
-    bits = model.get_submodule(name.rsplit(".", 1)[0]).qat_bits or 8
+    bits = model.get_submodule(name.rsplit(".", 1)[0]).qat_bits  # what configure_qat chose (unset groups: int8)
     export = dequantize_per_row(*quantize_per_row(w.float().cpu(), bits))
     eager = fake_quantize_per_row(w.float(), bits).cpu()
     rows.append(Row("QAT fake-quant == export", f"int{bits} {list(w.shape)} eager on {ctx.device.type}: max |diff| "
