@@ -284,3 +284,18 @@ def test_summary_sorts_by_mean_and_marks_configs_without_results():
     table = sweep.format_table(summary, metric="sliding", baseline="a", title="t")
     assert "| b | 2.23000 | 0.04243 | 2/2 | 2.20000 | 2.26000 | -0.08000 | 150 | 1500 | 10 |  |" in table
     assert "| c | - | - | 0/1 | - | - | - | 150 | - | 10 |  |" in table
+
+
+def test_result_rows_read_a_status_less_result_json_as_ok_like_the_resume_check(tmp_path):
+    """One reading of result.json: a run without "status" is "ok" for the table as for is_finished
+    (and make_record, significance); a run without result.json is "missing"."""
+    runs = sweep.build_runs({"name": "rows", "seeds": [1, 2, 3], "configs": {"a": {"MATRIX_LR": 0.02}}}, tmp_path)
+    runs[0].run_dir.mkdir(parents=True)
+    (runs[0].run_dir / "result.json").write_text(json.dumps({"val_bpb_sliding": 2.5, "steps": 7, "bytes_total": 9}))
+    runs[1].run_dir.mkdir(parents=True)
+    (runs[1].run_dir / "result.json").write_text(json.dumps({"status": "stopped_by_signal", "steps": 3}))
+    rows = sweep.result_rows(runs, "sliding")
+    assert [(r["status"], r["val_bpb"], r["steps"]) for r in rows] == [
+        ("ok", 2.5, 7), ("stopped_by_signal", None, 3), ("missing", None, None)]
+    assert rows[0]["bytes_total"] == 9 and rows[0]["settings"] == "MATRIX_LR=0.02" and rows[0]["seed"] == 1
+    assert [sweep.is_finished(r) for r in runs] == [True, False, False]

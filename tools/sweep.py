@@ -202,27 +202,39 @@ def check_trainer_settings(runs: list, environ=None) -> None:
 # -----------------------------------------------------------------------------------------------
 
 
-def run_status(run: SweepRun) -> str | None:
-    """The result.json status of a run, or None when it has none (never ran, crashed, interrupted)."""
-    path = run.run_dir / "result.json"
+def _read_json(path: Path) -> dict | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8")).get("status", "ok")
+        return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def read_result(run: SweepRun) -> dict | None:
+    """The run's result.json, or None when it has none (never ran, crashed, interrupted)."""
+    return _read_json(run.run_dir / "result.json")
+
+
+def run_status(result: dict | None) -> str:
+    """A result.json's status ("ok" when it has none, as in make_record and significance); "missing"
+    without a result.json."""
+    return "missing" if result is None else result.get("status", "ok")
+
+
+def recorded_env(run: SweepRun) -> dict | None:
+    """The env the sweep last launched this run folder with (its sweep_run.json), or None."""
+    return (_read_json(run.run_dir / "sweep_run.json") or {}).get("env")
 
 
 def is_finished(run: SweepRun) -> bool:
     """Finished = a result.json whose status rerunning would not change, written with these settings.
     A finished run with other settings is a SweepError (rename the config or delete its folder)."""
-    if run_status(run) not in SWEEP_FINISHED:
+    if run_status(read_result(run)) not in SWEEP_FINISHED:
         return False
-    recorded = run.run_dir / "sweep_run.json"
-    if recorded.is_file():
-        before = json.loads(recorded.read_text(encoding="utf-8")).get("env")
-        if before is not None and before != run.env:
-            changed = sorted(k for k in set(before) | set(run.env) if before.get(k) != run.env.get(k))
-            raise SweepError(f"config {run.config!r} seed {run.seed}: {run.run_dir} finished with other settings "
-                             f"({', '.join(changed)} differ); give the config a new name or delete that folder")
+    before = recorded_env(run)
+    if before is not None and before != run.env:
+        changed = sorted(k for k in set(before) | set(run.env) if before.get(k) != run.env.get(k))
+        raise SweepError(f"config {run.config!r} seed {run.seed}: {run.run_dir} finished with other settings "
+                         f"({', '.join(changed)} differ); give the config a new name or delete that folder")
     return True
 
 
@@ -256,9 +268,8 @@ def launch_run(run: SweepRun, slot, script: Path, gpus_per_run: int = 1, environ
     with CHECKPOINT_EVERY that was stopped with these settings continues from its checkpoint.pt
     (RESUME=1)."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    recorded = run.run_dir / "sweep_run.json"
     resume = (run.env.get("CHECKPOINT_EVERY", "0") not in ("", "0") and (run.run_dir / "checkpoint.pt").is_file()
-              and recorded.is_file() and json.loads(recorded.read_text(encoding="utf-8")).get("env") == run.env)
+              and recorded_env(run) == run.env)
     atomic_write_bytes(run.run_dir / "sweep_run.json", (json.dumps(
         {"config": run.config, "seed": run.seed, "settings": run.settings, "env": run.env}, indent=2) + "\n").encode())
     env = {**(os.environ if environ is None else environ), **run.env}
@@ -340,25 +351,15 @@ def execute(runs: list, slots: list, launch, on_done, stop: threading.Event | No
 # -----------------------------------------------------------------------------------------------
 
 
-def read_result(run: SweepRun) -> dict | None:
-    try:
-        return json.loads((run.run_dir / "result.json").read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def result_rows(runs: list, metric: str) -> list:
     """One dict per run (CSV_FIELDS); runs without a result.json have status 'missing'."""
     rows = []
     for run in runs:
-        r = read_result(run) or {}
-        row = {"config": run.config, "seed": run.seed, "status": r.get("status", "missing") if r else "missing",
-               "settings": " ".join(f"{k}={v}" for k, v in run.settings.items()), "run_dir": str(run.run_dir)}
-        for key in CSV_FIELDS:
-            if key not in row and key != "val_bpb":
-                row[key] = r.get(key)
-        row["val_bpb"] = r.get(f"val_bpb_{metric}")
-        rows.append(row)
+        result = read_result(run)
+        r = result or {}
+        rows.append({**{key: r.get(key) for key in CSV_FIELDS}, "config": run.config, "seed": run.seed,
+                     "status": run_status(result), "val_bpb": r.get(f"val_bpb_{metric}"),
+                     "settings": " ".join(f"{k}={v}" for k, v in run.settings.items()), "run_dir": str(run.run_dir)})
     return rows
 
 
@@ -583,16 +584,17 @@ def main(argv=None) -> int:
         state["done"] += 1
         state["seconds"] += seconds
         r = read_result(run)
+        status = run_status(r)
         left = len(todo) - state["done"]
         eta = state["seconds"] / state["done"] * left / len(slots)
         head = f"[{index[id(run)] + 1}/{len(runs)}] {run.config} seed {run.seed}:"
-        if r is None or rc != 0 and r.get("status") not in SWEEP_FINISHED:
+        if r is None or rc != 0 and status not in SWEEP_FINISHED:
             state["failed"] += 1
             print(f"{head} FAILED (exit {rc}; see {run.run_dir / 'console.txt'}) in {_duration(seconds)}; "
                   f"{left} left", flush=True)
         else:
             bpb = r.get(f"val_bpb_{metric}")
-            print(f"{head} {r.get('status', 'ok')} val_bpb {_fmt(bpb, '.5f', '-')} ({metric}) steps {r.get('steps')} "
+            print(f"{head} {status} val_bpb {_fmt(bpb, '.5f', '-')} ({metric}) steps {r.get('steps')} "
                   f"{_fmt(r.get('ms_per_step'), '.0f', '-')} ms/step in {_duration(seconds)}; {left} left"
                   + (f", ~{_duration(eta)} to go" if left else ""), flush=True)
         collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
