@@ -180,13 +180,14 @@ def build_runs(spec: dict, out_root) -> list:
 
 
 def check_trainer_settings(runs: list, environ=None) -> None:
-    """Build the kit's Hyperparameters for every distinct run env before anything starts: a value
-    the trainer would refuse, or a name that only looks like one of its settings (a typo), is a
-    SweepError naming the config. Hours of sweep lost to MATRIX_LRR are worth one import of torch."""
+    """Build the kit's Hyperparameters once per config (its seeds differ only in SEED, an integer)
+    before anything starts: a value the trainer would refuse, or a name that only looks like one of
+    its settings (a typo), is a SweepError naming the config. Hours of sweep lost to MATRIX_LRR are
+    worth one import of torch."""
     from train_gpt import Hyperparameters, warn_unknown_env
 
     environ = dict(os.environ if environ is None else environ)
-    for run in runs:
+    for run in {run.config: run for run in runs}.values():
         own = {k: v for k, v in run.env.items() if k not in SWEEP_RESERVED}
         unknown = warn_unknown_env(own, log=lambda msg: None)
         if unknown:
