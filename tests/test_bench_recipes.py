@@ -23,7 +23,11 @@ def test_prints_one_row_per_config_relative_to_the_first(capsys):
 
 def test_bad_input_exits_2_with_one_line(capsys):
     assert bench_recipes.main(["--set", *TINY, "--config", "a", "MLP_MULT"]) == 2
-    assert capsys.readouterr().err == "error: --config a: 'MLP_MULT': expected NAME=VALUE\n"
+    assert capsys.readouterr().err == "error: --config a: 'MLP_MULT': expected NAME=VALUE with an upper-case env var name\n"
     assert bench_recipes.main(["--steps", "0", "--config", "a"]) == 2
+    assert capsys.readouterr().err == "error: --steps 0: expected >= 1\n"
     assert bench_recipes.main(["--set", *TINY, "--config", "a", "NUM_LAYERS=x"]) == 2
-    assert "NUM_LAYERS='x': expected int" in capsys.readouterr().err
+    assert capsys.readouterr().err == "error: NUM_LAYERS='x': expected int\n"
+    # a typo would time the default instead of the recipe: refused like the sweep refuses it
+    assert bench_recipes.main(["--set", *TINY, "--config", "a", "MLP_MULTT=4"]) == 2
+    assert capsys.readouterr().err == "error: --config a: ['MLP_MULTT'] are not settings of train_gpt.py\n"

@@ -24,7 +24,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quant.policy import QuantPolicy  # noqa: E402
-from train_gpt import EMA, GPT, Hyperparameters, build_model_config, build_optimizers  # noqa: E402
+from tools.sweep import parse_assignments  # noqa: E402
+from train_gpt import EMA, GPT, Hyperparameters, build_model_config, build_optimizers, warn_unknown_env  # noqa: E402
 
 
 class Recipe:
@@ -32,6 +33,9 @@ class Recipe:
 
     def __init__(self, name: str, env: dict):
         self.name = name
+        unknown = warn_unknown_env(env, log=lambda *_: None)
+        if unknown:  # a typo would time the default instead of the recipe
+            raise ValueError(f"--config {name}: {unknown} are not settings of train_gpt.py")
         self.hp = Hyperparameters.from_env(env, log=lambda *_: None)
         torch.manual_seed(self.hp.seed)
         self.model = GPT(**build_model_config(self.hp))
@@ -57,16 +61,6 @@ class Recipe:
         return time.perf_counter() - start
 
 
-def parse_env(items, flag: str) -> dict:
-    env = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise ValueError(f"{flag}: {item!r}: expected NAME=VALUE")
-        env[name] = value
-    return env
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=8, help="timed steps per config (default 8)")
@@ -77,8 +71,9 @@ def main(argv=None) -> int:
     try:
         if args.steps < 1:
             raise ValueError(f"--steps {args.steps}: expected >= 1")
-        shared = parse_env(args.set, "--set")
-        recipes = [Recipe(name, {**shared, **parse_env(items, f"--config {name}")}) for name, *items in args.config]
+        shared = parse_assignments(args.set, "--set")
+        recipes = [Recipe(name, {**shared, **parse_assignments(items, f"--config {name}")})
+                   for name, *items in args.config]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
