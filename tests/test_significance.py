@@ -133,3 +133,8 @@ def test_a_sweep_config_folder_is_read_as_its_group_of_seeds(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert significance.main(["--runs", str(tmp_path / "empty"), "--baseline-bpb", "1"]) == 2
     assert "no finished run folders in it" in capsys.readouterr().err
+    (tmp_path / "sweep" / "new" / "seed7").mkdir()  # a damaged seed: one line naming it, no traceback
+    (tmp_path / "sweep" / "new" / "seed7" / "result.json").write_text("{")
+    assert significance.main(["--runs", str(tmp_path / "sweep" / "new"), "--baseline-bpb", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'sweep' / 'new' / 'seed7'}: result.json is not valid JSON" in err and len(err.splitlines()) == 1

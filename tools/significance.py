@@ -51,11 +51,11 @@ def load_values(path, metric: str = "sliding") -> list:
     path when the metric is not there."""
     path = Path(path)
     if path.is_dir() and not any((path / n).is_file() for n in ("result.json", "train.log", "submission.json")):
-        group = sorted(d for d in path.iterdir() if (d / "result.json").is_file()
-                       and json.loads((d / "result.json").read_text(encoding="utf-8")).get("status", "ok") == "ok")
-        if not group:
+        runs = [load_run(d) for d in sorted(path.iterdir()) if (d / "result.json").is_file()]
+        finished = [run for run in runs if run.result.get("status", "ok") == "ok"]
+        if not finished:
             raise ValueError(f"{path}: no result.json, train.log or submission.json, and no finished run folders in it")
-        return [v for d in group for v in load_values(d, metric)]
+        return [run_value(run, metric) for run in finished]
     if path.is_dir() and (path / "submission.json").is_file() and not (path / "result.json").is_file():
         sub = json.loads((path / "submission.json").read_text(encoding="utf-8"))
         out = []
@@ -69,8 +69,13 @@ def load_values(path, metric: str = "sliding") -> list:
         if not out:
             raise ValueError(f"{path}: submission.json has no seed_results")
         return out
-    run = load_run(path)
-    r, final = run.result, run.log["final"].get(metric)
+    return [run_value(load_run(path), metric)]
+
+
+def run_value(run, metric: str = "sliding") -> SeedValue:
+    """The SeedValue of one run (make_record.Run): result.json's metric, else its train.log's final
+    line. Raises ValueError naming the run when neither has it."""
+    path, r, final = run.path, run.result, run.log["final"].get(metric)
     bpb = r.get(f"val_bpb_{metric}")
     loss = r.get(f"val_loss_{metric}")
     if bpb is None and final is not None:
@@ -80,7 +85,7 @@ def load_values(path, metric: str = "sliding") -> list:
     tpb = r.get("tokens_per_byte") if metric == "sliding" else None
     if not tpb and loss:
         tpb = float(bpb) * math.log(2) / float(loss)  # bpb = loss / ln2 * tokens/byte
-    return [SeedValue(str(path), run.seed, float(bpb), None if loss is None else float(loss), tpb)]
+    return SeedValue(str(path), run.seed, float(bpb), None if loss is None else float(loss), tpb)
 
 
 def nats_to_bpb(nats: float, tokens_per_byte: float) -> float:
