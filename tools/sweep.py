@@ -309,16 +309,18 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def execute(runs: list, slots: list, launch, on_done, stop: threading.Event | None = None) -> None:
-    """Run every SweepRun with at most one run per slot at a time. `launch(run, slot)` -> exit code;
-    `on_done(run, returncode, seconds)` is called (serialized) after each; no run starts once `stop`
-    is set."""
+def execute(runs: list, slots: list, launch, on_done, on_interrupt=None) -> None:
+    """Run every SweepRun with at most one run per slot at a time (the calling thread works the first
+    slot). `launch(run, slot)` -> exit code; `on_done(run, returncode, seconds)` is called
+    (serialized) after each. On KeyboardInterrupt no run starts any more, `on_interrupt()` ends the
+    runs in flight, and every worker has finished its last on_done before the interrupt is re-raised,
+    so that the caller's own writes never race a worker's."""
     pending = queue.Queue()
     for run in runs:
         pending.put(run)
     lock = threading.Lock()
     errors = []
-    stop = stop or threading.Event()
+    stop = threading.Event()
 
     def worker(slot):
         while not errors and not stop.is_set():
@@ -335,14 +337,20 @@ def execute(runs: list, slots: list, launch, on_done, stop: threading.Event | No
             with lock:
                 on_done(run, rc, time.monotonic() - t0)
 
-    if len(slots) == 1:
+    threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots[1:]]
+    for t in threads:
+        t.start()
+    try:
         worker(slots[0])
-    else:
-        threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
-        for t in threads:
-            t.start()
         for t in threads:
             t.join()
+    except KeyboardInterrupt:
+        stop.set()
+        if on_interrupt is not None:
+            on_interrupt()
+        for t in threads:
+            t.join()
+        raise
     if errors:
         raise errors[0]
 
@@ -600,16 +608,14 @@ def main(argv=None) -> int:
                   + (f", ~{_duration(eta)} to go" if left else ""), flush=True)
         collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
 
-    stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        execute(todo, slots, lambda run, slot: launch_run(run, slot, script, args.gpus_per_run), on_done, stop)
+        execute(todo, slots, lambda run, slot: launch_run(run, slot, script, args.gpus_per_run), on_done,
+                on_interrupt=stop_trainers)
     except OSError as e:
         print(f"error: could not start {script}: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: stop the trainers too, keep what finished
-        stop.set()
-        stop_trainers()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: execute stopped the trainers too; keep what finished
         collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
         print("sweep interrupted: run the same command again to continue (finished runs are kept)",
               file=sys.stderr, flush=True)
