@@ -696,6 +696,12 @@ def build_optimizers(model: GPT, hp: Hyperparameters, is_cuda: bool, rank: int =
 # WARMDOWN_ITERS does the same with its measured step time).
 
 
+def run_progress(elapsed_ms: float, cap_ms: float, step: int, iterations: int) -> float:
+    """Fraction of the run done, in [0, 1]: of the wallclock cap (cap_ms > 0) or of ITERATIONS,
+    whichever is further along (the one that will end the run first)."""
+    return min(1.0, max(elapsed_ms / cap_ms if cap_ms > 0 else 0.0, step / max(1, iterations)))
+
+
 def run_steps_estimate(step: int, progress: float, hp: Hyperparameters) -> float:
     """The run's length in steps: ITERATIONS without a wallclock cap, else step / progress once the
     clock has run (EXPECTED_STEPS, at most ITERATIONS, before the first step)."""
@@ -1018,7 +1024,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         log_t, log_step = t0, step
         while True:
             elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
-            progress = min(1.0, max(elapsed_ms / cap_ms if cap_ms > 0 else 0.0, step / max(1, hp.iterations)))
+            progress = run_progress(elapsed_ms, cap_ms, step, hp.iterations)
             step_avg = elapsed_ms / max(1, step) if step else 0.0
             want_stop = step >= hp.iterations or bool(stop[0]) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
             last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop

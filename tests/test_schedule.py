@@ -6,7 +6,7 @@ import torch
 
 from train_gpt import (
     EMA, Hyperparameters, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active,
-    run_steps_estimate, warmdown_frac_at,
+    run_progress, run_steps_estimate, warmdown_frac_at,
 )
 
 
@@ -121,7 +121,10 @@ def test_ema_starts_late_and_follows_the_weights_before():
 def test_progress_ends_with_whichever_limit_comes_first():
     """ITERATIONS below what the cap allows still ends the warmdown at 0 (progress = step / ITERATIONS)."""
     hp = env_hp(PRESET="smoke", ITERATIONS=100)
-    progress = min(1.0, max(1000.0 / 240_000.0, 100 / hp.iterations))
+    progress = run_progress(1000.0, 1000 * hp.max_wallclock_seconds, 100, hp.iterations)
+    assert progress == 1.0 and run_progress(1000.0, 240_000.0, 10, 100) == 0.1  # steps ahead of the clock
+    assert run_progress(120_000.0, 240_000.0, 10, 100) == 0.5 and run_progress(5.0, 0.0, 3, 12) == 0.25  # no cap
+    assert run_progress(300_000.0, 240_000.0, 10, 100) == 1.0
     assert lr_multiplier(progress, warmdown_frac_at(100, progress, hp)) == 0.0
     assert qat_active(progress, hp.qat_start_frac)
 
