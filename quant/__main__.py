@@ -15,6 +15,7 @@ from pathlib import Path
 
 from quant.artifact import decode_artifact
 from quant.estimate import estimate_artifact_bytes
+from quant.fit import fit_policy
 from quant.offline import (
     quant_byte_budget, quant_check_shapes, quant_estimate_tensor_bytes, quant_piece_bytes,
 )
@@ -58,25 +59,29 @@ def shipped_code_bytes() -> int:
     return len(build_packed_bytes())
 
 
-def _model_shapes_from_env() -> dict:
+def _model_from_env():
+    """(shapes, QUANT_ESTIMATE_SCALE) of the model the environment configures (PRESET, NUM_LAYERS, ...)."""
     import torch
     from train_gpt import GPT, Hyperparameters, build_model_config
 
-    config = build_model_config(Hyperparameters.from_env())
+    hp = Hyperparameters.from_env()
     with torch.device("meta"):
-        model = GPT(**config)
-    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+        model = GPT(**build_model_config(hp))
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}, hp.quant_estimate_scale
 
 
 def _estimate(args, out=print) -> int:
     policy = QuantPolicy.from_env()
     budget = quant_byte_budget(args.byte_budget)
     if args.shapes:
-        shapes = quant_check_shapes(json.loads(Path(args.shapes).read_text()))
+        shapes, scale = quant_check_shapes(json.loads(Path(args.shapes).read_text())), 1.0
     else:
-        shapes = _model_shapes_from_env()
+        shapes, scale = _model_from_env()
     # code: the packed train_gpt.py a record ships (what every run logs as code_bytes)
     code_bytes = shipped_code_bytes() if args.code_bytes is None else args.code_bytes
+    # the bits the trainer would choose before training (QUANT_FIT=1, the default), on the same
+    # estimate scaled by the preset's QUANT_ESTIMATE_SCALE
+    policy = fit_policy(policy, shapes, int((budget - code_bytes) / scale), log=out)
     groups = {}
     for name, shape in shapes.items():
         bits = policy.bits_for(name, shape)
@@ -86,9 +91,10 @@ def _estimate(args, out=print) -> int:
     out(f"{'group':<8} {'format':<9} {'tensors':>7} {'params':>12} {'bytes':>12}")
     for (group, fmt), (num, params, nbytes) in sorted(groups.items()):
         out(f"{group:<8} {fmt:<9} {num:>7} {params:>12,} {int(nbytes):>12,}")
-    model_bytes = estimate_artifact_bytes(shapes, policy)
+    model_bytes = math.ceil(estimate_artifact_bytes(shapes, policy) * scale)
     total = model_bytes + code_bytes
-    out(f"overhead {estimate_artifact_bytes({}, policy):,} bytes; projected model {model_bytes:,} + code {code_bytes:,} = "
+    out(f"overhead {estimate_artifact_bytes({}, policy):,} bytes; projected model {model_bytes:,}"
+        + (f" (the table x QUANT_ESTIMATE_SCALE {scale:g})" if scale != 1 else "") + f" + code {code_bytes:,} = "
         f"{total:,} bytes; budget {budget:,}: {'fits' if total <= budget else 'DOES NOT FIT'} (margin {budget - total:,})")
     out("a projection calibrated on Gaussian weights, not a bound (trained weights measured -2%..+0.4%, uniform "
         "-8%, heavy-tailed +12..25%); QUANT_FIT steps down bits / prunes if the real export is over")

@@ -50,7 +50,33 @@ def test_preset_defaults_and_explicit_override():
     assert (smoke.num_layers, smoke.model_dim, smoke.train_seq_len, smoke.train_batch_tokens) == (4, 256, 256, 8192)
     assert (smoke.max_wallclock_seconds, smoke.expected_steps) == (240.0, 150)
     default = Hyperparameters.from_env({}, log=lambda *_: None)
-    assert (default.preset, default.num_layers, default.train_seq_len, default.eval_stride) == ("1xh100", 8, 2048, 64)
+    assert (default.preset, default.num_layers, default.xsa_last_n, default.vocab_size) == ("1xh100-sp8192", 7, 7, 8192)
+    assert (default.train_seq_len, default.eval_stride, default.qk_gain_init, default.matrix_lr) == (2048, 64, 4.0, 0.025)
+    assert default.data_path.endswith("fineweb10B_sp8192") and default.tokenizer_path.endswith("fineweb_8192_bpe.model")
+    sp4096 = Hyperparameters.from_env({"PRESET": "1xh100-sp4096"}, log=lambda *_: None)
+    assert (sp4096.num_layers, sp4096.xsa_last_n, sp4096.vocab_size, sp4096.qk_gain_init) == (8, 2, 4096, 3.0)
+    assert Hyperparameters.from_env({"PRESET": "1xh100"}, log=lambda *_: None).num_layers == 8
+
+
+def test_train_shards_holding_fewer_tokens_than_the_run_reads_warn(tiny_dataset, sp1024_model, tmp_path, capsys):
+    from eval.shards import list_shards, read_shard_header
+    from train_gpt import check_train_tokens
+
+    held = sum(read_shard_header(p) for p in list_shards(tiny_dataset, "train"))
+    logs = []
+    steps = held // 8192  # smoke: 8,192 tokens per step; the wallclock run is EXPECTED_STEPS long
+    assert check_train_tokens(hp_for(tiny_dataset, sp1024_model, EXPECTED_STEPS=steps), logs.append) == (held, steps * 8192)
+    assert logs == []
+    over = hp_for(tiny_dataset, sp1024_model, EXPECTED_STEPS=steps + 1)
+    assert check_train_tokens(over, logs.append) == (held, (steps + 1) * 8192)
+    assert logs == [f"WARNING: the train shards of DATA_PATH={tiny_dataset} hold {held:,} tokens; this run reads about "
+                    f"{(steps + 1) * 8192:,} ({steps + 1} steps x TRAIN_BATCH_TOKENS=8,192) and will repeat data, which "
+                    f"costs bpb; `tools/prepare_data.py fineweb --train-shards 1` covers it with 20% margin (100M tokens per shard)"]
+    capsys.readouterr()  # without a wallclock cap the run is ITERATIONS long; check_inputs logs the warning
+    check_inputs(hp_for(tiny_dataset, sp1024_model, MAX_WALLCLOCK_SECONDS=0, ITERATIONS=steps + 1), ctx(tmp_path))
+    assert f"WARNING: the train shards of DATA_PATH={tiny_dataset} hold {held:,} tokens" in capsys.readouterr().out
+    check_inputs(hp_for(tiny_dataset, sp1024_model, MAX_WALLCLOCK_SECONDS=0, ITERATIONS=steps), ctx(tmp_path))
+    assert "WARNING: the train shards" not in capsys.readouterr().out
 
 
 def test_unknown_lookalike_env_var_warns_with_a_suggestion():

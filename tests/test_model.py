@@ -48,6 +48,42 @@ def test_causality_future_tokens_do_not_change_past_logits():
     assert not torch.allclose(a[:, 8:], b[:, 8:])
 
 
+def test_parallel_residual_block_matches_the_gpt_j_formula():
+    """PARALLEL_RESIDUAL_START=2 of 4 layers: blocks 2 and 3 compute x + a*attn(n) + m*mlp(n) with one
+    n = rms_norm(mix(x, x0)); blocks 0 and 1 stay sequential; -1 is the plain model, bit for bit."""
+    model = tiny_model(parallel_residual_start=2)
+    assert [b.parallel for b in model.blocks] == [False, False, True, True]
+    torch.manual_seed(1)
+    for p in model.parameters():  # leave the init's ones/zeros so a dropped term shows
+        if p.ndim == 1 or p.shape[0] == 2:
+            p.data.add_(0.3 * torch.randn_like(p))
+    t, dim = 10, TINY["model_dim"]
+    freqs = torch.outer(torch.arange(t, dtype=torch.float32), model.rope_inv_freq)
+    cos, sin = freqs.cos(), freqs.sin()
+    x, x0 = torch.randn(2, t, dim), torch.randn(2, t, dim)
+    for i, block in enumerate(model.blocks):
+        mixed = block.resid_mix[0] * x + block.resid_mix[1] * x0
+        n = F.rms_norm(mixed, (dim,))
+        parallel = mixed + block.attn_scale * block.attn(n, cos, sin) + block.mlp_scale * block.mlp(n)
+        after_attn = mixed + block.attn_scale * block.attn(n, cos, sin)
+        serial = after_attn + block.mlp_scale * block.mlp(F.rms_norm(after_attn, (dim,)))
+        out = block(x, x0, cos, sin)
+        assert torch.allclose(out, parallel if i >= 2 else serial, atol=1e-6), i
+        assert not torch.allclose(parallel, serial, atol=1e-3)
+    ids = torch.randint(0, 64, (2, 12))
+    assert torch.equal(tiny_model(parallel_residual_start=-1).forward_logits(ids), tiny_model().forward_logits(ids))
+    assert not torch.allclose(tiny_model(parallel_residual_start=0).forward_logits(ids), tiny_model().forward_logits(ids))
+
+
+def test_parallel_residual_start_is_validated_and_reaches_the_model_config():
+    hp = Hyperparameters.from_env({"PARALLEL_RESIDUAL_START": "6"}, log=lambda *_: None)
+    assert build_model_config(hp)["parallel_residual_start"] == 6
+    assert Hyperparameters.from_env({}, log=lambda *_: None).parallel_residual_start == -1
+    for bad in ("8", "-2"):
+        with pytest.raises(ValueError, match=f"PARALLEL_RESIDUAL_START={bad}: expected -1 \\(off\\) or a layer index 0..7"):
+            Hyperparameters.from_env({"PARALLEL_RESIDUAL_START": bad, "PRESET": "1xh100"}, log=lambda *_: None)
+
+
 def plain_rope(x, base, dims):
     """Reference RoPE with complex numbers on the first `dims` dims, half-split pairing."""
     t = x.size(1)

@@ -18,10 +18,13 @@ from eval.offline import write_data_shard
 from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
 from tools.prepare_data import (
     HubUnreachableError,
+    build_parser,
     build_sample,
+    check_repo_id,
     check_tokenizer,
     dataset_dir_for_variant,
     download_fineweb,
+    hub_manifest_local_path,
     iter_documents,
     local_path_for_remote,
     main,
@@ -351,36 +354,56 @@ class FakeHub:
         return path
 
 
-def _make_fake_hub(root: Path, sp_model: Path, files_train=3) -> tuple:
-    """Official layout: datasets/manifest.json, datasets/datasets/fineweb10B_sp1024/*.bin, datasets/tokenizers/*."""
+def _make_fake_hub(root: Path, sp_model: Path, files_train=3, *, vocab_size=1024, files_val=1, seed=0) -> tuple:
+    """Official layout: datasets/manifest.json, datasets/datasets/fineweb10B_sp<V>/*.bin, datasets/tokenizers/*.
+
+    Val shard i holds 7 + i documents, train shard i 11 + i; tokens in [4, vocab_size)."""
     base = root / "datasets"
-    ds = base / "datasets" / "fineweb10B_sp1024"
+    dataset = f"fineweb10B_sp{vocab_size}"
+    ds = base / "datasets" / dataset
     ds.mkdir(parents=True)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     shards = {}
 
     def shard(num_docs):
-        return np.concatenate([np.r_[1, rng.integers(4, 1024, size=rng.integers(5, 40))] for _ in range(num_docs)])
+        return np.concatenate([np.r_[1, rng.integers(4, vocab_size, size=rng.integers(5, 40))] for _ in range(num_docs)])
 
-    shards["fineweb_val_000000.bin"] = shard(7)
+    for i in range(files_val):
+        shards[f"fineweb_val_{i:06d}.bin"] = shard(7 + i)
     for i in range(files_train):
         shards[f"fineweb_train_{i:06d}.bin"] = shard(11 + i)
     for name, toks in shards.items():
         write_data_shard(ds / name, toks)
     (base / "tokenizers").mkdir()
-    shutil.copyfile(sp_model, base / "tokenizers" / "fineweb_1024_bpe.model")
-    shutil.copyfile(sp_model.with_suffix(".vocab"), base / "tokenizers" / "fineweb_1024_bpe.vocab")
-    stats = {"docs_total": 7 + sum(11 + i for i in range(files_train)), "docs_val": 7, "files_val": 1,
-             "files_train": files_train, "files_total": 1 + files_train, "tokens_val": int(shards["fineweb_val_000000.bin"].size)}
+    tok = f"fineweb_{vocab_size}_bpe"
+    shutil.copyfile(sp_model, base / "tokenizers" / f"{tok}.model")
+    shutil.copyfile(sp_model.with_suffix(".vocab"), base / "tokenizers" / f"{tok}.vocab")
+    docs_val = sum(7 + i for i in range(files_val))
+    stats = {"docs_total": docs_val + sum(11 + i for i in range(files_train)), "docs_val": docs_val, "files_val": files_val,
+             "files_train": files_train, "files_total": files_val + files_train,
+             "tokens_val": sum(int(shards[f"fineweb_val_{i:06d}.bin"].size) for i in range(files_val))}
     manifest = {
-        "version": "10B", "num_val_docs": 7, "shard_size": 100_000_000, "append_eos": False,
-        "tokenizers": [{"name": "sp_bpe_1024", "kind": "sentencepiece_bpe", "vocab_size": 1024, "bos_id": 1, "eos_id": 2,
-                        "model_path": "tokenizers/fineweb_1024_bpe.model", "vocab_path": "tokenizers/fineweb_1024_bpe.vocab"}],
-        "datasets": [{"name": "fineweb10B_sp1024", "tokenizer_name": "sp_bpe_1024", "tokenizer_kind": "sentencepiece_bpe",
-                      "path": "datasets/fineweb10B_sp1024", "vocab_size": 1024, "bos_id": 1, "eos_id": 2, "stats": stats}],
+        "version": "10B", "num_val_docs": docs_val, "shard_size": 100_000_000, "append_eos": False,
+        "tokenizers": [{"name": f"sp_bpe_{vocab_size}", "kind": "sentencepiece_bpe", "vocab_size": vocab_size, "bos_id": 1,
+                        "eos_id": 2, "model_path": f"tokenizers/{tok}.model", "vocab_path": f"tokenizers/{tok}.vocab"}],
+        "datasets": [{"name": dataset, "tokenizer_name": f"sp_bpe_{vocab_size}", "tokenizer_kind": "sentencepiece_bpe",
+                      "path": f"datasets/{dataset}", "vocab_size": vocab_size, "bos_id": 1, "eos_id": 2, "stats": stats}],
     }
     (base / "manifest.json").write_text(json.dumps(manifest))
     return shards, manifest
+
+
+@pytest.fixture(scope="session")
+def sp8192_model(shared_dir) -> Path:
+    """The published fineweb_8192_bpe.model from ../shared (training an 8192-piece model takes too long)."""
+    path = None if shared_dir is None else shared_dir / "data/tokenizers/fineweb_8192_bpe.model"
+    if path is None or not path.is_file() or not path.with_suffix(".vocab").is_file():
+        pytest.skip("needs ../shared/data/tokenizers/fineweb_8192_bpe.{model,vocab}")
+    return path
+
+
+def _local_files(root: Path) -> list:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
 def test_fineweb_manifest_driven_download_offline(tmp_path, sp1024_model):
@@ -397,7 +420,10 @@ def test_fineweb_manifest_driven_download_offline(tmp_path, sp1024_model):
     data_path = out / "datasets" / "fineweb10B_sp1024"
     assert result["data_path"] == data_path and result["vocab_size"] == 1024
     assert result["tokenizer_path"] == out / "tokenizers" / "fineweb_1024_bpe.model"
-    assert (out / "manifest.json").is_file() and (out / "tokenizers" / "fineweb_1024_bpe.vocab").is_file()
+    hub_manifest = out / "hub_manifests" / "willdepueoai" / "parameter-golf" / "datasets" / "manifest.json"
+    assert hub_manifest_local_path(out, "willdepueoai/parameter-golf") == hub_manifest
+    assert hub_manifest.read_bytes() == (tmp_path / "hub/datasets/manifest.json").read_bytes()
+    assert not (out / "manifest.json").exists() and (out / "tokenizers" / "fineweb_1024_bpe.vocab").is_file()
     assert sorted(p.name for p in data_path.glob("*.bin")) == ["fineweb_train_000000.bin", "fineweb_train_000001.bin", "fineweb_val_000000.bin"]
     assert np.array_equal(load_validation_tokens(data_path, 1024).numpy(), shards["fineweb_val_000000.bin"])
 
@@ -410,22 +436,25 @@ def test_fineweb_manifest_driven_download_offline(tmp_path, sp1024_model):
     assert manifest["splits"]["train"]["num_docs"] == 11 + 12
     assert manifest["splits"]["train"]["num_tokens"] == sum(shards[f"fineweb_train_{i:06d}.bin"].size for i in range(2))
     assert manifest["source"]["num_train_shards_available"] == 3
+    assert manifest["source"]["repo_id"] == "willdepueoai/parameter-golf"
     # No doc hashes in the official download: the overlap can not be checked (None, warned).
     assert check_data_manifest(data_path, vocab_size=1024, log=logs.append) is None
     assert "train/val overlap not checked" in logs[-1]
 
-    # Re-run: everything is local, nothing is fetched; asking for one more shard fetches only that one.
+    # Re-run: only the (small) hub manifest is fetched again, the rest is local; asking for one more
+    # shard fetches only that one.
     hub.calls.clear()
     download_fineweb("sp1024", 2, out, downloader=hub, **QUIET)
-    assert hub.calls == []
+    assert hub.calls == [("willdepueoai/parameter-golf", "datasets/manifest.json")]
+    hub.calls.clear()
     download_fineweb("sp1024", 3, out, downloader=hub, **QUIET)
-    assert hub.calls == [("willdepueoai/parameter-golf", prefix + "fineweb_train_000002.bin")]
+    assert hub.calls == [("willdepueoai/parameter-golf", p) for p in ["datasets/manifest.json", prefix + "fineweb_train_000002.bin"]]
     # A damaged local shard is fetched again.
     hub.calls.clear()
     (data_path / "fineweb_train_000001.bin").unlink()  # a hard link to the cache blob: never write it in place
     (data_path / "fineweb_train_000001.bin").write_bytes(b"\x00" * 10)
     download_fineweb("sp1024", 2, out, downloader=hub, **QUIET)
-    assert hub.calls == [("willdepueoai/parameter-golf", prefix + "fineweb_train_000001.bin")]
+    assert hub.calls == [("willdepueoai/parameter-golf", p) for p in ["datasets/manifest.json", prefix + "fineweb_train_000001.bin"]]
     assert json.loads((data_path / "manifest.json").read_text())["splits"]["train"]["shards"] == [
         f"fineweb_train_{i:06d}.bin" for i in range(3)]
 
@@ -435,7 +464,8 @@ def test_fineweb_manifest_errors(tmp_path, sp1024_model):
     hub = FakeHub(tmp_path / "hub")
     with pytest.raises(ValueError, match="--train-shards 4: sp1024 has only 3 train shards"):
         download_fineweb("sp1024", 4, tmp_path / "d1", downloader=hub, **QUIET)
-    with pytest.raises(ValueError, match=r"fineweb10B_sp4096 .* available: \['fineweb10B_sp1024'\]"):
+    with pytest.raises(ValueError, match=r"fineweb10B_sp4096 .* available: \['fineweb10B_sp1024'\]; "
+                                         r"the sp4096 export is in --repo-id kevclark/parameter-golf"):
         download_fineweb("sp4096", 1, tmp_path / "d2", downloader=hub, **QUIET)
     with pytest.raises(ValueError, match="expected sp<VOCAB_SIZE>"):
         download_fineweb("gpt2", 1, tmp_path / "d3", downloader=hub, **QUIET)
@@ -450,6 +480,133 @@ def test_fineweb_manifest_errors(tmp_path, sp1024_model):
     assert local_path_for_remote("datasets/manifest.json", "datasets", tmp_path) == tmp_path / "manifest.json"
     with pytest.raises(ValueError, match="refusing remote path"):
         local_path_for_remote("datasets/../../etc/passwd", "datasets", tmp_path)
+
+
+def test_fineweb_sp8192_from_kevclark_repo(tmp_path, sp8192_model):
+    shards, hub_manifest = _make_fake_hub(tmp_path / "hub", sp8192_model, files_train=3, files_val=2, vocab_size=8192)
+    hub = FakeHub(tmp_path / "hub")
+    out = tmp_path / "data"
+    result = download_fineweb("sp8192", 1, out, repo_id="kevclark/parameter-golf", downloader=hub, **QUIET)
+    prefix = "datasets/datasets/fineweb10B_sp8192/"
+    assert hub.calls == [("kevclark/parameter-golf", p) for p in [
+        "datasets/manifest.json", prefix + "fineweb_val_000000.bin", prefix + "fineweb_val_000001.bin",
+        prefix + "fineweb_train_000000.bin", "datasets/tokenizers/fineweb_8192_bpe.model",
+        "datasets/tokenizers/fineweb_8192_bpe.vocab"]]
+    assert _local_files(out) == [
+        "datasets/fineweb10B_sp8192/fineweb_train_000000.bin", "datasets/fineweb10B_sp8192/fineweb_val_000000.bin",
+        "datasets/fineweb10B_sp8192/fineweb_val_000001.bin", "datasets/fineweb10B_sp8192/manifest.json",
+        "hub_manifests/kevclark/parameter-golf/datasets/manifest.json",
+        "tokenizers/fineweb_8192_bpe.model", "tokenizers/fineweb_8192_bpe.vocab"]
+    for remote in [p for _, p in hub.calls if p != "datasets/manifest.json"]:
+        local = out / remote.removeprefix("datasets/")
+        assert local.read_bytes() == (tmp_path / "hub" / remote).read_bytes(), remote
+
+    data_path = out / "datasets" / "fineweb10B_sp8192"
+    assert result["data_path"] == data_path and result["vocab_size"] == 8192
+    assert result["tokenizer_path"] == out / "tokenizers" / "fineweb_8192_bpe.model"
+    val = np.concatenate([shards["fineweb_val_000000.bin"], shards["fineweb_val_000001.bin"]])
+    assert np.array_equal(load_validation_tokens(data_path, 8192).numpy(), val)
+    manifest = json.loads((data_path / "manifest.json").read_text())
+    assert manifest == result["manifest"]
+    assert (manifest["vocab_size"], manifest["bos_id"], manifest["tokenizer"]) == (8192, 1, "fineweb_8192_bpe.model")
+    assert manifest["tokenizer_sha256"] == hashlib.sha256(sp8192_model.read_bytes()).hexdigest()
+    assert manifest["splits"]["val"] == {"num_docs": 7 + 8, "num_tokens": int(val.size),
+                                         "shards": ["fineweb_val_000000.bin", "fineweb_val_000001.bin"]}
+    assert manifest["splits"]["train"] == {"num_docs": 11, "num_tokens": int(shards["fineweb_train_000000.bin"].size),
+                                           "shards": ["fineweb_train_000000.bin"]}
+    assert manifest["source"]["repo_id"] == "kevclark/parameter-golf"
+    assert (manifest["source"]["variant"], manifest["source"]["dataset"]) == ("sp8192", "fineweb10B_sp8192")
+    assert manifest["source"]["num_train_shards_available"] == 3 and manifest["source"]["hub_stats"] == hub_manifest["datasets"][0]["stats"]
+
+
+def test_fineweb_two_repos_into_one_out_dir(tmp_path, sp1024_model, sp8192_model):
+    """Regression: the hub manifest was kept as out_root/manifest.json and never fetched again, so an
+    sp8192 download from kevclark after an sp1024 one from willdepueoai read the stale manifest and
+    failed with "dataset fineweb10B_sp8192 not in ..."."""
+    _, official_manifest = _make_fake_hub(tmp_path / "official", sp1024_model, files_train=2)
+    _, kevclark_manifest = _make_fake_hub(tmp_path / "kevclark", sp8192_model, files_train=2, vocab_size=8192, seed=1)
+    hubs = {"willdepueoai/parameter-golf": FakeHub(tmp_path / "official"), "kevclark/parameter-golf": FakeHub(tmp_path / "kevclark")}
+
+    def downloader(repo_id, remote_path):
+        return hubs[repo_id](repo_id, remote_path)
+
+    out = tmp_path / "data"
+    out.mkdir()
+    # What the old code left behind: the official manifest at out_root/manifest.json. It is ignored now.
+    shutil.copyfile(tmp_path / "official/datasets/manifest.json", out / "manifest.json")
+    first = download_fineweb("sp1024", 1, out, downloader=downloader, **QUIET)
+    second = download_fineweb("sp8192", 1, out, repo_id="kevclark/parameter-golf", downloader=downloader, **QUIET)
+    assert (first["vocab_size"], second["vocab_size"]) == (1024, 8192)
+    official_kept = out / "hub_manifests/willdepueoai/parameter-golf/datasets/manifest.json"
+    kevclark_kept = out / "hub_manifests/kevclark/parameter-golf/datasets/manifest.json"
+    assert json.loads(official_kept.read_text()) == official_manifest
+    assert json.loads(kevclark_kept.read_text()) == kevclark_manifest
+    for result, repo_id, tokenizer in ((first, "willdepueoai/parameter-golf", sp1024_model),
+                                       (second, "kevclark/parameter-golf", sp8192_model)):
+        manifest = json.loads((result["data_path"] / "manifest.json").read_text())
+        assert manifest["source"]["repo_id"] == repo_id
+        assert manifest["tokenizer_sha256"] == hashlib.sha256(tokenizer.read_bytes()).hexdigest()
+    assert sorted(p.name for p in (out / "datasets").iterdir()) == ["fineweb10B_sp1024", "fineweb10B_sp8192"]
+    assert sorted(p.name for p in (out / "tokenizers").iterdir()) == [
+        "fineweb_1024_bpe.model", "fineweb_1024_bpe.vocab", "fineweb_8192_bpe.model", "fineweb_8192_bpe.vocab"]
+    # And back again: sp1024 from the default repo still works, asking only for its own manifest.
+    hubs["willdepueoai/parameter-golf"].calls.clear()
+    download_fineweb("sp1024", 1, out, downloader=downloader, **QUIET)
+    assert hubs["willdepueoai/parameter-golf"].calls == [("willdepueoai/parameter-golf", "datasets/manifest.json")]
+
+
+def test_fineweb_hub_manifest_is_fresh_and_kept_copy_serves_offline(tmp_path, sp1024_model):
+    _, manifest = _make_fake_hub(tmp_path / "hub", sp1024_model, files_train=2)
+    hub = FakeHub(tmp_path / "hub")
+    out = tmp_path / "data"
+    download_fineweb("sp1024", 1, out, downloader=hub, **QUIET)
+    kept = hub_manifest_local_path(out, "willdepueoai/parameter-golf")
+    # The hub's manifest changes (files are replaced, never rewritten in place: the kept copy may be a hard link).
+    manifest["datasets"][0]["stats"]["files_train"] = 1
+    (tmp_path / "hub/datasets/manifest.json").unlink()
+    (tmp_path / "hub/datasets/manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="--train-shards 2: sp1024 has only 1 train shards"):
+        download_fineweb("sp1024", 2, out, downloader=hub, **QUIET)
+    assert json.loads(kept.read_text()) == manifest
+
+    def no_network(repo_id, remote_path):
+        raise ConnectionError("cannot connect")
+
+    logs = []
+    result = download_fineweb("sp1024", 1, out, downloader=no_network, progress=False, log=logs.append)
+    assert result["vocab_size"] == 1024 and result["manifest"]["splits"]["train"]["shards"] == ["fineweb_train_000000.bin"]
+    assert logs[0].startswith("warning: cannot reach the Hugging Face Hub for dataset repo willdepueoai/parameter-golf")
+    assert f"using the copy kept in {kept} (may be stale)" in logs[0]
+    # Without a kept copy for that repo: unreachable as before.
+    with pytest.raises(HubUnreachableError, match="kevclark/parameter-golf"):
+        download_fineweb("sp8192", 1, out, repo_id="kevclark/parameter-golf", downloader=no_network, **QUIET)
+
+
+@pytest.mark.parametrize("repo_id", ["parameter-golf", "kevclark/parameter-golf/extra", "../parameter-golf", "kevclark/..",
+                                     "kevclark/", "/parameter-golf", "kevclark/parameter golf", "kevclark/a--b",
+                                     "kevclark\\parameter-golf", "-x/parameter-golf", ""])
+def test_fineweb_bad_repo_id_refused_before_any_download(tmp_path, repo_id, capsys):
+    hub = FakeHub(tmp_path / "hub")
+    with pytest.raises(ValueError, match="--repo-id .*expected a Hugging Face dataset repo id 'owner/name'"):
+        download_fineweb("sp8192", 1, tmp_path / "data", repo_id=repo_id, downloader=hub, **QUIET)
+    assert hub.calls == [] and not (tmp_path / "data").exists()
+    assert main(["fineweb", "--variant", "sp8192", "--train-shards", "1", f"--repo-id={repo_id}",
+                 "--out-root", str(tmp_path / "data")]) == 2  # the real client: refused before it is called
+    assert f"--repo-id {repo_id!r}" in capsys.readouterr().err
+    assert not (tmp_path / "data").exists()
+
+
+def test_repo_id_check_and_fineweb_help():
+    assert check_repo_id("willdepueoai/parameter-golf") == ("willdepueoai", "parameter-golf")
+    assert check_repo_id("kevclark/parameter-golf") == ("kevclark", "parameter-golf")
+    assert check_repo_id("A.b_c/x-1.0") == ("A.b_c", "x-1.0")
+    fineweb = next(a for a in build_parser()._subparsers._group_actions[0].choices["fineweb"]._actions if a.dest == "repo_id")
+    assert "sp1024" in fineweb.help and "--repo-id kevclark/parameter-golf" in fineweb.help
+    import tools.prepare_data as prepare_data
+
+    for variant in ("sp4096", "sp8192"):
+        assert f"fineweb --variant {variant} --train-shards 80 --repo-id kevclark/parameter-golf" in prepare_data.__doc__
+    assert "fineweb --variant sp1024 --train-shards 80\n" in prepare_data.__doc__
 
 
 def test_fineweb_hub_unreachable_names_offline_modes(tmp_path):

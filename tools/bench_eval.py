@@ -148,6 +148,47 @@ def bench_projection(args):
               f"{'yes' if causal_s <= 300 else 'no':>8} |")
 
 
+# Val split tokens per vocabulary: sp1024 the official export; sp4096 and sp8192 the
+# kevclark/parameter-golf exports of the same 50,000 documents (PR #1617's logs, val_loader tokens).
+VAL_TOKENS_BY_VOCAB = {1024: OFFICIAL_VAL_TOKENS, 4096: 45_508_608, 8192: 40_540_160}
+PRESET_EVAL_MFU = 0.3  # issue 15: each GPU preset's default stride must fit at this MFU
+
+
+def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
+    """Projected eval seconds of a GPU preset's model on its full val split at `mfu` of one H100 per GPU
+    (causal count): {"roundtrip": s, stride: sliding s, ...}; the 8xh100 preset splits windows over 8 GPUs."""
+    import train_gpt
+
+    hp = train_gpt.Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
+    config, seq_len = train_gpt.build_model_config(hp), hp.train_seq_len
+    _, total, attention = forward_flops(config, seq_len)
+    rate = H100_BF16_PEAK_FLOPS * mfu * (8 if preset == "8xh100" else 1)
+    num_targets = VAL_TOKENS_BY_VOCAB[hp.vocab_size] - 1
+    causal = total - attention / 2
+    out = {"roundtrip": math.ceil(num_targets / seq_len) * causal / rate}
+    for stride in strides:
+        out[stride] = count_sliding_windows(num_targets, seq_len, stride) * causal / rate
+    return hp, out
+
+
+def bench_presets(mfu=PRESET_EVAL_MFU, budget_s=600.0):
+    """One row per GPU preset: projected roundtrip + sliding eval seconds at strides 64/96/128, and the
+    smallest of them whose roundtrip + sliding fits `budget_s` (what the preset's EVAL_STRIDE should be)."""
+    import train_gpt
+
+    print(f"\nPer preset, full val split, {mfu:.0%} MFU (causal count), roundtrip + sliding must fit {budget_s:.0f} s")
+    print(f"| {'preset':<14} | {'val tokens':>10} | {'roundtrip s':>11} | {'s64 s':>6} | {'s96 s':>6} | {'s128 s':>6} | "
+          f"{'fits at':>7} | {'EVAL_STRIDE':>11} |")
+    print(f"|{'-' * 16}|{'-' * 12}|{'-' * 13}|{'-' * 8}|{'-' * 8}|{'-' * 8}|{'-' * 9}|{'-' * 13}|")
+    for preset in train_gpt.PRESETS:
+        if preset == "smoke":
+            continue
+        hp, proj = preset_eval_projection(preset, mfu)
+        fits = next((s for s in (64, 96, 128) if proj["roundtrip"] + proj[s] <= budget_s), None)
+        print(f"| {preset:<14} | {VAL_TOKENS_BY_VOCAB[hp.vocab_size]:>10,} | {proj['roundtrip']:>11.1f} | {proj[64]:>6.0f} | "
+              f"{proj[96]:>6.0f} | {proj[128]:>6.0f} | {fits or 'none':>7} | {hp.eval_stride:>11} |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-tokens", type=int, default=4096)
@@ -161,6 +202,7 @@ def main():
     if not args.skip_cpu:
         bench_cpu(args, luts)
     bench_projection(args)
+    bench_presets()
 
 
 if __name__ == "__main__":

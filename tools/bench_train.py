@@ -55,10 +55,10 @@ def main(argv=None) -> int:
         params = sum(p.numel() for p in GPT(**build_model_config(hp)).parameters())
         rows.append((preset, params, flops, hp.train_batch_tokens, gpus, step_ms, 600_000 / step_ms,
                      600_000 / step_ms * hp.train_batch_tokens))
-    print(f"{'preset':8} {'params':>11} {'GFLOP/tok':>10} {'tok/step':>9} {'GPUs':>4} "
+    print(f"{'preset':14} {'params':>11} {'GFLOP/tok':>10} {'tok/step':>9} {'GPUs':>4} "
           f"{'step_ms@' + format(args.mfu, '.0%'):>11} {'steps/600s':>10} {'tokens/600s':>12}")
     for preset, params, flops, tps, gpus, step_ms, steps, tokens in rows:
-        print(f"{preset:8} {params:>11,} {flops / 1e9:>10.3f} {tps:>9,} {gpus:>4} {step_ms:>11.1f} "
+        print(f"{preset:14} {params:>11,} {flops / 1e9:>10.3f} {tps:>9,} {gpus:>4} {step_ms:>11.1f} "
               f"{steps:>10.0f} {tokens / 1e9:>11.2f}B")
     smoke = Hyperparameters.from_env({"PRESET": "smoke"}, log=lambda *_: None)
     tok_s = measure_cpu_tokens_per_second(smoke, args.steps)

@@ -2,12 +2,18 @@
 
 Subcommands (run from the repo root; `python -m tools.prepare_data ...` works too):
 
-  fineweb    Download the official cached FineWeb export from the Hugging Face dataset repo
-             willdepueoai/parameter-golf, driven by its manifest like the official
-             data/cached_challenge_fineweb.py:
+  fineweb    Download a cached FineWeb export (shards + tokenizer) from a Hugging Face dataset repo,
+             driven by the repo's manifest like the official data/cached_challenge_fineweb.py. The
+             official repo willdepueoai/parameter-golf (the default) serves only sp1024; the sp4096
+             and sp8192 exports of the same documents are in kevclark/parameter-golf. One command
+             per variant (a --train-shards above what the repo has is refused, naming the count):
                python tools/prepare_data.py fineweb --variant sp1024 --train-shards 80
-             -> data/datasets/fineweb10B_sp1024/ (+ manifest.json in our format) and
-                data/tokenizers/fineweb_1024_bpe.model. Needs the network.
+               python tools/prepare_data.py fineweb --variant sp4096 --train-shards 80 --repo-id kevclark/parameter-golf
+               python tools/prepare_data.py fineweb --variant sp8192 --train-shards 80 --repo-id kevclark/parameter-golf
+             -> data/datasets/fineweb10B_<variant>/ (+ manifest.json in our format: source repo id,
+                tokenizer sha256), data/tokenizers/fineweb_<vocab>_bpe.{model,vocab} and the repo's
+                own manifest, fetched fresh on every run, in
+                data/hub_manifests/<owner>/<name>/<remote root>/manifest.json. Needs the network.
   jsonl      Shard your own text with an existing SentencePiece model (offline):
                python tools/prepare_data.py jsonl --input docs.jsonl --tokenizer M.model \
                    --out data/datasets/mydocs_sp1024 --val-docs 50000
@@ -63,6 +69,8 @@ DOC_HASH_HEX_CHARS = 16
 ENCODE_BATCH_DOCS = 1024
 MAX_UINT16_VOCAB = 65536
 DEFAULT_HF_REPO_ID = "willdepueoai/parameter-golf"
+LARGE_VOCAB_HF_REPO_ID = "kevclark/parameter-golf"  # sp4096 / sp8192 exports of the same documents
+HUB_MANIFESTS_DIR = "hub_manifests"
 DEFAULT_HF_REMOTE_ROOT = "datasets"
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 TEXT_SUFFIXES = (".txt", ".text", ".md")
@@ -528,6 +536,34 @@ def local_path_for_remote(remote_path: str, remote_root: str, out_root) -> Path:
     return Path(out_root).joinpath(*parts)
 
 
+_REPO_ID_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+
+
+def check_repo_id(repo_id) -> tuple:
+    """Split a Hugging Face repo id `owner/name` into (owner, name), each safe as a path part.
+
+    Raises ValueError naming --repo-id for anything else: not two parts, characters other than
+    letters, digits, '-', '_', '.', a part starting or ending with '-'/'.', or containing '..'/'--'.
+    """
+    parts = repo_id.split("/") if isinstance(repo_id, str) else []
+    if len(parts) != 2 or not all(_REPO_ID_PART.fullmatch(p) and ".." not in p and "--" not in p for p in parts):
+        raise ValueError(f"--repo-id {repo_id!r}: expected a Hugging Face dataset repo id 'owner/name' (letters, "
+                         f"digits, '-', '_', '.'), e.g. {DEFAULT_HF_REPO_ID} or {LARGE_VOCAB_HF_REPO_ID}")
+    return parts[0], parts[1]
+
+
+def hub_manifest_remote_path(remote_root: str) -> str:
+    return f"{remote_root}/manifest.json" if remote_root else "manifest.json"
+
+
+def hub_manifest_local_path(out_root, repo_id: str, remote_root: str = DEFAULT_HF_REMOTE_ROOT) -> Path:
+    """Where the manifest of dataset repo `repo_id` is kept, one per repo (and remote root):
+    out_root/hub_manifests/<owner>/<name>/<remote_root>/manifest.json.
+    Raises ValueError for a repo id that is not `owner/name` or a remote root with '..'."""
+    owner, name = check_repo_id(repo_id)
+    return local_path_for_remote(hub_manifest_remote_path(remote_root), "", Path(out_root) / HUB_MANIFESTS_DIR / owner / name)
+
+
 def hf_download(repo_id: str, remote_path: str) -> Path:
     """Download one file of the dataset repo into the Hugging Face cache; return its cached path."""
     from huggingface_hub import hf_hub_download
@@ -556,22 +592,29 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
                      log=print) -> dict:
     """`fineweb` subcommand: official cached export, manifest-driven (as data/cached_challenge_fineweb.py).
 
-    Reads `<remote_root>/manifest.json` of the dataset repo (kept as out_root/manifest.json):
+    Reads `<remote_root>/manifest.json` of the dataset repo, downloaded again on every call and kept
+    per repo (hub_manifest_local_path; when the hub is unreachable a kept copy is used, with a warning):
     `datasets[]` entries {name, tokenizer_name, stats: {files_train, files_val, docs_val, ...}} and
     `tokenizers[]` entries {name, vocab_size, bos_id, model_path, vocab_path}. Fetches all val
     shards, train shards 0..train_shards-1 and the tokenizer files that are not already present,
     then writes our manifest.json into the dataset dir (no doc hashes: the overlap check is
-    skipped there). downloader(repo_id, remote_path) -> cached file path (injectable for tests).
-    Raises ValueError for a bad variant / shard count / manifest, HubUnreachableError offline.
+    skipped there; it records the repo id and the tokenizer's sha256, so a tokenizer file already
+    present from another repo shows). downloader(repo_id, remote_path) -> cached file path
+    (injectable for tests). Raises ValueError for a bad variant / repo id / shard count / manifest
+    (before any download for the first two), HubUnreachableError offline.
     """
     dataset_name = dataset_dir_for_variant(variant)
     if train_shards < 0:
         raise ValueError(f"--train-shards must be >= 0, got {train_shards}")
     out_root = Path(out_root)
+    hub_manifest_path = hub_manifest_local_path(out_root, repo_id, remote_root)
 
-    def fetch(remote_path: str) -> Path:
-        dest = local_path_for_remote(remote_path, remote_root, out_root)
-        if dest.is_file():
+    def fetch(remote_path: str, dest=None) -> Path:
+        # With an explicit dest (the hub manifest) always download; else a present file is kept
+        # (a shard only when its header is valid).
+        fresh = dest is not None
+        dest = dest if fresh else local_path_for_remote(remote_path, remote_root, out_root)
+        if not fresh and dest.is_file():
             if dest.suffix != ".bin":
                 return dest
             try:
@@ -598,7 +641,12 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
             read_shard_header(dest)
         return dest
 
-    hub_manifest_path = fetch(f"{remote_root}/manifest.json" if remote_root else "manifest.json")
+    try:
+        fetch(hub_manifest_remote_path(remote_root), hub_manifest_path)
+    except HubUnreachableError as exc:
+        if not hub_manifest_path.is_file():
+            raise
+        log(f"warning: {str(exc).splitlines()[0]}; using the copy kept in {hub_manifest_path} (may be stale)")
     try:
         hub_manifest = json.loads(hub_manifest_path.read_text(encoding="utf-8"))
         entry = next((d for d in hub_manifest.get("datasets", []) if d.get("name") == dataset_name), None)
@@ -606,7 +654,11 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
         raise ValueError(f"{hub_manifest_path}: not a dataset manifest: {exc}") from None
     if entry is None:
         names = [d.get("name") for d in hub_manifest.get("datasets", [])]
-        raise ValueError(f"dataset {dataset_name} (--variant {variant}) not in {hub_manifest_path}; available: {names}")
+        hint = ""
+        if variant in ("sp4096", "sp8192") and repo_id != LARGE_VOCAB_HF_REPO_ID:
+            hint = f"; the {variant} export is in --repo-id {LARGE_VOCAB_HF_REPO_ID}"
+        raise ValueError(f"dataset {dataset_name} (--variant {variant}) not in {hub_manifest_path} (dataset repo "
+                         f"{repo_id}); available: {names}{hint}")
     stats = entry.get("stats") or {}
     try:
         num_train_available, num_val_files = int(stats["files_train"]), int(stats["files_val"])
@@ -670,7 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", default="sp1024", help="sp<VOCAB_SIZE> or byte260 (default sp1024)")
     p.add_argument("--train-shards", type=int, default=80, help="train shards of 100M tokens (default 80, official)")
     p.add_argument("--out-root", default="data", help="writes OUT_ROOT/datasets/ and OUT_ROOT/tokenizers/ (default data)")
-    p.add_argument("--repo-id", default=os.environ.get("MATCHED_FINEWEB_REPO_ID", DEFAULT_HF_REPO_ID))
+    p.add_argument("--repo-id", default=os.environ.get("MATCHED_FINEWEB_REPO_ID", DEFAULT_HF_REPO_ID),
+                   help=f"Hugging Face dataset repo owner/name (default {DEFAULT_HF_REPO_ID}, env MATCHED_FINEWEB_REPO_ID): "
+                        f"the default serves only sp1024; for sp4096 and sp8192 use --repo-id {LARGE_VOCAB_HF_REPO_ID}")
     p.add_argument("--remote-root", default=os.environ.get("MATCHED_FINEWEB_REMOTE_ROOT_PREFIX", DEFAULT_HF_REMOTE_ROOT))
 
     p = sub.add_parser("jsonl", help="shard .jsonl/.txt documents with an existing SentencePiece model")
