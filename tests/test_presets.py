@@ -1,0 +1,85 @@
+"""The GPU presets (issue 15): their projected bytes fit, and the sp8192 one runs end to end on CPU."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from train_gpt import PRESETS, Hyperparameters
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_PRESETS = [p for p in PRESETS if p != "smoke"]
+
+
+@pytest.mark.parametrize("preset", GPU_PRESETS)
+def test_every_gpu_preset_projects_under_the_byte_budget(preset, capsys):
+    """`python -m quant estimate` under PRESET: the fit's bits, the estimate x QUANT_ESTIMATE_SCALE, plus
+    the packed code, within 16,000,000 bytes; sp8192 keeps int8 everywhere (PR #1617 measured 15.82 MB)."""
+    import os
+
+    from quant.__main__ import quant_cli
+
+    old = os.environ.get("PRESET")
+    os.environ["PRESET"] = preset
+    try:
+        assert quant_cli(["estimate", "--code-bytes", "30000"]) == 0
+    finally:
+        os.environ.pop("PRESET") if old is None else os.environ.__setitem__("PRESET", old)
+    out = capsys.readouterr().out
+    total = int(re.search(r"= ([\d,]+) bytes; budget 16,000,000: fits", out).group(1).replace(",", ""))
+    assert 15_000_000 < total <= 16_000_000
+    hp = Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
+    if preset == "1xh100-sp8192":
+        assert "quant_fit: 0 steps" in out and re.search(r"tensors per bits int8:\d+\n", out)
+        assert f"(the table x QUANT_ESTIMATE_SCALE {hp.quant_estimate_scale:g})" in out
+
+
+def sp8192_dataset(real_text_docs, shared_dir, root):
+    from tools.prepare_data import prepare_jsonl_dataset
+
+    model = shared_dir / "data/tokenizers/fineweb_8192_bpe.model"
+    text = root / "docs.jsonl"
+    text.write_text("".join(json.dumps({"text": d}) + "\n" for d in real_text_docs), encoding="utf-8")
+    prepare_jsonl_dataset([text], model, root / "sp8192", num_val_docs=20, shard_tokens=65_536, progress=False,
+                          log=lambda msg: None)
+    return root / "sp8192", model
+
+
+@pytest.mark.slow
+def test_sp8192_preset_runs_end_to_end_on_cpu(real_text_docs, shared_dir, tmp_path):
+    """PRESET=1xh100-sp8192 with CPU-sized overrides (d 64, seq 64, 6 steps) on shards of ../shared text
+    made with the challenge's fineweb_8192_bpe.model: 7 layers, XSA on all, QK gain 4, no EMA, int8."""
+    if shared_dir is None or not (shared_dir / "data/tokenizers/fineweb_8192_bpe.model").is_file():
+        pytest.skip("needs ../shared/data/tokenizers/fineweb_8192_bpe.model")
+    import os
+
+    data, model = sp8192_dataset(real_text_docs, shared_dir, tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "RUN_ID"))}
+    env.update(PRESET="1xh100-sp8192", DATA_PATH=str(data), TOKENIZER_PATH=str(model), OUT_DIR=str(tmp_path / "runs"),
+               RUN_ID="sp8192", MODEL_DIM="64", ROPE_DIMS="4", TRAIN_SEQ_LEN="64", TRAIN_BATCH_TOKENS="1024",
+               ITERATIONS="6", MAX_WALLCLOCK_SECONDS="0", VAL_MAX_TOKENS="4096", EVAL_AUTO_STRIDE="0",
+               EVAL_STRIDE="32", EVAL_BATCH_SEQS="16", VAL_BATCH_SIZE="4096", GPTQ_CALIB_BATCHES="4",
+               WARMUP_STEPS="0", PARALLEL_RESIDUAL_START="5", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "runs/sp8192/result.json").read_text())
+    hp = result["hyperparameters"]
+    assert result["preset"] == "1xh100-sp8192" and result["status"] == "ok" and result["steps"] == 6
+    assert (hp["vocab_size"], hp["num_layers"], hp["xsa_last_n"], hp["qk_gain_init"], hp["matrix_lr"]) == (8192, 7, 7, 4.0, 0.025)
+    for key in ("val_bpb_prequant", "val_bpb_roundtrip", "val_bpb_sliding"):
+        assert math.isfinite(result[key]) and 0 < result[key] < 20, key
+    assert abs(result["val_bpb_roundtrip"] - result["val_bpb_prequant"]) < 0.05
+    assert result["bytes_total"] == result["bytes_model"] + result["bytes_code"] < 16_000_000
+    log = (tmp_path / "runs/sp8192/train.log").read_text()
+    # int8 everywhere: 7 layers x 6 block matrices + the 8192 x 64 tied embedding
+    assert "quant_fit: 0 steps" in log and "tensors per bits int8:43" in log
+    assert "muon_momentum:0.8500->0.9500 ema_decay:0.00000" in log and "warmdown_steps:1 qat_steps:1 " in log
+    from quant.artifact import load_artifact  # the eval rebuilds GPT(**config) from the artifact
+
+    config = load_artifact(tmp_path / "runs/sp8192/final_model.ptz")[1]
+    assert config["parallel_residual_start"] == 5 and config["vocab_size"] == 8192
