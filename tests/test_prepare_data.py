@@ -605,8 +605,8 @@ def test_repo_id_check_and_fineweb_help():
     import tools.prepare_data as prepare_data
 
     for variant in ("sp4096", "sp8192"):
-        assert f"fineweb --variant {variant} --train-shards 80 --repo-id kevclark/parameter-golf" in prepare_data.__doc__
-    assert "fineweb --variant sp1024 --train-shards 80\n" in prepare_data.__doc__
+        assert f"fineweb --variant {variant} --train-shards 14 --repo-id kevclark/parameter-golf" in prepare_data.__doc__
+    assert "fineweb --variant sp1024 --train-shards 14\n" in prepare_data.__doc__
 
 
 def test_fineweb_hub_unreachable_names_offline_modes(tmp_path):

@@ -1,6 +1,6 @@
 """GPU check: prove the trainer's CUDA path on this machine in a few minutes (a pod preflight).
 
-    python tools/gpu_check.py                 # the 1xh100 preset on synthetic tokens, <= ~5 min on an H100
+    python tools/gpu_check.py                 # the default preset on synthetic tokens, <= ~5 min on an H100
     DATA_PATH=... python tools/gpu_check.py   # real train shards, and the real val token count
     PRESET=8xh100 python tools/gpu_check.py   # any preset / env override, as for train_gpt.py
 
@@ -34,8 +34,8 @@ import train_gpt  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
+from tools.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
 
-OFFICIAL_VAL_TOKENS = 62_021_846  # sp1024 val split, 50,000 documents (tools/bench_eval.py)
 H100_SXM_SMS = 132  # H100 SXM5 has 132 SMs; the PCIe card 114 (NVIDIA H100 datasheet)
 
 
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
             loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
             num_val = train_gpt.load_validation_tokens(hp.data_path).numel()
         else:
-            loader, num_val = SyntheticLoader(hp.vocab_size, ctx.device), OFFICIAL_VAL_TOKENS
+            loader, num_val = SyntheticLoader(hp.vocab_size, ctx.device), VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
         train_rows, model = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
         rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val)
     print_table(rows)

@@ -6,10 +6,11 @@ Subcommands (run from the repo root; `python -m tools.prepare_data ...` works to
              driven by the repo's manifest like the official data/cached_challenge_fineweb.py. The
              official repo willdepueoai/parameter-golf (the default) serves only sp1024; the sp4096
              and sp8192 exports of the same documents are in kevclark/parameter-golf. One command
-             per variant (a --train-shards above what the repo has is refused, naming the count):
-               python tools/prepare_data.py fineweb --variant sp1024 --train-shards 80
-               python tools/prepare_data.py fineweb --variant sp4096 --train-shards 80 --repo-id kevclark/parameter-golf
-               python tools/prepare_data.py fineweb --variant sp8192 --train-shards 80 --repo-id kevclark/parameter-golf
+             per variant (a --train-shards above what the repo has is refused, naming the count; 14
+             shards of 100M tokens cover a 1-GPU preset's ~1.1B tokens in 600 s, 80 the 8xh100's):
+               python tools/prepare_data.py fineweb --variant sp1024 --train-shards 14
+               python tools/prepare_data.py fineweb --variant sp4096 --train-shards 14 --repo-id kevclark/parameter-golf
+               python tools/prepare_data.py fineweb --variant sp8192 --train-shards 14 --repo-id kevclark/parameter-golf
              -> data/datasets/fineweb10B_<variant>/ (+ manifest.json in our format: source repo id,
                 tokenizer sha256), data/tokenizers/fineweb_<vocab>_bpe.{model,vocab} and the repo's
                 own manifest, fetched fresh on every run, in
