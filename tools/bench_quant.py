@@ -7,24 +7,20 @@ GPTQ-lite and full GPTQ at int8/6/5/4, and the table of entropy coders.
   python tools/bench_quant.py --calibrate      # Gaussian bits/value table behind quant/estimate.py
 
 Checkpoint: a .safetensors state dict whose metadata "model_config" holds the GPT config JSON (the
-trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The CPU checkpoint of the
-issue-10 note (PRESET=smoke: 4 layers, dim 256, sp1024, 2.6 M params) trained for a 30-minute
-wallclock cap, niced, on 2 CPU cores shared with ~5 other jobs: 19 Muon steps of 4,096 tokens
-(80 s a step on that machine; warmdown over the second half of the clock, EMA with warmup, no QAT
-so that no bit width is favoured), prequant val_bpb 3.176 on the first 32,768 val tokens:
+trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The checkpoint of the
+issue-10 note: config B of tools/sweeps/proxy_ablation.yaml (the CPU proxy: 4 layers, d 256, MLP 2x,
+sp1024, 2.1 M params, the official baseline's knobs, no QAT so that no bit width is favoured), seed
+1337, 150 Muon steps of 8,192 tokens of web text from ../shared, prequant val_bpb 2.31089 on the
+first 65,536 tokens of the proxy's tune split; the script's defaults otherwise:
 
-  python tools/prepare_data.py jsonl --input ../shared/data/text/fineweb_edu.jsonl \\
-      --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model --out data/datasets/fwedu_sp1024 --val-docs 200
-  PRESET=smoke DATA_PATH=data/datasets/fwedu_sp1024 TOKENIZER_PATH=../shared/data/tokenizers/fineweb_1024_bpe.model \\
-      MAX_WALLCLOCK_SECONDS=1800 TRAIN_BATCH_TOKENS=4096 QAT_START_FRAC=0 QUANT_GPTQ=0 \\
-      SAVE_PREQUANT=1 SKIP_FINAL_EVAL=1 RUN_ID=bench_ckpt2 SEED=1 nice -n 10 python train_gpt.py
-  nice -n 10 python tools/bench_quant.py runs/bench_ckpt2/prequant.safetensors --data-path data/datasets/fwedu_sp1024 \\
-      --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model --val-tokens 32768 --calib-batches 16 \\
-      --calib-tokens 2048 --compressor brotli
+  python tools/sweeps/proxy_data.py
+  python tools/sweep.py --file tools/sweeps/proxy_ablation.yaml --only B --seeds 1337   # SAVE_PREQUANT=1
+  python tools/bench_quant.py runs/proxy_ablation_t1/B/seed1337/prequant.safetensors \
+      --data-path data/datasets/proxy_tune_sp1024 --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model \
+      --compressor brotli
 
-On a quiet machine use ITERATIONS=200 MAX_WALLCLOCK_SECONDS=0 and the defaults of this script
-(more trained weights, 65,536 val tokens, 64 x 8,192 calibration tokens); rows print to stderr as
-they finish.
+(about 10 minutes on 2 shared cores, 5 of them the 64 x 8,192-token Hessian collection; rows print
+to stderr as they finish).
 
 Frontier: the block matrices (attention + MLP) at each --bits, the embedding at int8, float16
 control tensors, QUANT_FIT off; per method the artifact is exported with every encoding candidate
