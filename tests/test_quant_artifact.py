@@ -540,7 +540,8 @@ def test_cli_estimate_with_shapes(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cli_subprocess_estimate_and_inspect(tmp_path):
-    env = dict(os.environ, NUM_LAYERS="2", MODEL_DIM="64", NUM_HEADS="4", NUM_KV_HEADS="2", ROPE_DIMS="8", VOCAB_SIZE="1024")
+    env = dict(os.environ, NUM_LAYERS="2", XSA_LAST_N="2", MODEL_DIM="64", NUM_HEADS="4", NUM_KV_HEADS="2", ROPE_DIMS="8",
+               VOCAB_SIZE="1024")
     run = subprocess.run([sys.executable, "-m", "quant", "estimate"], cwd=REPO, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "projected model" in run.stdout
