@@ -161,11 +161,11 @@ def test_smoke_momentum_is_a_fraction_of_the_run_and_matches_the_baseline_at_150
     assert frac.muon_momentum == 0 and muon_momentum_at(2000, frac, 1.0) == pytest.approx(0.99)
 
 
-def test_smoke_is_the_baseline_knobs_plus_the_ingredients_that_paid_at_150_steps():
+def test_smoke_is_the_baseline_knobs_plus_the_measured_ingredients_at_150_steps():
     """Issue 13's result: tools/sweeps/proxy_ablation.yaml's B (the official baseline's knobs, in the
-    records' step forms) plus the ingredients that paid one at a time there (B_clip, B_wd, B_leaky) and
-    late QAT is what the smoke preset (its `smoke: {}` config) resolves to at 150 steps: same settings,
-    same schedule at every step."""
+    records' step forms) plus the ingredients that paid one at a time there (B_clip, B_wd) and late QAT
+    (neutral) is what the smoke preset (its `smoke: {}` config) resolves to at 150 steps: same
+    settings, same schedule at every step."""
     import dataclasses
     from pathlib import Path
 
@@ -175,12 +175,12 @@ def test_smoke_is_the_baseline_knobs_plus_the_ingredients_that_paid_at_150_steps
     assert spec["configs"]["smoke"] == {}
     run = {k: str(v) for k, v in {**spec["env"], "ITERATIONS": 150}.items()}
     paid = {**spec["configs"]["B"]}
-    for name in ("B_clip", "B_wd", "B_leaky"):
+    for name in ("B_clip", "B_wd"):
         paid.update({k: v for k, v in spec["configs"][name].items() if v != spec["configs"]["B"].get(k)})
     paid["QAT_START_FRAC"] = 0.1
     n = env_hp(**run, **{k: str(v) for k, v in paid.items()})
     smoke = env_hp(**run)
-    assert (smoke.grad_clip_norm, smoke.muon_wd, smoke.adam_wd, smoke.mlp_activation) == (0.3, 0.02, 0.04, "leaky_relu2")
+    assert (smoke.grad_clip_norm, smoke.muon_wd, smoke.adam_wd, smoke.mlp_activation) == (0.3, 0.02, 0.04, "relu2")
     assert (smoke.rope_dims, smoke.xsa_last_n, smoke.qk_gain_init) == (64, 0, 1.5)
     own_form = ("run_id", "muon_momentum", "muon_momentum_horizon_frac", "muon_momentum_warmup_start",
                 "muon_momentum_warmup_steps", "muon_momentum_warmup_frac", "ema_decay", "ema_horizon_frac")
