@@ -124,10 +124,12 @@ def test_ddp_two_processes_match_one_process_with_same_global_batch(tiny_dataset
                 nproc=2)
     single, ddp = read_result(tmp_path, "single"), read_result(tmp_path, "ddp")
     assert ddp["world_size"] == 2 and single["world_size"] == 1
-    # Gradients are reduced in another order ((g0 + g1) / 2 vs g0 / 2 + g1 / 2); Muon's bf16
-    # Newton-Schulz then amplifies those last-bit differences, so exact-ish agreement holds for the
-    # first steps and stays close after.
-    assert ddp["train_losses"][:3] == pytest.approx(single["train_losses"][:3], rel=1e-5)
+    # Gradients are reduced in another order ((g0 + g1) / 2 vs g0 / 2 + g1 / 2) and each process runs
+    # its own thread count; Muon's bf16 Newton-Schulz then amplifies those last-bit differences, so
+    # agreement is near-exact for the first steps (up to 1.7e-5 relative at step 3 on this project's
+    # 2-core machines, run to run identical, machine to machine not) and stays close after.
+    assert ddp["train_losses"][0] == pytest.approx(single["train_losses"][0], rel=1e-6)
+    assert ddp["train_losses"][:3] == pytest.approx(single["train_losses"][:3], rel=1e-4)
     assert ddp["train_losses"] == pytest.approx(single["train_losses"], rel=1e-3)
 
 
