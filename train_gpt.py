@@ -1210,15 +1210,6 @@ def evaluate_model(ctx, hp, model, val_tokens, luts, stride=None, started=None, 
     return out
 
 
-def plan_quant_policy(hp: Hyperparameters, shapes: dict, code_bytes: int, log=print):
-    """(policy, projected model bytes) decided before training: quant/fit.py's fit of QuantPolicy.from_env()
-    to BYTE_BUDGET - code_bytes, with the size estimate scaled by QUANT_ESTIMATE_SCALE (the preset's
-    measured / estimated ratio); the export confirms on the real bytes or steps down further."""
-    scale = hp.quant_estimate_scale
-    policy = fit_policy(QuantPolicy.from_env(), shapes, int((hp.byte_budget - code_bytes) / scale), log)
-    return policy, math.ceil(estimate_artifact_bytes(shapes, policy) * scale)
-
-
 def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:
     """EVAL_AUTO_STRIDE before training: the smallest stride >= EVAL_STRIDE whose projected eval fits.
 
@@ -1288,9 +1279,11 @@ def main() -> int:
     model.init_weights(hp.tied_embed_init_std)
     attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    policy, projected = plan_quant_policy(hp, shapes, code_bytes, ctx.log)  # bits before QAT
+    scale = hp.quant_estimate_scale  # bits before QAT, on the estimate scaled as the preset measured
+    policy = fit_policy(QuantPolicy.from_env(), shapes, hp.byte_budget - code_bytes, ctx.log, scale)
     model.configure_qat(policy)
     num_params = sum(p.numel() for p in model.parameters())
+    projected = estimate_artifact_bytes(shapes, policy, scale)
     flops_per_token = count_train_flops_per_token(config, hp.train_seq_len)
     ctx.log(f"model_params:{num_params} attention:{attn_backend} "
             f"train_flops_per_token:{flops_per_token:.4g} code_bytes:{code_bytes}")

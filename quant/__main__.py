@@ -81,7 +81,7 @@ def _estimate(args, out=print) -> int:
     code_bytes = shipped_code_bytes() if args.code_bytes is None else args.code_bytes
     # the bits the trainer would choose before training (QUANT_FIT=1, the default), on the same
     # estimate scaled by the preset's QUANT_ESTIMATE_SCALE
-    policy = fit_policy(policy, shapes, int((budget - code_bytes) / scale), log=out)
+    policy = fit_policy(policy, shapes, budget - code_bytes, out, scale)
     groups = {}
     for name, shape in shapes.items():
         bits = policy.bits_for(name, shape)
@@ -91,7 +91,7 @@ def _estimate(args, out=print) -> int:
     out(f"{'group':<8} {'format':<9} {'tensors':>7} {'params':>12} {'bytes':>12}")
     for (group, fmt), (num, params, nbytes) in sorted(groups.items()):
         out(f"{group:<8} {fmt:<9} {num:>7} {params:>12,} {int(nbytes):>12,}")
-    model_bytes = math.ceil(estimate_artifact_bytes(shapes, policy) * scale)
+    model_bytes = estimate_artifact_bytes(shapes, policy, scale)
     total = model_bytes + code_bytes
     out(f"overhead {estimate_artifact_bytes({}, policy):,} bytes; projected model {model_bytes:,}"
         + (f" (the table x QUANT_ESTIMATE_SCALE {scale:g})" if scale != 1 else "") + f" + code {code_bytes:,} = "

@@ -47,16 +47,17 @@ def quant_fit_step(policy, shapes, score):
     return best and best[1:]
 
 
-def fit_policy(policy, shapes, model_budget_bytes, log=print):
+def fit_policy(policy, shapes, model_budget_bytes, log=print, estimate_scale=1.0):
     """Before training: the policy whose estimated artifact fits model_budget_bytes (budget minus code).
 
+    The estimate is estimate_artifact_bytes(shapes, policy, estimate_scale) (QUANT_ESTIMATE_SCALE).
     shapes: name -> shape tuple of the model's parameters. Returns the policy with the chosen bits
     in `fitted` (unchanged when QUANT_FIT=0 or nothing is fittable); logs every step and the
     result. If even the last step does not fit, returns the smallest policy (the export then fails
     with the real numbers).
     """
     num_steps = 0
-    while (est := estimate_artifact_bytes(shapes, policy)) > model_budget_bytes:
+    while (est := estimate_artifact_bytes(shapes, policy, estimate_scale)) > model_budget_bytes:
         step = quant_fit_step(policy, shapes, lambda n, b: QUANT_FIT_PRIOR[policy.group_of(n, shapes[n])] * 4.0 ** -b)
         if not step:
             break

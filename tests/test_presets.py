@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -16,26 +17,20 @@ GPU_PRESETS = [p for p in PRESETS if p != "smoke"]
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
-def test_every_gpu_preset_projects_under_the_byte_budget(preset, capsys):
+def test_every_gpu_preset_projects_under_the_byte_budget(preset, capsys, monkeypatch):
     """`python -m quant estimate` under PRESET: the fit's bits, the estimate x QUANT_ESTIMATE_SCALE, plus
     the packed code, within 16,000,000 bytes; sp8192 keeps int8 everywhere (PR #1617 measured 15.82 MB)."""
-    import os
-
     from quant.__main__ import quant_cli
 
-    old = os.environ.get("PRESET")
-    os.environ["PRESET"] = preset
-    try:
-        assert quant_cli(["estimate", "--code-bytes", "30000"]) == 0
-    finally:
-        os.environ.pop("PRESET") if old is None else os.environ.__setitem__("PRESET", old)
+    monkeypatch.setenv("PRESET", preset)
+    assert quant_cli(["estimate", "--code-bytes", "30000"]) == 0
     out = capsys.readouterr().out
     total = int(re.search(r"= ([\d,]+) bytes; budget 16,000,000: fits", out).group(1).replace(",", ""))
     assert 15_000_000 < total <= 16_000_000
-    hp = Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
     if preset == "1xh100-sp8192":
+        scale = Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None).quant_estimate_scale
         assert "quant_fit: 0 steps" in out and re.search(r"tensors per bits int8:\d+\n", out)
-        assert f"(the table x QUANT_ESTIMATE_SCALE {hp.quant_estimate_scale:g})" in out
+        assert f"(the table x QUANT_ESTIMATE_SCALE {scale:g})" in out
 
 
 def sp8192_dataset(real_text_docs, shared_dir, root):
@@ -55,7 +50,6 @@ def test_sp8192_preset_runs_end_to_end_on_cpu(real_text_docs, shared_dir, tmp_pa
     made with the challenge's fineweb_8192_bpe.model: 7 layers, XSA on all, QK gain 4, no EMA, int8."""
     if shared_dir is None or not (shared_dir / "data/tokenizers/fineweb_8192_bpe.model").is_file():
         pytest.skip("needs ../shared/data/tokenizers/fineweb_8192_bpe.model")
-    import os
 
     data, model = sp8192_dataset(real_text_docs, shared_dir, tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "RUN_ID"))}
