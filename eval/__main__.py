@@ -49,7 +49,8 @@ def _env_int(name: str, default: int, environ=None) -> int:
 
 def _load_model(artifact_path, device: torch.device, log, attn_backend="auto"):
     from quant.artifact import load_artifact  # written concurrently; CLI-only imports
-    from train_gpt import GPT, resolve_attention_backend
+    from trainer.attention import resolve_attention_backend
+    from trainer.model import GPT
 
     log(f"attention:{resolve_attention_backend(attn_backend, device, log)}")  # the trainer's FA3 -> FA2 -> SDPA choice
 
@@ -120,7 +121,7 @@ def resolve_score_settings(args, model_config: dict, meta: dict, environ=None, l
 
 def cmd_score(args) -> None:
     t_start = time.perf_counter()
-    from eval.shards import check_data_manifest, load_validation_tokens
+    from trainer.shards import check_data_manifest, load_validation_tokens
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -167,7 +168,7 @@ def cmd_score(args) -> None:
 
 
 def cmd_bytes(args) -> None:
-    from eval.shards import load_validation_tokens
+    from trainer.shards import load_validation_tokens
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
     vocab_size = int(sp.vocab_size())

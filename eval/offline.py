@@ -1,10 +1,9 @@
 """Eval and data helpers that the trainer run never calls, kept out of the counted train_gpt.py.
 
 train_gpt.py does not import this module, so tools/bundle.py leaves it out of the record's
-single file (every byte there counts against the 16 MB artifact). It holds:
-  - the named shard-format constants and `write_data_shard` (tools/prepare_data.py writes shards;
-    eval/shards.py, which is bundled, only reads them and spells the numbers as literals);
-  - `load_sentencepiece_luts` and `count_stream_bytes` for `python -m eval`, tools and tests.
+single file (every byte there counts against the 16 MB artifact): `load_sentencepiece_luts` and
+`count_stream_bytes` for `python -m eval`, tools and tests. The shard format (reader, writer,
+constants) is trainer/shards.py.
 """
 
 from pathlib import Path
@@ -14,35 +13,6 @@ import sentencepiece as spm
 import torch
 
 from eval.bpb import build_sentencepiece_luts, count_target_bytes
-from quant.artifact import atomic_write_bytes
-
-SHARD_MAGIC = 20240520
-SHARD_VERSION = 1
-SHARD_HEADER_INTS = 256
-SHARD_TOKENS_PER_FILE = 100_000_000
-SHARD_HEADER_BYTES = SHARD_HEADER_INTS * 4
-SHARD_MANIFEST_FORMAT = "parameter-golf-shards"
-
-
-def write_data_shard(path, tokens) -> None:
-    """Write `tokens` (integer array [N], ids in [0, 65535]) as one shard file, atomically.
-
-    Through quant.artifact.atomic_write_bytes (temp file `.{name}.tmp{pid}` in the same dir, fsync,
-    rename). Raises ValueError (naming the path) for a non-integer / non-1-D array, ids that do not
-    fit uint16, or N >= 2**31.
-    """
-    path = Path(path)
-    arr = np.asarray(tokens)
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise ValueError(f"shard {path}: expected a 1-D integer token array, got dtype {arr.dtype} shape {arr.shape}")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 65535):
-        raise ValueError(f"shard {path}: token ids must fit uint16 [0, 65535], got range [{arr.min()}, {arr.max()}]")
-    if arr.size >= 2**31:
-        raise ValueError(f"shard {path}: {arr.size} tokens do not fit the int32 header count")
-    header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
-    header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
-    atomic_write_bytes(path, header.tobytes() + arr.astype("<u2", copy=False).tobytes())
-
 
 def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Load the SentencePiece model at `tokenizer_path` and build its LUTs (`build_sentencepiece_luts`).

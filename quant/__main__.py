@@ -62,7 +62,8 @@ def shipped_code_bytes() -> int:
 def _model_from_env():
     """(shapes, QUANT_ESTIMATE_SCALE) of the model the environment configures (PRESET, NUM_LAYERS, ...)."""
     import torch
-    from train_gpt import GPT, Hyperparameters, build_model_config
+    from trainer.model import GPT, build_model_config
+    from trainer.settings import Hyperparameters
 
     hp = Hyperparameters.from_env()
     with torch.device("meta"):

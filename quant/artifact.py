@@ -71,6 +71,7 @@ from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
 from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
+from trainer.files import atomic_write_bytes
 
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
 
@@ -239,24 +240,6 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     atomic_write_bytes(path, blob)
     return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], shuffle=job[1],
                 compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
-
-
-def atomic_write_bytes(path, data: bytes) -> None:
-    """Write to a temp file `.{name}.tmp{pid}` in the same folder, fsync, then rename: a crash never
-    leaves a half-written file at `path`, and a failed write (an OSError, an interrupt) leaves the
-    previous file intact and removes its temp file before re-raising. The one atomic writer of the
-    kit (artifact, result.json, shards, checkpoints, record files)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def decode_artifact(data, label="artifact"):

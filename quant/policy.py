@@ -18,7 +18,7 @@ down; bits set explicitly (QUANT_ATTN_BITS=6, ...) or by an override are never c
 Tensors with more than 2 dims are quantized as [shape[0], prod(rest)].
 
 Environment (all optional; every field F reads QUANT_<F upper-cased>; an unknown QUANT_* name gets a
-warning, a bad value a ValueError naming the variable):
+warning line, a bad value a ValueError naming the variable):
   QUANT_ATTN_BITS  QUANT_MLP_BITS  QUANT_EMBED_BITS  QUANT_OTHER_BITS   (2..8; unset: chosen by the fit)
   QUANT_MATRIX_BITS           sets attn and mlp bits at once (QUANT_ATTN_BITS / QUANT_MLP_BITS win)
   QUANT_FLOAT_DTYPE=float16|float32|bfloat16   storage of unquantized float tensors
@@ -39,7 +39,8 @@ import dataclasses
 import json
 import math
 import os
-import warnings
+
+from trainer.env import parse_env_value, warn_unknown_env
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 
@@ -89,31 +90,34 @@ class QuantPolicy:
                              f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
 
     @classmethod
-    def from_env(cls, environ=None):
+    def from_env(cls, environ=None, log=print):
         """Policy from the QUANT_* variables of `environ` (default os.environ).
 
-        Each variable is parsed by its field's type (bool: an int, 0 or 1; tuple: comma-separated
+        Each variable is parsed by its field's type (trainer/env.py's parser; tuple: comma-separated
         items, for QUANT_OVERRIDES / QUANT_FITTED name:bits pairs) and validated on its own (a
         one-field policy). QUANT_MATRIX_BITS is read first, so QUANT_ATTN_BITS / QUANT_MLP_BITS win
-        over it. Warns (UserWarning) for an unknown QUANT_* name; ValueError naming the variable and
-        its value for a value that does not parse or is out of range.
+        over it. An unknown QUANT_* name gets one `WARNING: unknown setting` line through `log` (as
+        the trainer's settings do); ValueError naming the variable and its value for a value that
+        does not parse or is out of range.
         """
         env = os.environ if environ is None else environ
         kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
+        known = {f"QUANT_{name.upper()}" for name in kinds} | {"QUANT_MATRIX_BITS"}
+        warn_unknown_env(env, known, ("QUANT_",), log)
         kwargs = {}
         for var in sorted(env, key="QUANT_MATRIX_BITS".__ne__):  # QUANT_MATRIX_BITS first (False sorts first)
-            for name in (("attn_bits", "mlp_bits") if var == "QUANT_MATRIX_BITS"
-                         else (var[6:].lower(),) * (var[:6] == "QUANT_")):  # () for other variables
-                if name not in kinds:
-                    warnings.warn(f"unknown variable {var} ignored (QUANT_* names: quant/policy.py)")
-                    continue
+            if var not in known:
+                continue
+            for name in ("attn_bits", "mlp_bits") if var == "QUANT_MATRIX_BITS" else (var[6:].lower(),):
                 raw, kind = env[var], kinds[name]
                 items = [i for i in raw.replace(" ", "").split(",") if i]
+                if kind is not tuple:  # names the variable in its own error
+                    kwargs[name] = parse_env_value(var, raw, kind)
                 try:
-                    kwargs[name] = value = (
-                        tuple((p, int(b)) for p, b in (i.split(":") for i in items)) if name in ("overrides", "fitted")
-                        else tuple(items) if kind is tuple else kind(int(raw)) if kind is bool else kind(raw))
-                    cls(**{name: value})
+                    if kind is tuple:
+                        kwargs[name] = (tuple((p, int(b)) for p, b in (i.split(":") for i in items))
+                                        if name in ("overrides", "fitted") else tuple(items))
+                    cls(**{name: kwargs[name]})
                 except ValueError as err:
                     raise ValueError(f"{var}={raw!r}: {err}") from None
         return cls(**kwargs)

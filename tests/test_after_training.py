@@ -10,8 +10,15 @@ import pytest
 import torch
 
 import train_gpt
+import trainer.evaluate as trainer_evaluate
+import trainer.finish as trainer_finish
+import trainer.loader as trainer_loader
+import trainer.model as trainer_model
 from tests.test_train import REPO, TINY_ENV, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
-from train_gpt import GPT, Hyperparameters, RunContext, build_model_config, plan_eval_stride
+from trainer.context import RunContext
+from trainer.evaluate import plan_eval_stride
+from trainer.model import GPT, build_model_config
+from trainer.settings import Hyperparameters
 
 
 @pytest.mark.slow
@@ -56,7 +63,7 @@ def out_of_memory(*args, **kwargs):
 @pytest.mark.slow
 def test_out_of_memory_in_the_final_eval_names_the_knob_and_keeps_result_json(
         monkeypatch, tiny_dataset, sp1024_model, tmp_path, capsys):
-    monkeypatch.setattr(train_gpt, "eval_sliding", out_of_memory)
+    monkeypatch.setattr(trainer_evaluate, "eval_sliding", out_of_memory)
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "oom_eval") == 1
     out = capsys.readouterr().out
     assert "ERROR: CUDA out of memory after training: lower EVAL_BATCH_SEQS=16 (sliding) or VAL_BATCH_SIZE=4096" in out
@@ -75,8 +82,8 @@ def test_out_of_memory_in_training_names_grad_accum_steps(monkeypatch, tiny_data
             out_of_memory()
         return original(self, local_tokens, seq_len)
 
-    original = train_gpt.DistributedTokenLoader.next_batch
-    monkeypatch.setattr(train_gpt.DistributedTokenLoader, "next_batch", next_batch)
+    original = trainer_loader.DistributedTokenLoader.next_batch
+    monkeypatch.setattr(trainer_loader.DistributedTokenLoader, "next_batch", next_batch)
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "oom_train") == 1
     out = capsys.readouterr().out
     assert ("ERROR: CUDA out of memory in training: raise GRAD_ACCUM_STEPS (now 1: micro-batches of 16 sequences)"
@@ -116,7 +123,7 @@ def test_eval_auto_stride_recovers_in_the_trainer_within_what_load_and_roundtrip
     from test_eval_support import BatchClock, expected_auto_stride
 
     clock, budgets = BatchClock(100.0), []
-    load, roundtrip, sliding = train_gpt.load_artifact, train_gpt.eval_roundtrip, train_gpt.eval_sliding
+    load, roundtrip, sliding = trainer_finish.load_artifact, trainer_evaluate.eval_roundtrip, trainer_evaluate.eval_sliding
 
     def slow_load(*args, **kwargs):
         time.sleep(0.3)
@@ -130,10 +137,10 @@ def test_eval_auto_stride_recovers_in_the_trainer_within_what_load_and_roundtrip
         budgets.append((kwargs["max_seconds"], time.perf_counter()))
         return sliding(*args, clock=clock, **kwargs)
 
-    monkeypatch.setattr(train_gpt, "load_artifact", slow_load)
-    monkeypatch.setattr(train_gpt, "eval_roundtrip", slow_roundtrip)
-    monkeypatch.setattr(train_gpt, "eval_sliding", spy)
-    monkeypatch.setattr(train_gpt.GPT, "forward_logits", clock.wrap(train_gpt.GPT.forward_logits))
+    monkeypatch.setattr(trainer_finish, "load_artifact", slow_load)
+    monkeypatch.setattr(trainer_evaluate, "eval_roundtrip", slow_roundtrip)
+    monkeypatch.setattr(trainer_evaluate, "eval_sliding", spy)
+    monkeypatch.setattr(trainer_model.GPT, "forward_logits", clock.wrap(trainer_model.GPT.forward_logits))
     t0 = time.perf_counter()
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "auto", EVAL_AUTO_STRIDE=1,
                                EVAL_STRIDE=8, EVAL_MAX_SECONDS=1950) == 0

@@ -12,8 +12,9 @@ import shutil
 import pytest
 
 import train_gpt
-from eval.shards import check_data_manifest, list_shards, read_shard_header
-from train_gpt import DistributedTokenLoader, check_compliance
+from trainer.shards import check_data_manifest, list_shards, read_shard_header
+from trainer.checks import check_compliance
+from trainer.loader import DistributedTokenLoader
 
 QUIET = dict(log=lambda *_: None)
 

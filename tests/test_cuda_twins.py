@@ -17,12 +17,17 @@ import torch
 import torch.nn.functional as F
 
 import train_gpt
+import trainer.attention as trainer_attention
+import trainer.context as trainer_context
+import trainer.loader as trainer_loader
+import trainer.loop as trainer_loop
 from quant.policy import QuantPolicy
 from tools.flash_twin import cuda_autocast_rms_norm, flash_attn_standin, plugged_flash_standin
-from train_gpt import (
-    EMA, GPT, Hyperparameters, Muon, attention, build_model_config, build_optimizers, count_train_flops_per_token,
-    newton_schulz,
-)
+from trainer.attention import attention
+from trainer.model import GPT, build_model_config, count_train_flops_per_token
+from trainer.optim import Muon, build_optimizers, newton_schulz
+from trainer.schedule import EMA
+from trainer.settings import Hyperparameters
 
 TINY = dict(vocab_size=64, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=8,
             xsa_last_n=1)
@@ -193,17 +198,18 @@ STEP_TINY = dict(num_layers=2, model_dim=64, num_heads=4, num_kv_heads=4, mlp_mu
 
 
 def run_train_in_process(tiny_dataset, tmp_path, *, compile, autocast_dtype, **overrides):
-    """train_gpt.train() with the trainer's own compiled objects; returns (losses, the log lines)."""
+    """trainer_loop.train() with the trainer's own compiled objects; returns (losses, the log lines)."""
     hp = Hyperparameters(**{**STEP_TINY, **overrides}, data_path=str(tiny_dataset))
     lines = []
-    ctx = train_gpt.RunContext(0, 1, 0, torch.device("cpu"), tmp_path, autocast_dtype, compile)
+    ctx = trainer_context.RunContext(0, 1, 0, torch.device("cpu"), tmp_path, autocast_dtype, compile)
     ctx.log = lambda msg="", console=True: lines.append(msg)
     torch.manual_seed(hp.seed)
     model = GPT(**build_model_config(hp))
     model.init_weights()
     model.configure_qat(QuantPolicy())
-    loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size)
-    steps, _, losses, signum = train_gpt.train(ctx, hp, model, loader, flops_per_token=1.0)
+    loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    result = trainer_loop.train(ctx, hp, model, loader, flops_per_token=1.0)
+    steps, losses, signum = result.steps, result.train_losses, result.stop_signal
     assert steps == hp.iterations and signum == 0
     return model, losses, lines
 
@@ -269,13 +275,13 @@ def test_cuda_without_flash_attn_falls_back_to_sdpa_with_a_warning(monkeypatch):
 
     monkeypatch.setattr(importlib, "import_module", broken_import)
     lines = []
-    saved = train_gpt._FLASH_ATTN[:]
-    assert train_gpt.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "sdpa"
-    assert train_gpt._FLASH_ATTN == saved
+    saved = trainer_attention._FLASH_ATTN[:]
+    assert trainer_attention.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "sdpa"
+    assert trainer_attention._FLASH_ATTN == saved
     assert len(lines) == 1 and lines[0].startswith("WARNING: attention falls back to PyTorch SDPA")
     assert "flash_attn_interface: flash_attn_interface: undefined symbol" in lines[0] and "flash_attn: " in lines[0]
     with pytest.raises(ValueError, match="ATTN_BACKEND='fa3': cannot import flash_attn_interface"):
-        train_gpt.resolve_attention_backend("fa3", torch.device("cuda"), lines.append)
+        trainer_attention.resolve_attention_backend("fa3", torch.device("cuda"), lines.append)
 
 
 # ----------------------------------------------------------------------------------------------- DDP Muon
@@ -283,7 +289,7 @@ def test_cuda_without_flash_attn_falls_back_to_sdpa_with_a_warning(monkeypatch):
 DDP_MUON_SCRIPT = r"""
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
-from train_gpt import Muon
+from trainer.optim import Muon
 dist.init_process_group("gloo")
 torch.manual_seed(0)
 shapes = [(32, 32), (16, 32), (16, 32), (32, 32), (96, 32), (32, 96), (32, 32)]

@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from train_gpt import Hyperparameters, RunContext, check_inputs, resolve_attention_backend, warn_unknown_env
+from trainer.attention import resolve_attention_backend
+
+from trainer.checks import check_inputs
+
+from trainer.context import RunContext
+
+from trainer.settings import warn_unknown_settings
+
+from trainer.settings import Hyperparameters
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,8 +67,8 @@ def test_preset_defaults_and_explicit_override():
 
 
 def test_train_shards_holding_fewer_tokens_than_the_run_reads_warn(tiny_dataset, sp1024_model, tmp_path, capsys):
-    from eval.shards import list_shards, read_shard_header
-    from train_gpt import check_train_tokens
+    from trainer.shards import list_shards, read_shard_header
+    from trainer.checks import check_train_tokens
 
     held = sum(read_shard_header(p) for p in list_shards(tiny_dataset, "train"))
     logs = []
@@ -81,7 +89,7 @@ def test_train_shards_holding_fewer_tokens_than_the_run_reads_warn(tiny_dataset,
 
 def test_unknown_lookalike_env_var_warns_with_a_suggestion():
     lines = []
-    unknown = warn_unknown_env({"MATRIX_LRR": "0.1", "MUON_WEIGHT_DECAY": "0.1", "HOME": "/root",
+    unknown = warn_unknown_settings({"MATRIX_LRR": "0.1", "MUON_WEIGHT_DECAY": "0.1", "HOME": "/root",
                                 "MATRIX_LR": "0.02", "PATH": "/bin", "OMP_NUM_THREADS": "1"}, log=lines.append)
     assert unknown == ["MATRIX_LRR", "MUON_WEIGHT_DECAY"]
     assert "did you mean MATRIX_LR?" in lines[0]
@@ -113,7 +121,7 @@ def test_tokenizer_vocab_must_match(tiny_dataset, sp1024_model, tmp_path):
 
 
 def test_val_split_shorter_than_one_sequence(tiny_dataset, sp1024_model, tmp_path):
-    from eval.shards import load_validation_tokens
+    from trainer.shards import load_validation_tokens
 
     num_val = load_validation_tokens(tiny_dataset).numel()
     hp = hp_for(tiny_dataset, sp1024_model, TRAIN_SEQ_LEN=num_val, TRAIN_BATCH_TOKENS=num_val)
@@ -144,7 +152,7 @@ def corrupt_first(path: Path, split: str, how: str) -> Path:
 @pytest.mark.parametrize("split", ["val", "train"])
 @pytest.mark.parametrize("how,message", [("magic", "magic"), ("version", "version"), ("truncated", "bytes")])
 def test_damaged_shards_are_refused_naming_the_file(tiny_dataset, sp1024_model, tmp_path, split, how, message):
-    from train_gpt import DistributedTokenLoader
+    from trainer.loader import DistributedTokenLoader
 
     data = copy_dataset(tiny_dataset, tmp_path / "data")
     shard = corrupt_first(data, split, how)
@@ -155,8 +163,8 @@ def test_damaged_shards_are_refused_naming_the_file(tiny_dataset, sp1024_model, 
 
 
 def test_token_id_beyond_vocab_is_refused(tiny_dataset, sp1024_model, tmp_path):
-    from eval.shards import load_validation_tokens
-    from train_gpt import DistributedTokenLoader
+    from trainer.shards import load_validation_tokens
+    from trainer.loader import DistributedTokenLoader
 
     data = copy_dataset(tiny_dataset, tmp_path / "data")
     corrupt_first(data, "train", "big_id")
@@ -170,7 +178,7 @@ def test_token_id_beyond_vocab_is_refused(tiny_dataset, sp1024_model, tmp_path):
 def broken_dataset(tiny_dataset, tmp_path, *, manifest: bool, split: str, how: str) -> Path:
     """A copy of the tiny dataset with or without manifest.json whose `split` shards are deleted
     (how="missing") or hold no tokens (how="empty"). The official HF export has no manifest."""
-    from eval.offline import write_data_shard
+    from trainer.shards import write_data_shard
 
     data = copy_dataset(tiny_dataset, tmp_path / "data")
     if not manifest:

@@ -8,11 +8,17 @@ import torch.nn.functional as F
 
 from quant.core import fake_quantize_per_row
 from quant.policy import QuantPolicy
-from train_gpt import (
-    EMA, GPT, Hyperparameters, Muon, apply_partial_rope, attention, build_model_config, build_optimizers,
-    count_train_flops_per_token, exclusive_self_attention, lr_multiplier, muon_momentum_at, qat_active,
-    split_params,
+from trainer.attention import attention
+from trainer.model import (
+    GPT,
+    apply_partial_rope,
+    build_model_config,
+    count_train_flops_per_token,
+    exclusive_self_attention,
 )
+from trainer.optim import Muon, build_optimizers, split_params
+from trainer.schedule import EMA, lr_multiplier, muon_momentum_at, qat_active
+from trainer.settings import Hyperparameters
 
 TINY = dict(vocab_size=64, num_layers=4, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=3.0,
             rope_dims=4, xsa_last_n=2)
@@ -143,7 +149,8 @@ def test_optimizer_split_matrices_to_muon_rest_to_adamw():
     every = set(groups["muon"]) | set(groups["scalar"]) | set(groups["embed"]) | set(groups["head"])
     assert every == {n for n, _ in model.named_parameters()}
     hp = Hyperparameters()
-    muon, adam = build_optimizers(model, hp, is_cuda=False)
+    optimizers = build_optimizers(model, hp, is_cuda=False)
+    muon, adam = optimizers.muon, optimizers.adamw
     assert isinstance(muon, Muon) and isinstance(adam, torch.optim.AdamW)
     assert muon.param_groups[0]["weight_decay"] == hp.muon_wd and adam.param_groups[0]["weight_decay"] == hp.adam_wd
     assert sum(len(g["params"]) for g in muon.param_groups) == len(groups["muon"])

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from train_gpt import PRESETS, Hyperparameters
+from trainer.presets import PRESETS
+
+from trainer.settings import Hyperparameters
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_PRESETS = [p for p in PRESETS if p != "smoke"]

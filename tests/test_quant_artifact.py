@@ -22,7 +22,12 @@ import zstandard
 
 from quant.__main__ import quant_cli
 from quant.artifact import (
-    QUANT_PREFIX, decode_artifact, export_artifact, load_artifact, quant_build_payload, quant_wrap_container,
+    QUANT_PREFIX,
+    decode_artifact,
+    export_artifact,
+    load_artifact,
+    quant_build_payload,
+    quant_wrap_container,
     quantize_state_dict,
 )
 from quant.core import dequantize_per_row, fake_quantize_per_row
@@ -36,11 +41,14 @@ QUIET = dict(log=lambda msg: None)
 HEADER_BYTES = 14
 
 
-def tiny_model_config(train_gpt, vocab_size=128):
+def tiny_model_config(vocab_size=128):
     """A tiny GPT config built the trainer's way (follows its renames)."""
     env = {"NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8",
            "XSA_LAST_N": "1", "VOCAB_SIZE": str(vocab_size), "MLP_MULT": "2"}
-    return train_gpt.build_model_config(train_gpt.Hyperparameters.from_env(env, log=lambda msg: None))
+    from trainer.model import build_model_config
+    from trainer.settings import Hyperparameters
+
+    return build_model_config(Hyperparameters.from_env(env, log=lambda msg: None))
 
 
 def _state(num_layers=2, dim=64, vocab=256, mlp=3, seed=0):
@@ -194,16 +202,17 @@ def test_export_matches_qat_forward_without_clip_search(tmp_path):
 
 
 def test_real_model_roundtrip(tmp_path):
-    import train_gpt
-    config = tiny_model_config(train_gpt)
+    import trainer.model as trainer_model
+
+    config = tiny_model_config()
     torch.manual_seed(0)
-    model = train_gpt.GPT(**config)
+    model = trainer_model.GPT(**config)
     if hasattr(model, "init_weights"):
         model.init_weights(0.02)
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     export_artifact(sd, config, tmp_path / "m.ptz", code_bytes=0, **QUIET)
     loaded, loaded_config, _ = load_artifact(tmp_path / "m.ptz")
-    rebuilt = train_gpt.GPT(**loaded_config)
+    rebuilt = trainer_model.GPT(**loaded_config)
     rebuilt.load_state_dict(loaded, strict=True)
     x = torch.randint(0, 128, (2, 16))
     with torch.no_grad():

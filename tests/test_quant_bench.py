@@ -24,14 +24,14 @@ def test_official_baseline_semantics():
 
 @pytest.mark.slow
 def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
-    import train_gpt
+    import trainer.model as trainer_model
     from safetensors.torch import save_file
 
     from tests.test_quant_artifact import tiny_model_config
 
-    config = tiny_model_config(train_gpt, vocab_size=1024)
+    config = tiny_model_config(vocab_size=1024)
     torch.manual_seed(0)
-    model = train_gpt.GPT(**config)
+    model = trainer_model.GPT(**config)
     if hasattr(model, "init_weights"):
         model.init_weights(0.02)
     ckpt = tmp_path / "prequant.safetensors"

@@ -9,6 +9,12 @@ import torch
 from quant.core import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.gptq import collect_gptq_hessians, gptq_quantize
 import train_gpt
+import trainer.context as trainer_context
+import trainer.loader as trainer_loader
+import trainer.loop as trainer_loop
+import trainer.model as trainer_model
+import trainer.settings as trainer_settings
+import trainer.shards as trainer_shards
 
 
 def _calibration_inputs(n=4096, c=160, seed=0):
@@ -65,9 +71,9 @@ def test_gptq_handles_dead_and_rank_deficient_inputs_deterministically():
 def _tiny_gpt(train_gpt, vocab_size=1024, **extra):
     env = {"NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8",
            "XSA_LAST_N": "1", "VOCAB_SIZE": str(vocab_size), "MLP_MULT": "2", **extra}
-    hp = train_gpt.Hyperparameters.from_env(env, log=lambda msg: None)
+    hp = trainer_settings.Hyperparameters.from_env(env, log=lambda msg: None)
     torch.manual_seed(0)
-    model = train_gpt.GPT(**train_gpt.build_model_config(hp))
+    model = trainer_model.GPT(**trainer_model.build_model_config(hp))
     model.init_weights()
     return model
 
@@ -124,7 +130,7 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     import dataclasses
     import json
 
-    from eval.shards import list_shards
+    from trainer.shards import list_shards
     from quant.policy import QuantPolicy
     from tools.prepare_data import prepare_jsonl_dataset
 
@@ -134,28 +140,28 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
                           progress=False, log=lambda msg: None)
     num_train_tokens = sum(p.stat().st_size - 1024 for p in list_shards(dataset, "train")) // 2
 
-    opened, real_load = [], train_gpt.load_data_shard
-    monkeypatch.setattr(train_gpt, "load_data_shard", lambda path: opened.append(Path(path).name) or real_load(path))
+    opened, real_load = [], trainer_shards.load_data_shard
+    monkeypatch.setattr(trainer_loader, "load_data_shard", lambda path: opened.append(Path(path).name) or real_load(path))
     monkeypatch.setattr(train_gpt, "load_validation_tokens", lambda *a, **k: pytest.fail("val tokens loaded"))
     env = {"PRESET": "smoke", "NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2",
            "ROPE_DIMS": "8", "XSA_LAST_N": "1", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "2048",
            "ITERATIONS": "2", "MAX_WALLCLOCK_SECONDS": "500", "GPTQ_RESERVE_SECONDS": "5",
            "GPTQ_CALIB_BATCHES": str(num_train_tokens // 2048 + 2), "EMA_DECAY": "0", "DATA_PATH": str(dataset)}
-    hp = train_gpt.Hyperparameters.from_env(env, log=lambda msg: None)
+    hp = trainer_settings.Hyperparameters.from_env(env, log=lambda msg: None)
     logs = []
-    ctx = train_gpt.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
+    ctx = trainer_context.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
     ctx.log = lambda msg="", console=True: logs.append(msg)
     torch.manual_seed(0)
-    model = train_gpt.GPT(**train_gpt.build_model_config(hp))
+    model = trainer_model.GPT(**trainer_model.build_model_config(hp))
     model.init_weights()
     model.configure_qat(QuantPolicy(gptq=True))
-    loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size)
     no_time_left = dataclasses.replace(hp, max_wallclock_seconds=5.0)  # a 5 s reserve of a 5 s cap: refused up front
     num_opened = len(opened)
     with pytest.raises(ValueError, match=r"^GPTQ_RESERVE_SECONDS=5\.0: expected < MAX_WALLCLOCK_SECONDS=5\.0 with QUANT_GPTQ=1$"):
-        train_gpt.train(ctx, no_time_left, model, loader, 0.0)
+        trainer_loop.train(ctx, no_time_left, model, loader, flops_per_token=0.0)
     assert len(opened) == num_opened and not logs  # no batch read, nothing logged
-    steps = train_gpt.train(ctx, hp, model, loader, 0.0)[0]
+    steps = trainer_loop.train(ctx, hp, model, loader, flops_per_token=0.0).steps
     train_names = [p.name for p in list_shards(dataset, "train")]
     assert steps == 2 and len(train_names) > 5 and sorted(set(opened)) == train_names  # wrapped around the split
     assert not set(opened) & {p.name for p in list_shards(dataset, "val")}

@@ -106,11 +106,11 @@ def test_dict_roundtrip_through_json():
 
 
 def test_policy_covers_the_real_model():
-    import train_gpt
+    import trainer.model as trainer_model
     from tests.test_quant_artifact import tiny_model_config
 
-    config = dict(tiny_model_config(train_gpt), tie_embeddings=False)
-    model = train_gpt.GPT(**config)
+    config = dict(tiny_model_config(), tie_embeddings=False)
+    model = trainer_model.GPT(**config)
     p = QuantPolicy(attn_bits=6, mlp_bits=6)
     for name, t in model.state_dict().items():
         bits = p.bits_for(name, tuple(t.shape))

@@ -4,10 +4,29 @@ presets resolving to the records' values at the run length each was set for."""
 import pytest
 import torch
 
-from train_gpt import (
-    EMA, Hyperparameters, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active,
-    run_progress, run_steps_estimate, warmdown_frac_at,
+from trainer.schedule import (
+
+    EMA,
+
+    describe_schedule,
+
+    ema_decay_at,
+
+    lr_multiplier,
+
+    muon_momentum_at,
+
+    qat_active,
+
+    run_progress,
+
+    run_steps_estimate,
+
+    warmdown_frac_at,
+
 )
+
+from trainer.settings import Hyperparameters
 
 
 def env_hp(**env):

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from eval.offline import SHARD_HEADER_INTS, SHARD_MAGIC, SHARD_TOKENS_PER_FILE, SHARD_VERSION, write_data_shard
-from eval.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
+from trainer.shards import SHARD_HEADER_INTS, SHARD_MAGIC, SHARD_TOKENS_PER_FILE, SHARD_VERSION, write_data_shard
+from trainer.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
 
 
 def test_constants_are_the_official_ones():

@@ -201,6 +201,8 @@ def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
     run, and the schedules run on time. Asserts the log lines and flags, never step counts (the
     machine is shared: a step takes 10-300 ms)."""
     import train_gpt
+    import trainer.loop as trainer_loop
+    import trainer.schedule as trainer_schedule
 
     cap_s = 6.0
     env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="capped", MAX_WALLCLOCK_SECONDS=cap_s,
@@ -214,8 +216,8 @@ def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
         seen.append((progress, original(progress, *args)))
         return seen[-1][1]
 
-    original = train_gpt.lr_multiplier
-    monkeypatch.setattr(train_gpt, "lr_multiplier", spy)
+    original = trainer_schedule.lr_multiplier
+    monkeypatch.setattr(trainer_loop, "lr_multiplier", spy)
     assert train_gpt.main() == 0
     log = (tmp_path / "capped" / "train.log").read_text()
     result = read_result(tmp_path, "capped")

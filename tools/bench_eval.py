@@ -4,7 +4,7 @@
 
 1. CPU: scored tokens per second of `eval.sliding.eval_sliding` (batched windows) against a
    one-window-at-a-time loop, on the smoke-sized model (4 layers, d 256, 4 heads, seq 256,
-   vocab 1024; `train_gpt.GPT` when importable, else a plain stand-in GPT) over a random stream.
+   vocab 1024; `trainer_model.GPT` when importable, else a plain stand-in GPT) over a random stream.
 2. H100 projection: FLOPs of one forward of a seq-2048 window of the 1xh100 model (8 layers,
    d 512, 8 heads, 4 kv heads, MLP 3x, vocab 1024) from torch.utils.flop_counter.FlopCounterMode
    on the meta device, times the number of windows of the exact sliding set over the official
@@ -67,9 +67,9 @@ class StandInGPT(nn.Module):
 
 def build_model(config, device=None):
     try:
-        from train_gpt import GPT
+        from trainer.model import GPT
 
-        name, cls = "train_gpt.GPT", GPT
+        name, cls = "trainer_model.GPT", GPT
     except ImportError:
         name, cls = "stand-in GPT", StandInGPT
     with torch.device(device or "cpu"):
@@ -157,10 +157,10 @@ PRESET_EVAL_MFU = 0.3  # issue 15: each GPU preset's default stride must fit at 
 def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
     """Projected eval seconds of a GPU preset's model on its full val split at `mfu` of one H100 per GPU
     (causal count): {"roundtrip": s, stride: sliding s, ...}; the 8xh100 preset splits windows over 8 GPUs."""
-    import train_gpt
+    import trainer.settings as trainer_settings
 
-    hp = train_gpt.Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
-    config, seq_len = train_gpt.build_model_config(hp), hp.train_seq_len
+    hp = trainer_settings.Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
+    config, seq_len = trainer_model.build_model_config(hp), hp.train_seq_len
     _, total, attention = forward_flops(config, seq_len)
     rate = H100_BF16_PEAK_FLOPS * mfu * (8 if preset == "8xh100" else 1)
     num_targets = VAL_TOKENS_BY_VOCAB[hp.vocab_size] - 1
@@ -174,13 +174,13 @@ def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
 def bench_presets(mfu=PRESET_EVAL_MFU, budget_s=600.0):
     """One row per GPU preset: projected roundtrip + sliding eval seconds at strides 64/96/128, and the
     smallest of them whose roundtrip + sliding fits `budget_s` (what the preset's EVAL_STRIDE should be)."""
-    import train_gpt
+    import trainer.presets as trainer_presets
 
     print(f"\nPer preset, full val split, {mfu:.0%} MFU (causal count), roundtrip + sliding must fit {budget_s:.0f} s")
     print(f"| {'preset':<14} | {'val tokens':>10} | {'roundtrip s':>11} | {'s64 s':>6} | {'s96 s':>6} | {'s128 s':>6} | "
           f"{'fits at':>7} | {'EVAL_STRIDE':>11} |")
     print(f"|{'-' * 16}|{'-' * 12}|{'-' * 13}|{'-' * 8}|{'-' * 8}|{'-' * 8}|{'-' * 9}|{'-' * 13}|")
-    for preset in train_gpt.PRESETS:
+    for preset in trainer_presets.PRESETS:
         if preset == "smoke":
             continue
         hp, proj = preset_eval_projection(preset, mfu)

@@ -24,7 +24,11 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_gpt import GPT, Hyperparameters, Muon, build_model_config, split_params  # noqa: E402
+from trainer.model import GPT, build_model_config
+
+from trainer.optim import Muon, split_params
+
+from trainer.settings import Hyperparameters  # noqa: E402
 
 NON_COMPUTE_OPS = {"aten::view", "aten::t", "aten::transpose", "aten::as_strided", "aten::empty", "aten::unbind",
                    "aten::select", "aten::expand", "aten::reshape", "aten::alias", "aten::detach", "aten::empty_strided",

@@ -52,8 +52,20 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from quant.artifact import (  # noqa: E402
-    decode_artifact, export_artifact, load_artifact, quant_build_payload, quant_wrap_container, quantize_state_dict,
+from quant.artifact import (
+
+    decode_artifact,
+
+    export_artifact,
+
+    load_artifact,
+
+    quant_build_payload,
+
+    quant_wrap_container,
+
+    quantize_state_dict,
+
 )
 from quant.core import gptq_lite_quantize  # noqa: E402
 from quant.offline import QUANT_PACKINGS, quant_compress  # noqa: E402
@@ -100,7 +112,7 @@ def _load_checkpoint(path: Path) -> tuple[dict, dict]:
 
 
 def _model(config: dict, state_dict: dict):
-    from train_gpt import GPT
+    from trainer.model import GPT
 
     model = GPT(**config)
     model.load_state_dict(state_dict, strict=True)
@@ -118,7 +130,7 @@ def collect_hessians(config: dict, state_dict: dict, data_path: str, num_batches
                      seq_len: int) -> tuple[dict, float]:
     """Calibration Hessians of the checkpoint's linears from the TRAIN shards -> ({name: H}, seconds)."""
     from quant.gptq import collect_gptq_hessians
-    from train_gpt import DistributedTokenLoader
+    from trainer.loader import DistributedTokenLoader
 
     loader = DistributedTokenLoader(data_path, config["vocab_size"])
     t0 = time.perf_counter()
@@ -167,7 +179,7 @@ def run_bench(args) -> str:
     import sentencepiece as spm
 
     from eval.bpb import build_sentencepiece_luts
-    from eval.shards import load_validation_tokens
+    from trainer.shards import load_validation_tokens
 
     state, config = _load_checkpoint(Path(args.checkpoint))
     num_params = sum(t.numel() for t in state.values())

@@ -25,7 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quant.policy import QuantPolicy  # noqa: E402
 from tools.sweep import parse_assignments  # noqa: E402
-from train_gpt import EMA, GPT, Hyperparameters, build_model_config, build_optimizers, warn_unknown_env  # noqa: E402
+from trainer.settings import warn_unknown_settings
+from trainer.model import GPT, build_model_config
+from trainer.optim import build_optimizers
+from trainer.schedule import EMA
+from trainer.settings import Hyperparameters  # noqa: E402
 
 
 class Recipe:
@@ -33,7 +37,7 @@ class Recipe:
 
     def __init__(self, name: str, env: dict):
         self.name = name
-        unknown = warn_unknown_env(env, log=lambda *_: None)
+        unknown = warn_unknown_settings(env, log=lambda *_: None)
         if unknown:  # a typo would time the default instead of the recipe
             raise ValueError(f"--config {name}: {unknown} are not settings of train_gpt.py")
         self.hp = Hyperparameters.from_env(env, log=lambda *_: None)
@@ -53,7 +57,7 @@ class Recipe:
         self.model(self.x[:, :-1], self.x[:, 1:]).backward()
         if self.hp.grad_clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.hp.grad_clip_norm)
-        for opt in self.optimizers:
+        for opt in self.optimizers.all:
             opt.step()
         self.model.zero_grad(set_to_none=True)
         if self.ema:

@@ -16,10 +16,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from train_gpt import (  # noqa: E402
-    GPT, H100_BF16_PEAK_FLOPS, PRESETS, Hyperparameters, build_model_config, build_optimizers,
-    count_train_flops_per_token,
-)
+from trainer.loop import H100_BF16_PEAK_FLOPS
+
+from trainer.model import GPT, build_model_config, count_train_flops_per_token
+
+from trainer.optim import build_optimizers
+
+from trainer.presets import PRESETS
+
+from trainer.settings import Hyperparameters
 
 
 def measure_cpu_tokens_per_second(hp: Hyperparameters, steps: int) -> float:
@@ -34,7 +39,7 @@ def measure_cpu_tokens_per_second(hp: Hyperparameters, steps: int) -> float:
         if i == 1:
             start = time.perf_counter()
         model(x, x).backward()
-        for opt in optimizers:
+        for opt in optimizers.all:
             opt.step()
         model.zero_grad(set_to_none=True)
     return steps * hp.train_batch_tokens / (time.perf_counter() - start)

@@ -1,13 +1,13 @@
 """Generate the record's single-file `train_gpt.py` from the readable package (design §6).
 
 The challenge counts every byte of `train_gpt.py` and wants all counted code in that one file, run
-from inside its record folder. Our source is a package (`train_gpt.py` + `quant/` + `eval/`), so:
+from inside its record folder. Our source is a package (`train_gpt.py` + `trainer/` + `quant/` + `eval/`), so:
 
 1. `build_human_source()`: the library modules that `train_gpt.py` needs (found by following its
-   internal imports), concatenated in pipeline order (eval/shards.py, quant/*, eval/bpb.py,
-   eval/roundtrip.py, eval/sliding.py, ..., train_gpt.py last; dependencies first), one banner per
-   module, internal imports removed, stdlib/third-party imports hoisted to the top and deduplicated,
-   `BUNDLE_KIND = "package"` rewritten to `"human"`. Runs on its own: `train_gpt_human.py`.
+   internal imports), concatenated in pipeline order (trainer/files.py, trainer/settings.py,
+   trainer/shards.py, quant/*, eval/*, trainer/model.py, ..., train_gpt.py last; dependencies first),
+   one banner per module, internal imports removed, stdlib/third-party imports hoisted to the top and
+   deduplicated, the one `BUNDLE_KIND = "package"` line (trainer/context.py) rewritten to `"human"`. Runs on its own: `train_gpt_human.py`.
 2. `build_packed_bytes()`: the human source with `BUNDLE_KIND = "packed"`, minified by
    python-minifier (comments, docstrings and annotations go, except class attribute annotations,
    which dataclasses need; local and global names are shortened, except attributes, keyword
@@ -40,9 +40,9 @@ python-minifier rename nothing (about +1.3 KB); the report warns and a test guar
 
 The bundler fails loudly (`BundleError`, a ValueError naming file and line) on anything that would
 make the single file behave differently from the package: two modules binding the same top-level
-name, an internal import other than `from quant.x import ...` / `from eval.x import ...` /
-`from train_gpt import ...`, an imported name that the target module does not define, a
-`__main__` guard in a library module, a missing `BUNDLE_KIND = "package"` line.
+name, an internal import other than `from trainer.x import ...` / `from quant.x import ...` /
+`from eval.x import ...` / `from train_gpt import ...`, an imported name that the target module does not define, a
+`__main__` guard in a library module, no or two `BUNDLE_KIND = "package"` lines.
 
 CLI: `python tools/bundle.py --out DIR [--encoding ascii|base93|base85|latin1]` writes DIR/train_gpt.py
 and DIR/train_gpt_human.py and prints the size split by module (bytes each module costs in the
@@ -69,7 +69,7 @@ import zlib
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BUNDLE_PACKAGES = ("eval", "quant")
+BUNDLE_PACKAGES = ("trainer", "quant", "eval")
 BUNDLE_ENTRY = "train_gpt.py"
 BUNDLE_SKIP_FILES = ("__init__.py", "__main__.py")
 BUNDLE_KIND_LINE = 'BUNDLE_KIND = "package"'
@@ -239,7 +239,7 @@ def _analyse_imports(module: SourceModule, available: dict) -> None:
             continue
         where = f"{module.relpath}:{node.lineno}"
         text = ast.unparse(node)
-        allowed = "`from quant.x import ...`, `from eval.x import ...` or `from train_gpt import ...`"
+        allowed = "`from <package>.x import ...` (package: " + ", ".join(BUNDLE_PACKAGES) + ") or `from train_gpt import ...`"
         if isinstance(node, ast.Import) or node.level > 0:
             raise BundleError(f"{where}: `{text}`: internal imports must have the form {allowed}")
         parts = node.module.split(".")
@@ -279,8 +279,9 @@ def _reexported_names(module: SourceModule) -> dict:
 
 
 def _module_rank(relpath: str) -> int:
-    """Pipeline order of design §1: data, quantization, evaluation, then the trainer."""
-    if relpath == "eval/shards.py":
+    """Pipeline order of design §1: files, settings and data, quantization, evaluation, then the trainer."""
+    if relpath in ("trainer/files.py", "trainer/env.py", "trainer/presets.py", "trainer/settings.py",
+                   "trainer/shards.py", "eval/shards.py"):
         return 0
     if relpath.startswith("quant/"):
         return 1
@@ -470,12 +471,7 @@ def _module_body(module: SourceModule, imports: _ImportCollector) -> str:
         else:
             out.append(lines[i])
             i += 1
-    if module.is_entry:
-        hits = [k for k, line in enumerate(out) if line == BUNDLE_KIND_LINE]
-        if len(hits) != 1:
-            raise BundleError(f"{module.relpath}: expected exactly one line `{BUNDLE_KIND_LINE}` at top level, "
-                              f"found {len(hits)}")
-        out[hits[0]] = 'BUNDLE_KIND = "human"'
+    out = ['BUNDLE_KIND = "human"' if line == BUNDLE_KIND_LINE else line for line in out]
     text = "\n".join(out).strip("\n")
     while "\n\n\n\n" in text:  # hoisting leaves holes; keep at most two blank lines
         text = text.replace("\n\n\n\n", "\n\n\n")
@@ -487,6 +483,10 @@ def build_human_parts(root=None) -> tuple[list, dict]:
     modules, left_out = discover_modules(root)
     imports = _ImportCollector()
     bodies = [(m.relpath, _module_body(m, imports)) for m in modules]
+    kinds = [r for r, body in bodies if 'BUNDLE_KIND = "human"' in body.splitlines()]
+    if len(kinds) != 1:
+        raise BundleError(f"expected exactly one top-level line `{BUNDLE_KIND_LINE}` among the bundled modules, "
+                          f"found {len(kinds)} ({', '.join(kinds) or 'none'})")
     future, import_block = imports.render()
     listing = ", ".join(m.relpath for m in modules)
     header = (f'"""{BUNDLE_HUMAN_NAME}: GENERATED by tools/bundle.py from the parameter-golf kit; do not edit.\n\n'

@@ -13,7 +13,7 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from quant.artifact import atomic_write_bytes
+from trainer.files import atomic_write_bytes
 
 
 def save_prequant(path: Path, state: dict, config: dict) -> None:

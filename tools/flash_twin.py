@@ -116,15 +116,15 @@ def flash_attn_standin(q, k, v, causal=False):
 
 @contextlib.contextmanager
 def plugged_flash_standin():
-    """Route train_gpt.attention through the stand-in (as resolve_attention_backend does with FA3)."""
-    import train_gpt
+    """Route trainer_attention.attention through the stand-in (as resolve_attention_backend does with FA3)."""
+    import trainer.attention as trainer_attention
 
-    saved = train_gpt._FLASH_ATTN[:]
-    train_gpt._FLASH_ATTN[:] = [flash_attn_standin]
+    saved = trainer_attention._FLASH_ATTN[:]
+    trainer_attention._FLASH_ATTN[:] = [flash_attn_standin]
     try:
         yield
     finally:
-        train_gpt._FLASH_ATTN[:] = saved
+        trainer_attention._FLASH_ATTN[:] = saved
 
 
 def _rms_norm_fp32(input, normalized_shape, weight=None, eps=None):

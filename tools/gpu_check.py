@@ -4,7 +4,7 @@
     DATA_PATH=... python tools/gpu_check.py   # real train shards, and the real val token count
     PRESET=8xh100 python tools/gpu_check.py   # any preset / env override, as for train_gpt.py
 
-Runs the trainer's own code (train_gpt.train with its compiled model, batched Muon, fused AdamW,
+Runs the trainer's own code (trainer_loop.train with its compiled model, batched Muon, fused AdamW,
 EMA, late QAT, and the eval engine) and prints one table: versions and the attention backend; the
 GPU and whether it is an H100 SXM (the leaderboard's machine); compile time, graph breaks and
 recompiles; ms per step, tokens/s, MFU and peak memory after warmup; the step-time change when QAT
@@ -30,7 +30,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import train_gpt  # noqa: E402
+import trainer.attention as trainer_attention  # noqa: E402
+import trainer.context as trainer_context  # noqa: E402
+import trainer.loader as trainer_loader  # noqa: E402
+import trainer.loop as trainer_loop  # noqa: E402
+import trainer.model as trainer_model  # noqa: E402
+import trainer.settings as trainer_settings  # noqa: E402
+import trainer.shards as trainer_shards  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
@@ -105,12 +111,12 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
     hp = dataclasses.replace(hp, iterations=2 * num_steps, max_wallclock_seconds=0.0, qat_start_frac=0.5,
                              train_log_every=num_steps, val_loss_every=0, warmup_steps=max(1, hp.warmup_steps),
                              checkpoint_every=0, resume=False)
-    config = train_gpt.build_model_config(hp)
+    config = trainer_model.build_model_config(hp)
     torch.manual_seed(hp.seed)
-    model = train_gpt.GPT(**config).to(ctx.device)
+    model = trainer_model.GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
     model.configure_qat(QuantPolicy.from_env())
-    flops = train_gpt.count_train_flops_per_token(config, hp.train_seq_len)
+    flops = trainer_model.count_train_flops_per_token(config, hp.train_seq_len)
     lines, log = [], ctx.log
     ctx.log = lambda msg="", console=True: lines.append(msg)
     torch._dynamo.reset()
@@ -119,7 +125,8 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
         torch.cuda.reset_peak_memory_stats(ctx.device)
     t0 = time.perf_counter()
     try:
-        steps, train_seconds, losses, _ = train_gpt.train(ctx, hp, model, loader, flops)
+        result = trainer_loop.train(ctx, hp, model, loader, flops_per_token=flops)
+        steps, train_seconds, losses = result.steps, result.train_seconds, result.train_losses
     finally:
         ctx.log = log
     total_seconds = time.perf_counter() - t0
@@ -137,7 +144,7 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
         Row("graph breaks", str(breaks), ok=breaks == 0),
         Row("recompiles after step 1", f"{counters['stats']['unique_graphs'] - after_first} (QAT flip at step "
             f"{num_steps}; {after_first} graphs in all)", ok=counters["stats"]["unique_graphs"] == after_first),
-        Row("train step", f"{ms_off:.1f} ms, {tok_s[0]:,.0f} tok/s, MFU {100 * flops * tok_s[0] / train_gpt.H100_BF16_PEAK_FLOPS:.1f}% "
+        Row("train step", f"{ms_off:.1f} ms, {tok_s[0]:,.0f} tok/s, MFU {100 * flops * tok_s[0] / trainer_loop.H100_BF16_PEAK_FLOPS:.1f}% "
             f"of H100 bf16 ({hp.preset}, {hp.train_batch_tokens:,} tok/step, accum {accum})"),
         Row("train step, QAT on", f"{ms_on:.1f} ms ({100 * (ms_on / ms_off - 1):+.1f}%)"),
         Row("losses finite", f"{losses[0]:.3f} -> {losses[-1]:.3f} over {steps} steps",
@@ -155,14 +162,14 @@ def agreement_rows(ctx, model, hp) -> list:
     with torch.no_grad():
         with ctx.autocast():
             dev_loss = model(x.to(ctx.device), x.to(ctx.device)).float().item()
-        saved = train_gpt._FLASH_ATTN[:]
-        train_gpt._FLASH_ATTN.clear()
+        saved = trainer_attention._FLASH_ATTN[:]
+        trainer_attention._FLASH_ATTN.clear()
         try:
-            ref = train_gpt.GPT(**train_gpt.build_model_config(hp))
+            ref = trainer_model.GPT(**trainer_model.build_model_config(hp))
             ref.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
             cpu_loss = ref.eval()(x, x).item()
         finally:
-            train_gpt._FLASH_ATTN[:] = saved
+            trainer_attention._FLASH_ATTN[:] = saved
     rel = abs(dev_loss - cpu_loss) / abs(cpu_loss)
     rows = [Row("forward vs CPU fp32", f"loss {dev_loss:.5f} vs {cpu_loss:.5f} (rel {rel:.1e}, bf16 tolerance 1e-2)",
                 ok=rel < 1e-2)]
@@ -226,7 +233,7 @@ def main(argv=None) -> int:
               "`python -m pytest` or `python tools/gpu_check.py --cpu-twin`", file=sys.stderr)
         return 2
     try:
-        hp = train_gpt.Hyperparameters.from_env()
+        hp = trainer_settings.Hyperparameters.from_env()
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -238,12 +245,12 @@ def main(argv=None) -> int:
         twin.enter_context(cuda_autocast_rms_norm())
         hp = dataclasses.replace(hp, autocast="bf16")
     with twin:
-        ctx = train_gpt.setup_distributed(hp)
-        backend = "flash stand-in" if args.cpu_twin else train_gpt.resolve_attention_backend(hp.attn_backend, ctx.device)
+        ctx = trainer_context.setup_distributed(hp)
+        backend = "flash stand-in" if args.cpu_twin else trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device)
         rows = versions_and_device(ctx.device, backend)
         if Path(hp.data_path).is_dir() and not args.cpu_twin:
-            loader = train_gpt.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
-            num_val = train_gpt.load_validation_tokens(hp.data_path).numel()
+            loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
+            num_val = trainer_shards.load_validation_tokens(hp.data_path).numel()
         else:
             loader, num_val = SyntheticLoader(hp.vocab_size, ctx.device), VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
         train_rows, model = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)

@@ -61,9 +61,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `python tools/prepare_data.py` puts tools/, not the repo, on sys.path
     sys.path.insert(0, str(REPO_ROOT))
 
-from eval.offline import SHARD_MANIFEST_FORMAT, SHARD_TOKENS_PER_FILE, write_data_shard  # noqa: E402
-from eval.shards import read_shard_header  # noqa: E402
-from quant.artifact import atomic_write_bytes  # noqa: E402
+from trainer.shards import SHARD_MANIFEST_FORMAT, SHARD_TOKENS_PER_FILE, write_data_shard  # noqa: E402
+from trainer.shards import read_shard_header  # noqa: E402
+from trainer.files import atomic_write_bytes  # noqa: E402
 
 OFFICIAL_NUM_VAL_DOCS = 50_000
 DOC_HASH_HEX_CHARS = 16

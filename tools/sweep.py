@@ -55,7 +55,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from quant.artifact import atomic_write_bytes  # noqa: E402
+from trainer.files import atomic_write_bytes  # noqa: E402
 
 SWEEP_METRICS = ("sliding", "roundtrip", "prequant")
 SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
@@ -184,12 +184,13 @@ def check_trainer_settings(runs: list, environ=None) -> None:
     before anything starts: a value the trainer would refuse, or a name that only looks like one of
     its settings (a typo), is a SweepError naming the config. Hours of sweep lost to MATRIX_LRR are
     worth one import of torch."""
-    from train_gpt import Hyperparameters, warn_unknown_env
+    from trainer.settings import warn_unknown_settings
+    from trainer.settings import Hyperparameters
 
     environ = dict(os.environ if environ is None else environ)
     for run in {run.config: run for run in runs}.values():
         own = {k: v for k, v in run.env.items() if k not in SWEEP_RESERVED}
-        unknown = warn_unknown_env(own, log=lambda msg: None)
+        unknown = warn_unknown_settings(own, log=lambda msg: None)
         if unknown:
             raise SweepError(f"config {run.config!r}: {unknown} are not settings of train_gpt.py")
         try:

@@ -1,15 +1,10 @@
-"""Challenge token shards: read and validate `fineweb_{train,val}_NNNNNN.bin` files (bundled part).
+"""Challenge token shards: the format, its reader and writer, the dataset manifest check.
 
-Official format (openai/parameter-golf data export, same as modded-nanogpt): a header of 256
-little-endian int32 (magic 20240520, version 1, num_tokens, rest 0) followed by num_tokens
-little-endian uint16 token ids, so a valid file has exactly 1024 + 2 * num_tokens bytes. A dataset
-dir may hold `manifest.json` (written by tools/prepare_data.py) with per-split counts and the files
-of document hashes used to prove that the train and val splits are disjoint.
-
-Only what the trainer run needs lives here (this module is bundled into the counted train_gpt.py,
-so the format numbers are written as literals); the writer `write_data_shard` and the named
-constants (SHARD_MAGIC, SHARD_VERSION, SHARD_HEADER_INTS, SHARD_TOKENS_PER_FILE,
-SHARD_MANIFEST_FORMAT) live in eval/offline.py, and tests/test_shards.py checks that both agree.
+Official format (openai/parameter-golf data export, as modded-nanogpt): a header of 256
+little-endian int32 (magic 20240520, version 1, num_tokens, rest 0), then num_tokens little-endian
+uint16 token ids: a valid file has exactly 1024 + 2 * num_tokens bytes. A dataset dir may hold
+`manifest.json` (tools/prepare_data.py writes it) with per-split counts and the files of document
+hashes that prove the train and val splits disjoint.
 """
 
 import json
@@ -18,6 +13,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from trainer.files import atomic_write_bytes
+
+SHARD_MAGIC = 20240520
+SHARD_VERSION = 1
+SHARD_HEADER_INTS = 256
+SHARD_HEADER_BYTES = SHARD_HEADER_INTS * 4
+SHARD_TOKENS_PER_FILE = 100_000_000
+SHARD_MANIFEST_FORMAT = "parameter-golf-shards"
 
 
 def read_shard_header(path) -> int:
@@ -30,14 +34,34 @@ def read_shard_header(path) -> int:
     size_bytes = os.path.getsize(path)
     # Padded with -1 so that a header cut short still unpacks, and then fails the check.
     header = np.fromfile(path, "<i4", 3).tolist() + [-1] * 3
-    if header[:2] != [20240520, 1] or not 0 <= 2 * header[2] == size_bytes - 1024:
-        raise ValueError(f"shard {path}: magic, version, n {header[:3]}, {size_bytes} bytes; expected [20240520, 1, n], 1024 + 2n bytes")
+    if header[:2] != [SHARD_MAGIC, SHARD_VERSION] or not 0 <= 2 * header[2] == size_bytes - SHARD_HEADER_BYTES:
+        raise ValueError(f"shard {path}: magic, version, n {header[:3]}, {size_bytes} bytes; "
+                         f"expected [{SHARD_MAGIC}, {SHARD_VERSION}, n], {SHARD_HEADER_BYTES} + 2n bytes")
     return header[2]
 
 
 def load_data_shard(path) -> torch.Tensor:
     """Load one shard as a uint16 tensor [num_tokens]; header and size validated first (ValueError)."""
-    return torch.from_numpy(np.fromfile(path, "<u2", read_shard_header(path), offset=1024))
+    return torch.from_numpy(np.fromfile(path, "<u2", read_shard_header(path), offset=SHARD_HEADER_BYTES))
+
+
+def write_data_shard(path, tokens) -> None:
+    """Write `tokens` (integer array [N], ids in [0, 65535]) as one shard file, atomically.
+
+    Raises ValueError (naming the path) for a non-integer / non-1-D array, ids that do not fit
+    uint16, or N >= 2**31.
+    """
+    path = Path(path)
+    arr = np.asarray(tokens)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(f"shard {path}: expected a 1-D integer token array, got dtype {arr.dtype} shape {arr.shape}")
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > 65535):
+        raise ValueError(f"shard {path}: token ids must fit uint16 [0, 65535], got range [{arr.min()}, {arr.max()}]")
+    if arr.size >= 2**31:
+        raise ValueError(f"shard {path}: {arr.size} tokens do not fit the int32 header count")
+    header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
+    header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
+    atomic_write_bytes(path, header.tobytes() + arr.astype("<u2", copy=False).tobytes())
 
 
 def list_shards(data_path, split: str) -> list:
@@ -82,7 +106,7 @@ def check_data_manifest(data_path, vocab_size=None, log=print):
         try:
             manifest = json.loads(path.read_bytes())
             got = manifest["format"], vocab_size and manifest["vocab_size"]
-            if got != ("parameter-golf-shards", vocab_size):
+            if got != (SHARD_MANIFEST_FORMAT, vocab_size):
                 raise ValueError(f"got (format, vocab_size) {got}")
             for info in manifest["splits"].values():
                 for name in info["shards"]:
@@ -90,7 +114,7 @@ def check_data_manifest(data_path, vocab_size=None, log=print):
                 if "doc_hashes_file" in info:
                     hashes.append(np.fromfile(path.parent / info["doc_hashes_file"], np.uint8).reshape(-1, 17).view("S17"))
         except Exception as e:
-            raise ValueError(f"manifest {path}: {e}; expected format parameter-golf-shards, vocab_size "
+            raise ValueError(f"manifest {path}: {e}; expected format {SHARD_MANIFEST_FORMAT}, vocab_size "
                              f"VOCAB_SIZE={vocab_size}, the listed files, lines of 16 hex chars") from e
     if len(hashes) < 2:
         log(f"warning: no doc hashes of both splits in {path}: train/val overlap not checked")

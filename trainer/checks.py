@@ -1,0 +1,74 @@
+"""Input checks before the clock starts, and the compliance flags of a finished run."""
+
+import math
+import os
+from pathlib import Path
+from trainer.context import RunContext, kit_module
+from trainer.schedule import run_steps_estimate
+from trainer.settings import Hyperparameters
+from trainer.shards import check_data_manifest, list_shards, load_validation_tokens, read_shard_header
+
+
+def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
+    """(tokens in the train shards, tokens the run will read: EXPECTED_STEPS, or ITERATIONS without a
+    wallclock cap, x TRAIN_BATCH_TOKENS); logs a WARNING when the shards hold fewer, since the loader
+    then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same budget)."""
+    held = sum(read_shard_header(p) for p in list_shards(hp.data_path, "train"))
+    steps = run_steps_estimate(0, 0.0, hp)
+    needed = int(steps * hp.train_batch_tokens)
+    if held < needed:
+        log(f"WARNING: the train shards of DATA_PATH={hp.data_path} hold {held:,} tokens; this run reads about "
+            f"{needed:,} ({steps:.0f} steps x TRAIN_BATCH_TOKENS={hp.train_batch_tokens:,}) and will repeat data, "
+            f"which costs bpb; `tools/prepare_data.py fineweb --train-shards {math.ceil(1.2 * needed / 1e8)}` "
+            f"covers it with 20% margin (100M tokens per shard)")
+    return held, needed
+
+
+def check_inputs(hp: Hyperparameters, ctx: RunContext):
+    """Everything that can be wrong with the input is checked here, before the clock starts."""
+    import sentencepiece as spm
+
+    if not Path(hp.data_path).is_dir():
+        raise ValueError(f"DATA_PATH={hp.data_path!r}: no such directory (make one with tools/prepare_data.py)")
+    if not Path(hp.tokenizer_path).is_file():
+        raise ValueError(f"TOKENIZER_PATH={hp.tokenizer_path!r}: no such file")
+    sp = spm.SentencePieceProcessor(model_file=hp.tokenizer_path)
+    if sp.vocab_size() != hp.vocab_size:
+        raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
+    manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log)
+    hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    if hp.checkpoint_every or hp.resume:
+        kit_module("tools.checkpoint")
+    check_train_tokens(hp, ctx.log)
+    num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped
+    if num_val <= hp.train_seq_len:
+        raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
+                         f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
+    return sp, manifest, min(num_val, hp.val_max_tokens + 1) if hp.val_max_tokens else num_val
+
+
+def check_compliance(summary: dict, data_path: str, manifest, train_files) -> dict:
+    """One flag per rule of the challenge, computed from what the run measured (None: not checkable).
+
+    train_time_ok: train_seconds <= 600 (the challenge's limit, whatever MAX_WALLCLOCK_SECONDS was);
+    eval_time_ok: eval_seconds (artifact load + roundtrip + sliding) <= 600; bytes_ok: bytes_total
+    (shipped code + artifact) <= 16,000,000 (the challenge's, whatever BYTE_BUDGET was; the export
+    enforces BYTE_BUDGET itself); full_val_split: the score covered every token of the val shards
+    (their headers' counts); val_not_seen_in_training: none of `train_files` (the shards the training
+    loader opened) is a val shard: the same file (device and inode, so links count) as a
+    fineweb_val_*.bin or, with a manifest, as a shard its val split lists; splits_disjoint: the
+    manifest's train and val document hashes are disjoint (check_data_manifest), none of its train
+    shards is a val shard and the loader opened only shards its train split lists (None without a
+    manifest that has document hashes).
+    """
+    ident = lambda path: os.stat(path)[1:3]  # (inode, device)
+    listed = lambda split: {ident(Path(data_path) / n) for n in manifest["splits"][split]["shards"]} if manifest else set()
+    val_files, opened = list_shards(data_path, "val"), {ident(p) for p in train_files}
+    val = {ident(p) for p in val_files} | listed("val")
+    return dict(
+        train_time_ok=summary.get("train_seconds", math.inf) <= 600,
+        eval_time_ok=summary.get("eval_seconds", math.inf) <= 600,
+        bytes_ok=summary.get("bytes_total", math.inf) <= 16_000_000,
+        full_val_split=summary.get("val_tokens") == sum(map(read_shard_header, val_files)),
+        val_not_seen_in_training=bool(opened) and not opened & val,
+        splits_disjoint=None if manifest is None else opened <= listed("train") and not listed("train") & val)

@@ -1,0 +1,135 @@
+"""The run context: devices and ranks, logging, signals, the run header, the shipped code's bytes."""
+
+import contextlib
+import dataclasses
+import importlib
+import os
+import platform
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from trainer.settings import Hyperparameters
+
+
+BUNDLE_KIND = "package"
+
+
+@dataclasses.dataclass
+class RunContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    run_dir: Path
+    autocast_dtype: object = None  # torch.bfloat16 or None
+    compile: bool = False  # torch.compile the model, Muon's Newton-Schulz and the eval forward
+    log_file: object = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def log(self, msg: str = "", console: bool = True) -> None:
+        if not self.is_main:
+            return
+        if console:
+            print(msg, flush=True)
+        if self.log_file is not None:
+            self.log_file.write(msg + "\n")
+            self.log_file.flush()
+
+    def autocast(self):
+        return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def mean_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return t
+        t = t.detach().clone()
+        dist.all_reduce(t)
+        return t / self.world_size
+
+
+def setup_distributed(hp: Hyperparameters) -> RunContext:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
+        torch.set_num_threads(hp.num_threads or max(1, (os.cpu_count() or 1) // local_world))
+    if world_size > 1:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    run_dir = Path(hp.out_dir) / hp.run_id
+    bf16 = hp.autocast == "bf16" or hp.autocast == "auto" and device.type == "cuda"
+    return RunContext(rank, world_size, local_rank, device, run_dir, torch.bfloat16 if bf16 else None,
+                      hp.compile == 1 or hp.compile == -1 and device.type == "cuda")
+
+
+def kit_module(name: str):
+    """A package-only kit module (tools/...): present when running from the repo, not in the packed file."""
+    if BUNDLE_KIND != "package":
+        raise ValueError(f"{name}: a kit feature, not in the packed script (run from the kit's repo)")
+    return importlib.import_module(name)
+
+
+def measure_code_bytes() -> int:
+    """Bytes of the train_gpt.py that would be shipped: measured, never estimated."""
+    if BUNDLE_KIND == "packed":
+        return os.path.getsize(__file__)
+    if BUNDLE_KIND == "human":
+        return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
+    return len(kit_module("tools.bundle").build_packed_bytes())
+
+
+def describe_device(device: torch.device) -> str:
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    return f"cpu ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
+    """The log opens with the code, versions, device (nvidia-smi on CUDA) and every hyperparameter."""
+    import brotli
+    import safetensors
+    import sentencepiece
+    import zstandard
+
+    if BUNDLE_KIND == "packed":
+        code = BUNDLE_SOURCE  # noqa: F821 (bound by the packed file's exec wrapper)
+    else:
+        code = Path(__file__).read_text("utf-8") if BUNDLE_KIND == "human" else kit_module("tools.bundle").build_human_source()
+    ctx.log(code, False)
+    ctx.log("=" * 100, False)
+    ctx.log(f"python:{platform.python_version()} "
+            + " ".join(f"{m.__name__}:{m.__version__}" for m in (torch, np, sentencepiece, zstandard, brotli, safetensors)))
+    ctx.log(f"device:{describe_device(ctx.device)} world_size:{ctx.world_size}")
+    if ctx.device.type == "cuda":
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            ctx.log(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout, False)
+    for f in dataclasses.fields(hp):
+        ctx.log(f"{f.name.upper()}:{getattr(hp, f.name)}")
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT/SIGTERM set `flag[0]` to the signal number; the loop finishes its step and stops cleanly."""
+    flag, previous = [0], {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread: no handlers
+            previous[sig] = signal.signal(sig, lambda signum, frame: flag.__setitem__(0, signum))
+    try:
+        yield flag
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

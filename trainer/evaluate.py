@@ -1,0 +1,82 @@
+"""The trainer's evaluation passes (roundtrip, sliding window) and the eval plan made before training.
+
+Autocast and compile as in training; the scoring itself lives in eval/ (exact byte LUT, the
+challenge's sliding-window rule).
+"""
+
+import time
+
+import torch
+
+from eval.roundtrip import eval_roundtrip
+from eval.sliding import count_sliding_windows, eval_sliding
+from trainer.context import RunContext
+from trainer.model import GPT
+from trainer.settings import Hyperparameters
+
+
+def eval_device_args(ctx: RunContext) -> dict:
+    """The keyword arguments every eval/ pass takes from the run context."""
+    return dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=ctx.compile,
+                autocast_dtype=ctx.autocast_dtype)
+
+
+def evaluate_roundtrip(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts) -> dict:
+    """{val_loss (nats/token), val_bpb} of `model` on val_tokens (int64 [N]), non-overlapping windows of
+    TRAIN_SEQ_LEN in batches of VAL_BATCH_SIZE tokens; the model's train/eval mode is restored."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
+                                   batch_seqs=max(1, hp.val_batch_size // hp.train_seq_len), **eval_device_args(ctx))
+    model.train(was_training)
+    return dict(val_loss=loss, val_bpb=bpb)
+
+
+def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, *,
+                     stride: int, started: float) -> dict:
+    """The sliding-window score (eval.sliding.eval_sliding's dict: val_loss, val_bpb, stride, eval_seconds,
+    num_scored_tokens, num_bytes). Its time guard gets what is left of EVAL_MAX_SECONDS since `started`
+    (time.perf_counter(); loading and the roundtrip count against the same 600 s). Raises EvalTimeError
+    when even the largest stride cannot fit."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        left = hp.eval_max_seconds - (time.perf_counter() - started)
+        out = eval_sliding(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
+                           batch_seqs=hp.eval_batch_seqs, max_seconds=max(left, 1e-9),
+                           auto_stride=hp.eval_auto_stride, log=ctx.log, **eval_device_args(ctx))
+    model.train(was_training)
+    return out
+
+
+def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:
+    """EVAL_AUTO_STRIDE before training: the smallest stride >= EVAL_STRIDE whose projected eval fits.
+
+    Times 3 forward passes of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
+    read) on a fresh model, compiled and autocast as the eval runs it, before the training clock.
+    Projection (seconds) = seconds per batch x (roundtrip windows + sliding windows) / (batch x ranks),
+    and must fit 90% of EVAL_MAX_SECONDS (the rest: loading, compilation, the pre-quant pass is not
+    counted). The eval's own guard still checks the real speed (and restarts at a larger stride).
+    Logs `eval_plan:` with the numbers; returns the stride (TRAIN_SEQ_LEN if none fits).
+    """
+    b, seq_len = hp.eval_batch_seqs, hp.train_seq_len
+    model = GPT(**model_config).to(ctx.device).eval()
+    forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
+    x = torch.zeros(b, seq_len, dtype=torch.int64, device=ctx.device)
+    with torch.inference_mode(), ctx.autocast():
+        forward(x)
+        ctx.sync()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            forward(x)
+        ctx.sync()
+    per_batch = (time.perf_counter() - t0) / 3
+    n = num_val_tokens - 1
+    project = lambda s: per_batch * (count_sliding_windows(n, seq_len, seq_len)
+                                     + count_sliding_windows(n, seq_len, s)) / (b * ctx.world_size)
+    stride = next((s for s in range(hp.eval_stride, seq_len) if project(s) <= 0.9 * hp.eval_max_seconds), seq_len)
+    ctx.log(f"eval_plan: {1000 * per_batch:.1f}ms per batch of {b}x{seq_len}, {n} val targets: projected "
+            f"{project(hp.eval_stride):.0f}s at EVAL_STRIDE={hp.eval_stride}, {project(stride):.0f}s at stride {stride} "
+            f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
+    return stride

@@ -1,0 +1,92 @@
+"""After training: pre-quant eval -> export -> re-read the artifact from disk -> roundtrip + sliding
+eval, each measured number handed back as soon as it exists; result.json with the compliance flags."""
+
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from eval.sliding import EvalTimeError
+from quant.artifact import export_artifact, load_artifact
+from quant.policy import QuantPolicy
+from trainer.checks import check_compliance
+from trainer.context import RunContext, kit_module
+from trainer.evaluate import evaluate_roundtrip, evaluate_sliding
+from trainer.files import atomic_write_json
+from trainer.model import GPT
+from trainer.settings import Hyperparameters
+
+
+def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
+               artifact_path: Path, val_tokens, luts, eval_stride: int):
+    """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval.
+
+    A generator: yields a dict of result.json entries as soon as each group is measured, so that the
+    caller keeps every number measured before a later step fails. `val_tokens` is a callable that
+    returns the val stream (int64 [N]; loaded only now). Raises what the failing step raised.
+    """
+    eval_on = not hp.skip_final_eval
+    if eval_on:
+        pre = evaluate_roundtrip(ctx, hp, model, val_tokens(), luts)
+        ctx.log(f"final_prequant_exact val_loss:{pre['val_loss']:.8f} val_bpb:{pre['val_bpb']:.8f}")
+        yield dict(val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"])
+    if ctx.is_main:
+        state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+        if hp.save_prequant:  # for tools/bench_quant.py
+            kit_module("tools.checkpoint").save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
+        # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
+        run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=hp.eval_stride,
+                   tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest())
+        report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
+                                 policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
+        ctx.log(f"Total submission size: {report['bytes_total']} bytes")
+        yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps")}
+    if ctx.world_size > 1:
+        dist.barrier()
+    if not eval_on:
+        return
+    eval_start = time.perf_counter()
+    state, loaded_config, _ = load_artifact(artifact_path)
+    eval_model = GPT(**loaded_config).to(ctx.device)
+    eval_model.load_state_dict(state)
+    eval_model.eval()
+    rt = evaluate_roundtrip(ctx, hp, eval_model, val_tokens(), luts)
+    ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
+    yield dict(val_loss_roundtrip=rt["val_loss"], val_bpb_roundtrip=rt["val_bpb"])
+    sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
+    ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
+            f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
+    yield dict(val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
+               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
+               tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
+
+
+def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path) -> str:
+    """The status for result.json of a run whose training finished but a later step failed; logs the
+    one-line cause (for OOM: the knob that lowers memory) and what to run next."""
+    if isinstance(err, torch.OutOfMemoryError):
+        ctx.log(f"ERROR: CUDA out of memory after training: lower EVAL_BATCH_SEQS={hp.eval_batch_seqs} "
+                f"(sliding) or VAL_BATCH_SIZE={hp.val_batch_size} (roundtrip)")
+    else:
+        ctx.log(f"ERROR: {type(err).__name__}: {err}")
+    stride = getattr(err, "fit_stride", 0) or hp.eval_stride
+    if artifact_path.is_file():
+        ctx.log(f"next: python -m eval score --artifact {artifact_path} --data-path {hp.data_path} "
+                f"--tokenizer {hp.tokenizer_path} --seq-len {hp.train_seq_len} --stride {stride}"
+                + f" --val-max-tokens {hp.val_max_tokens}" * bool(hp.val_max_tokens))
+    return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
+
+
+def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, train_files) -> None:
+    """result.json (rank 0): `summary` plus the compliance flags (check_compliance), the unmet ones logged."""
+    if not ctx.is_main:
+        return
+    try:
+        flags = check_compliance(summary, data_path, manifest, train_files)
+        ctx.log(f"compliance: {' '.join(f'{k}:{v}' for k, v in flags.items())}")
+    except OSError as err:  # the data changed under the run: no flags, and make_record refuses it
+        flags = {"error": str(err)}
+    atomic_write_json(ctx.run_dir / "result.json", {**summary, "compliance": flags})
+    ctx.log(f"result:{ctx.run_dir / 'result.json'}")

@@ -1,0 +1,195 @@
+"""The wallclock-budgeted training loop: micro-batches, DDP, Muon + AdamW, schedules, late QAT, EMA,
+GPTQ calibration inside the clock."""
+
+import contextlib
+import copy
+import dataclasses
+import math
+import signal
+import time
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from quant.gptq import collect_gptq_hessians
+from trainer.context import RunContext, kit_module, stop_on_signals
+from trainer.loader import DistributedTokenLoader
+from trainer.model import GPT
+from trainer.optim import build_optimizers
+from trainer.schedule import (
+    EMA, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active, run_progress, run_steps_estimate,
+    warmdown_frac_at)
+from trainer.settings import Hyperparameters
+
+
+H100_BF16_PEAK_FLOPS = 989e12
+
+
+class NonFiniteLossError(RuntimeError):
+    """The train loss became NaN or inf (the step is in the message); no artifact is written."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What train() measured: optimizer steps taken, training seconds on the run's clock (GPTQ
+    calibration and the EMA swap included), the per-step train loss (mean over ranks, nats), and the
+    signal number that stopped the run early (0: it ran to its cap or ITERATIONS)."""
+
+    steps: int
+    train_seconds: float
+    train_losses: list
+    stop_signal: int = 0
+
+
+def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, *, flops_per_token: float,
+          val_eval=None) -> TrainResult:
+    """The wallclock-budgeted loop; returns a TrainResult.
+
+    The clock covers every step plus the EMA swap; validation passes (VAL_LOSS_EVERY) pause it, as
+    in the official script. All ranks stop on the same step (a MAX all-reduce of the stop flag).
+    """
+    is_cuda = ctx.device.type == "cuda"
+    accum = hp.resolve_grad_accum(ctx.world_size, is_cuda)
+    local_tokens = hp.train_batch_tokens // (ctx.world_size * accum)
+    use_compile = ctx.compile
+    # broadcast_buffers=False (the official script's setting): the buffers (RoPE frequencies, QAT
+    # gates) are equal on every rank, so DDP's per-forward buffer broadcast is wasted traffic.
+    ddp = DistributedDataParallel(model, device_ids=[ctx.local_rank] if is_cuda else None,
+                                  broadcast_buffers=False) if ctx.world_size > 1 else model
+    fwd = torch.compile(ddp, dynamic=False, fullgraph=ctx.world_size == 1) if use_compile else ddp
+    optimizers = build_optimizers(model, hp, is_cuda=is_cuda, rank=ctx.rank, world_size=ctx.world_size, compile=use_compile)
+    ema = EMA(model) if hp.ema_decay or hp.ema_horizon_frac else None
+    gptq_reserve = hp.gptq_reserve_seconds * (model.gptq_hessians is not None and hp.max_wallclock_seconds > 0)
+    if gptq_reserve >= hp.max_wallclock_seconds > 0:  # (checked here: only QUANT_GPTQ=1 reserves time)
+        raise ValueError(f"GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds}: expected < MAX_WALLCLOCK_SECONDS="
+                         f"{hp.max_wallclock_seconds} with QUANT_GPTQ=1")
+    cap_ms = 1000.0 * (hp.max_wallclock_seconds - gptq_reserve)
+    if gptq_reserve:
+        ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
+    ckpt_path = ctx.run_dir / "checkpoint.pt"
+    ckpt = kit_module("tools.checkpoint") if hp.checkpoint_every or hp.resume else None
+    nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
+
+    def one_step(step: int, progress: float) -> torch.Tensor:
+        for opt in optimizers.all:
+            for group in opt.param_groups:
+                group["lr"] = group["base_lr"] * lr_multiplier(progress, warmdown_frac_at(step, progress, hp))
+        for group in optimizers.muon.param_groups:
+            group["momentum"] = muon_momentum_at(step, hp, progress)
+        total = torch.zeros((), device=ctx.device)
+        for micro in range(accum):
+            x, y = loader.next_batch(local_tokens, hp.train_seq_len)
+            sync_ctx = ddp.no_sync() if ctx.world_size > 1 and micro < accum - 1 else contextlib.nullcontext()
+            with sync_ctx, ctx.autocast():
+                loss = fwd(x, y)
+            (loss / accum).backward()
+            total += loss.detach() / accum
+        if hp.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip_norm)
+        for opt in optimizers.all:
+            opt.step()
+        model.zero_grad(set_to_none=True)
+        if ema:
+            ema.update(ema_decay_at(step, progress, hp))
+        bad = ~torch.isfinite(total)
+        nonfinite_step.copy_(torch.where(bad & (nonfinite_step < 0), step, nonfinite_step))
+        return total
+
+    if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
+        initial = copy.deepcopy([model.state_dict(), [o.state_dict() for o in optimizers.all],
+                                 (loader.shard_index, loader.offset)])
+        for i in range(hp.warmup_steps):
+            one_step(i, 0.0)
+        model.load_state_dict(initial[0])
+        for opt, sd in zip(optimizers.all, initial[1]):
+            opt.load_state_dict(sd)
+        loader.seek(*initial[2])
+        ema = EMA(model) if ema else None
+        nonfinite_step.fill_(-1)
+        ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
+
+    step, train_ms, losses = 0, 0.0, []  # losses stay on the device: no sync per step
+
+    def history(values) -> torch.Tensor:  # per-step train loss averaged over ranks, one collective
+        return ctx.mean_over_ranks(torch.stack(values)) if values else torch.zeros(0, device=ctx.device)
+
+    def checkpoint(ms: float) -> None:
+        hist = history(losses)
+        if ctx.is_main:
+            ckpt.save_checkpoint(ckpt_path, model, optimizers.all, ema, step, loader, ms / 1000, hist)
+
+    if hp.resume:
+        step, train_seconds, losses = ckpt.load_checkpoint(ckpt_path, model, optimizers.all, ema, loader)
+        train_ms = 1000.0 * train_seconds
+        ctx.log(f"resumed from {ckpt_path} at step:{step}")
+    qat_on = False
+    ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
+    with stop_on_signals() as stop:
+        ctx.sync()
+        t0 = time.perf_counter()
+        log_t, log_step = t0, step
+        while True:
+            elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
+            progress = run_progress(elapsed_ms, cap_ms, step, hp.iterations)
+            step_avg = elapsed_ms / max(1, step) if step else 0.0
+            want_stop = step >= hp.iterations or bool(stop[0]) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
+            last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
+                torch.tensor(float(want_stop), device=ctx.device)).item() > 0
+            if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
+                ctx.sync()
+                train_ms += 1000.0 * (time.perf_counter() - t0)
+                v = val_eval(model)
+                ctx.log(f"step:{step}/{hp.iterations} val_loss:{v['val_loss']:.4f} val_bpb:{v['val_bpb']:.4f} "
+                        f"train_time:{train_ms:.0f}ms step_avg:{train_ms / max(1, step):.2f}ms")
+                t0 = log_t = time.perf_counter()
+                log_step = step
+            if last:
+                break
+            if qat_active(progress, hp.qat_start_frac) and not qat_on:
+                model.set_qat(True)
+                qat_on = True
+                ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
+            loss = one_step(step, progress)
+            losses.append(loss)
+            step += 1
+            check_now = ctx.device.type != "cuda" or step % 10 == 0 or step % hp.train_log_every == 0
+            if check_now and int(nonfinite_step) >= 0:
+                raise NonFiniteLossError(f"non-finite train loss at step {int(nonfinite_step) + 1}")
+            if step % hp.train_log_every == 0 or step == 1:
+                ctx.sync()
+                now = time.perf_counter()
+                ms = train_ms + 1000.0 * (now - t0)
+                tok_s = (step - log_step) * hp.train_batch_tokens / max(1e-9, now - log_t)
+                line = (f"step:{step}/{hp.iterations} train_loss:{ctx.mean_over_ranks(loss).item():.4f} train_time:{ms:.0f}ms "
+                        f"step_avg:{ms / step:.2f}ms tok_s:{tok_s:.0f}")
+                if is_cuda:
+                    line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
+                ctx.log(line)
+                log_t, log_step = now, step
+            if hp.checkpoint_every and step % hp.checkpoint_every == 0:
+                checkpoint(train_ms + 1000 * (time.perf_counter() - t0))
+        if ema and not stop[0]:  # the swap counts as training time
+            ema.copy_to_model()
+        model.set_qat(False)
+        if model.gptq_hessians is not None and not stop[0]:
+            c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
+            hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
+                                          hp.gptq_calib_batches, t0 + (hp.max_wallclock_seconds or math.inf)
+                                          - train_ms / 1000, ctx.autocast)
+            model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
+            ctx.sync()
+            ctx.log(f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
+                    f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms")
+        ctx.sync()
+        train_ms += 1000 * (time.perf_counter() - t0)
+    if stop[0]:
+        ctx.log(f"stopped by signal {signal.Signals(stop[0]).name} at step:{step}")
+        if hp.checkpoint_every:
+            checkpoint(train_ms)
+            ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
+    else:
+        ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
+                if step < hp.iterations else f"training done step:{step}")
+    if hp.max_wallclock_seconds > 0:
+        ctx.log(describe_schedule(hp, step))
+    return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), stop[0])

@@ -1,0 +1,67 @@
+"""Presets: named groups of settings, each written as its delta from the `Hyperparameters` class
+defaults, which ARE the default preset (`1xh100-sp8192`): reading the dataclass tells you what runs.
+
+Schedules are fractions of the run (of MAX_WALLCLOCK_SECONDS, or of ITERATIONS without a cap), so a
+shorter or slower run keeps the recipe's shape. Each preset states the run length it was set for
+(EXPECTED_STEPS) and writes the records' step values as fractions of it (e.g. a 500-step momentum
+warmup in an 1,843-step run is MUON_MOMENTUM_WARMUP_FRAC = 500/1843). The records' step forms
+(MUON_MOMENTUM_WARMUP_STEPS, WARMDOWN_ITERS, EMA_DECAY) still work and, when set, replace the fraction.
+
+Evidence, per preset:
+- 1xh100-sp8192 (the default, issue 15; the class defaults): PR #1617's single-H100 sp8192 run,
+  values from its log (records/track_non_record_16mb/2026-04-14_Single_H100_8L_int6attn_int8mlp_3mlp_
+  GQA_QAT015_1.21): 7 layers x 512, GQA 8/4, MLP 3x relu^2, partial RoPE 32/64, XSA on all 7 layers,
+  QK gain 4, seq 2048, 524,288 tokens/step, Muon lr 0.025 momentum 0.85 -> 0.95 over 500 of 1,843
+  steps, WD 0.02 (Muon) / 0.04 (AdamW), tied embedding lr 0.04, no grad clip, no EMA, warmdown over
+  the last 20% and late QAT over the last 15% of the wallclock. 1 seed 1.2040 (stride 96, 514 s eval,
+  1,843 steps at 326 ms, 15.82 MB with int8 everywhere + lzma) against 1.2192 (sp4096, 3 seeds) and
+  1.2498 (PR #1559, `1xh100`). QUANT_ESTIMATE_SCALE 0.82 = #1617's measured 15,747,880 model bytes
+  over quant/estimate.py's 19,217,683 for the same policy (trained weights compress better than
+  the Gaussian ones the estimate is calibrated on). Data: `prepare_data.py fineweb --variant sp8192
+  --repo-id kevclark/parameter-golf`.
+- 1xh100-sp4096: PR #1617's sp4096 runs: 8 layers, XSA on the last 2, QK gain 3, lr 0.032; 3 seeds
+  1.2192 (1,771-1,772 steps at 339 ms, 15.91 MB with int6 attention / int8 MLP + zlib; estimate
+  scale 15,859,640 / 17,874,710 = 0.89).
+- 1xh100: the earlier single-H100 reference run (PR #1559, sp1024): 8 layers, XSA last 2, QK gain 1.5,
+  Muon lr 0.032 momentum 0.92 -> 0.99 over 1,500 of ~2,000 steps, grad clip 0.3, EMA 0.997 (horizon
+  333 steps = 1/6 of the run), warmdown 50%, QAT 10%, 1.2498.
+- 8xh100: the 8xH100 records of 2026-03-20/21/22 (11 layers, 786,432 tokens/step, XSA on the last
+  4, 7,051-7,103 steps: momentum warmup 1,500/7,000 and EMA 0.997 as 333/7,000 of the run).
+- smoke (issue 13): ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
+  lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
+  Muon's momentum (0.99 remembers ~100 steps, two thirds of the run). So smoke takes the baseline's
+  length-dependent knobs relative to the run: momentum 0.85 rising over the whole run to a time
+  constant of 1/18 of the run (0.88 at 150 steps), LR decaying over the whole run, the baseline's
+  LRs, MLP 2x. Measured alone at this length (proxy, 2 seeds, README "CPU / laptop"): grad clip 0.3
+  (-0.014) and WD 0.02/0.04 (-0.004) pay and are on; late QAT is neutral and on (it trains for the
+  int8 export); LeakyReLU(0.5)^2 is neutral and 5% slower per CPU step: off; partial RoPE 32/64
+  (+0.034), EMA 0.997 (+0.004) and XSA on the last layer (+0.003) cost at 150 steps: off.
+"""
+
+DEFAULT_PRESET = "1xh100-sp8192"
+SP1024 = {"data_path": "./data/datasets/fineweb10B_sp1024", "tokenizer_path": "./data/tokenizers/fineweb_1024_bpe.model",
+          "vocab_size": 1024}
+# PR #1559's recipe (sp1024) where it differs from PR #1617's, shared by `1xh100` and `8xh100`
+PR1559_1XH100 = {
+    **SP1024, "num_layers": 8, "xsa_last_n": 2, "qk_gain_init": 1.5, "matrix_lr": 0.032, "tied_embed_lr": 0.035,
+    "muon_momentum": 0.99, "muon_momentum_warmup_start": 0.92, "muon_momentum_warmup_frac": 1500 / 2000,
+    "grad_clip_norm": 0.3, "ema_horizon_frac": (1 / 0.003) / 2000, "warmdown_frac": 0.5, "qat_start_frac": 0.1,
+    "expected_steps": 2000, "quant_estimate_scale": 1.0}
+PRESETS = {
+    "1xh100-sp8192": {},
+    "1xh100-sp4096": {
+        "data_path": "./data/datasets/fineweb10B_sp4096", "tokenizer_path": "./data/tokenizers/fineweb_4096_bpe.model",
+        "vocab_size": 4096, "num_layers": 8, "xsa_last_n": 2, "qk_gain_init": 3.0, "matrix_lr": 0.032, "scalar_lr": 0.032,
+        "expected_steps": 1772, "muon_momentum_warmup_frac": 500 / 1772, "quant_estimate_scale": 0.89},
+    "1xh100": PR1559_1XH100,
+    "8xh100": {**PR1559_1XH100, "num_layers": 11, "train_batch_tokens": 786_432, "xsa_last_n": 4, "expected_steps": 7000,
+               "muon_momentum_warmup_frac": 1500 / 7000, "ema_horizon_frac": (1 / 0.003) / 7000},
+    "smoke": {
+        **SP1024, "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
+        "train_batch_tokens": 8192, "max_wallclock_seconds": 240.0, "warmup_steps": 0, "xsa_last_n": 0,
+        "train_log_every": 10, "eval_batch_seqs": 32, "val_batch_size": 32768, "expected_steps": 150,
+        "mlp_mult": 2, "matrix_lr": 0.04, "scalar_lr": 0.04, "tied_embed_lr": 0.05, "warmdown_frac": 1.0,
+        "muon_momentum": 0.0, "muon_momentum_horizon_frac": (1 / 0.12) / 150, "muon_momentum_warmup_start": 0.85,
+        "muon_momentum_warmup_frac": 1.0, "ema_horizon_frac": 0.0, "eval_auto_stride": False, "gptq_calib_batches": 4,
+        "rope_dims": 64, "grad_clip_norm": 0.3, "qk_gain_init": 1.5, "qat_start_frac": 0.1, "quant_estimate_scale": 1.0},
+}

@@ -1,0 +1,114 @@
+"""Schedules (LR warmdown, Muon momentum, late QAT, EMA decay) as fractions of the run, and the EMA.
+
+`progress` in [0, 1] is the fraction of the run done: of MAX_WALLCLOCK_SECONDS (or of ITERATIONS,
+whichever ends the run first). A knob's step form, when set, is converted with the run length in
+steps: ITERATIONS, or for a wallclock run step / progress (the official script's WARMDOWN_ITERS
+does the same with its measured step time).
+"""
+
+import torch
+import torch.nn as nn
+from trainer.settings import Hyperparameters
+
+
+def run_progress(elapsed_ms: float, cap_ms: float, step: int, iterations: int) -> float:
+    """Fraction of the run done, in [0, 1]: of the wallclock cap (cap_ms > 0) or of ITERATIONS,
+    whichever is further along (the one that will end the run first)."""
+    return min(1.0, max(elapsed_ms / cap_ms if cap_ms > 0 else 0.0, step / max(1, iterations)))
+
+
+def run_steps_estimate(step: int, progress: float, hp: Hyperparameters) -> float:
+    """The run's length in steps: ITERATIONS without a wallclock cap, else step / progress once the
+    clock has run (EXPECTED_STEPS, at most ITERATIONS, before the first step)."""
+    if hp.max_wallclock_seconds <= 0:
+        return float(hp.iterations)
+    return step / progress if step and progress > 0 else float(min(hp.expected_steps, hp.iterations))
+
+
+def warmdown_frac_at(step: int, progress: float, hp: Hyperparameters) -> float:
+    """WARMDOWN_FRAC, or WARMDOWN_ITERS as a fraction of the run."""
+    return hp.warmdown_iters / run_steps_estimate(step, progress, hp) if hp.warmdown_iters else hp.warmdown_frac
+
+
+def lr_multiplier(progress: float, warmdown_frac: float) -> float:
+    """1.0, then linear decay to 0 over the last `warmdown_frac` of progress (time or steps)."""
+    if warmdown_frac <= 0:
+        return 1.0
+    return max(0.0, min(1.0, (1.0 - progress) / warmdown_frac))
+
+
+def qat_active(progress: float, qat_start_frac: float) -> bool:
+    """Late QAT is on for the last `qat_start_frac` of progress."""
+    return qat_start_frac > 0 and progress >= 1.0 - qat_start_frac
+
+
+def horizon_decay(horizon_frac: float, run_steps: float) -> float:
+    """The per-step decay whose time constant 1/(1-decay) is `horizon_frac` of a run of `run_steps`
+    steps (0 for a horizon of at most one step)."""
+    return max(0.0, 1 - 1 / (horizon_frac * run_steps)) if horizon_frac else 0.0
+
+
+def muon_momentum_at(step: int, hp: Hyperparameters, progress: float = 0.0) -> float:
+    """Linear warmup MUON_MOMENTUM_WARMUP_START -> MUON_MOMENTUM (or the momentum whose time constant
+    1/(1-m) is MUON_MOMENTUM_HORIZON_FRAC of the run) over MUON_MOMENTUM_WARMUP_STEPS steps (records'
+    form, exact), else over the first MUON_MOMENTUM_WARMUP_FRAC of the run. A target below the start
+    is used from step 0."""
+    if hp.muon_momentum_warmup_steps:
+        frac = min(1.0, step / hp.muon_momentum_warmup_steps)
+    else:
+        frac = min(1.0, progress / hp.muon_momentum_warmup_frac) if hp.muon_momentum_warmup_frac else 1.0
+    end = muon_momentum_target(hp, run_steps_estimate(step, progress, hp))
+    return (1 - frac) * min(hp.muon_momentum_warmup_start, end) + frac * end
+
+
+def muon_momentum_target(hp: Hyperparameters, run_steps: float) -> float:
+    """MUON_MOMENTUM, or the momentum whose time constant is MUON_MOMENTUM_HORIZON_FRAC of the run."""
+    return hp.muon_momentum or horizon_decay(hp.muon_momentum_horizon_frac, run_steps)
+
+
+def ema_target(hp: Hyperparameters, run_steps: float) -> float:
+    """EMA_DECAY, or the decay whose time constant is EMA_HORIZON_FRAC of the run (0 = EMA off)."""
+    return hp.ema_decay or horizon_decay(hp.ema_horizon_frac, run_steps)
+
+
+def ema_decay_at(step: int, progress: float, hp: Hyperparameters) -> float:
+    """Per-step EMA decay: 0 (follow the weights) before EMA_START_FRAC of the run; then EMA_DECAY,
+    or 1 - 1 / (EMA_HORIZON_FRAC x run length in steps)."""
+    return 0.0 if progress < hp.ema_start_frac else ema_target(hp, run_steps_estimate(step, progress, hp))
+
+
+def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
+    """One log line: the schedule resolved for a run of `run_steps` steps (ema_decay 0 = EMA off)."""
+    n = max(1.0, run_steps)
+    steps = dict(run_steps=n, expected_steps=hp.expected_steps,
+                 muon_momentum_warmup_steps=hp.muon_momentum_warmup_steps or hp.muon_momentum_warmup_frac * n,
+                 warmdown_steps=min(n, hp.warmdown_iters or hp.warmdown_frac * n), qat_steps=hp.qat_start_frac * n,
+                 ema_start_step=hp.ema_start_frac * n)
+    ema, momentum = ema_target(hp, n), muon_momentum_target(hp, n)
+    return ("schedule: " + " ".join(f"{k}:{v:.0f}" for k, v in steps.items())
+            + f" muon_momentum:{min(hp.muon_momentum_warmup_start, momentum):.4f}->{momentum:.4f} ema_decay:{ema:.5f}")
+
+
+class EMA:
+    """Exponential moving average of the weights in float32: ema <- d * ema + (1 - d) * w.
+
+    `update(decay)` uses d = min(decay, (1 + t) / (10 + t)) at update t (the usual EMA warmup), so
+    short runs average their recent weights instead of staying near the initialization; long runs
+    use `decay`. decay = 0 (before EMA_START_FRAC) copies the weights and restarts the warmup.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.num_updates = 0
+        self.params = [p for p in model.parameters()]
+        self.shadow = [p.detach().float().clone() for p in self.params]
+
+    @torch.no_grad()
+    def update(self, decay: float) -> None:
+        d = min(decay, (1 + self.num_updates) / (10 + self.num_updates))
+        self.num_updates = self.num_updates + 1 if decay > 0 else 0
+        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - d)
+
+    @torch.no_grad()
+    def copy_to_model(self) -> None:
+        for p, s in zip(self.params, self.shadow):
+            p.copy_(s.to(p.dtype))
