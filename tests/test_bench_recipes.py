@@ -27,7 +27,7 @@ def test_bad_input_exits_2_with_one_line(capsys):
     assert bench_recipes.main(["--steps", "0", "--config", "a"]) == 2
     assert capsys.readouterr().err == "error: --steps 0: expected >= 1\n"
     assert bench_recipes.main(["--set", *TINY, "--config", "a", "NUM_LAYERS=x"]) == 2
-    assert capsys.readouterr().err == "error: NUM_LAYERS='x': expected int\n"
+    assert capsys.readouterr().err == "error: NUM_LAYERS='x': expected a whole number\n"
     # a typo would time the default instead of the recipe: refused like the sweep refuses it
     assert bench_recipes.main(["--set", *TINY, "--config", "a", "MLP_MULTT=4"]) == 2
     assert capsys.readouterr().err == "error: --config a: ['MLP_MULTT'] are not settings of train_gpt.py\n"

@@ -35,10 +35,10 @@ def hp_for(dataset, tokenizer, **env):
 
 @pytest.mark.parametrize("name,value,expected", [
     ("MATRIX_LR", "-0.1", "MATRIX_LR=-0.1: expected a finite value >= 0"),
-    ("NUM_LAYERS", "eight", "NUM_LAYERS='eight': expected int"),
-    ("NUM_LAYERS", "2.5", "NUM_LAYERS='2.5': expected int"),
+    ("NUM_LAYERS", "eight", "NUM_LAYERS='eight': expected a whole number"),
+    ("NUM_LAYERS", "2.5", "NUM_LAYERS='2.5': expected a whole number"),
     ("EMA_DECAY", "nan", "EMA_DECAY=nan: expected a finite value >= 0"),
-    ("TIE_EMBEDDINGS", "maybe", "TIE_EMBEDDINGS='maybe': expected bool"),
+    ("TIE_EMBEDDINGS", "maybe", "TIE_EMBEDDINGS='maybe': expected 0/1/true/false"),
     ("PRESET", "4xh100", "PRESET='4xh100'"),
     ("NUM_KV_HEADS", "3", "NUM_HEADS=8: expected a multiple of NUM_KV_HEADS=3"),
     ("ROPE_DIMS", "65", "ROPE_DIMS=65: expected even and <= head_dim=64"),

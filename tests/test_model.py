@@ -163,9 +163,9 @@ def test_warmdown_and_qat_schedule_on_a_fake_clock():
     assert lrs == pytest.approx([1.0, 1.0, 1.0, 0.5, 0.0])
     assert [qat_active(t / cap, 0.1) for t in (0, 500, 539, 540, 599)] == [False, False, False, True, True]
     assert not qat_active(0.99, 0.0) and lr_multiplier(0.99, 0.0) == 1.0
-    hp = Hyperparameters(muon_momentum_warmup_steps=100)
-    assert muon_momentum_at(0, hp) == pytest.approx(0.92) and muon_momentum_at(50, hp) == pytest.approx(0.955)
-    assert muon_momentum_at(1000, hp) == pytest.approx(0.99)
+    hp = Hyperparameters(muon_momentum_warmup_steps=100, muon_momentum_warmup_frac=0)  # the default preset's 0.85 -> 0.95
+    assert muon_momentum_at(0, hp) == pytest.approx(0.85) and muon_momentum_at(50, hp) == pytest.approx(0.90)
+    assert muon_momentum_at(1000, hp) == pytest.approx(0.95)
 
 
 def test_qat_gate_switches_the_compiled_model_at_run_time():

@@ -271,7 +271,7 @@ def test_spec_file_grid_and_names(tmp_path):
     (["--name", "a/b"], "name 'a/b': expected letters, digits"),
     (["--config", "a"], "--name: a sweep needs a name"),
     (["--name", "x", "--config", "a", "MATRIX_LRR=0.1"], "config 'a': ['MATRIX_LRR'] are not settings of train_gpt.py"),
-    (["--name", "x", "--config", "a", "NUM_LAYERS=two"], "config 'a': NUM_LAYERS='two': expected int"),
+    (["--name", "x", "--config", "a", "NUM_LAYERS=two"], "config 'a': NUM_LAYERS='two': expected a whole number"),
     (["--name", "x", "--baseline", "zzz"], "baseline 'zzz': not a config of this sweep"),
     (["--name", "x", "--seeds", "1", "1"], "seeds [1, 1]: a seed is listed twice"),
     (["--name", "x", "--config", "a", "--only", "a", "b"], "--only b: not a config of this sweep"),
