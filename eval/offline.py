@@ -47,13 +47,17 @@ def write_data_shard(path, tokens) -> None:
 def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Load the SentencePiece model at `tokenizer_path` and build its LUTs (`build_sentencepiece_luts`).
 
-    Raises FileNotFoundError naming TOKENIZER_PATH if absent, ValueError if the tokenizer has more
-    pieces than VOCAB_SIZE (the model could never predict them: wrong tokenizer for this model).
+    Raises FileNotFoundError naming TOKENIZER_PATH if absent, ValueError if it is not a SentencePiece
+    model or has more pieces than VOCAB_SIZE (the model could never predict them: wrong tokenizer for this model).
     """
     path = Path(tokenizer_path)
     if not path.is_file():
         raise FileNotFoundError(f"TOKENIZER_PATH={tokenizer_path} does not exist")
-    sp = spm.SentencePieceProcessor(model_file=str(path))
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as exc:  # sentencepiece's parse error: a user's wrong file, one line
+        raise ValueError(f"TOKENIZER_PATH={tokenizer_path}: not a SentencePiece model ({exc}); expected a "
+                         "SentencePiece .model file") from None
     if int(sp.vocab_size()) > int(vocab_size):
         raise ValueError(
             f"TOKENIZER_PATH={tokenizer_path} has {sp.vocab_size()} pieces but VOCAB_SIZE={vocab_size}: "
