@@ -7,14 +7,20 @@ single file (every byte there counts against the 16 MB artifact). It holds:
   - `load_sentencepiece_luts` and `count_stream_bytes` for `python -m eval`, tools and tests.
 """
 
+from __future__ import annotations
+
 from pathlib import Path
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import sentencepiece as spm
-import torch
 
-from eval.bpb import build_sentencepiece_luts, count_target_bytes
-from quant.artifact import atomic_write_bytes
+if TYPE_CHECKING:
+    import torch
+
+# torch, eval.bpb and quant.artifact are imported where they are used: tools/prepare_data.py imports
+# this module, and a bad input of it must fail before torch's import (seconds)
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -39,6 +45,8 @@ def write_data_shard(path, tokens) -> None:
         raise ValueError(f"shard {path}: token ids must fit uint16 [0, 65535], got range [{arr.min()}, {arr.max()}]")
     if arr.size >= 2**31:
         raise ValueError(f"shard {path}: {arr.size} tokens do not fit the int32 header count")
+    from quant.artifact import atomic_write_bytes
+
     header = np.zeros(SHARD_HEADER_INTS, dtype="<i4")
     header[:3] = (SHARD_MAGIC, SHARD_VERSION, arr.size)
     atomic_write_bytes(path, header.tobytes() + arr.astype("<u2", copy=False).tobytes())
@@ -50,6 +58,8 @@ def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tens
     Raises FileNotFoundError naming TOKENIZER_PATH if absent, ValueError if it is not a SentencePiece
     model or has more pieces than VOCAB_SIZE (the model could never predict them: wrong tokenizer for this model).
     """
+    from eval.bpb import build_sentencepiece_luts
+
     path = Path(tokenizer_path)
     if not path.is_file():
         raise FileNotFoundError(f"TOKENIZER_PATH={tokenizer_path} does not exist")
@@ -68,5 +78,9 @@ def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tens
 
 def count_stream_bytes(tokens: torch.Tensor, luts) -> int:
     """Bytes of all targets tokens[1:] of a token stream int64 [N] (each scored after its predecessor)."""
+    import torch
+
+    from eval.bpb import count_target_bytes
+
     tokens = tokens.to(torch.int64)
     return int(count_target_bytes(tokens[:-1], tokens[1:], luts).sum(dtype=torch.int64))
