@@ -110,6 +110,8 @@ class QuantPolicy:
                 raw, kind = env[var], kinds[name]
                 items = [i for i in raw.replace(" ", "").split(",") if i]
                 try:
+                    if kind is bool and raw.strip() not in ("0", "1"):  # bool(int("2")) would be True
+                        raise ValueError("expected 0 or 1")
                     kwargs[name] = value = (
                         tuple((p, int(b)) for p, b in (i.split(":") for i in items)) if name in ("overrides", "fitted")
                         else tuple(items) if kind is tuple else kind(int(raw)) if kind is bool else kind(raw))

@@ -86,13 +86,16 @@ def env_choice(name: str, default: str, choices, environ=None) -> str:
 
 
 def check_file(what: str, path, expected: str) -> None:
-    """ValueError/FileNotFoundError naming `what` (a flag or env var) unless `path` is a readable file."""
+    """ValueError/FileNotFoundError naming `what` (a flag or env var) unless `path` is a readable,
+    non-empty file."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"{what} {path}: no such file; expected {expected}")
     if os.path.isdir(path):
         raise ValueError(f"{what} {path}: is a folder; expected {expected}")
     if not os.access(path, os.R_OK):
         raise ValueError(f"{what} {path}: not readable; expected {expected}")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{what} {path}: is empty (0 bytes); expected {expected}")
 
 
 def check_dir(what: str, path, expected: str) -> None:
