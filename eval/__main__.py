@@ -19,7 +19,8 @@ Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA2 -> SDPA (
 --attn-backend), bf16 autocast, torch.compile of the forward; on CPU SDPA in float32, eager.
 Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wins over it), EVAL_BATCH_SEQS (32),
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
-EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split).
+EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split), ATTN_BACKEND (auto).
+Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (tools/cli_errors.py).
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -31,23 +32,26 @@ import time
 from pathlib import Path
 
 import sentencepiece as spm
-import torch
-import torch.distributed as dist
 
-from eval.offline import count_stream_bytes, load_sentencepiece_luts
-from eval.roundtrip import eval_roundtrip
-from eval.sliding import eval_sliding
+from tools.cli_errors import (
+    USER_ERRORS, ArgumentParser, check_dir, check_file, env_choice, env_float, env_int, parse_number, report_user_error,
+)
 
-
-def _env_int(name: str, default: int, environ=None) -> int:
-    value = (os.environ if environ is None else environ).get(name, str(default))
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+# Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
+# (seconds). Module names so that tests can patch them.
+eval_roundtrip = eval_sliding = None
+ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
 
 
-def _load_model(artifact_path, device: torch.device, log, attn_backend="auto"):
+def _import_evals() -> None:
+    global eval_roundtrip, eval_sliding
+    if eval_roundtrip is None:
+        from eval.roundtrip import eval_roundtrip
+    if eval_sliding is None:
+        from eval.sliding import eval_sliding
+
+
+def _load_model(artifact_path, device, log, attn_backend="auto"):
     from quant.artifact import load_artifact  # written concurrently; CLI-only imports
     from trainer.attention import resolve_attention_backend
     from trainer.model import GPT
@@ -60,7 +64,8 @@ def _load_model(artifact_path, device: torch.device, log, attn_backend="auto"):
     param_names = {name for name, _ in model.named_parameters()}
     missing_params = [k for k in missing if k in param_names]
     if missing_params or unexpected:
-        raise ValueError(f"artifact {artifact_path}: missing parameters {missing_params}, unexpected tensors {list(unexpected)}")
+        raise ValueError(f"artifact {artifact_path}: missing parameters {missing_params}, unexpected tensors "
+                         f"{list(unexpected)}")
     if missing:
         log(f"artifact {artifact_path}: buffers not stored, kept at their init values: {list(missing)}")
     return model.to(device).eval(), model_config, meta  # the evals expect eval mode
@@ -104,7 +109,10 @@ def resolve_score_settings(args, model_config: dict, meta: dict, environ=None, l
             log(f"EVAL_STRIDE={env_stride} in the environment ignored: the artifact records stride {stride} "
                 f"(pass --stride to override)")
     else:
-        stride = _env_int("EVAL_STRIDE", 64, environ)
+        stride = env_int("EVAL_STRIDE", 64, environ, minimum=0)
+    if not 0 <= stride <= seq_len:
+        raise ValueError(f"{'--stride' if args.stride is not None else 'stride'} {stride} (artifact {name}): expected 0 "
+                         f"(no sliding eval) or a stride in [1, {seq_len}] (the sequence length)")
     if "tokenizer_sha256" in run:
         if not Path(args.tokenizer).is_file():
             raise FileNotFoundError(f"TOKENIZER_PATH={args.tokenizer} does not exist")
@@ -119,9 +127,65 @@ def resolve_score_settings(args, model_config: dict, meta: dict, environ=None, l
     return int(seq_len), int(stride)
 
 
+def check_score_inputs(args, environ=None) -> None:
+    """Resolve the env defaults of `args` (flags win) and check every input of `score` / `bytes` before
+    torch is imported: ValueError / FileNotFoundError naming the flag or env var, its value and what
+    was expected (tools/cli_errors.py: one line, exit 2)."""
+    environ = os.environ if environ is None else environ
+    if args.command == "score":
+        if Path(args.artifact).is_dir():
+            inside = Path(args.artifact) / "final_model.ptz"
+            raise ValueError(f"--artifact {args.artifact}: is a folder; expected an artifact file"
+                             + (f" (did you mean {inside}?)" if inside.is_file() else " (.ptz)"))
+        check_file("--artifact", args.artifact, "an artifact file (.ptz)")
+    check_dir("--data-path", args.data_path, "a dataset folder with fineweb_val_*.bin shards (tools/prepare_data.py)")
+    if not any(Path(args.data_path).glob("fineweb_val_*.bin")):
+        raise ValueError(f"--data-path {args.data_path}: no fineweb_val_*.bin; expected a dataset folder with the val "
+                         "split (tools/prepare_data.py makes it)")
+    check_sentencepiece("--tokenizer", args.tokenizer)
+    if args.command != "score":
+        return
+    if args.stride is not None:
+        parse_number("--stride", args.stride, minimum=0, expected="0 (no sliding eval) or a stride >= 1")
+    parse_number("--seq-len", args.seq_len, minimum=0, expected="an integer >= 1 (0: the artifact's)")
+    if args.batch_seqs is None:
+        args.batch_seqs = env_int("EVAL_BATCH_SEQS", 32, environ, minimum=1)
+    parse_number("--batch-seqs", args.batch_seqs, minimum=1)
+    if args.max_seconds is None:
+        args.max_seconds = env_float("EVAL_MAX_SECONDS", 600.0, environ, above=0)
+    parse_number("--max-seconds", args.max_seconds, float, above=0)
+    for flag, var, default in (("auto_stride", "EVAL_AUTO_STRIDE", 0), ("compile", "EVAL_COMPILE", 1)):
+        if getattr(args, flag) is None:
+            setattr(args, flag, int(env_choice(var, str(default), ("0", "1"), environ)))
+    if args.val_max_tokens is None:
+        args.val_max_tokens = env_int("VAL_MAX_TOKENS", 0, environ, minimum=0)
+    parse_number("--val-max-tokens", args.val_max_tokens, minimum=0, expected="an integer >= 0 (0: the whole split)")
+    if args.val_max_tokens == 1:
+        raise ValueError("--val-max-tokens 1 (VAL_MAX_TOKENS): expected 0 (the whole split) or >= 2 targets")
+    if args.attn_backend is None:
+        args.attn_backend = env_choice("ATTN_BACKEND", "auto", ATTN_BACKENDS, environ)
+    if "EVAL_STRIDE" in environ:
+        env_int("EVAL_STRIDE", 64, environ, minimum=0)
+
+
+def check_sentencepiece(what: str, path) -> None:
+    """FileNotFoundError / ValueError naming `what` unless `path` loads as a SentencePiece model."""
+    check_file(what, path, "a SentencePiece .model file")
+    try:
+        spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as exc:
+        raise ValueError(f"{what} {path}: not a SentencePiece model ({exc}); expected a SentencePiece .model file") from None
+
+
 def cmd_score(args) -> None:
     t_start = time.perf_counter()
+    import torch
+    import torch.distributed as dist
+
+    from eval.offline import load_sentencepiece_luts
     from trainer.shards import check_data_manifest, load_validation_tokens
+
+    _import_evals()
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -161,13 +225,17 @@ def cmd_score(args) -> None:
                 f"final_sliding_window_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
                 f"stride:{result['stride']} eval_time:{1000 * result['eval_seconds']:.0f}ms"
             )
-        log(f"eval_total_time:{1000 * (time.perf_counter() - t_start):.0f}ms seq_len:{seq_len} val_tokens:{val_tokens.numel()}")
+        else:
+            log("sliding eval skipped: stride 0")
+        log(f"eval_total_time:{1000 * (time.perf_counter() - t_start):.0f}ms seq_len:{seq_len} "
+            f"val_tokens:{val_tokens.numel()}")
     finally:
         if world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def cmd_bytes(args) -> None:
+    from eval.offline import count_stream_bytes, load_sentencepiece_luts
     from trainer.shards import load_validation_tokens
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
@@ -180,7 +248,7 @@ def cmd_bytes(args) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     score = sub.add_parser("score", help="score an artifact (.ptz) on the val split")
     score.add_argument("--artifact", required=True)
@@ -192,15 +260,19 @@ def main(argv=None) -> int:
                        help="window length (default: the artifact's training sequence length; required for format 2)")
     score.add_argument("--allow-tokenizer-mismatch", action="store_true",
                        help="score with a tokenizer whose sha256 differs from the one the artifact records")
-    score.add_argument("--batch-seqs", type=int, default=_env_int("EVAL_BATCH_SEQS", 32))
-    score.add_argument("--max-seconds", type=float, default=float(os.environ.get("EVAL_MAX_SECONDS", "600")))
-    score.add_argument("--auto-stride", type=int, choices=(0, 1), default=_env_int("EVAL_AUTO_STRIDE", 0))
-    score.add_argument("--compile", type=int, choices=(0, 1), default=_env_int("EVAL_COMPILE", 1), help="torch.compile the forward (CUDA only)")
-    score.add_argument("--val-max-tokens", type=int, default=_env_int("VAL_MAX_TOKENS", 0),
-                       help="score only the first N+1 val tokens, as the trainer's VAL_MAX_TOKENS (0 = all; records need all)")
+    # None: the env var (EVAL_BATCH_SEQS, ...) or its default, read and checked by check_score_inputs
+    score.add_argument("--batch-seqs", type=int, default=None, help="windows per forward (default EVAL_BATCH_SEQS or 32)")
+    score.add_argument("--max-seconds", type=float, default=None, help="default EVAL_MAX_SECONDS or 600")
+    score.add_argument("--auto-stride", type=int, choices=(0, 1), default=None, help="default EVAL_AUTO_STRIDE or 0")
+    score.add_argument("--compile", type=int, choices=(0, 1), default=None,
+                       help="torch.compile the forward (CUDA only; default EVAL_COMPILE or 1)")
+    score.add_argument("--val-max-tokens", type=int, default=None,
+                       help="score only the first N+1 val tokens, as the trainer's VAL_MAX_TOKENS (0 = all; records "
+                            "need all; default VAL_MAX_TOKENS or 0)")
     score.add_argument("--autocast", choices=("bf16", "none"), default="bf16", help="autocast dtype on CUDA")
-    score.add_argument("--attn-backend", choices=("auto", "fa3", "fa2", "sdpa"), default=os.environ.get("ATTN_BACKEND", "auto"),
-                       help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA2 -> SDPA)")
+    score.add_argument("--attn-backend", choices=ATTN_BACKENDS, default=None,
+                       help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA2 -> SDPA; "
+                            "default ATTN_BACKEND or auto)")
     score.set_defaults(func=cmd_score)
     count = sub.add_parser("bytes", help="count tokens and bytes of the val split")
     count.add_argument("--data-path", required=True)
@@ -208,11 +280,14 @@ def main(argv=None) -> int:
     count.set_defaults(func=cmd_bytes)
     args = parser.parse_args(argv)
     try:
+        check_score_inputs(args)
         args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except torch.OutOfMemoryError:
+    except USER_ERRORS as exc:
+        return report_user_error(exc)
+    except Exception as exc:
+        torch = sys.modules.get("torch")
+        if torch is None or not isinstance(exc, torch.OutOfMemoryError):
+            raise
         print(f"error: CUDA out of memory: lower --batch-seqs (EVAL_BATCH_SEQS, now {args.batch_seqs})", file=sys.stderr)
         return 2
     return 0

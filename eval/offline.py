@@ -6,24 +6,35 @@ single file (every byte there counts against the 16 MB artifact): `load_sentence
 constants) is trainer/shards.py.
 """
 
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
 import sentencepiece as spm
-import torch
 
-from eval.bpb import build_sentencepiece_luts, count_target_bytes
+if TYPE_CHECKING:
+    import torch
+
+# torch and eval.bpb are imported where they are used: a CLI's bad input must fail before torch's
+# import (seconds)
 
 def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Load the SentencePiece model at `tokenizer_path` and build its LUTs (`build_sentencepiece_luts`).
 
-    Raises FileNotFoundError naming TOKENIZER_PATH if absent, ValueError if the tokenizer has more
-    pieces than VOCAB_SIZE (the model could never predict them: wrong tokenizer for this model).
+    Raises FileNotFoundError naming TOKENIZER_PATH if absent, ValueError if it is not a SentencePiece
+    model or has more pieces than VOCAB_SIZE (the model could never predict them: wrong tokenizer for this model).
     """
+    from eval.bpb import build_sentencepiece_luts
+
     path = Path(tokenizer_path)
     if not path.is_file():
         raise FileNotFoundError(f"TOKENIZER_PATH={tokenizer_path} does not exist")
-    sp = spm.SentencePieceProcessor(model_file=str(path))
+    try:
+        sp = spm.SentencePieceProcessor(model_file=str(path))
+    except (RuntimeError, OSError) as exc:  # sentencepiece's parse error: a user's wrong file, one line
+        raise ValueError(f"TOKENIZER_PATH={tokenizer_path}: not a SentencePiece model ({exc}); expected a "
+                         "SentencePiece .model file") from None
     if int(sp.vocab_size()) > int(vocab_size):
         raise ValueError(
             f"TOKENIZER_PATH={tokenizer_path} has {sp.vocab_size()} pieces but VOCAB_SIZE={vocab_size}: "
@@ -34,5 +45,9 @@ def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tens
 
 def count_stream_bytes(tokens: torch.Tensor, luts) -> int:
     """Bytes of all targets tokens[1:] of a token stream int64 [N] (each scored after its predecessor)."""
+    import torch
+
+    from eval.bpb import count_target_bytes
+
     tokens = tokens.to(torch.int64)
     return int(count_target_bytes(tokens[:-1], tokens[1:], luts).sum(dtype=torch.int64))

@@ -13,18 +13,43 @@ import math
 import sys
 from pathlib import Path
 
-from quant.artifact import decode_artifact
-from quant.estimate import estimate_artifact_bytes
-from quant.fit import fit_policy
-from quant.offline import (
-    quant_byte_budget, quant_check_shapes, quant_estimate_tensor_bytes, quant_piece_bytes,
-)
 from quant.policy import QuantPolicy
+from tools.cli_errors import USER_ERRORS, ArgumentParser, check_file, parse_number, report_user_error
 
 QUANT_HEADER_BYTES = 14  # magic + version + compressor id + payload length + CRC (quant/artifact.py)
 
 
+def check_cli_inputs(args) -> None:
+    """Every input of `inspect` / `estimate` checked before torch is imported (the codec, the model):
+    ValueError / FileNotFoundError naming the argument, env var or file entry (one line, exit 2)."""
+    if args.cmd == "inspect":
+        check_file("inspect FILE", args.file, "an artifact file (.ptz)")
+        return
+    QuantPolicy.from_env()  # QUANT_* values, each named with its value
+    if args.code_bytes is not None:
+        parse_number("--code-bytes", args.code_bytes, minimum=0)
+    if args.byte_budget is not None:
+        parse_number("--byte-budget", args.byte_budget, minimum=1)
+    if args.shapes:
+        read_shapes_file(args.shapes)
+
+
+def read_shapes_file(path) -> dict:
+    """{name: [dims]} of a --shapes JSON file; ValueError naming the file for anything else."""
+    check_file("--shapes", path, 'a JSON file {"name": [dims, ...]}')
+    try:
+        shapes = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--shapes {path}: not JSON ({exc}); expected a JSON file {{\"name\": [dims, ...]}}") from None
+    if not isinstance(shapes, dict) or not all(isinstance(v, list) for v in shapes.values()):
+        raise ValueError(f"--shapes {path}: a JSON {type(shapes).__name__}; expected an object {{\"name\": [dims, ...]}}")
+    return shapes
+
+
 def _inspect(path: str, out=print) -> int:
+    from quant.artifact import decode_artifact
+    from quant.offline import quant_piece_bytes
+
     data = Path(path).read_bytes()
     _, model_config, meta = decode_artifact(data, path)
     packing, rows = meta["packing"], []
@@ -72,10 +97,14 @@ def _model_from_env():
 
 
 def _estimate(args, out=print) -> int:
+    from quant.estimate import estimate_artifact_bytes
+    from quant.fit import fit_policy
+    from quant.offline import quant_byte_budget, quant_check_shapes, quant_estimate_tensor_bytes
+
     policy = QuantPolicy.from_env()
     budget = quant_byte_budget(args.byte_budget)
     if args.shapes:
-        shapes, scale = quant_check_shapes(json.loads(Path(args.shapes).read_text())), 1.0
+        shapes, scale = quant_check_shapes(read_shapes_file(args.shapes)), 1.0
     else:
         shapes, scale = _model_from_env()
     # code: the packed train_gpt.py a record ships (what every run logs as code_bytes)
@@ -103,7 +132,8 @@ def _estimate(args, out=print) -> int:
 
 
 def quant_cli(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quant", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(prog="python -m quant", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_inspect = sub.add_parser("inspect", help="per-tensor byte table of an artifact")
     p_inspect.add_argument("file")
@@ -115,10 +145,10 @@ def quant_cli(argv=None) -> int:
     p_est.add_argument("--shapes", default=None, help="JSON file {name: [dims]} instead of building the model")
     args = parser.parse_args(argv)
     try:
+        check_cli_inputs(args)
         return _inspect(args.file) if args.cmd == "inspect" else _estimate(args)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as err:
+        return report_user_error(err)
 
 
 if __name__ == "__main__":

@@ -56,8 +56,6 @@ import dataclasses
 import json
 import lzma
 import math
-import os
-from pathlib import Path
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor

@@ -176,6 +176,7 @@ def test_score_cli_auto_stride_recovers_within_what_load_and_roundtrip_left(
     from test_eval_support import BatchClock, expected_auto_stride
 
     clock, budgets = BatchClock(100.0), []
+    cli._import_evals()  # the CLI imports the evals (and torch) only once its inputs are checked
     load, roundtrip, sliding = cli._load_model, cli.eval_roundtrip, cli.eval_sliding
 
     def slow_load(*args, **kwargs):
@@ -211,10 +212,10 @@ def test_score_cli_auto_stride_recovers_within_what_load_and_roundtrip_left(
     assert m and m[3] == str(stride), out
 
 
-def test_score_cli_errors_are_clear(tiny_artifact, tiny_dataset, tmp_path):
+def test_score_cli_errors_are_clear(tiny_artifact, tiny_dataset, sp1024_model, tmp_path):
     bad = tmp_path / "bad.ptz"
     bad.write_bytes(tiny_artifact.read_bytes()[:-100])
-    proc = run_cli("score", "--artifact", bad, "--data-path", tiny_dataset, "--tokenizer", tmp_path / "none.model", check=False)
+    proc = run_cli("score", "--artifact", bad, "--data-path", tiny_dataset, "--tokenizer", sp1024_model, check=False)
     assert proc.returncode == 2 and "bad.ptz" in proc.stderr and "Traceback" not in proc.stderr
 
 

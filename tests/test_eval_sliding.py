@@ -202,3 +202,19 @@ def test_two_ranks_match_one(stream, luts, tmp_path):
         got = out[rank]
         assert got[4:] == single[4:]
         assert got[:4] == pytest.approx(single[:4], rel=1e-12)
+
+
+def test_every_target_scored_once_is_a_real_check(stream, luts, monkeypatch):
+    """The exactly-once contract is an `if ... raise`, not an `assert` (`python -O` drops those): a
+    window plan that forgets one position makes eval_sliding raise instead of scoring a subset."""
+    import eval.sliding as sliding
+
+    plan = sliding.plan_sliding_windows
+
+    def plan_missing_one(num_targets, seq_len, stride, windows):
+        index, score = plan(num_targets, seq_len, stride, windows)
+        return index, score & (index != 5)  # target 5 is never scored
+
+    monkeypatch.setattr(sliding, "plan_sliding_windows", plan_missing_one)
+    with pytest.raises(RuntimeError, match=r"scored 298 targets, expected every one of the 299 exactly once"):
+        eval_sliding(TinyCausalLM(), stream[:300], luts, seq_len=32, stride=8, batch_seqs=4, **QUIET)

@@ -134,8 +134,9 @@ def copy_dataset(src, dst):
     return dst
 
 
-def corrupt_first(path: Path, split: str, how: str) -> Path:
-    shard = sorted(path.glob(f"fineweb_{split}_*.bin"))[0]
+def corrupt_first(path: Path, split: str, how: str, which: int = 0) -> Path:
+    """Damage shard number `which` (0: the first, -1: the last) of `split` in the dataset at `path`."""
+    shard = sorted(path.glob(f"fineweb_{split}_*.bin"))[which]
     raw = bytearray(shard.read_bytes())
     if how == "magic":
         raw[0:4] = struct.pack("<i", 12345)
@@ -156,10 +157,17 @@ def test_damaged_shards_are_refused_naming_the_file(tiny_dataset, sp1024_model, 
 
     data = copy_dataset(tiny_dataset, tmp_path / "data")
     shard = corrupt_first(data, split, how)
+    # the pre-clock check and the loader each refuse it on their own (one call per pytest.raises:
+    # a second line there would never run)
     with pytest.raises(ValueError, match=message) as err:
         check_inputs(hp_for(data, sp1024_model), ctx(tmp_path))
-        DistributedTokenLoader(str(data), 1024)
     assert shard.name in str(err.value)
+    if split == "train":  # the loader checks every header up front, not only the first shard it opens
+        data = copy_dataset(tiny_dataset, tmp_path / "data_last")
+        shard = corrupt_first(data, split, how, which=-1)
+        with pytest.raises(ValueError, match=message) as err:
+            DistributedTokenLoader(str(data), 1024)
+        assert shard.name in str(err.value)
 
 
 def test_token_id_beyond_vocab_is_refused(tiny_dataset, sp1024_model, tmp_path):

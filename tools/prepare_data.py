@@ -51,6 +51,7 @@ import re
 import shutil
 import sys
 import time
+import zlib
 from pathlib import Path, PurePosixPath
 
 import numpy as np
@@ -61,9 +62,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `python tools/prepare_data.py` puts tools/, not the repo, on sys.path
     sys.path.insert(0, str(REPO_ROOT))
 
-from trainer.shards import SHARD_MANIFEST_FORMAT, SHARD_TOKENS_PER_FILE, write_data_shard  # noqa: E402
-from trainer.shards import read_shard_header  # noqa: E402
+from tools.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # noqa: E402
 from trainer.files import atomic_write_bytes  # noqa: E402
+from trainer.shards import SHARD_MANIFEST_FORMAT, SHARD_TOKENS_PER_FILE, read_shard_header, write_data_shard  # noqa: E402
 
 OFFICIAL_NUM_VAL_DOCS = 50_000
 DOC_HASH_HEX_CHARS = 16
@@ -158,8 +159,10 @@ def check_inputs(paths) -> list[Path]:
     out = []
     for p in paths:
         p = Path(p)
+        if p.is_dir():
+            raise ValueError(f"--input {p}: is a folder; expected a .jsonl or .txt file (optionally .gz)")
         if not p.is_file():
-            raise FileNotFoundError(f"input {p} does not exist (or is not a file)")
+            raise FileNotFoundError(f"--input {p}: no such file; expected a .jsonl or .txt file (optionally .gz)")
         _input_kind(p)
         out.append(p)
     return out
@@ -170,7 +173,8 @@ def iter_documents(paths):
 
     `.jsonl`: one JSON object with a string "text" per line (blank lines skipped).
     `.txt`: documents separated by one or more blank (whitespace-only) lines.
-    Raises ValueError naming file and line for bad JSON, a missing "text" or non-UTF-8 bytes.
+    Raises ValueError naming file and line for bad JSON, a missing "text" or non-UTF-8 bytes, and
+    naming the file for a truncated or damaged .gz.
     """
     for path in paths:
         path = Path(path)
@@ -178,7 +182,8 @@ def iter_documents(paths):
         opener = gzip.open if path.suffix.lower() == ".gz" else open
         lineno = 0
         try:
-            with opener(path, "rt", encoding="utf-8") as f:
+            with opener(path, "rb") as raw:
+                f = _decoded_lines(raw, path)
                 if kind == "jsonl":
                     for lineno, line in enumerate(f, 1):
                         if not line.strip():
@@ -200,8 +205,21 @@ def iter_documents(paths):
                             block = []
                     if block:
                         yield "\n".join(block)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+            raise ValueError(f"{path}: damaged or truncated gzip file after line {lineno} ({exc}); expected a "
+                             "complete .gz file") from None
+
+
+def _decoded_lines(raw, path):
+    """Lines of the binary file `raw` as str (newlines kept as "\n"), each decoded on its own so that
+    a non-UTF-8 byte is reported on its own line: ValueError "PATH:LINE: not UTF-8 text"."""
+    for lineno, line in enumerate(raw, 1):
+        try:
+            text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ValueError(f"{path}: not UTF-8 text after line {lineno}: {exc}") from None
+            raise ValueError(f"{path}:{lineno}: not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
+                             "expected UTF-8") from None
+        yield text[:-2] + "\n" if text.endswith("\r\n") else text
 
 
 def load_tokenizer(path) -> spm.SentencePieceProcessor:
@@ -389,6 +407,8 @@ def prepare_jsonl_dataset(inputs, tokenizer_path, out_dir, *, num_val_docs: int,
                           shard_tokens: int = SHARD_TOKENS_PER_FILE, progress=True, log=print) -> dict:
     """`jsonl` subcommand: shard .jsonl/.txt inputs with an existing tokenizer (see shard_documents)."""
     paths = check_inputs(inputs)
+    if Path(out_dir).exists() and not Path(out_dir).is_dir():
+        raise ValueError(f"--out {out_dir}: is a file; expected a dataset folder (created if missing)")
     load_tokenizer(tokenizer_path)  # fail on a bad model before reading the inputs
     source = {"command": "jsonl", "inputs": [str(p) for p in paths],
               "input_bytes": [p.stat().st_size for p in paths]}
@@ -497,6 +517,10 @@ def build_sample(out_root, *, vocab_size: int = 1024, num_val_docs=None, shard_t
         num_val_docs = max(1, round(len(docs) * SAMPLE_VAL_FRACTION))
     if not 0 < num_val_docs < len(docs):
         raise ValueError(f"--val-docs must be in [1, {len(docs) - 1}] for the sample, got {num_val_docs}")
+    if not 8 <= vocab_size <= MAX_UINT16_VOCAB:  # before anything is written
+        raise ValueError(f"--vocab-size must be in [8, {MAX_UINT16_VOCAB}], got {vocab_size}")
+    if shard_tokens <= 0:
+        raise ValueError(f"--shard-tokens must be positive, got {shard_tokens}")
     text_path = out_root / "text" / f"{SAMPLE_NAME}.jsonl"
     text_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = text_path.with_name(text_path.name + ".tmp")
@@ -715,7 +739,7 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prepare_data.py", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="prepare_data.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -794,9 +818,8 @@ def main(argv=None) -> int:
     except HubUnreachableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as exc:  # a bad input (or an unwritable --out): one line, exit 2
+        return report_user_error(exc)
     return 0
 
 

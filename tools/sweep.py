@@ -55,6 +55,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from tools.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # noqa: E402
 from trainer.files import atomic_write_bytes  # noqa: E402
 
 SWEEP_METRICS = ("sliding", "roundtrip", "prequant")
@@ -120,14 +121,15 @@ def load_spec_file(path) -> dict:
     except OSError as e:
         raise SweepError(f"--file {path}: {e.strerror or e}") from None
     try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            spec = yaml.safe_load(text)
-        else:
-            spec = json.loads(text)
+        spec = _load_yaml_unique(text, path) if path.suffix in (".yaml", ".yml") else json.loads(
+            text, object_pairs_hook=lambda pairs: _unique_pairs(pairs, path))
+    except SweepError:
+        raise
     except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: say where
-        raise SweepError(f"--file {path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'} ({e})") from None
+        mark = getattr(e, "problem_mark", None)
+        detail = f"{e.problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else e
+        kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
+        raise SweepError(f"--file {path}: not valid {kind} ({detail})") from None
     if not isinstance(spec, dict):
         raise SweepError(f"--file {path}: expected a mapping at the top level")
     unknown = set(spec) - {"name", "seeds", "env", "configs", "grid", "metric", "baseline"}
@@ -135,6 +137,40 @@ def load_spec_file(path) -> dict:
         raise SweepError(f"--file {path}: unknown keys {sorted(unknown)} (expected name, seeds, env, configs, grid, "
                          "metric, baseline)")
     return spec
+
+
+def _unique_pairs(pairs, path, lines=None) -> dict:
+    """dict(pairs), or SweepError naming a key that occurs twice (and its lines, when known): YAML and
+    JSON loaders keep the last one silently, which would drop a config of the sweep."""
+    seen = {}
+    for i, (key, _) in enumerate(pairs):
+        try:
+            hash(key)
+        except TypeError:
+            raise SweepError(f"--file {path}: key {key!r} is not a name; expected a string key") from None
+        if key in seen:
+            where = f" (lines {lines[seen[key]]} and {lines[i]})" if lines else ""
+            raise SweepError(f"--file {path}: {key!r} is defined twice{where}; expected each name once")
+        seen[key] = i
+    return dict(pairs)
+
+
+def _load_yaml_unique(text: str, path):
+    """yaml.safe_load that refuses a mapping with a duplicate key (SweepError with both lines)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            own = [(k, v) for k, v in node.value if k.tag != "tag:yaml.org,2002:merge"]
+            keys = [(loader.construct_object(k, deep=True), None) for k, _ in own]
+            _unique_pairs(keys, path, [k.start_mark.line + 1 for k, _ in own])
+        return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return yaml.load(text, Loader=UniqueKeyLoader)
 
 
 def build_runs(spec: dict, out_root) -> list:
@@ -493,7 +529,7 @@ def _duration(seconds: float) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python tools/sweep.py", description=__doc__.split("\n\n")[0],
+    p = ArgumentParser(prog="python tools/sweep.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--file", help="sweep file (.yaml/.yml or .json); the options below add to it")
     p.add_argument("--name", help="sweep name: results go to OUT/NAME/")
@@ -565,9 +601,8 @@ def main(argv=None) -> int:
         finished = [is_finished(r) for r in runs]
         gpus = [g for g in args.gpus.split(",") if g] if args.gpus is not None else detect_gpus()
         slots = make_slots(gpus, args.gpus_per_run)
-    except SweepError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as e:  # a bad sweep definition, flag or file: one line, exit 2
+        return report_user_error(e)
     sweep_dir = Path(args.out) / spec["name"]
     title = f"sweep {spec['name']}"
     todo = [r for r, done in zip(runs, finished) if not done and (not args.only or r.config in args.only)]

@@ -4,7 +4,8 @@ Official format (openai/parameter-golf data export, as modded-nanogpt): a header
 little-endian int32 (magic 20240520, version 1, num_tokens, rest 0), then num_tokens little-endian
 uint16 token ids: a valid file has exactly 1024 + 2 * num_tokens bytes. A dataset dir may hold
 `manifest.json` (tools/prepare_data.py writes it) with per-split counts and the files of document
-hashes that prove the train and val splits disjoint.
+hashes that prove the train and val splits disjoint. torch is imported where a tensor is made:
+tools/prepare_data.py writes shards, and its bad inputs fail before torch's import (seconds).
 """
 
 import json
@@ -12,7 +13,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from trainer.files import atomic_write_bytes
 
@@ -40,8 +40,10 @@ def read_shard_header(path) -> int:
     return header[2]
 
 
-def load_data_shard(path) -> torch.Tensor:
-    """Load one shard as a uint16 tensor [num_tokens]; header and size validated first (ValueError)."""
+def load_data_shard(path):
+    """Load one shard as a uint16 torch tensor [num_tokens]; header and size validated first (ValueError)."""
+    import torch
+
     return torch.from_numpy(np.fromfile(path, "<u2", read_shard_header(path), offset=SHARD_HEADER_BYTES))
 
 
@@ -76,12 +78,14 @@ def list_shards(data_path, split: str) -> list:
     return files
 
 
-def load_validation_tokens(data_path, vocab_size=None) -> torch.Tensor:
-    """All val shards of `data_path` concatenated in sorted order, int64 [N] (BOS tokens kept).
+def load_validation_tokens(data_path, vocab_size=None):
+    """All val shards of `data_path` concatenated in sorted order, an int64 torch tensor [N] (BOS kept).
 
     Raises ValueError naming DATA_PATH and the largest id (-1 when there are no tokens) if there
     are no val shards, no tokens or (when vocab_size is given) any id >= vocab_size.
     """
+    import torch
+
     tokens = torch.cat([load_data_shard(p).long() for p in list_shards(data_path, "val")])
     top_id = tokens.numpy().max(initial=-1)  # ids are >= 0: -1 means no tokens
     if top_id < 0 or vocab_size and top_id >= vocab_size:

@@ -1,0 +1,410 @@
+"""Every bad input a user can give the kit's CLIs: exit 2, ONE line on stderr naming the input, no traceback.
+
+The rule (tools/cli_errors.py): a user's mistake is `error: <input>: <what is wrong>; expected <what>`
+on one line and exit 2; only a bug of the kit shows a traceback. Each row of CASES is run as a
+subprocess, as a user would run it, in a fresh folder of its own (`{d}` in its command), and checked
+for the exit code, the one line (a regex naming the input), no "Traceback", and, where it matters,
+what is on disk afterwards (nothing already written lost, nothing half-written).
+
+Add a row to extend it (the trainer's rows go in the same list). Most rows fail before torch is
+imported (a fraction of a second each); all run in parallel once per session (`outcomes`).
+The README's reliability table is rendered from these rows:
+
+    python tests/test_bad_inputs.py --write README.md     # re-run every case, rewrite the table
+"""
+
+import dataclasses
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PY = "python"  # shown in the table; the tests run sys.executable
+TABLE_START, TABLE_END = "<!-- bad-inputs:start -->", "<!-- bad-inputs:end -->"
+# settings of the caller's shell that would change what a case sees
+SCRUBBED_ENV_PREFIXES = ("EVAL_", "QUANT_", "VAL_MAX_TOKENS", "ATTN_BACKEND", "BYTE_BUDGET", "MATCHED_FINEWEB_")
+
+
+@dataclasses.dataclass(frozen=True)
+class BadInput:
+    """One bad input. argv: the command after `python`, with {d} (the case's own folder), {tok} (a
+    1024-piece SentencePiece model) and {data} (a small challenge dataset) filled in. message: a
+    regex the single stderr line must match (re.search). setup(d): writes the case's input files.
+    after(d): asserts what is on disk afterwards."""
+
+    cli: str
+    what: str
+    argv: tuple
+    message: str
+    env: dict = dataclasses.field(default_factory=dict)
+    setup: Callable = None
+    after: Callable = None
+    exit_code: int = 2
+
+    @property
+    def id(self) -> str:
+        return f"{self.cli}: {self.what}"
+
+
+# ----------------------------------------------------------------------------- input files
+
+
+def write(name: str, data) -> Callable:
+    """setup: file `name` in the case folder with `data` (str or bytes)."""
+    def setup(d: Path):
+        path = d / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return setup
+
+
+def both(*setups) -> Callable:
+    def setup(d: Path):
+        for s in setups:
+            s(d)
+    return setup
+
+
+def docs_jsonl(num_docs: int) -> str:
+    return "".join(json.dumps({"text": f"document {i}: some words about the number {i}."}) + "\n" for i in range(num_docs))
+
+
+def truncated_gz(d: Path):
+    full = gzip.compress(docs_jsonl(3000).encode())
+    (d / "docs.jsonl.gz").write_bytes(full[: len(full) // 2])
+
+
+def absent(name: str) -> Callable:
+    def after(d: Path):
+        assert not (d / name).exists(), f"{name} was written"
+    return after
+
+
+def unchanged(name: str, data: str) -> Callable:
+    def after(d: Path):
+        assert (d / name).read_text() == data, f"{name} was changed"
+    return after
+
+
+KEEP = "a dataset already there\n"
+GARBAGE_PTZ = b"PK\x03\x04 this is a zip file, not an artifact" * 4
+SCORE = ("-m", "eval", "score", "--artifact", "{d}/final_model.ptz", "--data-path", "{data}", "--tokenizer", "{tok}")
+WITH_PTZ = write("final_model.ptz", GARBAGE_PTZ)  # torch-free checks stop before the artifact is read
+JSONL = ("tools/prepare_data.py", "jsonl", "--input", "{d}/docs.jsonl", "--tokenizer", "{tok}", "--out", "{d}/out",
+         "--val-docs", "1")
+SWEEP = ("tools/sweep.py", "--file", "{d}/sweep.yaml", "--dry-run")
+
+
+def sweep_file(text: str, name: str = "sweep.yaml") -> Callable:
+    return write(name, text)
+
+
+def eval_rows() -> list:
+    e = "eval"
+    return [
+        BadInput(e, "--artifact is a run folder", ("-m", "eval", "score", "--artifact", "{d}/run", "--data-path", "{data}",
+                 "--tokenizer", "{tok}"), r"--artifact \S+/run: is a folder; expected an artifact file \(did you mean "
+                 r"\S+/run/final_model.ptz\?\)", setup=write("run/final_model.ptz", GARBAGE_PTZ)),
+        BadInput(e, "--artifact is an empty folder", ("-m", "eval", "score", "--artifact", "{d}", "--data-path", "{data}",
+                 "--tokenizer", "{tok}"), r"--artifact \S+: is a folder; expected an artifact file \(\.ptz\)"),
+        BadInput(e, "--artifact missing", SCORE, r"--artifact \S+/final_model.ptz: no such file; expected an artifact"),
+        BadInput(e, "--artifact empty file", SCORE, r"--artifact \S+/final_model.ptz: is empty \(0 bytes\)",
+                 setup=write("final_model.ptz", b"")),
+        BadInput(e, "--artifact not an artifact (zip bytes)", SCORE, r"\S+/final_model.ptz: starts b'PK", setup=WITH_PTZ),
+        BadInput(e, "--data-path missing", SCORE[:6] + ("{d}/nodata",) + SCORE[7:],
+                 r"--data-path \S+/nodata: no such folder; expected a dataset folder", setup=WITH_PTZ),
+        BadInput(e, "--data-path is a file", SCORE[:6] + ("{d}/final_model.ptz",) + SCORE[7:],
+                 r"--data-path \S+: is a file, not a folder", setup=WITH_PTZ),
+        BadInput(e, "--data-path without val shards", SCORE[:6] + ("{d}",) + SCORE[7:],
+                 r"--data-path \S+: no fineweb_val_\*\.bin; expected a dataset folder", setup=WITH_PTZ),
+        BadInput(e, "--tokenizer missing", SCORE[:8] + ("{d}/none.model",),
+                 r"--tokenizer \S+/none.model: no such file; expected a SentencePiece \.model", setup=WITH_PTZ),
+        BadInput(e, "--tokenizer not a SentencePiece model", SCORE[:8] + ("{d}/final_model.ptz",),
+                 r"--tokenizer \S+: not a SentencePiece model \(.*\); expected a SentencePiece \.model", setup=WITH_PTZ),
+        BadInput(e, "--tokenizer is a folder", SCORE[:8] + ("{d}",), r"--tokenizer \S+: is a folder", setup=WITH_PTZ),
+        BadInput(e, "--stride -5", SCORE + ("--stride", "-5"), r"--stride=-5: expected 0 \(no sliding eval\) or a stride",
+                 setup=WITH_PTZ),
+        BadInput(e, "--stride abc", SCORE + ("--stride", "abc"), r"argument --stride: invalid int value: 'abc'"),
+        BadInput(e, "--seq-len -1", SCORE + ("--seq-len", "-1"), r"--seq-len=-1: expected an integer >= 1", setup=WITH_PTZ),
+        BadInput(e, "--batch-seqs 0", SCORE + ("--batch-seqs", "0"), r"--batch-seqs=0: expected an integer >= 1",
+                 setup=WITH_PTZ),
+        BadInput(e, "--max-seconds 0", SCORE + ("--max-seconds", "0"), r"--max-seconds=0.0: expected a finite number > 0",
+                 setup=WITH_PTZ),
+        BadInput(e, "--val-max-tokens 1", SCORE + ("--val-max-tokens", "1"), r"--val-max-tokens 1 \(VAL_MAX_TOKENS\): "
+                 r"expected 0", setup=WITH_PTZ),
+        BadInput(e, "EVAL_BATCH_SEQS=abc", SCORE, r"EVAL_BATCH_SEQS='abc': expected an integer >= 1",
+                 env={"EVAL_BATCH_SEQS": "abc"}, setup=WITH_PTZ),
+        BadInput(e, "EVAL_BATCH_SEQS=0", SCORE, r"EVAL_BATCH_SEQS='0': expected an integer >= 1",
+                 env={"EVAL_BATCH_SEQS": "0"}, setup=WITH_PTZ),
+        BadInput(e, "EVAL_MAX_SECONDS=ten", SCORE, r"EVAL_MAX_SECONDS='ten': expected a finite number > 0",
+                 env={"EVAL_MAX_SECONDS": "ten"}, setup=WITH_PTZ),
+        BadInput(e, "EVAL_MAX_SECONDS=inf", SCORE, r"EVAL_MAX_SECONDS='inf': expected a finite number > 0",
+                 env={"EVAL_MAX_SECONDS": "inf"}, setup=WITH_PTZ),
+        BadInput(e, "EVAL_MAX_SECONDS=-1", SCORE, r"EVAL_MAX_SECONDS='-1': expected a finite number > 0",
+                 env={"EVAL_MAX_SECONDS": "-1"}, setup=WITH_PTZ),
+        BadInput(e, "EVAL_AUTO_STRIDE=2", SCORE, r"EVAL_AUTO_STRIDE='2': expected one of 0, 1",
+                 env={"EVAL_AUTO_STRIDE": "2"}, setup=WITH_PTZ),
+        BadInput(e, "EVAL_COMPILE=yes", SCORE, r"EVAL_COMPILE='yes': expected one of 0, 1",
+                 env={"EVAL_COMPILE": "yes"}, setup=WITH_PTZ),
+        BadInput(e, "EVAL_STRIDE=abc", SCORE, r"EVAL_STRIDE='abc': expected an integer >= 0",
+                 env={"EVAL_STRIDE": "abc"}, setup=WITH_PTZ),
+        BadInput(e, "VAL_MAX_TOKENS=-3", SCORE, r"VAL_MAX_TOKENS='-3': expected an integer >= 0",
+                 env={"VAL_MAX_TOKENS": "-3"}, setup=WITH_PTZ),
+        BadInput(e, "ATTN_BACKEND=flash", SCORE, r"ATTN_BACKEND='flash': expected one of auto, fa3, fa2, sdpa",
+                 env={"ATTN_BACKEND": "flash"}, setup=WITH_PTZ),
+        BadInput(e, "score without --artifact", ("-m", "eval", "score", "--data-path", "{data}", "--tokenizer", "{tok}"),
+                 r"the following arguments are required: --artifact"),
+        BadInput(e, "unknown command", ("-m", "eval", "scroe"), r"argument command: invalid choice: 'scroe'"),
+        BadInput(e, "bytes: --tokenizer not a SentencePiece model", ("-m", "eval", "bytes", "--data-path", "{data}",
+                 "--tokenizer", "{d}/t.model"), r"--tokenizer \S+/t.model: not a SentencePiece model",
+                 setup=write("t.model", "not a model")),
+        BadInput(e, "bytes: val token id >= the vocab", ("-m", "eval", "bytes", "--data-path", "{d}", "--tokenizer",
+                 "{tok}"), r"val shards in DATA_PATH=\S+: max id 5000; expected tokens, ids < VOCAB_SIZE=1024",
+                 setup=lambda d: shard_with_id(d, 5000)),
+    ]
+
+
+def shard_with_id(d: Path, token_id: int) -> None:
+    from eval.offline import write_data_shard
+
+    write_data_shard(d / "fineweb_val_000000.bin", [1, 5, token_id, 7])
+
+
+def quant_rows() -> list:
+    q, est = "quant", ("-m", "quant", "estimate", "--shapes", "{d}/shapes.json", "--code-bytes", "1000")
+    shapes = write("shapes.json", json.dumps({"w": [64, 64]}))
+    return [
+        BadInput(q, "inspect a folder", ("-m", "quant", "inspect", "{d}"), r"inspect FILE \S+: is a folder; expected an "
+                 r"artifact file"),
+        BadInput(q, "inspect a missing file", ("-m", "quant", "inspect", "{d}/x.ptz"),
+                 r"inspect FILE \S+/x.ptz: no such file"),
+        BadInput(q, "inspect an empty file", ("-m", "quant", "inspect", "{d}/x.ptz"), r"inspect FILE \S+/x.ptz: is empty",
+                 setup=write("x.ptz", b"")),
+        BadInput(q, "inspect a damaged artifact", ("-m", "quant", "inspect", "{d}/x.ptz"), r"\S+/x.ptz: starts b'PK",
+                 setup=write("x.ptz", GARBAGE_PTZ)),
+        BadInput(q, "inspect without FILE", ("-m", "quant", "inspect"), r"the following arguments are required: file"),
+        BadInput(q, "--shapes missing", est, r"--shapes \S+/shapes.json: no such file"),
+        BadInput(q, "--shapes not JSON", est, r"--shapes \S+/shapes.json: not JSON \(Expecting value",
+                 setup=write("shapes.json", "w: [64, 64]")),
+        BadInput(q, "--shapes a JSON list", est, r"--shapes \S+/shapes.json: a JSON list; expected an object",
+                 setup=write("shapes.json", "[[64, 64]]")),
+        BadInput(q, "--code-bytes -3", est[:-1] + ("-3",), r"--code-bytes=-3: expected an integer >= 0", setup=shapes),
+        BadInput(q, "--byte-budget 0", est + ("--byte-budget", "0"), r"--byte-budget=0: expected an integer >= 1",
+                 setup=shapes),
+        BadInput(q, "QUANT_ATTN_BITS=abc", est, r"QUANT_ATTN_BITS='abc': invalid literal", env={"QUANT_ATTN_BITS": "abc"},
+                 setup=shapes),
+        BadInput(q, "QUANT_MLP_BITS=12", est, r"QUANT_MLP_BITS='12': ", env={"QUANT_MLP_BITS": "12"}, setup=shapes),
+        BadInput(q, "QUANT_FIT=2", est, r"QUANT_FIT='2': expected 0 or 1", env={"QUANT_FIT": "2"}, setup=shapes),
+        BadInput(q, "QUANT_COMPRESSOR=gzip", est, r"QUANT_COMPRESSOR='gzip': ", env={"QUANT_COMPRESSOR": "gzip"},
+                 setup=shapes),
+    ]
+
+
+def prepare_rows() -> list:
+    p, jsonl = "prepare_data", write("docs.jsonl", docs_jsonl(5))
+    keep = both(write("out/manifest.json", KEEP))
+    return [
+        BadInput(p, "jsonl --input missing", JSONL, r"--input \S+/docs.jsonl: no such file; expected a \.jsonl or \.txt"),
+        BadInput(p, "jsonl --input is a folder", JSONL[:3] + ("{d}",) + JSONL[4:], r"--input \S+: is a folder"),
+        BadInput(p, "jsonl --input .csv", JSONL[:3] + ("{d}/docs.csv",) + JSONL[4:], r"input \S+/docs.csv: unsupported "
+                 r"file type '.csv'", setup=write("docs.csv", "text\nhello\n")),
+        BadInput(p, "truncated .jsonl.gz", JSONL[:3] + ("{d}/docs.jsonl.gz",) + JSONL[4:], r"\S+/docs.jsonl.gz: damaged "
+                 r"or truncated gzip file after line \d+ \(Compressed file ended", setup=truncated_gz, after=absent("out")),
+        BadInput(p, "not UTF-8 on line 1", JSONL, r"\S+/docs.jsonl:1: not UTF-8 text \(invalid start byte at byte 0",
+                 setup=write("docs.jsonl", b"\xff" + docs_jsonl(3).encode()), after=absent("out")),
+        BadInput(p, "not UTF-8 on line 3", JSONL, r"\S+/docs.jsonl:3: not UTF-8 text",
+                 setup=write("docs.jsonl", docs_jsonl(2).encode() + b'{"text": "caf\xe9"}\n' + docs_jsonl(2).encode())),
+        BadInput(p, "invalid JSON on line 2", JSONL, r"\S+/docs.jsonl:2: invalid JSON",
+                 setup=write("docs.jsonl", docs_jsonl(1) + "{text: 1}\n")),
+        BadInput(p, 'a line without "text"', JSONL, r'\S+/docs.jsonl:1: expected a JSON object with a string "text"',
+                 setup=write("docs.jsonl", '{"body": "x"}\n')),
+        BadInput(p, "no documents", JSONL, r"input holds no documents", setup=write("docs.jsonl", "\n\n")),
+        BadInput(p, "--tokenizer missing", JSONL[:5] + ("{d}/none.model",) + JSONL[6:], r"tokenizer model \S+/none.model "
+                 r"does not exist", setup=jsonl),
+        BadInput(p, "--tokenizer not a SentencePiece model", JSONL[:5] + ("{d}/docs.jsonl",) + JSONL[6:],
+                 r"tokenizer \S+/docs.jsonl: not a SentencePiece model", setup=jsonl),
+        BadInput(p, "--val-docs 0", JSONL[:-1] + ("0",), r"--val-docs must be positive, got 0", setup=jsonl),
+        BadInput(p, "--val-docs >= documents", JSONL[:-1] + ("5",), r"--val-docs 5 must be smaller than the number of "
+                 r"documents \(5\)", setup=jsonl, after=absent("out")),
+        BadInput(p, "--val-docs abc", JSONL[:-1] + ("abc",), r"argument --val-docs: invalid int value: 'abc'"),
+        BadInput(p, "--shard-tokens 0", JSONL + ("--shard-tokens", "0"), r"--shard-tokens must be positive, got 0",
+                 setup=jsonl),
+        BadInput(p, "--out is a file", JSONL[:7] + ("{d}/docs.jsonl",) + JSONL[8:], r"--out \S+/docs.jsonl: is a file; "
+                 r"expected a dataset folder", setup=jsonl, after=unchanged("docs.jsonl", docs_jsonl(5))),
+        BadInput(p, "bad input over an existing dataset", JSONL, r"\S+/docs.jsonl:2: invalid JSON",
+                 setup=both(keep, write("docs.jsonl", docs_jsonl(1) + "{\n")), after=unchanged("out/manifest.json", KEEP)),
+        BadInput(p, "tokenizer --vocab-size 5", ("tools/prepare_data.py", "tokenizer", "--input", "{d}/docs.jsonl",
+                 "--vocab-size", "5", "--out", "{d}/tok"), r"--vocab-size must be in \[8, 65536\], got 5", setup=jsonl,
+                 after=absent("tok.model")),
+        BadInput(p, "sample --vocab-size 70000", ("tools/prepare_data.py", "sample", "--out", "{d}/data", "--vocab-size",
+                 "70000"), r"--vocab-size must be in \[8, 65536\], got 70000", after=absent("data")),
+        BadInput(p, "sample --val-docs 0", ("tools/prepare_data.py", "sample", "--out", "{d}/data", "--val-docs", "0"),
+                 r"--val-docs must be in \[1, \d+\] for the sample, got 0", after=absent("data")),
+        BadInput(p, "fineweb --variant sp99x", ("tools/prepare_data.py", "fineweb", "--variant", "sp99x", "--out-root",
+                 "{d}"), r"sp99x"),
+        BadInput(p, "fineweb --repo-id without owner", ("tools/prepare_data.py", "fineweb", "--repo-id", "parameter-golf",
+                 "--out-root", "{d}"), r"parameter-golf"),
+        BadInput(p, "fineweb --train-shards -1", ("tools/prepare_data.py", "fineweb", "--train-shards", "-1", "--out-root",
+                 "{d}"), r"--train-shards must be >= 0, got -1"),
+        BadInput(p, "unknown command", ("tools/prepare_data.py", "download"),
+                 r"argument command: invalid choice: 'download'"),
+    ]
+
+
+def sweep_rows() -> list:
+    s = "sweep"
+    return [
+        BadInput(s, "config name defined twice (YAML)", SWEEP, r"--file \S+/sweep.yaml: 'base' is defined twice \(lines 3 "
+                 r"and 5\); expected each name once", setup=sweep_file("name: ab\nconfigs:\n  base: {MLP_MULT: 2}\n  low: "
+                                                                        "{MATRIX_LR: 0.02}\n  base: {MLP_MULT: 3}\n")),
+        BadInput(s, "top-level key twice (YAML)", SWEEP, r"'seeds' is defined twice \(lines 2 and 3\)",
+                 setup=sweep_file("name: ab\nseeds: [1]\nseeds: [2]\n")),
+        BadInput(s, "env var twice in a config (YAML)", SWEEP, r"'MLP_MULT' is defined twice \(lines 3 and 3\)",
+                 setup=sweep_file("name: ab\nconfigs:\n  base: {MLP_MULT: 2, MLP_MULT: 3}\n")),
+        BadInput(s, "config name defined twice (JSON)", ("tools/sweep.py", "--file", "{d}/sweep.json", "--dry-run"),
+                 r"--file \S+/sweep.json: 'a' is defined twice; expected each name once",
+                 setup=sweep_file('{"name": "ab", "configs": {"a": {}, "a": {"MLP_MULT": 3}}}', "sweep.json")),
+        BadInput(s, "broken YAML", SWEEP, r"--file \S+/sweep.yaml: not valid YAML \(expected ',' or '\]', but got ':' at "
+                 r"line 2, column 4\)", setup=sweep_file("name: [a\n  b: c\n")),
+        BadInput(s, "a list at the top level", SWEEP, r"expected a mapping at the top level",
+                 setup=sweep_file("- a\n- b\n")),
+        BadInput(s, "unknown key", SWEEP, r"unknown keys \['config'\]", setup=sweep_file("name: ab\nconfig: {}\n")),
+        BadInput(s, "seeds not integers", SWEEP, r"seeds \['a'\]: expected a list of integers",
+                 setup=sweep_file("name: ab\nseeds: [a]\n")),
+        BadInput(s, "a seed twice", SWEEP, r"seeds \[1, 1\]: a seed is listed twice",
+                 setup=sweep_file("name: ab\nseeds: [1, 1]\n")),
+        BadInput(s, "lower-case env var", SWEEP, r"configs.a: 'mlp_mult' is not an upper-case env var name",
+                 setup=sweep_file("name: ab\nconfigs:\n  a: {mlp_mult: 2}\n")),
+        BadInput(s, "a reserved variable", SWEEP, r"config 'a': \['SEED'\] are set by the sweep",
+                 setup=sweep_file("name: ab\nconfigs:\n  a: {SEED: 2}\n")),
+        BadInput(s, "a bad metric", SWEEP, r"metric 'bpb': expected one of sliding, roundtrip, prequant",
+                 setup=sweep_file("name: ab\nmetric: bpb\n")),
+        BadInput(s, "a name with a slash", SWEEP, r"name 'a/b': expected letters, digits", setup=sweep_file("name: a/b\n")),
+        BadInput(s, "baseline not a config", SWEEP, r"baseline 'c': not a config of this sweep",
+                 setup=sweep_file("name: ab\nbaseline: c\n")),
+        BadInput(s, "--file missing", SWEEP, r"--file \S+/sweep.yaml: No such file or directory"),
+        BadInput(s, "--config defined twice", ("tools/sweep.py", "--name", "x", "--config", "a", "--config", "a",
+                 "--dry-run"), r"--config a: defined twice"),
+        BadInput(s, "--set without =", ("tools/sweep.py", "--name", "x", "--set", "MLP_MULT", "--dry-run"),
+                 r"--set: 'MLP_MULT': expected NAME=VALUE"),
+        BadInput(s, "--script missing", ("tools/sweep.py", "--name", "x", "--script", "{d}/t.py", "--dry-run"),
+                 r"--script \S+/t.py: no such file"),
+        BadInput(s, "no name", ("tools/sweep.py", "--dry-run"), r"--name: a sweep needs a name"),
+    ]
+
+
+CASES = eval_rows() + quant_rows() + prepare_rows() + sweep_rows()
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def command(case: BadInput, values: dict) -> list:
+    return [a.format(**values) for a in case.argv]
+
+
+def run_case(case: BadInput, case_dir: Path, values: dict) -> subprocess.CompletedProcess:
+    case_dir.mkdir(parents=True, exist_ok=True)
+    if case.setup:
+        case.setup(case_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **case.env)
+    return subprocess.run([sys.executable, *command(case, dict(values, d=str(case_dir)))], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def run_all(root: Path, values: dict, workers: int = 3) -> dict:
+    """id -> (CompletedProcess, case folder) for every case, `workers` at a time."""
+    dirs = {case.id: root / f"case{i:03d}" for i, case in enumerate(CASES)}
+    with ThreadPoolExecutor(workers) as pool:
+        futures = {case.id: pool.submit(run_case, case, dirs[case.id], values) for case in CASES}
+        return {k: (f.result(), dirs[k]) for k, f in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, sp1024_model, tiny_dataset):
+    return run_all(tmp_path_factory.mktemp("bad_inputs"), {"tok": str(sp1024_model), "data": str(tiny_dataset)})
+
+
+def test_case_ids_are_unique():
+    ids = [case.id for case in CASES]
+    assert len(ids) == len(set(ids)) and len(CASES) >= 45
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_bad_input_is_one_line_and_exit_2(case, outcomes):
+    proc, case_dir = outcomes[case.id]
+    where = f"{case.id}\nexit {proc.returncode}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, where
+    assert proc.returncode == case.exit_code, where
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), where
+    assert re.search(case.message, lines[0]), where
+    if case.after:
+        case.after(case_dir)
+
+
+def test_readme_table_lists_every_case():
+    """The README's reliability table is rendered from CASES (`python tests/test_bad_inputs.py --write README.md`)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert TABLE_START in text and TABLE_END in text
+    table = text[text.index(TABLE_START):text.index(TABLE_END)]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| CLI")]
+    assert len(rows) == len(CASES), "re-render: python tests/test_bad_inputs.py --write README.md"
+
+
+# ----------------------------------------------------------------------------- the README table
+
+
+def render_table(results: dict, values: dict) -> str:
+    """Markdown table of CASES: CLI, input, command, exit code, message (paths shortened)."""
+    def short(text: str, case_dir: Path) -> str:
+        for path, name in ((str(case_dir), "DIR"), (values["tok"], "TOK.model"), (values["data"], "DATA")):
+            text = text.replace(path, name)
+        return text.replace("|", "\\|")
+
+    lines = [TABLE_START, "", f"{len(CASES)} bad inputs, each run by tests/test_bad_inputs.py:", "",
+             "| CLI | bad input | command | exit | message (stderr, one line) |", "|---|---|---|---|---|"]
+    for case in CASES:
+        proc, case_dir = results[case.id]
+        env = " ".join(f"{k}={v}" for k, v in case.env.items())
+        cmd = short(" ".join(filter(None, [env, PY, *command(case, dict(values, d=str(case_dir)))])), case_dir)
+        message = short(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(none)", case_dir)
+        lines.append(f"| {case.cli} | {case.what.replace('|', '/')} | `{cmd}` | {proc.returncode} | `{message}` |")
+    return "\n".join(lines + ["", TABLE_END])
+
+
+def write_readme_table(readme: Path) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        values = table_inputs(tmp)
+        table = render_table(run_all(tmp / "cases", values), values)
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index(TABLE_START), text.index(TABLE_END) + len(TABLE_END)
+    readme.write_text(text[:start] + table + text[end:], encoding="utf-8")
+    print(f"wrote {len(CASES)} rows into {readme}")
+
+
+def table_inputs(tmp: Path) -> dict:
+    """The tokenizer and small dataset the cases use, built as the test fixtures build them."""
+    sys.path.insert(0, str(REPO))
+    from tools.prepare_data import build_sample
+
+    result = build_sample(tmp / "sample", progress=False, log=lambda msg: None)
+    return {"tok": str(result["tokenizer_path"]), "data": str(result["data_path"])}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--write"] or len(sys.argv) != 3:
+        sys.exit("usage: python tests/test_bad_inputs.py --write README.md")
+    write_readme_table(Path(sys.argv[2]))
