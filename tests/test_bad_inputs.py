@@ -173,7 +173,7 @@ def eval_rows() -> list:
 
 
 def shard_with_id(d: Path, token_id: int) -> None:
-    from eval.offline import write_data_shard
+    from trainer.shards import write_data_shard
 
     write_data_shard(d / "fineweb_val_000000.bin", [1, 5, token_id, 7])
 
@@ -199,10 +199,10 @@ def quant_rows() -> list:
         BadInput(q, "--code-bytes -3", est[:-1] + ("-3",), r"--code-bytes=-3: expected an integer >= 0", setup=shapes),
         BadInput(q, "--byte-budget 0", est + ("--byte-budget", "0"), r"--byte-budget=0: expected an integer >= 1",
                  setup=shapes),
-        BadInput(q, "QUANT_ATTN_BITS=abc", est, r"QUANT_ATTN_BITS='abc': invalid literal", env={"QUANT_ATTN_BITS": "abc"},
+        BadInput(q, "QUANT_ATTN_BITS=abc", est, r"QUANT_ATTN_BITS='abc': expected a whole number", env={"QUANT_ATTN_BITS": "abc"},
                  setup=shapes),
         BadInput(q, "QUANT_MLP_BITS=12", est, r"QUANT_MLP_BITS='12': ", env={"QUANT_MLP_BITS": "12"}, setup=shapes),
-        BadInput(q, "QUANT_FIT=2", est, r"QUANT_FIT='2': expected 0 or 1", env={"QUANT_FIT": "2"}, setup=shapes),
+        BadInput(q, "QUANT_FIT=2", est, r"QUANT_FIT='2': expected 0/1/true/false", env={"QUANT_FIT": "2"}, setup=shapes),
         BadInput(q, "QUANT_COMPRESSOR=gzip", est, r"QUANT_COMPRESSOR='gzip': ", env={"QUANT_COMPRESSOR": "gzip"},
                  setup=shapes),
     ]
