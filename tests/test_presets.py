@@ -10,12 +10,33 @@ from pathlib import Path
 
 import pytest
 
-from trainer.presets import PRESETS
+import dataclasses
 
+from trainer.presets import DEFAULT_PRESET, PRESETS
 from trainer.settings import Hyperparameters
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_PRESETS = [p for p in PRESETS if p != "smoke"]
+GOLDEN_PRESETS = Path(__file__).resolve().parent / "golden" / "presets.json"
+
+
+def test_every_preset_resolves_as_before_the_package_move():
+    """tests/golden/presets.json holds every preset's resolved settings from before issue 21 (when the
+    presets were absolute and the class defaults were `1xh100`'s): the move to deltas from the default
+    preset changed no value."""
+    golden = json.loads(GOLDEN_PRESETS.read_text())
+    assert sorted(golden) == sorted(PRESETS)
+    for preset, values in golden.items():
+        hp = dataclasses.asdict(Hyperparameters.from_env({"PRESET": preset, "RUN_ID": "x"}, log=lambda *_: None))
+        assert hp == values, preset
+        assert [type(hp[k]) for k in sorted(hp)] == [type(values[k]) for k in sorted(values)], preset  # 2 vs 2.0
+
+
+def test_class_defaults_are_the_default_preset():
+    """Reading the dataclass tells you what runs: no field differs from PRESET=<default> but the run id."""
+    defaults = dataclasses.asdict(Hyperparameters(run_id="x"))
+    assert PRESETS[DEFAULT_PRESET] == {} and defaults["preset"] == DEFAULT_PRESET
+    assert defaults == dataclasses.asdict(Hyperparameters.from_env({"RUN_ID": "x"}, log=lambda *_: None))
 
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
