@@ -56,6 +56,7 @@ import dataclasses
 import json
 import lzma
 import math
+import os
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +75,7 @@ from trainer.files import atomic_write_bytes
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
 
 
-def pack_bits(q, bits):
+def pack_bits(q: torch.Tensor, bits: int) -> bytes:
     """Pack integers q (any shape, values in [-2**(bits-1), 2**(bits-1)-1], bits 1..8) densely.
 
     Returns uint8 [ceil(q.numel() * bits / 8)] (CPU). Values out of range corrupt their
@@ -87,7 +88,7 @@ def pack_bits(q, bits):
     return u.sum(1).view(torch.uint8).view(-1, 8)[:, :bits].reshape(-1)[:(n * bits + 7) // 8]
 
 
-def unpack_bits(packed, bits, n):
+def unpack_bits(packed: bytes, bits: int, n: int) -> torch.Tensor:
     """Inverse of pack_bits: uint8 [ceil(n * bits / 8)] -> int64 [n]."""
     offset, g = 1 << bits - 1, -(-n // 8)  # (bits < 1 fails here, before any allocation)
     w = torch.cat([packed, packed.new_zeros(g * bits - packed.numel())]).view(g, bits)
@@ -95,7 +96,8 @@ def unpack_bits(packed, bits, n):
     return ((w >> torch.arange(0, 8 * bits, bits)) & (1 << bits) - 1).view(-1)[:n] - offset
 
 
-def quantize_matrix(cache, name, t, bits, policy, hessians=None):
+def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: QuantPolicy,
+                    hessians: dict | None = None) -> tuple:
     """cache[name, bits], computed on first use: tensor t (>= 2 dims, as [shape[0], -1]) at `bits`.
 
     Full GPTQ (quant/gptq.py) when policy.gptq and hessians has `name` (a [C, C] H), GPTQ-lite
@@ -122,7 +124,8 @@ def quantize_matrix(cache, name, t, bits, policy, hessians=None):
     return cache[name, bits]
 
 
-def quantize_state_dict(state_dict, policy, hessians=None, cache=None):
+def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | None = None,
+                        cache: dict | None = None) -> list:
     """Quantize each tensor as the policy says -> (entries for quant_build_payload, rel_mse).
 
     state_dict: name -> tensor (float tensors any dtype/device, all finite); hessians: see
@@ -149,7 +152,8 @@ def quantize_state_dict(state_dict, policy, hessians=None, cache=None):
     return entries, err / norm
 
 
-def quant_build_payload(entries, model_config, policy_dict, packing, shuffle=False, run=None):
+def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, packing: str, shuffle: bool = False,
+                        run: dict | None = None) -> bytes:
     """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
 
     packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)); shuffle:
@@ -170,7 +174,7 @@ def quant_build_payload(entries, model_config, policy_dict, packing, shuffle=Fal
     return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + head + struct.pack("<I", len(head)))
 
 
-def quant_wrap_container(raw, compressor):
+def quant_wrap_container(raw: bytes, compressor: str) -> bytes:
     """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli) and prepend the 14-byte header."""
     data = (zlib.compress(raw, 9) if compressor == "zlib" else zstandard.ZstdCompressor(22).compress(raw)
             if compressor == "zstd" else brotli.compress(raw, quality=11, lgwin=24) if compressor == "brotli"
@@ -209,7 +213,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     shapes = {k: tuple(v.shape) for k, v in state_dict.items() if v.is_floating_point() and v.numel()}
     cache, steps = {}, []
 
-    def err(name, bits):  # measured relative (Hessian-weighted) error of `name` at `bits`
+    def err(name: str, bits: int) -> float:  # measured relative (Hessian-weighted) error of `name` at `bits`
         return quantize_matrix(cache, name, state_dict[name], bits, policy, hessians)[3]
 
     while True:
@@ -240,7 +244,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
                 compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
 
 
-def decode_artifact(data, label="artifact"):
+def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
     """Artifact bytes -> (state_dict float32 tensors, model_config dict, meta dict).
 
     Non-float passthrough tensors keep their dtype. meta: the payload header (config, packing,
@@ -285,7 +289,7 @@ def decode_artifact(data, label="artifact"):
         raise ValueError(f"{label}: {err}") from None
 
 
-def load_artifact(path):
+def load_artifact(path: str | os.PathLike) -> tuple:
     """Read an artifact file -> (state_dict float32 tensors, model_config dict, meta dict).
 
     ValueError naming the file for any truncated, corrupted, foreign or other-version file.

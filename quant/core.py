@@ -28,7 +28,7 @@ import torch
 QUANT_CLIP_QUANTILES = (0.999, 0.9995, 0.9999, 0.99999, 1.0)
 
 
-def quant_fp16_scale(x):
+def quant_fp16_scale(x: torch.Tensor) -> torch.Tensor:
     """float32 scales x in [0, 65504] -> float32 holding float16 values.
 
     Normal fp16 range (x >= 2**-14): the nearest fp16 (ties to even), same as x.half().float():
@@ -44,7 +44,7 @@ def quant_fp16_scale(x):
                        ((b + 4095 + (b >> 13 & 1)) & -8192).view(torch.float32))
 
 
-def quantize_per_row(w, bits, clip_quantile=1.0):
+def quantize_per_row(w: torch.Tensor, bits: int, clip_quantile: float = 1.0) -> tuple:
     """Symmetric per-row intN quantization of w [R, C] (any float dtype, CPU or CUDA).
 
     Returns (q int8 [R, C] in [-qmax, qmax], scale float16 [R]); see the module docstring for the
@@ -72,12 +72,12 @@ def quantize_per_row(w, bits, clip_quantile=1.0):
     return torch.round(w / s[:, None]).clamp(-m, m).to(torch.int8), s.half()
 
 
-def dequantize_per_row(q, scale, dtype=torch.float32):
+def dequantize_per_row(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q int [R, C] and scale float16 [R] -> q * scale as `dtype` [R, C] (computed in float32)."""
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
-def fake_quantize_per_row(w, bits):
+def fake_quantize_per_row(w: torch.Tensor, bits: int) -> torch.Tensor:
     """Straight-through fake quantization for late QAT: w [R, C] -> same shape and dtype.
 
     Forward value: dequantize_per_row(*quantize_per_row(w, bits)) (clip quantile 1.0) bit for bit,
@@ -90,7 +90,7 @@ def fake_quantize_per_row(w, bits):
     return dequantize_per_row(*quantize_per_row(d, bits), w.dtype) + (w - d)
 
 
-def gptq_lite_quantize(w, bits):
+def gptq_lite_quantize(w: torch.Tensor, bits: int) -> tuple:
     """GPTQ-lite: quantize w [R, C] at each QUANT_CLIP_QUANTILES row clip, keep the lowest whole-matrix MSE.
 
     Returns (q int8 [R, C], scale float16 [R], clip_quantile float), exactly

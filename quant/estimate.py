@@ -26,7 +26,7 @@ QUANT_EST_BITS_PER_VALUE = {2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5
                             7: (6.39, 0.065), 8: (7.41, 0.065)}
 
 
-def estimate_tensor_bytes(shape, bits):
+def estimate_tensor_bytes(shape: tuple, bits: int | None) -> float:
     """Projected compressed bytes of one matrix of `shape` (ints, numel > 0) stored at `bits` (2..8),
     without its 120-byte header share: values plus the float16 scale of each row."""
     n = math.prod(shape)
@@ -34,7 +34,7 @@ def estimate_tensor_bytes(shape, bits):
     return n * (base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)) / 8 + 2 * shape[0]
 
 
-def estimate_artifact_bytes(param_shapes, policy=None, scale=1.0):
+def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = None, scale: float = 1.0) -> int:
     """Projected artifact (model) bytes for param_shapes (name -> shape tuple of ints >= 0).
 
     policy: QuantPolicy, default QuantPolicy.from_env(). Code bytes are NOT included. Shapes come

@@ -21,13 +21,15 @@ Size note: bundled into the counted train_gpt.py.
 """
 
 import collections
+from collections.abc import Callable
 
 from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
+from quant.policy import QuantPolicy
 
 QUANT_FIT_PRIOR = {"mlp": 1.0, "attn": 2.0, "other": 2.0, "embed": 4.0}
 
 
-def quant_fit_step(policy, shapes, score):
+def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable) -> tuple | None:
     """The fit's next step (name, new bits) or None when no tensor can step down.
 
     shapes: name -> shape of the state dict's float tensors; score(name, new_bits) -> error
@@ -47,7 +49,8 @@ def quant_fit_step(policy, shapes, score):
     return best and best[1:]
 
 
-def fit_policy(policy, shapes, model_budget_bytes, log=print, estimate_scale=1.0):
+def fit_policy(policy: QuantPolicy, shapes: dict, model_budget_bytes: int, log: Callable = print,
+               estimate_scale: float = 1.0) -> QuantPolicy:
     """Before training: the policy whose estimated artifact fits model_budget_bytes (budget minus code).
 
     The estimate is estimate_artifact_bytes(shapes, policy, estimate_scale) (QUANT_ESTIMATE_SCALE).

@@ -22,13 +22,14 @@ Size note: bundled into the counted train_gpt.py.
 import contextlib
 import math
 import time
+from collections.abc import Callable
 
 import torch
 
 from quant.core import QUANT_CLIP_QUANTILES, quantize_per_row
 
 
-def gptq_quantize(w, h, bits, clips=QUANT_CLIP_QUANTILES):
+def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES) -> tuple:
     """Full GPTQ of w [R, C] (float, CPU or CUDA) with input Hessian h [C, C] (X^T X, any positive scale).
 
     Returns (q int8 [R, C] in [-qmax, qmax], scale float16 [R], clip float): each row keeps the
@@ -62,7 +63,8 @@ def gptq_quantize(w, h, bits, clips=QUANT_CLIP_QUANTILES):
 
 
 @torch.no_grad()
-def collect_gptq_hessians(model, next_batch, num_batches, deadline=math.inf, autocast=contextlib.nullcontext):
+def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batches: int, deadline: float = math.inf,
+                          autocast: Callable = contextlib.nullcontext) -> tuple:
     """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, over training batches.
 
     next_batch() -> (x, y) int64 [B, T] token batches (the trainer's train loader: calibration never
@@ -73,7 +75,7 @@ def collect_gptq_hessians(model, next_batch, num_batches, deadline=math.inf, aut
     """
     sums, last, n = {}, [None], 0
 
-    def hook(mod, args, out):
+    def hook(mod: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
         if args[0] is not last[0]:  # c_q, c_k, c_v share one input: one product
             a = args[0].flatten(0, -2).float()
             with torch.autocast(a.device.type, enabled=False):  # autocast would sum X^T X in bf16

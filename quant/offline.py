@@ -21,7 +21,7 @@ def quant_env_names() -> tuple:
     return ("QUANT_MATRIX_BITS",) + tuple("QUANT_" + f.name.upper() for f in dataclasses.fields(QuantPolicy))
 
 
-def quant_byte_budget(byte_budget=None, environ=None) -> int:
+def quant_byte_budget(byte_budget: int | None = None, environ: dict | None = None) -> int:
     """Budget in bytes: the argument, else env BYTE_BUDGET, else 16,000,000. ValueError if not > 0."""
     env = os.environ if environ is None else environ
     raw = byte_budget if byte_budget is not None else env.get("BYTE_BUDGET", QUANT_DEFAULT_BYTE_BUDGET)
@@ -34,7 +34,7 @@ def quant_byte_budget(byte_budget=None, environ=None) -> int:
     return value
 
 
-def quant_policy_from_dict(d) -> QuantPolicy:
+def quant_policy_from_dict(d: dict) -> QuantPolicy:
     """Inverse of QuantPolicy.to_dict (lists back to tuples); ValueError on unknown fields or bad values."""
     names = {f.name for f in dataclasses.fields(QuantPolicy)}
     if not isinstance(d, dict) or not set(d) <= names:
@@ -62,7 +62,7 @@ def quant_check_shapes(param_shapes: dict) -> dict:
     return out
 
 
-def quant_estimate_tensor_bytes(name: str, shape, policy: QuantPolicy) -> float:
+def quant_estimate_tensor_bytes(name: str, shape: tuple, policy: QuantPolicy) -> float:
     """Projected compressed bytes of one tensor, without the fixed container overhead."""
     return estimate_artifact_bytes({name: shape}, policy) - estimate_artifact_bytes({}, policy)
 

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 
 from trainer.env import parse_env_value, warn_unknown_env
 
@@ -77,7 +78,7 @@ class QuantPolicy:
     control_patterns: tuple = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight", "smear", "gate",
                                "gain", "lambda", "norm")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         bits = (0, *range(2, 9))
         for name, want in dict(attn_bits=bits, mlp_bits=bits, embed_bits=bits, other_bits=bits,
                                float_dtype=("float16", "float32", "bfloat16"), packing=("auto", "int8", "bits"),
@@ -90,7 +91,7 @@ class QuantPolicy:
                              f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
 
     @classmethod
-    def from_env(cls, environ=None, log=print):
+    def from_env(cls, environ: dict | None = None, log: Callable = print) -> "QuantPolicy":
         """Policy from the QUANT_* variables of `environ` (default os.environ).
 
         Each variable is parsed by its field's type (trainer/env.py's parser; tuple: comma-separated
@@ -122,18 +123,18 @@ class QuantPolicy:
                     raise ValueError(f"{var}={raw!r}: {err}") from None
         return cls(**kwargs)
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
         """JSON-serializable dict of every field (tuples become lists, as after a JSON round trip)."""
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
-    def group_of(self, name, shape):
+    def group_of(self, name: str, shape: tuple) -> str:
         """'control', 'embed', 'attn', 'mlp' or 'other' (overrides and passthrough size not applied)."""
         if len(shape) < 2 or any(p in name for p in self.control_patterns):
             return "control"
         return "embed" if "emb" in name or "lm_head" in name else "attn" if ".attn." in name \
             else "mlp" if ".mlp." in name else "other"
 
-    def bits_for(self, name, shape):
+    def bits_for(self, name: str, shape: tuple) -> int | None:
         """Bits for parameter `name` of `shape` (tuple or torch.Size), or None for float passthrough."""
         for pattern, bits in self.overrides:
             if pattern in name:
@@ -143,12 +144,12 @@ class QuantPolicy:
             return None
         return dict(self.fitted).get(name) or getattr(self, group + "_bits") or 8
 
-    def fittable(self, name, shape):
+    def fittable(self, name: str, shape: tuple) -> bool:
         """True when the fit may change this tensor's bits: QUANT_FIT=1, quantized, its group's bits
         not set explicitly and no override matches it."""
         return bool(self.fit and self.bits_for(name, shape) and not getattr(self, self.group_of(name, shape) + "_bits")
                     and not any(p in name for p, _ in self.overrides))
 
-    def with_bits(self, name, bits):
+    def with_bits(self, name: str, bits: int) -> "QuantPolicy":
         """A copy with tensor `name` at `bits` in `fitted` (the fit's per-tensor choice)."""
         return dataclasses.replace(self, fitted=tuple((n, b) for n, b in self.fitted if n != name) + ((name, bits),))

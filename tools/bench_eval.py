@@ -157,6 +157,7 @@ PRESET_EVAL_MFU = 0.3  # issue 15: each GPU preset's default stride must fit at 
 def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
     """Projected eval seconds of a GPU preset's model on its full val split at `mfu` of one H100 per GPU
     (causal count): {"roundtrip": s, stride: sliding s, ...}; the 8xh100 preset splits windows over 8 GPUs."""
+    import trainer.model as trainer_model
     import trainer.settings as trainer_settings
 
     hp = trainer_settings.Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
