@@ -32,7 +32,6 @@ renamed into place: a refused or failed record leaves nothing behind.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import os
@@ -48,6 +47,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python tools/make_record.py`: make `tools` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tools.runs import LOG_CODE_SEPARATOR, RecordError, Run, load_run, parse_train_log  # noqa: F401 (re-exported)
 from tools.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, LATIN1_TRADE_OFF, REPO_ROOT, build_human_source,
                           minify_source, pack_code, packed_encoding, set_bundle_kind, unpack_packed)
 
@@ -57,7 +57,6 @@ RECORD_EVAL_LIMIT_SECONDS = 600.0
 RECORD_TRACKS = ("track_10min_16mb", "track_non_record_16mb")
 RECORD_IGNORED_HYPERPARAMETERS = ("seed", "run_id", "out_dir")
 RECORD_RUNTIME_PACKAGES = ("torch", "numpy", "sentencepiece", "zstandard", "brotli", "safetensors")
-LOG_CODE_SEPARATOR = "=" * 100
 SMOKE_RUN_ID = "record_smoke"
 SMOKE_VAL_MAX_TOKENS = 4096  # the smoke run evaluates on this many val tokens: proves the eval runs, scores nothing
 # result.json["compliance"] (train_gpt.check_compliance): one challenge rule per flag, and the
@@ -72,109 +71,6 @@ RECORD_RULES = {
 }
 NON_RECORD_ACCEPTS = ("train_time_ok", "eval_time_ok")  # track_non_record_16mb: unlimited compute
 SMOKE_TIMEOUT_SECONDS = 600
-
-_NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
-_RE_TRAIN = re.compile(rf"^step:(\d+)/(\d+) train_loss:{_NUM} train_time:(\d+)ms step_avg:{_NUM}ms", re.M)
-_RE_VAL = re.compile(rf"^step:(\d+)/(\d+) val_loss:{_NUM} val_bpb:{_NUM} train_time:(\d+)ms", re.M)
-_RE_FINAL = re.compile(rf"^final_(prequant|roundtrip|sliding_window)_exact val_loss:{_NUM} val_bpb:{_NUM}"
-                       rf"(?: stride:(\d+) eval_time:(\d+)ms)?", re.M)
-_RE_TOTAL = re.compile(r"^Total submission size: (\d+) bytes", re.M)
-_RE_CODE_BYTES = re.compile(r"\bcode_bytes:(\d+)")
-_RE_VERSIONS = re.compile(r"^python:\S+(?: \w+:\S+)*$", re.M)
-_RE_SEED = re.compile(r"^SEED:(\d+)$", re.M)
-_FINAL_KEYS = {"prequant": "prequant", "roundtrip": "roundtrip", "sliding_window": "sliding"}
-
-
-class RecordError(ValueError):
-    """A run or a request that cannot become a record; the message says which run and field."""
-
-
-# -----------------------------------------------------------------------------------------------
-# reading runs
-# -----------------------------------------------------------------------------------------------
-
-
-def parse_train_log(text: str) -> dict:
-    """Parse a train.log written by train_gpt.py.
-
-    Returns {"code": the source logged before the separator line (or None), "train": [(step,
-    loss)], "val": [(step, val_loss, val_bpb)], "final": {"prequant"|"roundtrip"|"sliding":
-    {"val_loss", "val_bpb"[, "stride", "eval_ms"]}}, "total_bytes": int|None, "code_bytes":
-    int|None, "versions": {"python": ..., "torch": ..., ...}, "seed": int|None}. Only lines after the logged code
-    count (the code itself contains the format strings of these lines)."""
-    code, body = None, text
-    sep = "\n" + LOG_CODE_SEPARATOR + "\n"
-    if text.startswith(LOG_CODE_SEPARATOR + "\n"):
-        code, body = "", text[len(LOG_CODE_SEPARATOR) + 1:]
-    elif sep in text:
-        code, body = text.split(sep, 1)
-    out = {"code": code, "train": [], "val": [], "final": {}, "total_bytes": None, "code_bytes": None,
-           "versions": {}}
-    for m in _RE_TRAIN.finditer(body):
-        out["train"].append((int(m.group(1)), float(m.group(3))))
-    for m in _RE_VAL.finditer(body):
-        out["val"].append((int(m.group(1)), float(m.group(3)), float(m.group(4))))
-    for m in _RE_FINAL.finditer(body):
-        entry = {"val_loss": float(m.group(2)), "val_bpb": float(m.group(3))}
-        if m.group(4):
-            entry.update(stride=int(m.group(4)), eval_ms=int(m.group(5)))
-        out["final"][_FINAL_KEYS[m.group(1)]] = entry
-    totals = _RE_TOTAL.findall(body)
-    out["total_bytes"] = int(totals[-1]) if totals else None
-    codes = _RE_CODE_BYTES.findall(body)
-    out["code_bytes"] = int(codes[0]) if codes else None
-    m = _RE_VERSIONS.search(body)
-    if m:
-        out["versions"] = dict(tok.split(":", 1) for tok in m.group(0).split())
-    m = _RE_SEED.search(body)
-    out["seed"] = int(m.group(1)) if m else None
-    return out
-
-
-@dataclasses.dataclass
-class Run:
-    """One finished run: its folder, result.json (or {} when only a log exists) and parsed log."""
-
-    path: Path
-    result: dict
-    log_path: Path | None
-    log_text: str
-    log: dict
-
-    @property
-    def label(self) -> str:
-        return str(self.path)
-
-    @property
-    def seed(self):
-        for value in (self.result.get("seed"), self.result.get("hyperparameters", {}).get("seed"), self.log["seed"]):
-            if value is not None:
-                return value
-        return None
-
-
-def load_run(path) -> Run:
-    """Read a run from its folder (result.json + train.log), a result.json or a train.log file.
-
-    Raises RecordError naming the path when neither file can be read."""
-    path = Path(path)
-    if path.is_dir():
-        result_path, log_path = path / "result.json", path / "train.log"
-    elif path.name.endswith(".json"):
-        result_path, log_path = path, path.with_name("train.log")
-    else:
-        result_path, log_path = path.with_name("result.json"), path
-    result = {}
-    if result_path.is_file():
-        try:
-            result = json.loads(result_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise RecordError(f"run {path}: {result_path.name} is not valid JSON ({e})") from e
-    log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-    if not result and not log_text:
-        raise RecordError(f"run {path}: no result.json and no train.log there")
-    return Run(path, result, log_path if log_text else None, log_text, parse_train_log(log_text))
-
 
 # -----------------------------------------------------------------------------------------------
 # checks
@@ -611,7 +507,8 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
     if not_met:
         lines += [f"**Rules not met** (accepted in `{submission['track']}`, which takes runs beyond the limits; a "
                   "`track_10min_16mb` record must meet every rule):", ""]
-        lines += [f"- seed {seed}: `{flag}`: {evidence}" for seed, unmet in not_met.items() for flag, evidence in unmet.items()]
+        lines += [f"- seed {seed}: `{flag}`: {evidence}" for seed, unmet in not_met.items()
+                  for flag, evidence in unmet.items()]
         lines.append("")
     lines += [
         f"Hardware: {submission['hardware']}. Track: `{submission['track']}` ({track_reason}).",
@@ -757,7 +654,8 @@ def smoke_run(folder: Path, run: Run, log=print) -> dict:
                               f"the packed file's {packed_bytes} bytes")
         if not parsed["train"] or parsed["train"][-1][0] != 2:
             raise RecordError(f"smoke run: the log has no `step:2/2 train_loss:` line:\n{tail}")
-        missing = [f"final_{k}_exact" for k in _FINAL_KEYS if _FINAL_KEYS[k] not in parsed["final"]]
+        missing = [f"final_{k}_exact" for k, key in (("prequant", "prequant"), ("roundtrip", "roundtrip"),
+                                                    ("sliding_window", "sliding")) if key not in parsed["final"]]
         if missing or parsed["total_bytes"] is None:
             raise RecordError(f"smoke run: the log lacks {', '.join(missing) or 'Total submission size'}:\n{tail}")
     for p in folder.iterdir():  # nothing may be left behind (e.g. a runs/ folder from a bad OUT_DIR)
