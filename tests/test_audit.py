@@ -119,9 +119,12 @@ FAILURES = {
     "artifact_under_16mb": dict(model_bytes=16_000_000 - 50),  # + the code (> 50 bytes) is over
     "train_under_600s": dict(train_ms=601_000),
     "byte_accounting": dict(tpb_of={42: SP1024_TPB * 1.04}),  # one log counts 4% fewer bytes
+    "code_parses": dict(source="def main(:\n    pass\n"),
+}
+# stricter than the organizers' practice (merged folders show it): a warning, exit 0
+WARNINGS = {
     "claims_match_logs": dict(claim_shift=0.01),
     "files": dict(drop=("README.md",)),
-    "code_parses": dict(source="def main(:\n    pass\n"),
 }
 
 
@@ -130,6 +133,14 @@ def test_each_broken_folder_fails_exactly_its_check(tmp_path, check):
     folder = make_official_folder(tmp_path, **FAILURES[check])
     assert failed(folder) == [check]
     assert audit.main([str(folder)]) == 1
+
+
+@pytest.mark.parametrize("check", sorted(WARNINGS))
+def test_a_deviation_the_organizers_merged_warns_and_exits_0(tmp_path, check):
+    folder = make_official_folder(tmp_path, **WARNINGS[check])
+    result = audit.audit_folder(folder)
+    assert result.failed == [] and result.warned == [check]
+    assert audit.main([str(folder)]) == 0
 
 
 def test_the_failures_name_file_line_and_value(tmp_path):
@@ -148,15 +159,17 @@ def test_one_step_over_the_cap_passes_but_two_steps_do_not(tmp_path):
     assert statuses(make_official_folder(tmp_path / "b", train_ms=600_200))["train_under_600s"] == "fail"
 
 
-def test_gptq_calibration_on_training_data_after_the_clock_counts_as_training(tmp_path):
+def test_gptq_calibration_after_the_clock_warns_as_the_merged_records_show(tmp_path):
+    """2026-04-09_A2_Muon097_3Seed (588.0 + 12.7 s) and 2026-04-27_SP8192_LQER (599.6 + 4.7 s) were
+    merged: calibration after the logged clock is a warning (issue #1017 reading), never a fail."""
     folder = make_official_folder(tmp_path)
     log = folder / "train_seed42.log"
     text = log.read_text().replace("peak memory", "GPTQ:collected 67 Hessians in 3.5s\npeak memory")
     log.write_text(text)
     result = audit.audit_folder(folder)
-    assert result.failed == ["train_under_600s"]
-    assert "GPTQ calibration on training data 3.5 s" in next(c.evidence for c in result.checks
-                                                              if c.name == "train_under_600s")
+    assert result.failed == [] and result.warned == ["train_under_600s"]
+    assert "GPTQ calibration on training data after the train clock 3.5 s" in next(
+        c.evidence for c in result.checks if c.name == "train_under_600s")
 
 
 def test_a_stub_whose_file_does_not_parse_fails_code_parses(tmp_path):
@@ -182,16 +195,16 @@ def test_missing_submission_fields_and_too_few_seeds(tmp_path):
     sub["val_bpb"] = round(statistics.fmean(v["val_bpb"] for v in sub["seed_results"].values()), 8)
     (folder / "submission.json").write_text(json.dumps(sub))
     result = audit.audit_folder(folder)
-    assert result.failed == ["submission_fields", "three_seeds"]
+    assert result.failed == [] and result.warned == ["submission_fields", "three_seeds"]
     assert "missing blurb, bytes_code" in result.checks[1].evidence
 
 
 def test_requirements_beyond_the_official_environment(tmp_path):
     folder = make_official_folder(tmp_path, source=SCRIPT_SOURCE + "import brotli\ntry:\n    import zstandard\n"
                                                                     "except ImportError:\n    zstandard = None\n")
-    assert failed(folder) == ["requirements"]
+    assert audit.audit_folder(folder).warned == ["requirements"]
     (folder / "requirements.txt").write_text("brotli>=1.1\n")
-    assert failed(folder) == []
+    assert audit.audit_folder(folder).warned == []
 
 
 def test_significance_uses_tools_significance(tmp_path):
@@ -208,7 +221,8 @@ def test_data_disjointness_from_log_patterns(tmp_path):
         "train_loader:dataset:fineweb10B_sp1024 train_shards:80",
         "train_loader:shards pattern=./data/datasets/fineweb10B_sp1024/fineweb_val_*.bin"))
     result = audit.audit_folder(folder)
-    assert result.failed == ["data_disjoint"] and "the train loader reads" in result.checks[-1].evidence
+    ev = {c.name: c.evidence for c in result.checks}["data_disjoint"]
+    assert result.failed == ["data_disjoint"] and "the train loader reads" in ev
 
 
 def test_cli_refuses_unusable_input_with_one_line(tmp_path, capsys):
@@ -219,10 +233,10 @@ def test_cli_refuses_unusable_input_with_one_line(tmp_path, capsys):
 
 
 def test_json_output(tmp_path, capsys):
-    folder = make_official_folder(tmp_path, claim_shift=0.01)
+    folder = make_official_folder(tmp_path, train_ms=601_000)
     assert audit.main([str(folder), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out[0]["failed"] == ["claims_match_logs"] and len(out[0]["checks"]) == len(audit.AUDIT_CHECKS)
+    assert out[0]["failed"] == ["train_under_600s"] and len(out[0]["checks"]) == len(audit.AUDIT_CHECKS)
 
 
 # -----------------------------------------------------------------------------------------------

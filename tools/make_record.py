@@ -602,7 +602,7 @@ def audit_record(folder: Path, runs: list, submission: dict, log=print) -> dict:
             label, data_path = f"measured {measured['tokens_per_byte']:.7f} ({tokenizer.name}, {data.name})", str(data)
         except (OSError, ValueError) as e:
             log(f"audit: tokens/byte not measured ({e})")
-    result = audit_folder(folder, measured=measured, measured_label=label, data_path=data_path)
+    result = audit_folder(folder, measured=measured, measured_label=label, data_path=data_path, strict=True)
     hard = [c for c in result.checks if c.status == "fail" and c.name not in AUDIT_SOFT_CHECKS]
     if hard:
         raise RecordError("the record folder fails its audit (python tools/audit.py FOLDER):\n"
