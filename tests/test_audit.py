@@ -425,3 +425,93 @@ def test_the_auditor_agrees_with_the_organizers(tmp_path, name):
     for status in ("warn", "pass"):
         for check in case["expect"].get(status, []):
             assert got[check] == status, (check, [c for c in result.checks if c.name == check])
+
+
+# -----------------------------------------------------------------------------------------------
+# issue 22's false statements, each failing on the code before the fix
+# -----------------------------------------------------------------------------------------------
+
+
+def test_a_newer_interpreter_parses_what_this_one_cannot(monkeypatch):
+    """The --python fallback ran tools/audit_code.py, whose `from tools...` import fails under `-I`:
+    scripts that parse on Python 3.12 were reported as "f-string: expecting '}'"."""
+    import sys
+
+    from tools import audit_code
+
+    def too_old(source):
+        raise SyntaxError("f-string: expecting '}'")
+
+    monkeypatch.setattr(audit_code, "imported_modules", too_old)
+    monkeypatch.setattr(audit_code, "PYTHON_CANDIDATES", ())
+    monkeypatch.setattr(audit_code.Path, "home", lambda: Path("/nonexistent"))
+    required, _, version = audit_code.parse_imports("import numpy\n", pythons=[sys.executable])
+    assert required == {"numpy"} and version.count(".") == 2
+
+
+def test_a_log_holding_the_same_run_twice_counts_its_gptq_once(tmp_path):
+    folder = make_official_folder(tmp_path)
+    log = folder / "train_seed42.log"
+    once = log.read_text().replace("peak memory", "GPTQ:collected 67 Hessians in 3.5s\npeak memory")
+    log.write_text(once + once)
+    ev = {c.name: c.evidence for c in audit.audit_folder(folder).checks}["train_under_600s"]
+    assert "after the train clock 3.5 s" in ev and "7.0 s" not in ev
+
+
+def test_a_claim_is_compared_at_its_printed_precision(tmp_path):
+    """1.08000 printed is not 1.081: float("1.08000") == 1.08 lost the digits, and the old tolerance
+    was one unit of the shortened number (0.01)."""
+    folder = make_official_folder(tmp_path)
+    path = folder / "submission.json"
+    sub = json.loads(path.read_text())
+    mean = statistics.fmean(v["val_bpb"] for v in sub["seed_results"].values())
+    text = path.read_text().replace(json.dumps(sub["val_bpb"]), f"{round(mean, 2) - 0.001:.5f}", 1)
+    path.write_text(text.replace(f'"val_bpb": {sub["val_bpb"]}', f'"val_bpb": {round(mean, 2) - 0.001:.5f}'))
+    claims = next(c for c in audit.audit_folder(folder).checks if c.name == "claims_match_logs")
+    assert claims.status == "warn" and "off by" in claims.evidence
+
+
+def test_the_mean_uses_one_precision_per_run(tmp_path):
+    """Per-seed values rounded to 4 decimals drew the rounded line from each log; the claim (the mean
+    of the exact lines) then looked off. The rounded line beside an exact one is dropped."""
+    folder = make_official_folder(tmp_path)
+    path = folder / "submission.json"
+    sub = json.loads(path.read_text())
+    for v in sub["seed_results"].values():
+        v["val_bpb"] = round(v["val_bpb"], 4)
+    path.write_text(json.dumps(sub))
+    claims = next(c for c in audit.audit_folder(folder).checks if c.name == "claims_match_logs")
+    assert claims.status == "pass", claims.evidence
+    assert "final_int8_zlib_roundtrip_exact" in claims.evidence
+
+
+def test_a_symlink_out_of_the_folder_is_named_and_never_read(tmp_path):
+    folder = make_official_folder(tmp_path / "rec")
+    outside = tmp_path / "elsewhere.log"
+    outside.write_text((folder / "train_seed42.log").read_text())
+    (folder / "train_seed42.log").unlink()
+    (folder / "train_seed42.log").symlink_to(outside)
+    result = audit.audit_folder(folder)
+    ev = {c.name: c.evidence for c in result.checks}
+    assert "file_safety" in result.failed and "train_seed42.log is a symlink to" in ev["file_safety"]
+    assert "train_seed42.log" not in ev["files"]
+
+
+def test_undecodable_log_bytes_get_a_line(tmp_path):
+    folder = make_official_folder(tmp_path)
+    log = folder / "train_seed42.log"
+    log.write_bytes(log.read_bytes().replace(b"peak memory", b"peak \xff memory"))
+    result = audit.audit_folder(folder)
+    ev = {c.name: c.evidence for c in result.checks}["file_safety"]
+    assert result.warned == ["file_safety"] and "train_seed42.log:13 has bytes that are not UTF-8" in ev
+
+
+def test_ttt_score_line_of_the_kit_counts_as_a_scored_eval_pass(tmp_path):
+    """`final_ttt_exact val_loss:... val_bpb:... eval_time:Nms` (the kit's TTT line) is an eval pass."""
+    folder = make_official_folder(tmp_path)
+    bpb = 1.99 / math.log(2) * SP1024_TPB
+    for log in folder.glob("*.log"):
+        log.write_text(log.read_text() + f"final_ttt_exact val_loss:1.99000000 val_bpb:{bpb:.8f} eval_time:599000ms\n")
+    result = audit.audit_folder(folder)
+    ev = {c.name: c.evidence for c in result.checks}
+    assert result.failed == ["eval_under_600s"] and "final_ttt_exact 599.0 s" in ev["eval_under_600s"]
