@@ -454,3 +454,71 @@ def test_records_folder_documents_the_tracks_and_the_files_make_record_writes(fa
     assert cli(fake_src, tmp_path, runs) == 0
     written = {p.name for p in (tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny").iterdir()}
     assert {n.replace("<S>", "7") for n in documented} == written
+
+
+# -----------------------------------------------------------------------------------------------
+# issue 23: every bad input gets one line (input, value, what was expected), exit 2, no traceback
+# -----------------------------------------------------------------------------------------------
+
+
+def _one_line_refusal(err: str) -> str:
+    assert err.startswith("refused: ") and "Traceback" not in err, err
+    return err
+
+
+def test_an_unwritable_records_dir_is_refused_before_anything_is_written(fake_src, tmp_path, capsys):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    blocker = tmp_path / "records"
+    blocker.write_text("a file where the records folder should be\n")
+    assert cli(fake_src, tmp_path, runs) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    assert f"--records-dir {blocker}: cannot write" in err and "expected a writable folder" in err
+    assert blocker.read_text() == "a file where the records folder should be\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "submission.json is not valid JSON"),
+    ("[]", "submission.json is a JSON list: expected an object"),
+    ('{"val_bpb": "low"}', "submission.json lacks"),
+])
+def test_check_on_a_malformed_submission_json_says_so(fake_src, tmp_path, capsys, text, message):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    (folder / "submission.json").write_text(text)
+    assert make_record.main(["--check", str(folder)]) == 2
+    assert message in _one_line_refusal(capsys.readouterr().err)
+    assert (folder / "submission.json").read_text() == text
+
+
+def test_check_refuses_a_log_that_is_a_symlink_out_of_the_folder(fake_src, tmp_path, capsys):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    outside = tmp_path / "outside.log"
+    outside.write_bytes((folder / "train_seed1.log").read_bytes())
+    (folder / "train_seed1.log").unlink()
+    (folder / "train_seed1.log").symlink_to(outside)
+    assert make_record.main(["--check", str(folder)]) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    assert f"train_seed1.log is a symlink to {outside}, outside the folder" in err
+
+
+def test_a_result_json_that_is_not_an_object_is_malformed_not_unfinished(fake_src, tmp_path, capsys):
+    run = fabricate_run(tmp_path, "a", 1, fake_src)
+    (run / "result.json").write_text("[]")
+    assert cli(fake_src, tmp_path, [run]) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    assert "result.json is malformed: a JSON list ([]), expected an object" in err and "did not finish" not in err
+    assert not (tmp_path / "records").exists() or not list((tmp_path / "records").rglob("*.json"))
+
+
+def test_an_internal_error_still_shows_its_traceback(fake_src, tmp_path, monkeypatch):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug, not a bad input")
+
+    monkeypatch.setattr(make_record, "build_submission", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        cli(fake_src, tmp_path, runs)
