@@ -119,9 +119,12 @@ FAILURES = {
     "artifact_under_16mb": dict(model_bytes=16_000_000 - 50),  # + the code (> 50 bytes) is over
     "train_under_600s": dict(train_ms=601_000),
     "byte_accounting": dict(tpb_of={42: SP1024_TPB * 1.04}),  # one log counts 4% fewer bytes
+    "code_parses": dict(source="def main(:\n    pass\n"),
+}
+# stricter than the organizers' practice (merged folders show it): a warning, exit 0
+WARNINGS = {
     "claims_match_logs": dict(claim_shift=0.01),
     "files": dict(drop=("README.md",)),
-    "code_parses": dict(source="def main(:\n    pass\n"),
 }
 
 
@@ -130,6 +133,14 @@ def test_each_broken_folder_fails_exactly_its_check(tmp_path, check):
     folder = make_official_folder(tmp_path, **FAILURES[check])
     assert failed(folder) == [check]
     assert audit.main([str(folder)]) == 1
+
+
+@pytest.mark.parametrize("check", sorted(WARNINGS))
+def test_a_deviation_the_organizers_merged_warns_and_exits_0(tmp_path, check):
+    folder = make_official_folder(tmp_path, **WARNINGS[check])
+    result = audit.audit_folder(folder)
+    assert result.failed == [] and result.warned == [check]
+    assert audit.main([str(folder)]) == 0
 
 
 def test_the_failures_name_file_line_and_value(tmp_path):
@@ -148,15 +159,17 @@ def test_one_step_over_the_cap_passes_but_two_steps_do_not(tmp_path):
     assert statuses(make_official_folder(tmp_path / "b", train_ms=600_200))["train_under_600s"] == "fail"
 
 
-def test_gptq_calibration_on_training_data_after_the_clock_counts_as_training(tmp_path):
+def test_gptq_calibration_after_the_clock_warns_as_the_merged_records_show(tmp_path):
+    """2026-04-09_A2_Muon097_3Seed (588.0 + 12.7 s) and 2026-04-27_SP8192_LQER (599.6 + 4.7 s) were
+    merged: calibration after the logged clock is a warning (issue #1017 reading), never a fail."""
     folder = make_official_folder(tmp_path)
     log = folder / "train_seed42.log"
     text = log.read_text().replace("peak memory", "GPTQ:collected 67 Hessians in 3.5s\npeak memory")
     log.write_text(text)
     result = audit.audit_folder(folder)
-    assert result.failed == ["train_under_600s"]
-    assert "GPTQ calibration on training data 3.5 s" in next(c.evidence for c in result.checks
-                                                              if c.name == "train_under_600s")
+    assert result.failed == [] and result.warned == ["train_under_600s"]
+    assert "GPTQ calibration on training data after the train clock 3.5 s" in next(
+        c.evidence for c in result.checks if c.name == "train_under_600s")
 
 
 def test_a_stub_whose_file_does_not_parse_fails_code_parses(tmp_path):
@@ -182,16 +195,16 @@ def test_missing_submission_fields_and_too_few_seeds(tmp_path):
     sub["val_bpb"] = round(statistics.fmean(v["val_bpb"] for v in sub["seed_results"].values()), 8)
     (folder / "submission.json").write_text(json.dumps(sub))
     result = audit.audit_folder(folder)
-    assert result.failed == ["submission_fields", "three_seeds"]
+    assert result.failed == [] and result.warned == ["submission_fields", "three_seeds"]
     assert "missing blurb, bytes_code" in result.checks[1].evidence
 
 
 def test_requirements_beyond_the_official_environment(tmp_path):
     folder = make_official_folder(tmp_path, source=SCRIPT_SOURCE + "import brotli\ntry:\n    import zstandard\n"
                                                                     "except ImportError:\n    zstandard = None\n")
-    assert failed(folder) == ["requirements"]
+    assert audit.audit_folder(folder).warned == ["requirements"]
     (folder / "requirements.txt").write_text("brotli>=1.1\n")
-    assert failed(folder) == []
+    assert audit.audit_folder(folder).warned == []
 
 
 def test_significance_uses_tools_significance(tmp_path):
@@ -208,7 +221,8 @@ def test_data_disjointness_from_log_patterns(tmp_path):
         "train_loader:dataset:fineweb10B_sp1024 train_shards:80",
         "train_loader:shards pattern=./data/datasets/fineweb10B_sp1024/fineweb_val_*.bin"))
     result = audit.audit_folder(folder)
-    assert result.failed == ["data_disjoint"] and "the train loader reads" in result.checks[-1].evidence
+    ev = {c.name: c.evidence for c in result.checks}["data_disjoint"]
+    assert result.failed == ["data_disjoint"] and "the train loader reads" in ev
 
 
 def test_cli_refuses_unusable_input_with_one_line(tmp_path, capsys):
@@ -219,10 +233,10 @@ def test_cli_refuses_unusable_input_with_one_line(tmp_path, capsys):
 
 
 def test_json_output(tmp_path, capsys):
-    folder = make_official_folder(tmp_path, claim_shift=0.01)
+    folder = make_official_folder(tmp_path, train_ms=601_000)
     assert audit.main([str(folder), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
-    assert out[0]["failed"] == ["claims_match_logs"] and len(out[0]["checks"]) == len(audit.AUDIT_CHECKS)
+    assert out[0]["failed"] == ["train_under_600s"] and len(out[0]["checks"]) == len(audit.AUDIT_CHECKS)
 
 
 # -----------------------------------------------------------------------------------------------
@@ -371,3 +385,133 @@ def test_the_real_packed_train_gpt_unpacks_without_exec(encoding):
     assert any(f"{m}.decompress" in script.layers[0] for m in ("lzma", "bz2", "brotli")), script.layers[0]
     required, _ = imported_modules(script.source)
     assert {"torch", "numpy", "sentencepiece"} <= required
+
+
+# -----------------------------------------------------------------------------------------------
+# ground truth: the organizers' decisions (tests/data/audit/truth.json, extracts written by hand)
+# -----------------------------------------------------------------------------------------------
+
+TRUTH_DIR = Path(__file__).parent / "data" / "audit"
+TRUTH = json.loads((TRUTH_DIR / "truth.json").read_text())
+
+
+def truth_folder(tmp_path, name: str) -> Path:
+    """A copy of one ground-truth extract; `pad` grows train_gpt.py with comment lines to the shipped
+    size (a human-readable file of that size, which compresses well)."""
+    import shutil
+
+    case = TRUTH[name]
+    folder = tmp_path / case["folder"]
+    shutil.copytree(TRUTH_DIR / case["folder"], folder)
+    if case.get("pad"):
+        script = folder / "train_gpt.py"
+        text = script.read_text()
+        filler = "# readable source kept beside the packed file\n"
+        text += filler * ((case["pad"] - len(text)) // len(filler))
+        script.write_text(text + "#" * (case["pad"] - len(text) - 1) + "\n")
+        assert script.stat().st_size == case["pad"]
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_the_auditor_agrees_with_the_organizers(tmp_path, name):
+    """Merged folders: no fail (warnings where our reading is stricter); rejected folders: a fail of
+    the check named for the reason they were rejected. Each case names its source in truth.json."""
+    case = TRUTH[name]
+    result = audit.audit_folder(truth_folder(tmp_path, name))
+    got = {c.name: c.status for c in result.checks}
+    assert sorted(result.failed) == sorted(case["expect"]["fail"]), (case["source"], result.checks)
+    assert case["organizers"].startswith("merged") == (not result.failed)
+    for status in ("warn", "pass"):
+        for check in case["expect"].get(status, []):
+            assert got[check] == status, (check, [c for c in result.checks if c.name == check])
+
+
+# -----------------------------------------------------------------------------------------------
+# issue 22's false statements, each failing on the code before the fix
+# -----------------------------------------------------------------------------------------------
+
+
+def test_a_newer_interpreter_parses_what_this_one_cannot(monkeypatch):
+    """The --python fallback ran tools/audit_code.py, whose `from tools...` import fails under `-I`:
+    scripts that parse on Python 3.12 were reported as "f-string: expecting '}'"."""
+    import sys
+
+    from tools import audit_code
+
+    def too_old(source):
+        raise SyntaxError("f-string: expecting '}'")
+
+    monkeypatch.setattr(audit_code, "imported_modules", too_old)
+    monkeypatch.setattr(audit_code, "PYTHON_CANDIDATES", ())
+    monkeypatch.setattr(audit_code.Path, "home", lambda: Path("/nonexistent"))
+    required, _, version = audit_code.parse_imports("import numpy\n", pythons=[sys.executable])
+    assert required == {"numpy"} and version.count(".") == 2
+
+
+def test_a_log_holding_the_same_run_twice_counts_its_gptq_once(tmp_path):
+    folder = make_official_folder(tmp_path)
+    log = folder / "train_seed42.log"
+    once = log.read_text().replace("peak memory", "GPTQ:collected 67 Hessians in 3.5s\npeak memory")
+    log.write_text(once + once)
+    ev = {c.name: c.evidence for c in audit.audit_folder(folder).checks}["train_under_600s"]
+    assert "after the train clock 3.5 s" in ev and "7.0 s" not in ev
+
+
+def test_a_claim_is_compared_at_its_printed_precision(tmp_path):
+    """1.08000 printed is not 1.081: float("1.08000") == 1.08 lost the digits, and the old tolerance
+    was one unit of the shortened number (0.01)."""
+    folder = make_official_folder(tmp_path)
+    path = folder / "submission.json"
+    sub = json.loads(path.read_text())
+    mean = statistics.fmean(v["val_bpb"] for v in sub["seed_results"].values())
+    text = path.read_text().replace(json.dumps(sub["val_bpb"]), f"{round(mean, 2) - 0.001:.5f}", 1)
+    path.write_text(text.replace(f'"val_bpb": {sub["val_bpb"]}', f'"val_bpb": {round(mean, 2) - 0.001:.5f}'))
+    claims = next(c for c in audit.audit_folder(folder).checks if c.name == "claims_match_logs")
+    assert claims.status == "warn" and "off by" in claims.evidence
+
+
+def test_the_mean_uses_one_precision_per_run(tmp_path):
+    """Per-seed values rounded to 4 decimals drew the rounded line from each log; the claim (the mean
+    of the exact lines) then looked off. The rounded line beside an exact one is dropped."""
+    folder = make_official_folder(tmp_path)
+    path = folder / "submission.json"
+    sub = json.loads(path.read_text())
+    for v in sub["seed_results"].values():
+        v["val_bpb"] = round(v["val_bpb"], 4)
+    path.write_text(json.dumps(sub))
+    claims = next(c for c in audit.audit_folder(folder).checks if c.name == "claims_match_logs")
+    assert claims.status == "pass", claims.evidence
+    assert "final_int8_zlib_roundtrip_exact" in claims.evidence
+
+
+def test_a_symlink_out_of_the_folder_is_named_and_never_read(tmp_path):
+    folder = make_official_folder(tmp_path / "rec")
+    outside = tmp_path / "elsewhere.log"
+    outside.write_text((folder / "train_seed42.log").read_text())
+    (folder / "train_seed42.log").unlink()
+    (folder / "train_seed42.log").symlink_to(outside)
+    result = audit.audit_folder(folder)
+    ev = {c.name: c.evidence for c in result.checks}
+    assert "file_safety" in result.failed and "train_seed42.log is a symlink to" in ev["file_safety"]
+    assert "train_seed42.log" not in ev["files"]
+
+
+def test_undecodable_log_bytes_get_a_line(tmp_path):
+    folder = make_official_folder(tmp_path)
+    log = folder / "train_seed42.log"
+    log.write_bytes(log.read_bytes().replace(b"peak memory", b"peak \xff memory"))
+    result = audit.audit_folder(folder)
+    ev = {c.name: c.evidence for c in result.checks}["file_safety"]
+    assert result.warned == ["file_safety"] and "train_seed42.log:13 has bytes that are not UTF-8" in ev
+
+
+def test_ttt_score_line_of_the_kit_counts_as_a_scored_eval_pass(tmp_path):
+    """`final_ttt_exact val_loss:... val_bpb:... eval_time:Nms` (the kit's TTT line) is an eval pass."""
+    folder = make_official_folder(tmp_path)
+    bpb = 1.99 / math.log(2) * SP1024_TPB
+    for log in folder.glob("*.log"):
+        log.write_text(log.read_text() + f"final_ttt_exact val_loss:1.99000000 val_bpb:{bpb:.8f} eval_time:599000ms\n")
+    result = audit.audit_folder(folder)
+    ev = {c.name: c.evidence for c in result.checks}
+    assert result.failed == ["eval_under_600s"] and "final_ttt_exact 599.0 s" in ev["eval_under_600s"]

@@ -34,6 +34,20 @@ def fake_src_latin1(fake_src):
     return fake_src[0], fake_src[1], bundle.build_packed_bytes(fake_src[0], "latin1")  # the opt-in
 
 
+def own_flags(res: dict, hyper: dict) -> dict:
+    """The run's own compliance flags, computed from its fabricated evidence (never hard-coded True)."""
+    def num(key):
+        value = res.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else float("inf")
+
+    shards = res.get("train_shards") or []
+    seen = any("val" in Path(str(s)).name for s in shards)
+    return {"train_time_ok": num("train_seconds") <= 600, "eval_time_ok": num("eval_seconds") <= 600,
+            "bytes_ok": num("bytes_total") <= 16_000_000,
+            "full_val_split": not hyper.get("val_max_tokens") and num("val_tokens") >= 62_021_632,
+            "val_not_seen_in_training": not seen, "splits_disjoint": False if seen else None}
+
+
 def fabricate_run(base: Path, run_id: str, seed: int, src, *, result=None, hp=None, log_edit=None,
                   code=None, world_size=1, device="cpu (x86_64, 2 cores)") -> Path:
     root, human, packed = src
@@ -52,20 +66,22 @@ def fabricate_run(base: Path, run_id: str, seed: int, src, *, result=None, hp=No
            "model_params": 139_844, "steps": 50, "train_seconds": 10.0 + seed % 7, "ms_per_step": 200.0 + seed % 7,
            "eval_seconds": 20.0, "bytes_model": 120_000 + seed, "bytes_total": 120_000 + seed + code_bytes,
            "eval_stride": 32, "tokens_per_byte": tpb,
-           "val_tokens": 62_021_846, "train_shards": ["fineweb_train_000000.bin"],
-           "compliance": {"train_time_ok": True, "eval_time_ok": True, "bytes_ok": True, "full_val_split": True,
-                          "val_not_seen_in_training": True, "splits_disjoint": True}}
+           "val_tokens": 62_021_846, "train_shards": ["fineweb_train_000000.bin"]}
     for k in ("prequant", "roundtrip", "sliding"):
         res[f"val_bpb_{k}"], res[f"val_loss_{k}"] = bpb[k], loss[k]
+    for key, value in (result or {}).items():  # plain keys first: the flags below follow from them
+        if not key.startswith("compliance") and value is None:
+            res.pop(key, None)
+        elif not key.startswith("compliance"):
+            res[key] = value
+    res["compliance"] = own_flags(res, hyper)  # what the trainer would compute; make_record must not trust it
     for key, value in (result or {}).items():  # "compliance.FLAG" keys edit one flag; None deletes
         if key.startswith("compliance.") and value is None:
             del res["compliance"][key.split(".", 1)[1]]
         elif key.startswith("compliance."):
             res["compliance"][key.split(".", 1)[1]] = value
-        elif value is None:
-            del res[key]
-        else:
-            res[key] = value
+        elif key == "compliance":
+            res["compliance"] = value
     lines = [code if code is not None else human.rstrip("\n"), "=" * 100,
              "python:3.11.7 torch:2.13.0+cpu numpy:2.4.6 sentencepiece:0.2.3",
              f"device:{device} world_size:{world_size}"]
@@ -160,16 +176,17 @@ def _drop_sliding(text):
 
 REFUSALS = {
     "over the byte budget": (dict(result={"bytes_model": 16_000_000, "bytes_total": 16_000_000 + 2000}), "bytes_total"),
-    "no compliance block": (dict(result={"compliance": None}), "result.json has no compliance block"),
-    "a flag missing": (dict(result={"compliance.val_not_seen_in_training": None}),
-                       "no compliance block (lacks val_not_seen_in_training)"),
-    "flags not computed": (dict(result={"compliance": {"error": "[Errno 2] No such file: 'x.bin'"}}),
-                           "no compliance block ([Errno 2] No such file: 'x.bin')"),
-    "bytes_ok false": (dict(result={"compliance.bytes_ok": False}), "compliance.bytes_ok not met"),
-    "full_val_split false": (dict(result={"compliance.full_val_split": False}), "compliance.full_val_split not met"),
-    "val shard read by training": (dict(result={"compliance.val_not_seen_in_training": False}),
-                                   "compliance.val_not_seen_in_training not met"),
-    "splits not disjoint": (dict(result={"compliance.splits_disjoint": False}), "compliance.splits_disjoint not met"),
+    "val shard read by training": (dict(result={"train_shards": ["fineweb_train_000000.bin", "fineweb_val_000000.bin"]}),
+                                   "val_not_seen_in_training not met"),
+    "100 val tokens": (dict(result={"val_tokens": 100}), "full_val_split not met (scored on the full val split: "
+                                                         "val_tokens=100, the official sp1024 val split has 62,021,632)"),
+    "flags that contradict the evidence": (
+        dict(result={"train_shards": ["fineweb_val_000000.bin"], "val_tokens": 100, "compliance.full_val_split": True,
+                     "compliance.val_not_seen_in_training": True, "compliance.splits_disjoint": True}),
+        "val_not_seen_in_training not met"),
+    "train_seconds not a number": (dict(result={"train_seconds": "abc"}),
+                                   "result.json train_seconds='abc': expected a finite number"),
+    "bytes_total not an integer": (dict(result={"bytes_total": "12"}), "result.json bytes_total='12': expected an integer"),
     "log without final lines": (dict(log_edit=_drop_sliding), "final_sliding_window_exact"),
     "log disagrees with result": (dict(result={"val_bpb_sliding": 1.0}), "disagrees with result.json"),
     "configuration differs": (dict(hp={"matrix_lr": 0.05}), "MATRIX_LR=0.05"),
@@ -199,20 +216,23 @@ def test_refuses_with_the_run_and_the_field(fake_src, tmp_path, capsys, case):
 
 
 H100 = dict(world_size=8, device="NVIDIA H100 80GB HBM3 (79 GiB)")
-FLAG_EVIDENCE = {"train_time_ok": "training <= 600 s: train_seconds=", "eval_time_ok": "evaluation <= 600 s: eval_seconds=",
-                 "bytes_ok": "bytes_total=", "full_val_split": "val_tokens=62021846",
-                 "val_not_seen_in_training": "train_shards=['fineweb_train_000000.bin']",
-                 "splits_disjoint": "train_shards=['fineweb_train_000000.bin']"}
+FLAG_EVIDENCE = {  # flag: (the evidence that breaks it, what the refusal quotes)
+    "train_time_ok": ({"train_seconds": 600.5}, "training <= 600 s: train_seconds=600.5"),
+    "eval_time_ok": ({"eval_seconds": 700.0}, "evaluation <= 600 s: eval_seconds=700.0"),
+    "full_val_split": ({"val_tokens": 61_000_000}, "val_tokens=61000000"),
+    "val_not_seen_in_training": ({"train_shards": ["fineweb_val_000000.bin"]}, "train_shards=['fineweb_val_000000.bin']"),
+}
 
 
 @pytest.mark.parametrize("flag", sorted(FLAG_EVIDENCE))
-def test_a_10min_record_with_any_false_flag_is_refused_naming_flag_and_run(fake_src, tmp_path, capsys, flag):
-    """Before, make_record never read train_time_ok (it was false for every uncapped run)."""
+def test_a_10min_record_with_any_rule_unmet_is_refused_naming_rule_and_run(fake_src, tmp_path, capsys, flag):
+    """The rule is decided from the evidence; the run's own flag is left true and is not read."""
     runs = [fabricate_run(tmp_path, f"r{s}", s, fake_src, **H100) for s in (1, 2)]
-    runs.append(fabricate_run(tmp_path, "r3", 3, fake_src, result={f"compliance.{flag}": False}, **H100))
+    evidence, quoted = FLAG_EVIDENCE[flag]
+    runs.append(fabricate_run(tmp_path, "r3", 3, fake_src, result={**evidence, f"compliance.{flag}": True}, **H100))
     assert cli(fake_src, tmp_path, runs) == 2
     err = capsys.readouterr().err
-    assert f"run {runs[2]}: result.json compliance.{flag} not met (" in err and FLAG_EVIDENCE[flag] in err, err
+    assert f"run {runs[2]}: {flag} not met (" in err and quoted in err, err
     assert "track_10min_16mb needs every rule met" in err and str(runs[0]) not in err
     assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]
 
@@ -225,8 +245,7 @@ def test_a_10min_record_over_a_time_limit_is_refused_whatever_its_flag_says(fake
 
 
 def test_a_record_without_a_manifest_is_accepted_with_splits_disjoint_not_checkable(fake_src, tmp_path):
-    flags = {f: True for f in make_record.RECORD_RULES} | {"splits_disjoint": None}  # the official data: no manifest
-    runs = [fabricate_run(tmp_path, f"r{s}", s, fake_src, result={"compliance": flags}, **H100) for s in (1, 2, 3)]
+    runs = [fabricate_run(tmp_path, f"r{s}", s, fake_src, **H100) for s in (1, 2, 3)]  # data/tiny: no manifest
     assert cli(fake_src, tmp_path, runs) == 0
     folder = tmp_path / "records" / "track_10min_16mb" / f"{DATE}_Tiny"
     readme = (folder / "README.md").read_text()
@@ -435,3 +454,71 @@ def test_records_folder_documents_the_tracks_and_the_files_make_record_writes(fa
     assert cli(fake_src, tmp_path, runs) == 0
     written = {p.name for p in (tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny").iterdir()}
     assert {n.replace("<S>", "7") for n in documented} == written
+
+
+# -----------------------------------------------------------------------------------------------
+# issue 23: every bad input gets one line (input, value, what was expected), exit 2, no traceback
+# -----------------------------------------------------------------------------------------------
+
+
+def _one_line_refusal(err: str) -> str:
+    assert err.startswith("refused: ") and "Traceback" not in err, err
+    return err
+
+
+def test_an_unwritable_records_dir_is_refused_before_anything_is_written(fake_src, tmp_path, capsys):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    blocker = tmp_path / "records"
+    blocker.write_text("a file where the records folder should be\n")
+    assert cli(fake_src, tmp_path, runs) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    assert f"--records-dir {blocker}: cannot write" in err and "expected a writable folder" in err
+    assert blocker.read_text() == "a file where the records folder should be\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "submission.json is not valid JSON"),
+    ("[]", "submission.json is a JSON list: expected an object"),
+    ('{"val_bpb": "low"}', "submission.json lacks"),
+])
+def test_check_on_a_malformed_submission_json_says_so(fake_src, tmp_path, capsys, text, message):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    (folder / "submission.json").write_text(text)
+    assert make_record.main(["--check", str(folder)]) == 2
+    assert message in _one_line_refusal(capsys.readouterr().err)
+    assert (folder / "submission.json").read_text() == text
+
+
+def test_check_refuses_a_log_that_is_a_symlink_out_of_the_folder(fake_src, tmp_path, capsys):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    outside = tmp_path / "outside.log"
+    outside.write_bytes((folder / "train_seed1.log").read_bytes())
+    (folder / "train_seed1.log").unlink()
+    (folder / "train_seed1.log").symlink_to(outside)
+    assert make_record.main(["--check", str(folder)]) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    assert f"train_seed1.log is a symlink to {outside}, outside the folder" in err
+
+
+def test_a_result_json_that_is_not_an_object_is_malformed_not_unfinished(fake_src, tmp_path, capsys):
+    run = fabricate_run(tmp_path, "a", 1, fake_src)
+    (run / "result.json").write_text("[]")
+    assert cli(fake_src, tmp_path, [run]) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    assert "result.json is malformed: a JSON list ([]), expected an object" in err and "did not finish" not in err
+    assert not (tmp_path / "records").exists() or not list((tmp_path / "records").rglob("*.json"))
+
+
+def test_an_internal_error_still_shows_its_traceback(fake_src, tmp_path, monkeypatch):
+    runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
+
+    def broken(*args, **kwargs):
+        raise KeyError("a bug, not a bad input")
+
+    monkeypatch.setattr(make_record, "build_submission", broken)
+    with pytest.raises(KeyError, match="a bug"):
+        cli(fake_src, tmp_path, runs)

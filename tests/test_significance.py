@@ -138,3 +138,39 @@ def test_a_sweep_config_folder_is_read_as_its_group_of_seeds(tmp_path, capsys):
     assert significance.main(["--runs", str(tmp_path / "sweep" / "new"), "--baseline-bpb", "1"]) == 2
     err = capsys.readouterr().err
     assert f"{tmp_path / 'sweep' / 'new' / 'seed7'}: result.json is not valid JSON" in err and len(err.splitlines()) == 1
+
+
+def _tool_imports(path) -> set:
+    """Every tools.* module `path` imports, at module or function level (ast: no code is run)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tools"):
+            names.update(f"{node.module}.{a.name}" if node.module == "tools" else node.module for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.startswith("tools."))
+    return {n.split(".")[1] for n in names if n.count(".") >= 1}
+
+
+def test_no_import_cycle_among_tools_modules():
+    """make_record -> audit -> audit_checks -> significance -> make_record was a circle hidden by lazy
+    imports; run loading now lives in tools/runs.py. Function-level imports count too."""
+    tools_dir = Path(__file__).resolve().parents[1] / "tools"
+    mods = {p.stem: p for p in tools_dir.glob("*.py") if p.stem != "__init__"}
+    graph = {m: _tool_imports(p) & set(mods) for m, p in mods.items()}
+
+    def cycle_from(start):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return path + [start]
+                if nxt not in path:
+                    stack.append((nxt, path + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, sorted(graph)) if c]
+    assert not cycles, "import cycle(s) among tools/: " + "; ".join(" -> ".join(c) for c in cycles)
+    assert "runs" in graph["make_record"] and "make_record" not in graph["significance"]

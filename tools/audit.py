@@ -9,20 +9,28 @@ and exits 1 if any check fails, 2 for unusable input. Nothing is trained, run or
 scripts are decoded by tools/audit_code.py, logs read by tools/audit_logs.py; seconds per folder
 (torch is imported only for --data-path or a manifest.json in the folder).
 
-checks (tools/audit_checks.py):
-  files               README.md, submission.json, train_gpt.py and at least one train log
-  submission_fields   author, github_id, name, blurb, date, val_loss, val_bpb, bytes_total, bytes_code
-  code_size           the real bytes of train_gpt.py (+ files it execs) = bytes_code = the logged code size
-  code_parses         the script (unpacked when packed) parses as Python
-  requirements        imports beyond the official environment are named in requirements.txt or README.md
-  train_under_600s    per seed: train_time (+ GPTQ calibration on training data after the clock) <= 600 s
-  eval_under_600s     per seed: the logged eval time (all passes after training) <= 600 s
-  artifact_under_16mb per seed: compressed model + the real shipped code <= 16,000,000 bytes
-  claims_match_logs   submission.json val_bpb = mean over the seed logs; per-seed values; bytes_total
+Status per check: pass, warn (our reading is stricter than what the organizers merged: says why),
+fail (what got folders rejected, with the source), n/a. Exit 1 on any fail.
+
+checks (tools/audit_checks.py, tools/audit_limits.py, tools/audit_rules.py):
+  files               README.md, submission.json, train_gpt.py and a train log (warn when some are missing)
+  submission_fields   author, github_id, name, blurb, date, val_loss, val_bpb, bytes_total, bytes_code (warn)
+  code_size           the real bytes of train_gpt.py (+ files it execs) = bytes_code = the logged code size (warn)
+  code_parses         the script (unpacked when packed) parses as Python (newer interpreters tried)
+  requirements        imports beyond the official environment are named in requirements.txt or README.md (warn)
+  train_under_600s    per seed: the logged train clock <= 600 s (GPTQ calibration after the clock: warn)
+  eval_under_600s     per seed: every eval-phase operation after training, summed; submission/README claims
+  artifact_under_16mb max of the logged totals and compressed model + shipped code <= 16,000,000 bytes
+  claims_match_logs   submission.json val_bpb = mean over the seed logs at its printed precision (warn)
   byte_accounting     each final line's implied tokens/byte = the canonical ratio (tools/audit_bytes.py)
-  three_seeds         record track: at least 3 seeds
+  three_seeds         record track: at least 3 seeds (warn)
   significance        with a baseline: tools/significance.py's test (0.005 nats, p < 0.01)
   data_disjoint       train/val documents disjoint, from a manifest or shard names when available
+  val_not_trained     no optimizer step on val tokens before they are scored (issue #677, PR #1376)
+  no_network          no downloads or pip installs at run time
+  code_inside_folder  no code run from outside the folder (runpy, importlib, sys.path)
+  full_val_split      no log says only part of the val split was scored
+  file_safety         symlinks (outside the folder: fail), undecodable log bytes, oversized files
 """
 
 from __future__ import annotations
@@ -39,12 +47,15 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools import audit_checks as C
+from tools import audit_limits as L
+from tools import audit_rules as R
 from tools.audit_code import unpack_script
-from tools.audit_logs import parse_log
+from tools.audit_logs import read_log_bytes
 
 AUDIT_CHECKS = ("files", "submission_fields", "code_size", "code_parses", "requirements", "train_under_600s",
                 "eval_under_600s", "artifact_under_16mb", "claims_match_logs", "byte_accounting", "three_seeds",
-                "significance", "data_disjoint")
+                "significance", "data_disjoint", "val_not_trained", "no_network", "code_inside_folder", "full_val_split",
+                "file_safety")
 LOG_MAX_BYTES = 32 << 20
 _RE_FILE_SEED = re.compile(r"seed[_-]?(\d+)", re.I)
 
@@ -96,6 +107,10 @@ class FolderAudit:
     def failed(self) -> list:
         return [c.name for c in self.checks if c.status == "fail"]
 
+    @property
+    def warned(self) -> list:
+        return [c.name for c in self.checks if c.status == "warn"]
+
     def status(self, name: str) -> str:
         return next(c.status for c in self.checks if c.name == name)
 
@@ -107,6 +122,12 @@ class FolderAudit:
 
 def _read_text(path: Path) -> str:
     return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def _readable(folder: Path, path: Path) -> bool:
+    """A regular file (or a symlink to one) inside `folder`: symlinks out of it are never followed
+    (file_safety names them)."""
+    return path.is_file() and R.is_inside(folder, path)
 
 
 def _claimed_seeds(sub: dict) -> dict:
@@ -127,22 +148,23 @@ def _claimed_seeds(sub: dict) -> dict:
 
 
 def _find_logs(folder: Path) -> list:
-    """Train logs (*.log, *.txt, *log*) up to 2 dirs deep; an identical copy (train.log beside
-    train_seed1337.log) counts once, under its seed-named name."""
+    """Train logs (*.log, *.txt, *log*) up to 2 dirs deep, symlinks out of the folder skipped; an
+    identical copy (train.log beside train_seed1337.log) counts once, under its seed-named name."""
     import hashlib
 
     found, seen = [], {}
-    for path in sorted(folder.rglob("*")):
+    for path in R.folder_files(folder):
         rel = path.relative_to(folder)
-        if not path.is_file() or len(rel.parts) > 3 or path.stat().st_size > LOG_MAX_BYTES:
+        if not _readable(folder, path) or len(rel.parts) > 3 or path.stat().st_size > LOG_MAX_BYTES:
             continue
         name = path.name.lower()
         if name.startswith(("requirements", "readme", "results")) or not (
                 path.suffix in (".log", ".txt") or ("log" in name and not path.suffix)):
             continue
         data = path.read_bytes()
-        facts = parse_log(data.decode("utf-8", errors="replace"))
+        facts = read_log_bytes(data)
         if facts.is_train_log:
+            _keep_last_run(facts)
             m = _RE_FILE_SEED.search(path.name)
             seed = facts.seed[0] if facts.seed else (int(m.group(1)) if m else None)
             entry = LogEntry(str(rel), facts, seed)
@@ -155,6 +177,23 @@ def _find_logs(folder: Path) -> list:
             seen[digest] = entry
             found.append(entry)
     return found
+
+
+def _keep_last_run(facts) -> None:
+    """A log holding two runs (a restart appended to the same file) is judged on its last one: final
+    lines of the earlier run are dropped, and so are final lines that repeat a more precise one
+    (`final_sliding_window val_bpb:1.1610` beside `..._exact val_bpb:1.16100123`)."""
+    if len(facts.stops) >= 2:
+        facts.metrics = [m for m in facts.metrics if m.line > facts.stops[-2]]
+    keep = []
+    for m in facts.metrics:
+        better = [o for o in facts.metrics if o.bpb_decimals > m.bpb_decimals and abs(o.line - m.line) <= 3
+                  and abs(o.val_bpb - m.val_bpb) <= 0.5 * 10.0 ** -m.bpb_decimals + 1e-12]
+        if not better:
+            keep.append(m)
+        elif better[0].eval_seconds is None:  # the pass's time is on the rounded line
+            better[0].eval_seconds = m.eval_seconds
+    facts.metrics = keep
 
 
 def _closest(metrics, value):
@@ -211,25 +250,26 @@ def read_record(folder, *, pythons=(), measured=None, measured_label="", data_pa
     if not folder.is_dir():
         raise AuditInputError(f"{folder}: not a folder (expected records/<track>/<date>_<name>/)")
     rec = Record(folder, pythons=tuple(pythons), measured=measured, measured_label=measured_label, data_path=data_path)
-    readmes = [p for p in folder.iterdir() if p.is_file() and p.name.lower() == "readme.md"]
+    readmes = [p for p in folder.iterdir() if _readable(folder, p) and p.name.lower() == "readme.md"]
     rec.readme = _read_text(readmes[0]) if readmes else None
-    if (folder / "requirements.txt").is_file():
+    if _readable(folder, folder / "requirements.txt"):
         rec.requirements = _read_text(folder / "requirements.txt")
-    if (folder / "submission.json").is_file():
+    if _readable(folder, folder / "submission.json"):
         rec.submission_path = folder / "submission.json"
         try:
-            sub = json.loads(rec.submission_path.read_bytes())
+            sub = json.loads(rec.submission_path.read_bytes(), parse_float=C.JsonFloat)
             if not isinstance(sub, dict):
                 raise ValueError("expected a JSON object")
             rec.submission = sub
         except ValueError as e:
             rec.submission_error = f"not valid JSON ({e})"
     script = folder / "train_gpt.py"
-    if script.is_file():
+    if _readable(folder, script):
         rec.script_bytes = script.read_bytes()
         try:
             rec.script = unpack_script(rec.script_bytes, folder)
-            rec.code_bytes = len(rec.script_bytes) + sum((folder / n).stat().st_size for n in rec.script.files)
+            rec.code_bytes = len(rec.script_bytes) + sum((folder / n).stat().st_size for n in rec.script.files
+                                                         if _readable(folder, folder / n))
         except SyntaxError as e:
             rec.script_error = f"line {e.lineno}: {e.msg}"
             rec.code_bytes = len(rec.script_bytes)
@@ -248,27 +288,48 @@ def read_record(folder, *, pythons=(), measured=None, measured_label="", data_pa
 
 
 def audit_folder(folder, *, baseline_bpb=None, baseline_values=None, pythons=(), measured=None,
-                 measured_label="", data_path=None) -> FolderAudit:
+                 measured_label="", data_path=None, strict=False) -> FolderAudit:
     """Run every check on one folder; never raises on a malformed folder (only AuditInputError
-    when `folder` is not a directory)."""
+    when `folder` is not a directory). `strict` (make_record's own folders) keeps the fails that the
+    organizers let pass in the non-record track and in folders without submission.json."""
     rec = read_record(folder, pythons=pythons, measured=measured, measured_label=measured_label, data_path=data_path)
     checks = [C.check_files(rec), C.check_submission_fields(rec), C.check_code_size(rec), C.check_code_parses(rec),
-              C.check_requirements(rec), C.check_train_time(rec), C.check_eval_time(rec), C.check_artifact_bytes(rec),
+              C.check_requirements(rec), L.check_train_time(rec), L.check_eval_time(rec), L.check_artifact_bytes(rec),
               C.check_claims(rec), C.check_byte_accounting(rec), C.check_seeds(rec),
-              C.check_significance(rec, baseline_bpb, baseline_values), C.check_data(rec)]
-    if rec.missing_seeds:
-        claims = checks[AUDIT_CHECKS.index("claims_match_logs")]
-        note = f"no log for claimed seed(s) {', '.join(map(str, rec.missing_seeds))}"
-        claims.status, claims.evidence = "fail", note + ("; " + claims.evidence if claims.status == "fail" else "")
+              C.check_significance(rec, baseline_bpb, baseline_values), C.check_data(rec), R.check_val_training(rec),
+              R.check_network(rec), R.check_outside_code(rec), R.check_partial_val(rec),
+              R.check_file_safety(rec, LOG_MAX_BYTES)]
+    if not strict:
+        _soften(rec, checks)
     assert tuple(c.name for c in checks) == AUDIT_CHECKS
     return FolderAudit(Path(folder), checks)
 
 
+# fails the organizers did not hold against merged folders, with the folder that shows it
+_NO_CLAIM_SOFT = ("train_under_600s", "eval_under_600s", "artifact_under_16mb", "byte_accounting")
+_NON_RECORD_SOFT = {"artifact_under_16mb": "track_non_record_16mb/2026-03-23_DGAttention_DavidGao (16,638,468 bytes)",
+                    "byte_accounting": "track_non_record_16mb/2026-03-31_LegendreGPT, 2026-04-05_118M_XNOR-Net"}
+
+
+def _soften(rec, checks) -> None:
+    """A folder without submission.json claims no result (merged: 2026-03-19_int6_STE QAT_ MLP_bigram
+    _U_Net, a lone train.log): its logs' limits are reported as warnings. The non-record track was
+    merged over the byte budget and with other val byte counts: warnings there too."""
+    for c in checks:
+        if c.status != "fail":
+            continue
+        if rec.submission_path is None and c.name in _NO_CLAIM_SOFT:
+            c.status, c.evidence = "warn", f"no submission.json, so no claim to hold to it: {c.evidence}"
+        elif rec.track == C.NON_RECORD_TRACK and c.name in _NON_RECORD_SOFT:
+            c.status, c.evidence = "warn", f"{c.evidence} (accepted in {C.NON_RECORD_TRACK}: {_NON_RECORD_SOFT[c.name]})"
+
+
 def compliance(result: FolderAudit) -> dict:
-    """The `compliance` block make_record writes into submission.json: each check as true / false /
-    null (not checkable), and its evidence."""
-    flags = {c.name: {"pass": True, "fail": False}.get(c.status) for c in result.checks}
-    return {"checked_by": "tools/audit.py", **flags, "evidence": {c.name: c.evidence for c in result.checks}}
+    """The `compliance` block make_record writes into submission.json: each check as true (pass or
+    warn) / false (fail) / null (not checkable), the warnings, and the evidence of each."""
+    flags = {c.name: {"pass": True, "warn": True, "fail": False}.get(c.status) for c in result.checks}
+    return {"checked_by": "tools/audit.py", **flags, "warnings": result.warned,
+            "evidence": {c.name: c.evidence for c in result.checks}}
 
 
 def format_table(result: FolderAudit, width: int = 120) -> str:
@@ -282,13 +343,15 @@ def format_table(result: FolderAudit, width: int = 120) -> str:
         lines += [f"  {'':<{name_w}}          {w}" for w in wrapped[1:]]
     na = [c.name for c in result.checks if c.status == "n/a"]
     verdict = f"FAIL ({', '.join(result.failed)})" if result.failed else "PASS"
-    lines.append(f"result: {verdict}" + (f"; not checkable: {', '.join(na)}" if na else ""))
+    lines.append(f"result: {verdict}" + (f"; warnings: {', '.join(result.warned)}" if result.warned else "")
+                 + (f"; not checkable: {', '.join(na)}" if na else ""))
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/audit.py", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 2)[2])
     parser.add_argument("folders", nargs="+", help="record folders")
     parser.add_argument("--tokenizer", help="SentencePiece model: measure the canonical tokens/byte (needs --data-path)")
     parser.add_argument("--data-path", help="dataset dir with fineweb_val_*.bin (and manifest.json for data_disjoint)")
@@ -325,7 +388,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([{"folder": str(r.folder), "failed": r.failed,
+        print(json.dumps([{"folder": str(r.folder), "failed": r.failed, "warned": r.warned,
                            "checks": [dataclasses.asdict(c) for c in r.checks]} for r in results], indent=2))
     else:
         print("\n".join(format_table(r) for r in results), end="")

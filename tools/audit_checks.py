@@ -19,13 +19,9 @@ from pathlib import Path
 
 from tools.audit_bytes import candidates, ratio_deviation, sha256_of, tolerance
 
-BYTE_BUDGET = 16_000_000
-TRAIN_LIMIT_SECONDS = 600.0
-EVAL_LIMIT_SECONDS = 600.0
 RECORD_TRACK = "track_10min_16mb"
 NON_RECORD_TRACK = "track_non_record_16mb"
 MIN_RECORD_SEEDS = 3
-OVERSHOOT_STEPS = 2
 TAIL_FACTOR = 4
 SUBMISSION_FIELDS = ("author", "github_id", "name", "blurb", "date", "val_loss", "val_bpb", "bytes_total", "bytes_code")
 # openai/parameter-golf requirements.txt: the evaluation environment has these ("all packages installed");
@@ -43,7 +39,7 @@ IMPORT_ALIASES = {  # import name -> names a requirements.txt or README may use 
 @dataclasses.dataclass
 class Check:
     name: str
-    status: str  # "pass" | "fail" | "n/a"
+    status: str  # "pass" | "warn" (stricter than the organizers' practice) | "fail" | "n/a"
     evidence: str
 
 
@@ -67,8 +63,12 @@ def check_files(rec) -> Check:
         (have if present else missing).append(label)
     logs = ", ".join(lg.name for lg in rec.logs[:6]) + (" ..." if len(rec.logs) > 6 else "")
     ev = f"found {', '.join(have) or 'nothing'}" + (f" ({len(rec.logs)} train log(s): {logs})" if rec.logs else "")
-    if missing:
-        return Check("files", "fail", f"missing {', '.join(missing)}; {ev}")
+    if len(missing) == 4:
+        return Check("files", "fail", f"none of README.md, submission.json, train_gpt.py, a train log; {ev}")
+    if missing:  # merged precedents lack some: track_non_record_16mb/2026-03-29_HNet (no train_gpt.py),
+        # 2026-03-24_74M_Ternary (no submission.json), 2026-03-21_DepthRecurrence (no train log)
+        return Check("files", "warn", f"missing {', '.join(missing)} (the official README asks for each; merged "
+                                      f"folders lack some); {ev}")
     return Check("files", "pass", ev)
 
 
@@ -84,11 +84,13 @@ def check_submission_fields(rec) -> Check:
     extra = len([k for k in sub if k not in SUBMISSION_FIELDS])
     if missing or bad:
         alt = {k: a for k, a in (("val_bpb", "mean_val_bpb"), ("val_loss", "mean_val_loss"),
-                                 ("bytes_total", "artifact_bytes"), ("bytes_code", "code_bytes")) if k in missing and a in sub}
+                                 ("bytes_total", "artifact_bytes"), ("bytes_code", "code_bytes"))
+               if k in missing and a in sub}
         detail = "; ".join(filter(None, [f"missing {', '.join(missing)}" if missing else "",
                                          f"not numbers: {', '.join(bad)}" if bad else "",
                                          ", ".join(f"has {a} instead of {k}" for k, a in alt.items())]))
-        return Check("submission_fields", "fail", f"submission.json {detail}")
+        # merged records lack some (2026-04-09_A2: val_loss, bytes_code): a warning, never a rejection
+        return Check("submission_fields", "warn", f"submission.json {detail}")
     return Check("submission_fields", "pass", f"submission.json has the {len(SUBMISSION_FIELDS)} official fields "
                                              f"(+{extra} more)")
 
@@ -112,10 +114,10 @@ def check_code_size(rec) -> Check:
             label, b, line = lg.facts.codes[-1]
             problems.append(f"{lg.name}:{line} logs {label} {b:,}: not the shipped file's size (the code changed "
                             f"since the run?)")
-    if problems:
-        return Check("code_size", "fail", f"{parts}; " + "; ".join(problems[:3]))
+    if problems:  # merged records differ by 1 and 17 bytes (2026-04-01_Vocab4096, 2026-03-19_SlidingWindowEval)
+        return Check("code_size", "warn", f"{parts}; " + "; ".join(problems[:3]))
     logged = sorted({f"{lg.name}:{lg.facts.codes[-1][2]}" for lg in rec.seed_logs if lg.facts.codes})
-    return Check("code_size", "pass", f"{parts} = {real:,} counted" + (f" = submission.json bytes_code" if
+    return Check("code_size", "pass", f"{parts} = {real:,} counted" + (" = submission.json bytes_code" if
                                                                         isinstance(claimed, int) else "")
                  + (f"; logged sizes agree ({', '.join(logged[:3])})" if logged else ""))
 
@@ -137,6 +139,9 @@ def check_code_parses(rec) -> Check:
     except SyntaxError as e:
         newer = sorted({lg.facts.python for lg in rec.logs if lg.facts.python}, reverse=True)
         here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+        if getattr(e, "interpreter_failed", False) and not newer:
+            return Check("code_parses", "n/a", f"{how}; line {e.lineno}: {e.msg}: not checkable (no newer interpreter "
+                                               f"ran; pass --python PATH)")
         if newer and tuple(map(int, newer[0].split(".")[:2])) > sys.version_info[:2]:
             return Check("code_parses", "n/a", f"{how}; line {e.lineno}: {e.msg}; its logs ran Python {newer[0]}, this "
                                                f"is {here} (pass --python PATH to a newer interpreter)")
@@ -171,125 +176,13 @@ def check_requirements(rec) -> Check:
             continue
         unlisted.append(mod)
     where = "requirements.txt" if rec.requirements is not None else "there is no requirements.txt"
-    if unlisted:
-        return Check("requirements", "fail", f"imports {', '.join(unlisted)} (not in the official environment) but "
+    if unlisted:  # merged: 2026-03-23_LeakyReLU imports flash_attn_interface with no requirements.txt
+        return Check("requirements", "warn", f"imports {', '.join(unlisted)} (not in the official environment) but "
                                              f"{where} and README.md do not name {'it' if len(unlisted) == 1 else 'them'}")
     in_req = [m for m in extra if m not in via_notes]
-    return Check("requirements", "pass", f"packages beyond the official environment: "
+    return Check("requirements", "pass", "packages beyond the official environment: "
                  + "; ".join(filter(None, [f"{', '.join(in_req)} in requirements.txt" if in_req else "",
                                            f"{', '.join(via_notes)} named in the setup notes" if via_notes else ""])))
-
-
-# -----------------------------------------------------------------------------------------------
-# limits per seed
-# -----------------------------------------------------------------------------------------------
-
-
-def _over_limit(rec, name: str, text: str) -> Check:
-    """A time over 600 s fails, except in the non-record track, which also takes unlimited-compute runs."""
-    if rec.track == NON_RECORD_TRACK:
-        return Check(name, "n/a", f"{text}: allowed in {NON_RECORD_TRACK} (unlimited compute; the README must say so)")
-    return Check(name, "fail", text)
-
-
-def check_train_time(rec) -> Check:
-    worst, rows = None, []
-    for lg in rec.seed_logs:
-        f = lg.facts
-        json_s = (lg.seed_result or {}).get("train_seconds")
-        if f.train_ms is None and not isinstance(json_s, (int, float)):
-            continue
-        train_s = max(f.train_ms[0] / 1000.0 if f.train_ms else 0.0, float(json_s or 0.0))
-        where = f"{lg.name}:{f.train_ms[1]}" if f.train_ms else f"submission.json seed {lg.seed}"
-        calib = sum(s for s, _ in f.gptq_calib)
-        # the official loop checks the cap between steps, so the step in flight at the cap overruns it;
-        # accepted records overrun by up to ~1.4 average steps (step times vary): allow 2
-        step_ms = f.step_avg_ms or (f.train_ms[0] / f.last_step[0] if f.train_ms and f.last_step and f.last_step[0] else 0.0)
-        overshoot = OVERSHOOT_STEPS * step_ms / 1000.0 if f.stop and "wallclock" in f.stop[0] else 0.0
-        limit = TRAIN_LIMIT_SECONDS + overshoot
-        total = train_s + calib
-        text = f"{where} train_time {_fmt_s(train_s)}"
-        if calib:
-            text += f" + GPTQ calibration on training data {calib:.1f} s ({lg.name}:{f.gptq_calib[-1][1]}) = {_fmt_s(total)}"
-        if f.gptq_selfgen:
-            text += f" (self-generated GPTQ calibration {sum(s for s, _ in f.gptq_selfgen):.1f} s not counted, PR #1019)"
-        if overshoot and TRAIN_LIMIT_SECONDS < total <= limit:
-            text += f" (the step in flight at the cap: within {OVERSHOOT_STEPS} x {step_ms:.1f} ms steps)"
-        rows.append((total - limit, text, total > limit))
-    if not rows:
-        return Check("train_under_600s", "n/a", "no training time logged (no step/stopping_early train_time)")
-    bad = [r for r in rows if r[2]]
-    worst = max(rows)
-    if bad:
-        return _over_limit(rec, "train_under_600s", f"{'; '.join(r[1] for r in bad[:3])} > {TRAIN_LIMIT_SECONDS:.0f} s")
-    return Check("train_under_600s", "pass", f"max over {len(rows)} log(s): {worst[1]} <= {TRAIN_LIMIT_SECONDS:.0f} s")
-
-
-def check_eval_time(rec) -> Check:
-    rows = []
-    for lg in rec.seed_logs:
-        f = lg.facts
-        end_line = f.train_ms[1] if f.train_ms else 0
-        passes = [m for m in f.metrics if m.eval_seconds is not None and m.line > end_line]
-        total_sum = sum(m.eval_seconds for m in passes)
-        json_s = (lg.seed_result or {}).get("eval_seconds")
-        if f.total_eval is not None:
-            value, text = f.total_eval[0], f"{lg.name}:{f.total_eval[1]} total_eval_time {_fmt_s(f.total_eval[0])}"
-            if total_sum > value + 1e-6:
-                text += f" (all {len(passes)} logged passes sum to {_fmt_s(total_sum)}, diagnostics included)"
-        elif passes:
-            value = total_sum
-            each = ", ".join(f"{m.name} {m.eval_seconds:.1f} s (line {m.line})" for m in passes[:5])
-            text = f"{lg.name}: the eval passes after training sum to {_fmt_s(total_sum)} ({each})"
-        else:
-            value, text = None, ""
-        if isinstance(json_s, (int, float)) and (value is None or json_s > value):
-            value, text = float(json_s), f"submission.json seed {lg.seed} eval_seconds {_fmt_s(float(json_s))}"
-        if value is not None:
-            rows.append((value, text))
-    if not rows:
-        return Check("eval_under_600s", "n/a", "no eval time logged")
-    bad = [r for r in rows if r[0] > EVAL_LIMIT_SECONDS]
-    if bad:
-        return _over_limit(rec, "eval_under_600s", f"{'; '.join(r[1] for r in bad[:3])} > {EVAL_LIMIT_SECONDS:.0f} s")
-    return Check("eval_under_600s", "pass", f"max over {len(rows)} log(s): {max(rows)[1]} <= {EVAL_LIMIT_SECONDS:.0f} s")
-
-
-def real_total(rec, lg) -> tuple | None:
-    """(bytes, how) of one log's artifact with the real shipped code counted."""
-    f = lg.facts
-    model = f.counted_model
-    if model is not None and rec.code_bytes is not None:
-        return model[1] + rec.code_bytes, (f"{lg.name}:{model[2]} model {model[1]:,} ({model[0]}) + shipped code "
-                                           f"{rec.code_bytes:,}")
-    total = f.counted_total
-    if total is None:
-        res = lg.seed_result or {}
-        if isinstance(res.get("bytes_total"), int):
-            return res["bytes_total"], f"submission.json seed {lg.seed} bytes_total"
-        return None
-    logged_code = f.codes[-1][1] if f.codes else None
-    if logged_code is not None and rec.code_bytes is not None and logged_code != rec.code_bytes:
-        fixed = total[1] - logged_code + rec.code_bytes
-        return fixed, (f"{lg.name}:{total[2]} total {total[1]:,} with logged code {logged_code:,} -> shipped code "
-                       f"{rec.code_bytes:,}")
-    return total[1], f"{lg.name}:{total[2]} Total submission size{' ' + total[0] if total[0] else ''}"
-
-
-def check_artifact_bytes(rec) -> Check:
-    rows = [r for r in (real_total(rec, lg) for lg in rec.seed_logs) if r]
-    claimed = rec.submission.get("bytes_total")
-    if isinstance(claimed, int):
-        rows.append((claimed, "submission.json bytes_total"))
-    if not rows:
-        return Check("artifact_under_16mb", "n/a", "no artifact size logged or claimed")
-    worst = max(rows)
-    if worst[0] > BYTE_BUDGET:
-        bad = [r for r in rows if r[0] > BYTE_BUDGET]
-        return Check("artifact_under_16mb", "fail", "; ".join(f"{r[1]} = {r[0]:,}" for r in bad[:3])
-                     + f" > {BYTE_BUDGET:,}")
-    return Check("artifact_under_16mb", "pass", f"max {worst[0]:,} bytes ({worst[1]}) <= {BYTE_BUDGET:,} "
-                                                f"(margin {BYTE_BUDGET - worst[0]:,})")
 
 
 # -----------------------------------------------------------------------------------------------
@@ -297,55 +190,84 @@ def check_artifact_bytes(rec) -> Check:
 # -----------------------------------------------------------------------------------------------
 
 
-def _claim_tolerance(value) -> float:
-    """One unit in the last printed decimal of a JSON number (the claim's own rounding, plus a mean
-    taken over per-seed values rounded the same way) + the logs' 8-decimal rounding."""
-    text = repr(float(value))
-    decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 8
-    return 10.0 ** -decimals + 1e-8
+class JsonFloat(float):
+    """A float read from JSON that remembers how many decimals were printed (`1.08000` -> 5), since
+    float("1.08000") == 1.08 loses them. Use as json.loads(..., parse_float=JsonFloat)."""
+
+    decimals: int
+
+    def __new__(cls, text: str):
+        self = super().__new__(cls, text)
+        mantissa = text.lower().split("e")[0]
+        self.decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+        return self
+
+
+def _claim_tolerance(value, log_decimals: int = 8) -> float:
+    """Half a unit in the last decimal the claim printed (it is a rounding of the true mean) + half a
+    unit in the last decimal of the log lines it is compared with."""
+    decimals = getattr(value, "decimals", None)
+    if decimals is None:
+        text = repr(float(value))
+        decimals = len(text.split(".")[1]) if "." in text and "e" not in text else 8
+    return 0.5 * 10.0 ** -decimals + 0.5 * 10.0 ** -log_decimals + 1e-12
+
+
+def _bytes_of_logs(rec, scored) -> list:
+    out = []
+    for lg in scored:
+        f = lg.facts
+        if f.counted_total:
+            out.append(f.counted_total[1])
+        if f.counted_model and rec.code_bytes is not None:
+            out.append(f.counted_model[1] + rec.code_bytes)
+    return out
 
 
 def check_claims(rec) -> Check:
+    """submission.json val_bpb = the mean of the seed logs' final lines (per seed too), at the claim's
+    printed precision. A mismatch warns: the organizers merged folders whose claim is one seed or
+    another metric (2026-03-19_TrainingOptSeq4096, 2026-03-17_LoRA_TTT); no folder was rejected for it."""
     sub = rec.submission
     claimed = sub.get("val_bpb", sub.get("mean_val_bpb"))
     scored = [lg for lg in rec.seed_logs if lg.score is not None]
     if not isinstance(claimed, (int, float)) or not scored:
         why = "no claimed val_bpb" if not isinstance(claimed, (int, float)) else "no final val_bpb in the logs"
         return Check("claims_match_logs", "n/a", why)
-    problems = []
+    problems = [f"no log for claimed seed(s) {', '.join(map(str, rec.missing_seeds))}"] if rec.missing_seeds else []
     for lg in scored:
         per = (lg.seed_result or {}).get("val_bpb")
-        if isinstance(per, (int, float)) and abs(per - lg.score.val_bpb) > _claim_tolerance(per):
+        if isinstance(per, (int, float)) and abs(per - lg.score.val_bpb) > _claim_tolerance(per, lg.score.bpb_decimals):
             problems.append(f"seed {lg.seed}: submission.json val_bpb {per} but {lg.name}:{lg.score.line} "
                             f"{lg.score.name} {lg.score.val_bpb:.8f}")
     mean = statistics.fmean(lg.score.val_bpb for lg in scored)
     names = sorted({lg.score.name for lg in scored})
+    least = min(lg.score.bpb_decimals for lg in scored)
+    tol = _claim_tolerance(claimed, least)
     single = None
     if not rec.claims and len(scored) > 1:  # no seeds listed: the claim may be one run (early records: train.log)
-        single = next((lg for lg in scored if abs(lg.score.val_bpb - claimed) <= _claim_tolerance(claimed)), None)
-    if single is not None:
+        single = next((lg for lg in scored if abs(lg.score.val_bpb - claimed) <= tol), None)
+    if single is not None and not problems:
         return Check("claims_match_logs", "pass", f"val_bpb {claimed} = {single.name}:{single.score.line} "
-                                                  f"{single.score.name} {single.score.val_bpb:.8f}: one run (submission.json "
-                                                  f"lists no seeds), not the mean of the {len(scored)} logs ({mean:.8f})")
-    if abs(mean - claimed) > _claim_tolerance(claimed):
-        problems.append(f"submission.json val_bpb {claimed} but the mean of {len(scored)} log(s) is {mean:.8f} "
-                        f"({', '.join(names)}: " + ", ".join(f"{lg.name}:{lg.score.line} {lg.score.val_bpb:.8f}"
-                                                             for lg in scored[:4]) + ")")
-    totals = [r[0] for r in (real_total(rec, lg) for lg in scored) if r]
-    logged = [lg.facts.counted_total[1] for lg in scored if lg.facts.counted_total]
+                                                  f"{single.score.name} {single.score.val_bpb:.8f}: one run "
+                                                  f"(submission.json lists no seeds), not the mean of the "
+                                                  f"{len(scored)} logs ({mean:.8f})")
+    if single is None and abs(mean - claimed) > tol:
+        problems.append(f"submission.json val_bpb {claimed} but the mean of {len(scored)} log(s) is {mean:.8f}, "
+                        f"off by {abs(mean - claimed):.2e} > {tol:.1e} ({', '.join(names)}: "
+                        + ", ".join(f"{lg.name}:{lg.score.line} {lg.score.val_bpb:.8f}" for lg in scored[:4]) + ")")
+    sizes = _bytes_of_logs(rec, scored)
     claimed_bytes = sub.get("bytes_total")
-    if isinstance(claimed_bytes, int) and (totals or logged):
-        lo, hi = min(totals + logged), max(totals + logged)
-        if claimed_bytes < lo:  # a mean or the max of the seeds is fine; less than every log is not
-            problems.append(f"submission.json bytes_total {claimed_bytes:,} but the logs give {lo:,}..{hi:,}")
+    if isinstance(claimed_bytes, int) and sizes and claimed_bytes < min(sizes):
+        problems.append(f"submission.json bytes_total {claimed_bytes:,} but the logs give {min(sizes):,}..{max(sizes):,}")
     if problems:
-        return Check("claims_match_logs", "fail", "; ".join(problems[:3]))
+        return Check("claims_match_logs", "warn", "; ".join(problems[:3]))
     extra = f"; {len(rec.extra_logs)} other log(s) not backing the claim: " + ", ".join(
         lg.name for lg in rec.extra_logs[:3]) if rec.extra_logs else ""
     return Check("claims_match_logs", "pass", f"val_bpb {claimed} = mean of {len(scored)} seed log(s) "
-                                              f"{mean:.8f} ({', '.join(names)})"
+                                              f"{mean:.8f} ({', '.join(names)}, within {tol:.1e})"
                  + (f"; bytes_total {claimed_bytes:,} within the logged sizes" if isinstance(claimed_bytes, int)
-                    and (totals or logged) else "") + extra)
+                    and sizes else "") + extra)
 
 
 def _log_candidates(rec, lg):
@@ -412,7 +334,8 @@ def check_seeds(rec) -> Check:
     if rec.track == RECORD_TRACK:
         if count >= MIN_RECORD_SEEDS:
             return Check("three_seeds", "pass", listed)
-        return Check("three_seeds", "fail", f"{listed}; a record needs enough seeds for p < 0.01, usually "
+        # merged one-seed records (2026-03-17_NaiveBaseline, 2026-03-19_SlidingWindowEval): a warning
+        return Check("three_seeds", "warn", f"{listed}; a record needs enough seeds for p < 0.01, usually "
                                             f"{MIN_RECORD_SEEDS}")
     return Check("three_seeds", "n/a", f"{listed}; track {rec.track or 'unknown'}: no significance rule")
 

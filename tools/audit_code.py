@@ -39,6 +39,7 @@ import lzma
 import zlib
 from pathlib import Path
 
+from tools.audit_parse import imported_modules
 from tools.bundle import BUNDLE_BASE93_DECODER, base93_value
 
 MAX_UNPACKED_BYTES = 64 << 20  # a record's source is < 1 MB; anything near this is a bomb
@@ -300,49 +301,25 @@ def _source_encoding(data: bytes) -> str:
         return "utf-8"
 
 
-def imported_modules(source: str) -> tuple[set, set]:
-    """(top-level module names imported anywhere in `source`, those imported only inside a
-    `try:` whose handlers catch ImportError/ModuleNotFoundError/Exception, i.e. optional ones).
-    Relative imports are skipped. Raises SyntaxError for source that does not parse."""
-    tree = ast.parse(source)
-    required, optional = set(), set()
-
-    def visit(node, guarded: bool):
-        if isinstance(node, ast.Try) or type(node).__name__ == "TryStar":
-            catches = {ast.unparse(h.type) if h.type is not None else "" for h in node.handlers}
-            is_guard = bool(catches & {"ImportError", "ModuleNotFoundError", "Exception", ""}) or any(
-                "ImportError" in c or "ModuleNotFoundError" in c for c in catches)
-            for child in node.body:
-                visit(child, guarded or is_guard)
-            for child in node.handlers + node.orelse + node.finalbody:
-                visit(child, guarded)
-            return
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                (optional if guarded else required).add(a.name.split(".")[0])
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            (optional if guarded else required).add(node.module.split(".")[0])
-        for child in ast.iter_child_nodes(node):
-            visit(child, guarded)
-
-    visit(tree, False)
-    return required, optional - required
-
-
 PYTHON_CANDIDATES = ("python3.14", "python3.13", "python3.12")
+
+
+def tried_parsed(tried: list) -> bool:
+    """Some newer interpreter ran the parse helper (and rejected the source)."""
+    return any(" failed (exit" not in t for t in tried)
 
 
 def parse_imports(source: str, pythons=()) -> tuple[set, set, str]:
     """`imported_modules(source)` plus the Python version that parsed it: this interpreter first,
     then each of `pythons` (executables) and the newer `python3.X` on PATH (record scripts often use
-    Python 3.12 syntax, e.g. PEP 701 f-strings), run as `python3.X tools/audit_code.py --imports`
-    (that only parses; nothing of the source runs). Raises SyntaxError (this interpreter's, with the
-    interpreters tried appended to its msg) when none parses it."""
+    Python 3.12 syntax, e.g. PEP 701 f-strings), run as `python3.X -I tools/audit_parse.py` (stdlib
+    only, so it needs no `tools` on sys.path; it only parses, nothing of the source runs). Raises
+    SyntaxError (this interpreter's, with the interpreters tried appended to its msg, and
+    `interpreter_failed` set when a newer interpreter could not be run) when none parses it."""
     import json
     import platform
     import shutil
     import subprocess
-    import sys
 
     try:
         required, optional = imported_modules(source)
@@ -350,10 +327,12 @@ def parse_imports(source: str, pythons=()) -> tuple[set, set, str]:
     except SyntaxError as e:
         error = e
     tried = []
-    for exe in list(pythons) + [p for p in (shutil.which(c) for c in PYTHON_CANDIDATES) if p]:
+    pyenv = sorted(Path.home().glob(".pyenv/versions/3.1[2-9]*/bin/python3"), reverse=True)
+    failed = False
+    for exe in list(pythons) + [p for p in (shutil.which(c) for c in PYTHON_CANDIDATES) if p] + [str(p) for p in pyenv]:
         try:
-            proc = subprocess.run([exe, "-I", str(Path(__file__).resolve()), "--imports"], input=source.encode("utf-8"),
-                                  capture_output=True, timeout=60)
+            proc = subprocess.run([exe, "-I", str(Path(__file__).resolve().with_name("audit_parse.py"))],
+                                  input=source.encode("utf-8"), capture_output=True, timeout=60)
         except (OSError, subprocess.SubprocessError):
             continue
         if proc.returncode == 0:
@@ -361,20 +340,10 @@ def parse_imports(source: str, pythons=()) -> tuple[set, set, str]:
             return set(out["required"]), set(out["optional"]), out["python"]
         if proc.returncode == 1 and proc.stdout.startswith(b"{"):
             tried.append(json.loads(proc.stdout)["python"])
+        else:  # the helper itself failed: say so rather than report the script as unparseable
+            failed = True
+            tried.append(f"{Path(exe).name} failed (exit {proc.returncode}: "
+                         f"{proc.stderr.decode('utf-8', 'replace').strip().splitlines()[-1:] or ['?']})")
     error.msg = f"{error.msg} (Python {platform.python_version()}" + "".join(f", {v}" for v in tried) + ")"
+    error.interpreter_failed = failed and not tried_parsed(tried)
     raise error
-
-
-if __name__ == "__main__":  # `python3.X tools/audit_code.py --imports < source`: parse with that interpreter
-    import json
-    import platform
-    import sys
-
-    if sys.argv[1:] != ["--imports"]:
-        sys.exit("usage: python3.X tools/audit_code.py --imports < SOURCE")
-    try:
-        req, opt = imported_modules(sys.stdin.buffer.read().decode("utf-8"))
-    except SyntaxError as err:
-        print(json.dumps({"python": platform.python_version(), "error": f"line {err.lineno}: {err.msg}"}))
-        sys.exit(1)
-    print(json.dumps({"python": platform.python_version(), "required": sorted(req), "optional": sorted(opt)}))

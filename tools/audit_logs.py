@@ -18,6 +18,8 @@ script. What it reads (each value with its 1-based line number, for the audit's 
 - GPTQ calibration after training: `gptq:reserving Ns`, `GPTQ:collected N Hessians in Fs`
   (training-data calibration, which must fit in the 600 s, openai/parameter-golf issue #1017),
   `gptq:generated N sequences in Fs` (autoregressive self-generated calibration, PR #1019);
+- timed eval-phase operations without a score (`prequant_ttt:done total_time=523.0s`, warm-ups, ...),
+  a scored-subset marker (`val_max_tokens:N`, `N of M val tokens`), each run end (a log may hold two runs);
 - identity: seed, python version, vocab size, training sequence length, tokenizer path, dataset name, val token count,
   train/val shard patterns.
 
@@ -55,8 +57,13 @@ _RE_VOCAB = re.compile(r"(?:^|\s)(?:vocab_size|VOCAB_SIZE)[:=]\s?(\d+)\b")
 _RE_TOKENIZER = re.compile(r"(?:^|\s)(?:tokenizer_path|TOKENIZER_PATH)[:=]\s?(\S+?\.model)\b")
 _RE_BYTE_TOKENIZER = re.compile(r"tokenizer_kind=byte\b")
 _RE_DATA = re.compile(r"(?:^|\s)(?:data_path|DATA_PATH)[:=]\s?(\S+)|^train_loader:dataset:(\S+)")
+_RE_WORLD = re.compile(r"(?:^|\s)(?:world_size|WORLD_SIZE)[:=]\s?(\d+)\b")
 _RE_VAL_TOKENS = re.compile(r"^val_tokens:\s*(\d+)\s*$|^val_loader:.*\btokens:(\d+)\s*$")
 _RE_TRAIN_PATTERN = re.compile(r"^train_loader:.*\bpattern=(\S+)|(?:^|\s)train_files[:=]\s?(\S+)")
+_RE_EVAL_OP = re.compile(r"^([A-Za-z_][\w\-]*(?::\w+)*)\b.*\b(?:elapsed|total_time|eval_time|time)[=:]\s*"
+                         r"(\d+(?:\.\d+)?)(ms|s)\b")
+_RE_VAL_SUBSET = re.compile(r"(?:^|\s)(?:val_max_tokens|VAL_MAX_TOKENS|val_tokens_limit|eval_tokens)[:=]\s?([1-9]\d*)\b"
+                            r"|\b(\d[\d,]*) of (\d[\d,]*) val(?:idation)? tokens\b|\bval(?:idation)? subset\b")
 _RE_VAL_PATTERN = re.compile(r"^val_loader:.*\bpattern=(\S+)|(?:^|\s)val_files[:=]\s?(\S+)")
 
 
@@ -111,6 +118,11 @@ class LogFacts:
     val_tokens: tuple | None = None
     train_patterns: list = dataclasses.field(default_factory=list)
     val_patterns: list = dataclasses.field(default_factory=list)
+    eval_ops: list = dataclasses.field(default_factory=list)  # (name, seconds, line): timed non-metric ops
+    val_subset: tuple | None = None  # (text, line): the log says part of the val split was scored
+    stops: list = dataclasses.field(default_factory=list)  # line of every stopping_early / run end seen
+    bad_bytes: tuple | None = None  # (byte offset, line) of the first byte that is not UTF-8
+    world_size: tuple | None = None
 
     @property
     def counted_total(self) -> tuple | None:
@@ -181,11 +193,26 @@ def parse_log(text: str) -> LogFacts:
             m = regex.search(stripped)
             if m:
                 handler(f, m, lineno)
+        op = _RE_EVAL_OP.match(stripped)
+        if op and not _RE_STOP.match(stripped) and "warmup_step" not in stripped:
+            f.eval_ops.append((op.group(1), float(op.group(2)) / (1000.0 if op.group(3) == "ms" else 1.0), lineno))
     return f
+
+
+def read_log_bytes(data: bytes) -> LogFacts:
+    """parse_log of raw bytes; the first byte that is not UTF-8 is kept as `bad_bytes` (offset, line)
+    instead of being replaced silently."""
+    try:
+        return parse_log(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        f = parse_log(data.decode("utf-8", errors="replace"))
+        f.bad_bytes = (e.start, data.count(b"\n", 0, e.start) + 1)
+        return f
 
 
 def _stop(f, m, n):
     f.stop = (m.group(1), float(m.group(2)), n)
+    f.stops.append(n)
     ms = float(m.group(2))
     if f.train_ms is None or ms >= f.train_ms[0]:
         f.train_ms = (ms, n)
@@ -217,12 +244,14 @@ _HANDLERS = [
     (_RE_PYTHON, lambda f, m, n: setattr(f, "python", m.group(1))),
     (_RE_BYTE_TOKENIZER, lambda f, m, n: setattr(f, "byte_level", True)),
     (_RE_VAL_TOKENS, _set("val_tokens", lambda m: int(_first_group(m)))),
+    (_RE_VAL_SUBSET, _set("val_subset", lambda m: m.group(0).strip())),
     (_RE_TRAIN_PATTERN, lambda f, m, n: f.train_patterns.append((_first_group(m), n))),
     (_RE_VAL_PATTERN, lambda f, m, n: f.val_patterns.append((_first_group(m), n))),
 ]
 _IDENTITY_HANDLERS = [
     (_RE_SEED, _set("seed", lambda m: int(_first_group(m)))),
     (_RE_VOCAB, _set("vocab_size", lambda m: int(m.group(1)))),
+    (_RE_WORLD, _set("world_size", lambda m: int(m.group(1)))),
     (_RE_SEQ_LEN, _set("seq_len", lambda m: int(m.group(1)))),
     (_RE_TOKENIZER, _set("tokenizer")),
     (_RE_DATA, _set("dataset", _first_group)),

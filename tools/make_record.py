@@ -12,9 +12,10 @@ train_gpt_human.py,
 requirements.txt (runtime deps at the run's versions) and loss_curve.png.
 
 It refuses (exit 2, the message names the run and the field) runs that are over the byte budget,
-did not finish (no final log lines, status not ok), have no `compliance` block in result.json,
-break a challenge rule that every track keeps (compliance.bytes_ok, full_val_split,
-val_not_seen_in_training, splits_disjoint false; scored on part of the val split), differ in
+did not finish (no final log lines, status not ok), hold a field that is not a number,
+break a challenge rule that every track keeps (bytes_ok, full_val_split, val_not_seen_in_training,
+splits_disjoint: decided from the evidence by tools/audit_run.py, never from result.json's own
+`compliance` flags), differ in
 configuration beyond SEED/RUN_ID/OUT_DIR, repeat a seed, report different code bytes, or whose code
 is not the current source (the shipped file must be the code that ran); a track_10min_16mb record
 with any rule unmet (train_time_ok / eval_time_ok false or the seconds over 600 too), naming the
@@ -32,7 +33,6 @@ renamed into place: a refused or failed record leaves nothing behind.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import os
@@ -48,6 +48,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python tools/make_record.py`: make `tools` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tools.audit_run import number, run_rules
+from tools.runs import LOG_CODE_SEPARATOR, RecordError, Run, load_run, parse_train_log  # noqa: F401 (re-exported)
 from tools.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, LATIN1_TRADE_OFF, REPO_ROOT, build_human_source,
                           minify_source, pack_code, packed_encoding, set_bundle_kind, unpack_packed)
 
@@ -57,7 +59,6 @@ RECORD_EVAL_LIMIT_SECONDS = 600.0
 RECORD_TRACKS = ("track_10min_16mb", "track_non_record_16mb")
 RECORD_IGNORED_HYPERPARAMETERS = ("seed", "run_id", "out_dir")
 RECORD_RUNTIME_PACKAGES = ("torch", "numpy", "sentencepiece", "zstandard", "brotli", "safetensors")
-LOG_CODE_SEPARATOR = "=" * 100
 SMOKE_RUN_ID = "record_smoke"
 SMOKE_VAL_MAX_TOKENS = 4096  # the smoke run evaluates on this many val tokens: proves the eval runs, scores nothing
 # result.json["compliance"] (train_gpt.check_compliance): one challenge rule per flag, and the
@@ -73,109 +74,6 @@ RECORD_RULES = {
 NON_RECORD_ACCEPTS = ("train_time_ok", "eval_time_ok")  # track_non_record_16mb: unlimited compute
 SMOKE_TIMEOUT_SECONDS = 600
 
-_NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
-_RE_TRAIN = re.compile(rf"^step:(\d+)/(\d+) train_loss:{_NUM} train_time:(\d+)ms step_avg:{_NUM}ms", re.M)
-_RE_VAL = re.compile(rf"^step:(\d+)/(\d+) val_loss:{_NUM} val_bpb:{_NUM} train_time:(\d+)ms", re.M)
-_RE_FINAL = re.compile(rf"^final_(prequant|roundtrip|sliding_window)_exact val_loss:{_NUM} val_bpb:{_NUM}"
-                       rf"(?: stride:(\d+) eval_time:(\d+)ms)?", re.M)
-_RE_TOTAL = re.compile(r"^Total submission size: (\d+) bytes", re.M)
-_RE_CODE_BYTES = re.compile(r"\bcode_bytes:(\d+)")
-_RE_VERSIONS = re.compile(r"^python:\S+(?: \w+:\S+)*$", re.M)
-_RE_SEED = re.compile(r"^SEED:(\d+)$", re.M)
-_FINAL_KEYS = {"prequant": "prequant", "roundtrip": "roundtrip", "sliding_window": "sliding"}
-
-
-class RecordError(ValueError):
-    """A run or a request that cannot become a record; the message says which run and field."""
-
-
-# -----------------------------------------------------------------------------------------------
-# reading runs
-# -----------------------------------------------------------------------------------------------
-
-
-def parse_train_log(text: str) -> dict:
-    """Parse a train.log written by train_gpt.py.
-
-    Returns {"code": the source logged before the separator line (or None), "train": [(step,
-    loss)], "val": [(step, val_loss, val_bpb)], "final": {"prequant"|"roundtrip"|"sliding":
-    {"val_loss", "val_bpb"[, "stride", "eval_ms"]}}, "total_bytes": int|None, "code_bytes":
-    int|None, "versions": {"python": ..., "torch": ..., ...}, "seed": int|None}. Only lines after the logged code
-    count (the code itself contains the format strings of these lines)."""
-    code, body = None, text
-    sep = "\n" + LOG_CODE_SEPARATOR + "\n"
-    if text.startswith(LOG_CODE_SEPARATOR + "\n"):
-        code, body = "", text[len(LOG_CODE_SEPARATOR) + 1:]
-    elif sep in text:
-        code, body = text.split(sep, 1)
-    out = {"code": code, "train": [], "val": [], "final": {}, "total_bytes": None, "code_bytes": None,
-           "versions": {}}
-    for m in _RE_TRAIN.finditer(body):
-        out["train"].append((int(m.group(1)), float(m.group(3))))
-    for m in _RE_VAL.finditer(body):
-        out["val"].append((int(m.group(1)), float(m.group(3)), float(m.group(4))))
-    for m in _RE_FINAL.finditer(body):
-        entry = {"val_loss": float(m.group(2)), "val_bpb": float(m.group(3))}
-        if m.group(4):
-            entry.update(stride=int(m.group(4)), eval_ms=int(m.group(5)))
-        out["final"][_FINAL_KEYS[m.group(1)]] = entry
-    totals = _RE_TOTAL.findall(body)
-    out["total_bytes"] = int(totals[-1]) if totals else None
-    codes = _RE_CODE_BYTES.findall(body)
-    out["code_bytes"] = int(codes[0]) if codes else None
-    m = _RE_VERSIONS.search(body)
-    if m:
-        out["versions"] = dict(tok.split(":", 1) for tok in m.group(0).split())
-    m = _RE_SEED.search(body)
-    out["seed"] = int(m.group(1)) if m else None
-    return out
-
-
-@dataclasses.dataclass
-class Run:
-    """One finished run: its folder, result.json (or {} when only a log exists) and parsed log."""
-
-    path: Path
-    result: dict
-    log_path: Path | None
-    log_text: str
-    log: dict
-
-    @property
-    def label(self) -> str:
-        return str(self.path)
-
-    @property
-    def seed(self):
-        for value in (self.result.get("seed"), self.result.get("hyperparameters", {}).get("seed"), self.log["seed"]):
-            if value is not None:
-                return value
-        return None
-
-
-def load_run(path) -> Run:
-    """Read a run from its folder (result.json + train.log), a result.json or a train.log file.
-
-    Raises RecordError naming the path when neither file can be read."""
-    path = Path(path)
-    if path.is_dir():
-        result_path, log_path = path / "result.json", path / "train.log"
-    elif path.name.endswith(".json"):
-        result_path, log_path = path, path.with_name("train.log")
-    else:
-        result_path, log_path = path.with_name("result.json"), path
-    result = {}
-    if result_path.is_file():
-        try:
-            result = json.loads(result_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise RecordError(f"run {path}: {result_path.name} is not valid JSON ({e})") from e
-    log_text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
-    if not result and not log_text:
-        raise RecordError(f"run {path}: no result.json and no train.log there")
-    return Run(path, result, log_path if log_text else None, log_text, parse_train_log(log_text))
-
-
 # -----------------------------------------------------------------------------------------------
 # checks
 # -----------------------------------------------------------------------------------------------
@@ -184,6 +82,10 @@ _REQUIRED_RESULT = ("seed", "steps", "train_seconds", "eval_seconds", "ms_per_st
                     "val_loss_prequant", "val_bpb_prequant", "val_loss_roundtrip", "val_bpb_roundtrip",
                     "val_loss_sliding", "val_bpb_sliding", "bytes_model", "bytes_code", "bytes_total",
                     "hyperparameters", "torch_version")
+
+
+_NUMERIC_RESULT = ("steps", "train_seconds", "eval_seconds", "ms_per_step", "val_loss_prequant", "val_bpb_prequant",
+                   "val_loss_roundtrip", "val_bpb_roundtrip", "val_loss_sliding", "val_bpb_sliding")
 
 
 def check_run(run: Run) -> None:
@@ -196,6 +98,12 @@ def check_run(run: Run) -> None:
     missing = [k for k in _REQUIRED_RESULT if r.get(k) is None]
     if missing:
         raise RecordError(f"{who}: result.json lacks {', '.join(missing)} (the run did not finish its evaluation?)")
+    for field in _NUMERIC_RESULT:
+        number(run, field)
+    for field in ("bytes_total", "bytes_code", "bytes_model", "world_size"):
+        number(run, field, integer=True)
+    if not isinstance(r["hyperparameters"], dict):
+        raise RecordError(f"{who}: result.json hyperparameters={r['hyperparameters']!r}: expected an object")
     if run.log_path is None:
         raise RecordError(f"{who}: no train.log")
     for key, line in (("prequant", "final_prequant_exact"), ("roundtrip", "final_roundtrip_exact"),
@@ -220,28 +128,23 @@ def check_run(run: Run) -> None:
     if hp.get("val_max_tokens"):
         raise RecordError(f"{who}: hyperparameters VAL_MAX_TOKENS={hp['val_max_tokens']}: scored on part of the "
                           f"val split only")
-    compliance = r.get("compliance")
-    missing = [f for f in RECORD_RULES if not isinstance(compliance, dict) or f not in compliance]
-    if missing:
-        why = f" ({compliance['error']})" if isinstance(compliance, dict) and "error" in compliance else ""
-        raise RecordError(f"{who}: result.json has no compliance block{why} (lacks {', '.join(missing)}): "
-                          f"rerun with the current train_gpt.py, which computes each rule's flag")
+    number(run, "val_tokens", integer=True)  # the evidence of full_val_split (the run's own flags are not read)
+
+
+def rules_of(run: Run) -> dict:
+    """{flag: (ok, evidence)} of RECORD_RULES from the run's evidence (tools/audit_run.py), cached on
+    the run; result.json's own compliance flags are never read."""
+    if getattr(run, "_rules", None) is None:
+        data = resolve_run_path(run, "data_path") if run.result["hyperparameters"].get("data_path") else None
+        run._rules = run_rules(run, data if data is not None and data.is_dir() else None)
+    return run._rules
 
 
 def unmet_rules(run: Run) -> dict:
-    """{flag: evidence} for each challenge rule (RECORD_RULES) the run does not meet: its result.json
-    compliance flag is false, or (for the limits) its measured number is over the limit anyway.
-    None (not checkable, e.g. splits_disjoint without a manifest) is not a failure."""
-    r, flags = run.result, run.result["compliance"]
-    over = {"train_time_ok": float(r["train_seconds"]) > RECORD_TRAIN_LIMIT_SECONDS,
-            "eval_time_ok": float(r["eval_seconds"]) > RECORD_EVAL_LIMIT_SECONDS,
-            "bytes_ok": int(r["bytes_total"]) > RECORD_BYTE_BUDGET}
-    out = {}
-    for flag, (rule, field) in RECORD_RULES.items():
-        if flags.get(flag) is False or over.get(flag):
-            value = r.get(field)
-            out[flag] = f"{rule}: {field}={value:.1f}" if isinstance(value, float) else f"{rule}: {field}={value}"
-    return out
+    """{flag: evidence} for each challenge rule (RECORD_RULES) the run's evidence shows unmet. None
+    (not checkable, e.g. splits_disjoint without a manifest) is not a failure."""
+    return {flag: f"{RECORD_RULES[flag][0]}: {evidence}" for flag, (ok, evidence) in rules_of(run).items()
+            if ok is False}
 
 
 def check_rules(runs: list, track: str) -> dict:
@@ -255,7 +158,7 @@ def check_rules(runs: list, track: str) -> dict:
         unmet = unmet_rules(run)
         refused = [f for f in unmet if f not in accepted]
         if refused:
-            raise RecordError("; ".join(f"run {run.label}: result.json compliance.{f} not met ({unmet[f]})"
+            raise RecordError("; ".join(f"run {run.label}: {f} not met ({unmet[f]})"
                                         for f in refused)
                               + (f": {track} needs every rule met" if track == "track_10min_16mb" else ""))
         if unmet:
@@ -356,7 +259,7 @@ def seed_results(runs: list) -> list:
             "val_loss_sliding": r["val_loss_sliding"], "val_bpb_sliding": r["val_bpb_sliding"],
             "eval_stride": r.get("eval_stride"), "bytes_model": r["bytes_model"], "bytes_total": r["bytes_total"],
             "tokens_per_byte": r.get("tokens_per_byte"), "val_tokens": r.get("val_tokens"), "run_id": r.get("run_id"),
-            "compliance": {k: v for k, v in r["compliance"].items() if k in RECORD_RULES},
+            "compliance": {flag: ok for flag, (ok, _) in rules_of(run).items()},
         })
     return out
 
@@ -589,8 +492,8 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
     lines += [
         "## Compliance",
         "",
-        "Each rule is a flag that `train_gpt.py` computed from what the run measured "
-        "(`result.json[\"compliance\"]`, per seed in `submission.json`).",
+        "Each rule is decided by `tools/make_record.py` from what the run measured and logged (times, "
+        "bytes, val tokens, train shards, manifest; never the run's own flags), per seed in `submission.json`.",
         "",
         "| rule | value | limit | met |",
         "|---|---:|---:|:---:|",
@@ -611,7 +514,8 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
     if not_met:
         lines += [f"**Rules not met** (accepted in `{submission['track']}`, which takes runs beyond the limits; a "
                   "`track_10min_16mb` record must meet every rule):", ""]
-        lines += [f"- seed {seed}: `{flag}`: {evidence}" for seed, unmet in not_met.items() for flag, evidence in unmet.items()]
+        lines += [f"- seed {seed}: `{flag}`: {evidence}" for seed, unmet in not_met.items()
+                  for flag, evidence in unmet.items()]
         lines.append("")
     lines += [
         f"Hardware: {submission['hardware']}. Track: `{submission['track']}` ({track_reason}).",
@@ -637,6 +541,41 @@ _SUBMISSION_FIELDS = ("author", "github_id", "name", "blurb", "date", "val_loss"
                       "bytes_code", "track", "seeds", "seed_results", "val_bpb_std", "hardware", "pytorch_version")
 
 
+def _refuse_outside_links(folder: Path) -> None:
+    """A file of the folder that is a symlink out of it (a log, the script) is refused: the folder
+    must hold its own evidence and code."""
+    from tools.audit_rules import folder_files, is_inside
+
+    for path in folder_files(folder):
+        if path.is_symlink() and not is_inside(folder, path):
+            raise RecordError(f"record {folder}: {path.relative_to(folder)} is a symlink to {os.readlink(path)}, "
+                              f"outside the folder: expected a file inside it")
+
+
+def _read_submission(folder: Path) -> dict:
+    """submission.json as an object with the fields of _SUBMISSION_FIELDS, numbers where numbers go."""
+    path = folder / "submission.json"
+    try:
+        sub = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RecordError(f"record {folder}: submission.json is not valid JSON ({e}): expected an object") from e
+    if not isinstance(sub, dict):
+        raise RecordError(f"record {folder}: submission.json is a JSON {type(sub).__name__}: expected an object")
+    missing = [k for k in _SUBMISSION_FIELDS if k not in sub]
+    if missing:
+        raise RecordError(f"record {folder}: submission.json lacks {', '.join(missing)}")
+    for key in ("val_bpb", "val_loss", "bytes_total", "bytes_code"):
+        value = sub[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RecordError(f"record {folder}: submission.json {key}={value!r}: expected a number")
+    per = sub["seed_results"]
+    if not isinstance(per, list) or not all(isinstance(s, dict) and {"seed", "val_bpb", "val_loss", "bytes_total"} <= set(s)
+                                            for s in per):
+        raise RecordError(f"record {folder}: submission.json seed_results={json.dumps(per)[:60]}: expected a list of "
+                          f"objects with seed, val_bpb, val_loss, bytes_total")
+    return sub
+
+
 def check_record(folder) -> dict:
     """Verify a record folder against itself; returns submission.json, raises RecordError.
 
@@ -645,14 +584,14 @@ def check_record(folder) -> dict:
     latin-1 file re-saved as UTF-8); each train_seed<S>.log has final lines that match its seed
     result; bytes_total within the budget."""
     folder = Path(folder)
+    if not folder.is_dir():
+        raise RecordError(f"record {folder}: not a folder (expected records/<track>/<date>_<name>/)")
     for name in ("README.md", "submission.json", BUNDLE_PACKED_NAME, BUNDLE_HUMAN_NAME, "requirements.txt",
                  "loss_curve.png"):
         if not (folder / name).is_file():
             raise RecordError(f"record {folder}: {name} is missing")
-    sub = json.loads((folder / "submission.json").read_text(encoding="utf-8"))
-    missing = [k for k in _SUBMISSION_FIELDS if k not in sub]
-    if missing:
-        raise RecordError(f"record {folder}: submission.json lacks {', '.join(missing)}")
+    _refuse_outside_links(folder)
+    sub = _read_submission(folder)
     if sub["track"] not in RECORD_TRACKS or folder.resolve().parent.name != sub["track"]:
         raise RecordError(f"record {folder}: track {sub['track']!r} does not match the folder {folder.parent.name!r}")
     per = sub["seed_results"]
@@ -705,7 +644,7 @@ def audit_record(folder: Path, runs: list, submission: dict, log=print) -> dict:
             label, data_path = f"measured {measured['tokens_per_byte']:.7f} ({tokenizer.name}, {data.name})", str(data)
         except (OSError, ValueError) as e:
             log(f"audit: tokens/byte not measured ({e})")
-    result = audit_folder(folder, measured=measured, measured_label=label, data_path=data_path)
+    result = audit_folder(folder, measured=measured, measured_label=label, data_path=data_path, strict=True)
     hard = [c for c in result.checks if c.status == "fail" and c.name not in AUDIT_SOFT_CHECKS]
     if hard:
         raise RecordError("the record folder fails its audit (python tools/audit.py FOLDER):\n"
@@ -757,7 +696,8 @@ def smoke_run(folder: Path, run: Run, log=print) -> dict:
                               f"the packed file's {packed_bytes} bytes")
         if not parsed["train"] or parsed["train"][-1][0] != 2:
             raise RecordError(f"smoke run: the log has no `step:2/2 train_loss:` line:\n{tail}")
-        missing = [f"final_{k}_exact" for k in _FINAL_KEYS if _FINAL_KEYS[k] not in parsed["final"]]
+        missing = [f"final_{k}_exact" for k, key in (("prequant", "prequant"), ("roundtrip", "roundtrip"),
+                                                    ("sliding_window", "sliding")) if key not in parsed["final"]]
         if missing or parsed["total_bytes"] is None:
             raise RecordError(f"smoke run: the log lacks {', '.join(missing) or 'Total submission size'}:\n{tail}")
     for p in folder.iterdir():  # nothing may be left behind (e.g. a runs/ folder from a bad OUT_DIR)
@@ -801,7 +741,13 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
     final_dir = records_dir / track_name / f"{day}_{name}"
     if final_dir.exists() and not force:
         raise RecordError(f"{final_dir} exists; pass --force to replace it")
-    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final_dir.parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.mkdtemp(prefix=".write_probe", dir=final_dir.parent)
+        os.rmdir(probe)
+    except OSError as e:
+        raise RecordError(f"--records-dir {records_dir}: cannot write {final_dir.parent} ({e.strerror or e}): "
+                          f"expected a writable folder") from e
     mean_bpb, std_bpb = _mean_std([float(r.result["val_bpb_sliding"]) for r in runs])
     hp = runs[0].result["hyperparameters"]
     if not blurb:

@@ -29,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.make_record import RecordError, load_run
+from tools.runs import RecordError, load_run
 
 SIG_MIN_IMPROVEMENT_NATS = 0.005
 SIG_ALPHA = 0.01

@@ -1,0 +1,4 @@
+import subprocess
+import sys
+
+subprocess.run([sys.executable, "-m", "pip", "install", "zstandard"], check=True)
