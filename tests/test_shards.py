@@ -1,4 +1,4 @@
-"""eval/shards.py (+ the writer in eval/offline.py): official shard layout, validation errors, val
+"""trainer/shards.py: the official shard layout (reader, writer, constants), validation errors, val
 loading, manifest checks."""
 
 import ast
