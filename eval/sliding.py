@@ -78,7 +78,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     rank has fewer batches) the total time is projected as elapsed + seconds_per_batch * remaining
     batches (max over ranks)
     and logged on rank 0. If it exceeds max_seconds (EVAL_MAX_SECONDS) ValueError is raised with the
-    numbers (EvalTimeError, a ValueError carrying the smallest stride that fits), or with auto_stride (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose
+    numbers (EvalTimeError, a ValueError carrying the smallest stride that fits), or with auto_stride
+    (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose
     projection fits (ValueError if none <= seq_len does). A progress line goes to stderr on a TTY.
     clock: seconds, injectable for tests.
     Returns dict(val_loss nats/token, val_bpb, stride (the one used), eval_seconds (wall, this call),
@@ -111,7 +112,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
         # Batch k holds windows k*B .. k*B+B-1 and goes to rank k % world_size. Only the last batch
         # runs past the last window; the plan masks such windows, so every batch has one shape.
         for batch_index, first in enumerate(range(rank * batch_seqs, num_windows, world_size * batch_seqs)):
-            index, score = plan_sliding_windows(num_targets, seq_len, stride, torch.arange(first, first + batch_seqs, device=device))
+            starts = torch.arange(first, first + batch_seqs, device=device)
+            index, score = plan_sliding_windows(num_targets, seq_len, stride, starts)
             index = index.clamp(max=num_targets - 1)  # padding positions read the last real token
             # Positions before `context` score nothing after window 0: skip their log-softmax.
             context = (seq_len - stride) * (first > 0)

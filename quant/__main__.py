@@ -70,7 +70,8 @@ def _inspect(path: str, out=print) -> int:
     out(f"format: {meta['format_version']}   run: " + (json.dumps(meta["run"]) if meta.get("run") else
         "none (format 2, or written outside the trainer: python -m eval score needs --seq-len)"))
     out(f"raw payload: {raw_bytes:,} bytes = tensor data {data_bytes:,} + JSON header {raw_bytes - data_bytes:,}")
-    out(f"compressed payload: {comp_bytes:,} bytes ({meta['compressor']}, packing {packing}, ratio {raw_bytes / max(comp_bytes, 1):.3f})")
+    out(f"compressed payload: {comp_bytes:,} bytes ({meta['compressor']}, packing {packing}, "
+        f"ratio {raw_bytes / max(comp_bytes, 1):.3f})")
     out(f"file total: container header {QUANT_HEADER_BYTES} + compressed payload {comp_bytes:,} = {len(data):,} bytes"
         f" ({8 * len(data) / max(num_params, 1):.3f} bits/param)")
     return 0

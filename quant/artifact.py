@@ -39,7 +39,8 @@ Payload (L bytes, decompressed):
           eval with)}; {} when the writer had none (tests, benches). `python -m eval score` reads it.
     4 bytes: uint32 length of the header.
 Decoding checks magic + version, the CRC and the compressor id before anything else, inflates with
-the output capped at the declared length (no zip bombs; brotli's cap is its output buffer limit), then requires the data to split exactly into the pieces the
+the output capped at the declared length (no zip bombs; brotli's cap is its output buffer limit),
+then requires the data to split exactly into the pieces the
 header describes (so no allocation exceeds the file's own size class). Every failure, including
 any exception of the parsing code on a crafted payload with a valid CRC, is a ValueError naming
 the file: a damaged file never crashes or hangs the loader; nothing is unpickled.
@@ -53,6 +54,7 @@ Size note: bundled into the counted train_gpt.py; CLI / bench helpers live in qu
 """
 
 import dataclasses
+import functools
 import json
 import lzma
 import math
@@ -213,15 +215,15 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     shapes = {k: tuple(v.shape) for k, v in state_dict.items() if v.is_floating_point() and v.numel()}
     cache, steps = {}, []
 
-    def err(name: str, bits: int) -> float:  # measured relative (Hessian-weighted) error of `name` at `bits`
+    def err(name: str, bits: int, policy: QuantPolicy) -> float:  # measured relative error of `name` at `bits`
         return quantize_matrix(cache, name, state_dict[name], bits, policy, hessians)[3]
 
     while True:
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
         with ThreadPoolExecutor(len(jobs)) as pool:
-            blob, job = min(zip(pool.map(lambda j: quant_wrap_container(
-                quant_build_payload(entries, model_config, policy.to_dict(), *j[:2], run), j[2]), jobs), jobs),
-                key=lambda bj: len(bj[0]))
+            payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict())
+            blobs = pool.map(lambda j, build=payload: quant_wrap_container(build(*j[:2], run), j[2]), jobs)
+            blob, job = min(zip(blobs, jobs), key=lambda bj: len(bj[0]))
         jobs, total = [job], len(blob) + code_bytes
         log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = {total} bytes "
             f"(budget {byte_budget}) rel_mse {rel_mse:.3e}")
@@ -230,7 +232,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
         # the fit: cheapest error per byte until the estimated saving (scaled to real bytes) covers the overshoot
         over, ratio = total - byte_budget, len(blob) / estimate_artifact_bytes(shapes, policy)
         while over > 0:
-            step = quant_fit_step(policy, shapes, lambda n, b: err(n, b) - err(n, b + 1))
+            step = quant_fit_step(policy, shapes, lambda n, b, p=policy: err(n, b, p) - err(n, b + 1, p))
             if not step:
                 raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
                                  f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
@@ -238,7 +240,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
             over -= ratio * (estimate_tensor_bytes(shapes[name], bits + 1) - estimate_tensor_bytes(shapes[name], bits))
             policy = policy.with_bits(name, bits)
             steps.append(f"{name}=int{bits}")
-            log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits):.3e}")
+            log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits, policy):.3e}")
     atomic_write_bytes(path, blob)
     return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], shuffle=job[1],
                 compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)

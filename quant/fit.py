@@ -61,7 +61,7 @@ def fit_policy(policy: QuantPolicy, shapes: dict, model_budget_bytes: int, log: 
     """
     num_steps = 0
     while (est := estimate_artifact_bytes(shapes, policy, estimate_scale)) > model_budget_bytes:
-        step = quant_fit_step(policy, shapes, lambda n, b: QUANT_FIT_PRIOR[policy.group_of(n, shapes[n])] * 4.0 ** -b)
+        step = quant_fit_step(policy, shapes, lambda n, b, p=policy: QUANT_FIT_PRIOR[p.group_of(n, shapes[n])] * 4.0 ** -b)
         if not step:
             break
         policy, num_steps = policy.with_bits(*step), num_steps + 1

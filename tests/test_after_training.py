@@ -1,7 +1,6 @@
 """A run whose training finished always leaves result.json (issue 9, defect 3), CUDA out-of-memory
 stops with the knob that lowers memory, and the eval stride is planned before training."""
 
-import json
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import trainer.model as trainer_model
 from tests.test_train import REPO, TINY_ENV, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
 from trainer.context import RunContext
 from trainer.evaluate import plan_eval_stride
-from trainer.model import GPT, build_model_config
+from trainer.model import build_model_config
 from trainer.settings import Hyperparameters
 
 
@@ -113,7 +112,7 @@ def test_eval_stride_plan_picks_the_smallest_stride_that_fits(tmp_path):
 
 @pytest.mark.slow
 def test_eval_auto_stride_recovers_in_the_trainer_within_what_load_and_roundtrip_left(
-        monkeypatch, tiny_dataset, sp1024_model, tmp_path, capsys, one_thread):
+        monkeypatch, tiny_dataset, sp1024_model, tmp_path, capsys, one_thread):  # noqa: F811 (fixture)
     """EVAL_AUTO_STRIDE=1 through main(): the final sliding eval trips at EVAL_STRIDE=8 and restarts
     at the smallest stride that fits what loading the artifact (+0.3 s injected) and the roundtrip
     (+0.2 s) left of EVAL_MAX_SECONDS; result.json is status ok with that stride. The sliding eval

@@ -25,8 +25,7 @@ from quant.policy import QuantPolicy
 from tools.flash_twin import cuda_autocast_rms_norm, flash_attn_standin, plugged_flash_standin
 from trainer.attention import attention
 from trainer.model import GPT, build_model_config, count_train_flops_per_token
-from trainer.optim import Muon, build_optimizers, newton_schulz
-from trainer.schedule import EMA
+from trainer.optim import Muon, newton_schulz
 from trainer.settings import Hyperparameters
 
 TINY = dict(vocab_size=64, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=8,

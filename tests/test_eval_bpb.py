@@ -30,7 +30,8 @@ def decode_bytes(sp, ids: list[int]) -> int:
 
 
 def sample_docs() -> list[str]:
-    docs = read_docs("fineweb_textfixer") + read_docs("c4_olmo_fixtures") + read_docs("nemotron_cc", 120) + read_docs("fineweb_edu", 60)
+    docs = (read_docs("fineweb_textfixer") + read_docs("c4_olmo_fixtures") + read_docs("nemotron_cc", 120)
+            + read_docs("fineweb_edu", 60))
     return list(dict.fromkeys(docs))  # without ../shared every name gives the same sample documents
 
 

@@ -12,7 +12,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import brotli
 import pytest
-import safetensors.torch
 import torch
 import zstandard
 

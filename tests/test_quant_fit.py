@@ -4,7 +4,6 @@ explicit bits never touched, real sizes confirmed at export."""
 
 import dataclasses
 
-import pytest
 import torch
 
 from quant.artifact import export_artifact, load_artifact
@@ -24,8 +23,8 @@ def _bits(policy, shapes=SHAPES):
     return {n: policy.bits_for(n, s) for n, s in shapes.items() if policy.bits_for(n, s)}
 
 
-def _fit(budget, policy=QuantPolicy()):
-    logs = []
+def _fit(budget, policy=None):
+    logs, policy = [], policy or QuantPolicy()
     return fit_policy(policy, SHAPES, budget, logs.append), logs
 
 

@@ -75,7 +75,8 @@ def test_from_env_overrides_and_validation():
     assert QuantPolicy.from_env({}) == QuantPolicy()
     for var, value, match in [
         ("QUANT_MLP_BITS", "six", "QUANT_MLP_BITS='six'"), ("QUANT_ATTN_BITS", "9", "QUANT_ATTN_BITS"),
-        ("QUANT_COMPRESSOR", "bzip2", "QUANT_COMPRESSOR"), ("QUANT_SHUFFLE", "1", "QUANT_SHUFFLE"), ("QUANT_GPTQ_LITE", "yes", "QUANT_GPTQ_LITE"),
+        ("QUANT_COMPRESSOR", "bzip2", "QUANT_COMPRESSOR"), ("QUANT_SHUFFLE", "1", "QUANT_SHUFFLE"),
+        ("QUANT_GPTQ_LITE", "yes", "QUANT_GPTQ_LITE"),
         ("QUANT_OVERRIDES", "blocks.0", "QUANT_OVERRIDES"), ("QUANT_PRUNE_FRACTION", "1.0", "QUANT_PRUNE_FRACTION"),
         ("QUANT_FLOAT_DTYPE", "float8", "QUANT_FLOAT_DTYPE"), ("QUANT_MATRIX_BITS", "1", "QUANT_MATRIX_BITS"),
     ]:

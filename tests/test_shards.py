@@ -175,7 +175,8 @@ def test_check_manifest_errors_and_skips(tmp_path):
     _make_dataset(tmp_path / "nohash", ["a"], ["a"], with_hashes=False)
     # Without hash files (the official HF download) the overlap can not be checked: None, logged.
     assert check_data_manifest(tmp_path / "nohash", vocab_size=1024, log=logs.append) is None
-    assert logs[-1] == f"warning: no doc hashes of both splits in {tmp_path / 'nohash' / 'manifest.json'}: train/val overlap not checked"
+    manifest = tmp_path / "nohash" / "manifest.json"
+    assert logs[-1] == f"warning: no doc hashes of both splits in {manifest}: train/val overlap not checked"
 
     _make_dataset(tmp_path / "missing", ["a"], ["b"])
     (tmp_path / "missing" / "fineweb_train_000000.bin").unlink()

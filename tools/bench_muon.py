@@ -38,7 +38,8 @@ NON_COMPUTE_OPS = {"aten::view", "aten::t", "aten::transpose", "aten::as_strided
 
 def block_matrices(preset: str, num_layers: int) -> list:
     """Shapes of the Muon-optimized matrices of `preset` with `num_layers` layers."""
-    hp = Hyperparameters.from_env({"PRESET": preset, **({"NUM_LAYERS": str(num_layers), "XSA_LAST_N": "0"} if num_layers else {})},
+    layers = {"NUM_LAYERS": str(num_layers), "XSA_LAST_N": "0"} if num_layers else {}
+    hp = Hyperparameters.from_env({"PRESET": preset, **layers},
                                   log=lambda *_: None)
     with torch.device("meta"):
         model = GPT(**build_model_config(hp))

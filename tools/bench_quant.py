@@ -52,7 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from quant.artifact import (
+from quant.artifact import (  # noqa: E402
 
     decode_artifact,
 

@@ -1,4 +1,5 @@
-"""Package-only trainer features: SAVE_PREQUANT, and checkpoint/resume for long non-record runs (`MAX_WALLCLOCK_SECONDS=0`, `CHECKPOINT_EVERY`, `RESUME=1`).
+"""Package-only trainer features: SAVE_PREQUANT, and checkpoint/resume for long non-record runs
+(`MAX_WALLCLOCK_SECONDS=0`, `CHECKPOINT_EVERY`, `RESUME=1`).
 
 A kit feature of the package, loaded by train_gpt.py on demand: the packed record script does not
 carry it (a timed record run cannot be resumed). The checkpoint holds model, optimizers, EMA, the
@@ -25,7 +26,8 @@ def save_prequant(path: Path, state: dict, config: dict) -> None:
 def save_checkpoint(path: Path, model, optimizers, ema, step: int, loader, train_seconds: float, losses) -> None:
     """Everything a resumed run needs to continue bit for bit on CPU; written atomically."""
     state = {"model": model.state_dict(), "optimizers": [o.state_dict() for o in optimizers],
-             "ema": ema.shadow if ema else None, "ema_updates": ema.num_updates if ema else 0, "step": step, "train_seconds": train_seconds,
+             "ema": ema.shadow if ema else None, "ema_updates": ema.num_updates if ema else 0, "step": step,
+             "train_seconds": train_seconds,
              "losses": losses.cpu(),
              "stream": [loader.shard_index, loader.offset],
              "rng": torch.get_rng_state()}

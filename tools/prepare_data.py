@@ -197,7 +197,7 @@ def iter_documents(paths):
                         yield obj["text"]
                 else:
                     block = []
-                    for lineno, line in enumerate(f, 1):
+                    for line in f:
                         if line.strip():
                             block.append(line.rstrip("\n"))
                         elif block:
@@ -766,7 +766,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="PREFIX: writes PREFIX.model and PREFIX.vocab")
     p.add_argument("--input-sentence-size", type=int, default=1_000_000, help="max documents sampled for training")
     p.add_argument("--max-docs", type=int, default=None, help="use only the first M documents")
-    p.add_argument("--max-sentence-length", type=int, default=None, help="bytes; longer documents are skipped (SentencePiece default 4192)")
+    p.add_argument("--max-sentence-length", type=int, default=None,
+                   help="bytes; longer documents are skipped (SentencePiece default 4192)")
     p.add_argument("--no-byte-fallback", action="store_true", help="like the published sp1024/2048/4096 models")
     p.add_argument("--verbose", action="store_true", help="show SentencePiece's training log")
 

@@ -44,5 +44,6 @@ def warn_unknown_env(environ, known, prefixes=(), log=print, skip_prefixes=()) -
         close = difflib.get_close_matches(name, known, 1, 0.8)
         if close or name.startswith(tuple(prefixes)):
             unknown.append(name)
-            log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored" + (f" (did you mean {close[0]}?)" if close else ""))
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored{hint}")
     return unknown

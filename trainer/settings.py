@@ -139,7 +139,8 @@ class Hyperparameters:
         """Raise ValueError naming the first variable whose value is out of range."""
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if f.type in (int, float) and f.name not in ("compile", "parallel_residual_start") and not (math.isfinite(v) and v >= 0):
+            signed = f.name in ("compile", "parallel_residual_start")
+            if f.type in (int, float) and not signed and not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{f.name.upper()}={v!r}: expected a finite value >= 0")
         hd = self.model_dim // max(1, self.num_heads)
         for name, ok, expected in (
