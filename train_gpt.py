@@ -45,7 +45,8 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
     attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     scale = hp.quant_estimate_scale  # bits before QAT, on the estimate scaled as the preset measured
-    policy = fit_policy(QuantPolicy.from_env(log=ctx.log), shapes, hp.byte_budget - code_bytes, ctx.log, scale)
+    policy = fit_policy(QuantPolicy.from_env(log=ctx.log), shapes, hp.byte_budget - code_bytes, log=ctx.log,
+                        estimate_scale=scale)
     model.configure_qat(policy)
     projected = estimate_artifact_bytes(shapes, policy, scale)
     flops_per_token = count_train_flops_per_token(config, hp.train_seq_len)
@@ -84,7 +85,7 @@ def main() -> int:
     torch.manual_seed(hp.seed)
 
     model, config, policy, attn_backend, flops_per_token = build_model(ctx, hp, code_bytes)
-    loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, ctx.rank, ctx.world_size, ctx.device)
+    loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
     luts = build_sentencepiece_luts(sp, hp.vocab_size)
     eval_on = not hp.skip_final_eval
     eval_stride = plan_eval_stride(ctx, config, hp, num_val_tokens) if eval_on and hp.eval_auto_stride else hp.eval_stride

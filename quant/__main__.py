@@ -112,7 +112,7 @@ def _estimate(args, out=print) -> int:
     code_bytes = shipped_code_bytes() if args.code_bytes is None else args.code_bytes
     # the bits the trainer would choose before training (QUANT_FIT=1, the default), on the same
     # estimate scaled by the preset's QUANT_ESTIMATE_SCALE
-    policy = fit_policy(policy, shapes, budget - code_bytes, out, scale)
+    policy = fit_policy(policy, shapes, budget - code_bytes, log=out, estimate_scale=scale)
     groups = {}
     for name, shape in shapes.items():
         bits = policy.bits_for(name, shape)

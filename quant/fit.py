@@ -49,7 +49,7 @@ def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable) -> tuple 
     return best and best[1:]
 
 
-def fit_policy(policy: QuantPolicy, shapes: dict, model_budget_bytes: int, log: Callable = print,
+def fit_policy(policy: QuantPolicy, shapes: dict, model_budget_bytes: int, *, log: Callable = print,
                estimate_scale: float = 1.0) -> QuantPolicy:
     """Before training: the policy whose estimated artifact fits model_budget_bytes (budget minus code).
 

@@ -63,7 +63,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QU
 
 
 @torch.no_grad()
-def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batches: int, deadline: float = math.inf,
+def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batches: int, *, deadline: float = math.inf,
                           autocast: Callable = contextlib.nullcontext) -> tuple:
     """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, over training batches.
 

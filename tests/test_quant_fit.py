@@ -25,7 +25,7 @@ def _bits(policy, shapes=SHAPES):
 
 def _fit(budget, policy=None):
     logs, policy = [], policy or QuantPolicy()
-    return fit_policy(policy, SHAPES, budget, logs.append), logs
+    return fit_policy(policy, SHAPES, budget, log=logs.append), logs
 
 
 def test_int8_everywhere_when_it_fits():

@@ -174,8 +174,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         if model.gptq_hessians is not None and not stop[0]:
             c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
             hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
-                                          hp.gptq_calib_batches, t0 + (hp.max_wallclock_seconds or math.inf)
-                                          - train_ms / 1000, ctx.autocast)
+                                          hp.gptq_calib_batches, deadline=t0 + (hp.max_wallclock_seconds or math.inf)
+                                          - train_ms / 1000, autocast=ctx.autocast)
             model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
             ctx.sync()
             ctx.log(f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "

@@ -62,7 +62,7 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, dim, num_heads, num_kv_heads, rope_dims, qk_gain_init, use_xsa):
+    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, rope_dims: int, qk_gain_init: float, use_xsa: bool):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
         self.use_xsa = use_xsa
@@ -103,11 +103,12 @@ class Block(nn.Module):
     2021; PR #1204 on 8 GPUs, PR #1608 on one), attention and MLP read the same normalized input and
     both add to the residual: x + attn(norm(x)) + mlp(norm(x)), one norm and no serial dependency."""
 
-    def __init__(self, dim, num_heads, num_kv_heads, mlp_mult, activation, rope_dims, qk_gain_init, use_xsa,
-                 parallel=False):
+    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, mlp_mult: float, activation: str, rope_dims: int,
+                 qk_gain_init: float, use_xsa: bool, parallel: bool = False):
         super().__init__()
         self.parallel = parallel
-        self.attn = CausalSelfAttention(dim, num_heads, num_kv_heads, rope_dims, qk_gain_init, use_xsa)
+        self.attn = CausalSelfAttention(dim, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_dims=rope_dims,
+                                        qk_gain_init=qk_gain_init, use_xsa=use_xsa)
         self.mlp = MLP(dim, mlp_mult, activation)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
@@ -139,8 +140,9 @@ class GPT(nn.Module):
         self.logit_softcap, self.gptq_hessians = logit_softcap, None
         self.tok_emb = nn.Embedding(vocab_size, model_dim)
         self.blocks = nn.ModuleList(
-            Block(model_dim, num_heads, num_kv_heads, mlp_mult, activation, rope_dims, qk_gain_init,
-                  use_xsa=i >= num_layers - xsa_last_n, parallel=0 <= parallel_residual_start <= i)
+            Block(model_dim, num_heads=num_heads, num_kv_heads=num_kv_heads, mlp_mult=mlp_mult, activation=activation,
+                  rope_dims=rope_dims, qk_gain_init=qk_gain_init, use_xsa=i >= num_layers - xsa_last_n,
+                  parallel=0 <= parallel_residual_start <= i)
             for i in range(num_layers))
         self.num_encoder_layers = num_layers // 2
         num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)

@@ -50,7 +50,8 @@ class Muon(torch.optim.Optimizer):
     (as the 8xH100 records do). Param groups take lr, momentum, weight_decay (changeable per step).
     """
 
-    def __init__(self, params, lr, momentum, weight_decay, ns_steps=5, rank=0, world_size=1, compile=False):
+    def __init__(self, params, *, lr: float, momentum: float, weight_decay: float, ns_steps: int = 5, rank: int = 0,
+                 world_size: int = 1, compile: bool = False):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         self.ns_steps, self.rank, self.world_size = ns_steps, rank, world_size
         self.ns = torch.compile(newton_schulz, fullgraph=True, dynamic=False) if compile else newton_schulz
