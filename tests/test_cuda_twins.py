@@ -11,6 +11,7 @@
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -318,7 +319,7 @@ def test_muon_sharded_over_two_ranks_equals_one_process(tmp_path):
     script = tmp_path / "ddp_muon.py"
     script.write_text(DDP_MUON_SCRIPT)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(train_gpt.Path(train_gpt.__file__).parent)],
+                           str(script), str(Path(train_gpt.__file__).parent)],
                           capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("equal") == 2
