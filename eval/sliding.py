@@ -113,7 +113,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     rank has fewer batches) the total time is projected as elapsed + seconds_per_batch * remaining
     batches (max over ranks)
     and logged on rank 0. If it exceeds max_seconds (EVAL_MAX_SECONDS) ValueError is raised with the
-    numbers (EvalTimeError, a ValueError carrying the smallest stride that fits), or with auto_stride (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose
+    numbers (EvalTimeError, a ValueError carrying the smallest stride that fits), or with auto_stride
+    (EVAL_AUTO_STRIDE=1) the eval restarts at the smallest stride whose
     projection fits (ValueError if none <= seq_len does). A progress line goes to stderr on a TTY.
     clock: seconds, injectable for tests.
     Returns dict(val_loss nats/token, val_bpb, stride (the one used), eval_seconds (wall, this call),
@@ -154,7 +155,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
                 t_warm = clock()
             if batch_index == probe > 0:
                 float(sums[0])
-                stats = torch.tensor([(now := clock()) - t_start, (now - t_warm) / probe], dtype=torch.float64, device=device)
+                stats = torch.tensor([(now := clock()) - t_start, (now - t_warm) / probe], dtype=torch.float64,
+                                     device=device)
                 if dist.is_initialized():
                     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
                 elapsed_seconds, seconds_per_batch = stats.tolist()
