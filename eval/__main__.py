@@ -20,6 +20,9 @@ Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA2 -> SDPA (
 Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wins over it), EVAL_BATCH_SEQS (32),
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
 EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split).
+With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT (eval/ttt.py), printed as
+`final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`; TTT_CHUNK_TOKENS (32768), TTT_EPOCHS (3),
+TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BATCH_SEQS (32), TTT_PARAMS (all).
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -37,6 +40,7 @@ import torch.distributed as dist
 from eval.offline import count_stream_bytes, load_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import eval_sliding
+from eval.ttt import run_ttt, ttt_log_line
 
 
 def _env_int(name: str, default: int, environ=None) -> int:
@@ -150,7 +154,14 @@ def cmd_score(args) -> None:
                       autocast_dtype=autocast_dtype, compile_model=bool(args.compile) and device.type == "cuda")
         val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
         log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-        if stride > 0:
+        if stride > 0 and args.ttt:  # score-first TTT: its scoring pass is the sliding pass (eval/ttt.py)
+            result = run_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, chunk_tokens=args.ttt_chunk_tokens,
+                             epochs=args.ttt_epochs, lr=args.ttt_lr, momentum=args.ttt_momentum, params=args.ttt_params,
+                             batch_seqs=args.ttt_batch_seqs, eval_batch_seqs=args.batch_seqs, grad_clip=args.ttt_grad_clip,
+                             max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9), log=log,
+                             **{k: v for k, v in common.items() if k != "batch_seqs"})
+            log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
+        elif stride > 0:
             # loading and the roundtrip count against the same EVAL_MAX_SECONDS; when they used it all,
             # the guard still projects and says so (a budget <= 0 would be refused as a bad input)
             budget_seconds = max(args.max_seconds - (time.perf_counter() - t_start), 1e-9)
@@ -200,6 +211,16 @@ def main(argv=None) -> int:
     score.add_argument("--autocast", choices=("bf16", "none"), default="bf16", help="autocast dtype on CUDA")
     score.add_argument("--attn-backend", choices=("auto", "fa3", "fa2", "sdpa"), default=os.environ.get("ATTN_BACKEND", "auto"),
                        help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA2 -> SDPA)")
+    env = os.environ.get
+    score.add_argument("--ttt", type=int, choices=(0, 1), default=_env_int("TTT_ENABLED", 0),
+                       help="legal score-first TTT in place of the sliding pass (eval/ttt.py)")
+    score.add_argument("--ttt-chunk-tokens", type=int, default=_env_int("TTT_CHUNK_TOKENS", 32768))
+    score.add_argument("--ttt-epochs", type=int, default=_env_int("TTT_EPOCHS", 3))
+    score.add_argument("--ttt-lr", type=float, default=float(env("TTT_LR", "0.002")))
+    score.add_argument("--ttt-momentum", type=float, default=float(env("TTT_MOMENTUM", "0.9")))
+    score.add_argument("--ttt-grad-clip", type=float, default=float(env("TTT_GRAD_CLIP", "1.0")))
+    score.add_argument("--ttt-batch-seqs", type=int, default=_env_int("TTT_BATCH_SEQS", 32))
+    score.add_argument("--ttt-params", default=env("TTT_PARAMS", "all"), help="all | scalars | a regex of parameter names")
     score.set_defaults(func=cmd_score)
     count = sub.add_parser("bytes", help="count tokens and bytes of the val split")
     count.add_argument("--data-path", required=True)

@@ -84,11 +84,11 @@ def check_ttt_legality(records: list) -> None:
 
 
 def select_ttt_params(model, which: str) -> list:
-    """Parameters that TTT adapts: `all`; `scalars` (vectors and matrices with a side <= 16: gains,
+    """Parameters that TTT adapts: `all`; `scalars` (vectors and matrices with a side <= 8: gains,
     scales, mixes, skip weights); or a regular expression searched in the parameter names (e.g.
     `blocks\\.[23]\\.` or `mlp|scale`). Raises ValueError naming TTT_PARAMS if none matches."""
     chosen = [p for n, p in model.named_parameters() if which == "all" or (
-        min(p.shape, default=1) <= 16 or p.ndim < 2 if which == "scalars" else re.search(which, n))]
+        min(p.shape, default=1) <= 8 or p.ndim < 2 if which == "scalars" else re.search(which, n))]
     if not chosen:
         raise ValueError(f"TTT_PARAMS={which!r} matches no parameter")
     return chosen

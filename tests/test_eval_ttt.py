@@ -56,7 +56,7 @@ def test_chunks_hold_whole_documents(stream):
     for chunk_tokens in (1, 100, 500, 5000):
         bounds = split_ttt_chunks(stream, chunk_tokens)
         assert bounds[0] == 0 and bounds[-1] == len(stream) - 1 and bounds == sorted(set(bounds))
-        for lo, hi in zip(bounds[1:-1], bounds[2:]):
+        for lo in bounds[1:-1]:
             assert stream[lo + 1] == 1  # a chunk starts with the prediction of a BOS
         sizes = [b - a for a, b in zip(bounds, bounds[1:])]
         assert all(s >= chunk_tokens for s in sizes[:-1])
@@ -75,7 +75,8 @@ def test_chunk_sequences_stay_inside_the_chunk():
         assert starts == sorted(starts)
 
 
-@pytest.mark.parametrize("seq_len,stride,chunk_tokens,eval_batch_seqs", [(32, 8, 200, 4), (64, 64, 300, 3), (48, 20, 700, 5)])
+@pytest.mark.parametrize("seq_len,stride,chunk_tokens,eval_batch_seqs",
+                         [(32, 8, 200, 4), (64, 64, 300, 3), (48, 20, 700, 5)])
 def test_without_updates_it_is_the_sliding_eval(stream, luts, seq_len, stride, chunk_tokens, eval_batch_seqs):
     tokens = stream[:1500]
     ref = eval_sliding(TTTLM(seed=1), tokens, luts, seq_len=seq_len, stride=stride, batch_seqs=eval_batch_seqs, **QUIET)
@@ -151,8 +152,8 @@ def test_parameter_subsets():
 
 def test_bad_settings_are_refused_before_anything_runs(stream, luts):
     model = TTTLM()
-    for kwargs, what in [(dict(chunk_tokens=16), "TTT_CHUNK_TOKENS=16"), (dict(batch_seqs=3, world_size=2), "TTT_BATCH_SEQS=3"),
-                         (dict(stride=0), "EVAL_STRIDE=0"), (dict(epochs=-1), "TTT_EPOCHS=-1")]:
+    for kwargs, what in [(dict(chunk_tokens=16), "TTT_CHUNK_TOKENS=16"), (dict(stride=0), "EVAL_STRIDE=0"),
+                         (dict(batch_seqs=3, world_size=2), "TTT_BATCH_SEQS=3"), (dict(epochs=-1), "TTT_EPOCHS=-1")]:
         with pytest.raises(ValueError, match=what):
             run_ttt(model, stream[:500], luts, **{**dict(seq_len=32, stride=16, chunk_tokens=100), **kwargs}, **QUIET)
     assert model.num_calls == 0
@@ -232,3 +233,38 @@ def test_two_ranks_match_one(stream, luts, tmp_path):
         assert ledger == [(c["scored_at_step"], c["first_update_step"]) for c in res["chunks"]]
         assert (loss, bpb) == pytest.approx((res["val_loss"], res["val_bpb"]), rel=1e-5)
         torch.testing.assert_close(emb, model.emb.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_cli_ttt_equals_the_direct_call(tiny_dataset, sp1024_model, tmp_path):
+    """`python -m eval score --ttt 1` on a saved artifact prints the score run_ttt gives in process."""
+    import re
+
+    import train_gpt
+    from eval.offline import load_sentencepiece_luts
+    from eval.shards import load_validation_tokens
+    from quant.artifact import export_artifact, load_artifact
+    from test_eval_cli import run_cli
+
+    config = dict(vocab_size=1024, num_layers=2, model_dim=64, num_heads=2, num_kv_heads=1, mlp_mult=2, rope_dims=16)
+    torch.manual_seed(0)
+    model = train_gpt.GPT(**config)
+    model.init_weights(0.05)
+    path = tmp_path / "final_model.ptz"
+    export_artifact({k: v.detach().float() for k, v in model.state_dict().items()}, config, path, code_bytes=0,
+                    log=lambda m: None)
+    settings = dict(chunk_tokens=1024, epochs=2, lr=0.05, batch_seqs=4, params="all")
+    out = run_cli("score", "--artifact", path, "--data-path", tiny_dataset, "--tokenizer", sp1024_model, "--seq-len", 64,
+                  "--stride", 32, "--batch-seqs", 8, "--val-max-tokens", 3000, "--ttt", 1, "--ttt-chunk-tokens", 1024,
+                  "--ttt-epochs", 2, "--ttt-lr", 0.05, "--ttt-batch-seqs", 4, "--ttt-params", "all").stdout
+    line = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) eval_time:(\d+)ms stride:32 "
+                     r"chunks:(\d+) updates:(\d+)$", out, re.M)
+    assert line and "final_sliding_window_exact" not in out, out
+    state, loaded_config, _ = load_artifact(path)
+    loaded = train_gpt.GPT(**loaded_config)
+    loaded.load_state_dict(state)
+    tokens = load_validation_tokens(tiny_dataset)[:3001]
+    res = run_ttt(loaded.eval(), tokens, load_sentencepiece_luts(sp1024_model, 1024), seq_len=64, stride=32,
+                  eval_batch_seqs=8, **settings, **QUIET)
+    assert res["num_updates"] > 0 and (int(line[4]), int(line[5])) == (res["num_chunks"], res["num_updates"])
+    assert float(line[1]) == pytest.approx(res["val_loss"], abs=1e-7)
+    assert float(line[2]) == pytest.approx(res["val_bpb"], abs=1e-7)
