@@ -58,14 +58,14 @@ def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -
 
 def plan_chunk_sequences(lo: int, hi: int, seq_len: int, multiple: int) -> list:
     """Start target indices of the training sequences of chunk targets [lo, hi): evenly spaced over
-    [lo, hi - seq_len], ceil((hi - lo) / seq_len) of them rounded up to a multiple of `multiple`
-    (full batches: one static shape); sequence s trains on targets [s, s + seq_len), i.e. inputs
+    [lo, hi - seq_len], (hi - lo) / seq_len of them rounded to the nearest multiple (>= 1) of
+    `multiple` (full batches: one static shape; a little overlap or a few untrained targets, never a
+    batch mostly made of repeats); sequence s trains on targets [s, s + seq_len), i.e. inputs
     tokens[s : s + seq_len]. [] if the chunk is shorter than seq_len.
     """
     if hi - lo < seq_len:
         return []
-    n = -(-(hi - lo) // seq_len)
-    n = -(-n // multiple) * multiple
+    n = max(1, round((hi - lo) / seq_len / multiple)) * multiple
     return [lo + (hi - seq_len - lo) * i // max(1, n - 1) for i in range(n)]
 
 
@@ -105,9 +105,10 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
     cross-entropy (nats), on `device`, kept in eval mode (no dropout). Scoring: eval/sliding.py's
     window set at `stride` in batches of eval_batch_seqs windows, under inference mode, exact bytes
     (eval/bpb.py). Update: SGD(lr, momentum) with lr cosine-decayed over the chunks, grad-norm clip
-    (0: none), `epochs` passes over the chunk's sequences of seq_len, batch_seqs sequences per step
-    (global; each rank takes batch_seqs / world_size, gradients all-reduced so every rank takes the
-    same step), on the parameters `params` (select_ttt_params).
+    (0: none), `epochs` passes over the chunk's sequences of seq_len (plan_chunk_sequences),
+    min(batch_seqs, chunk_tokens // seq_len rounded up to the world size) sequences per step (global;
+    each rank takes 1 / world_size of them, gradients all-reduced so every rank takes the same
+    step), on the parameters `params` (select_ttt_params).
     Multi-rank (torch.distributed initialized, call on every rank): every rank walks the chunks in
     order, scores a share of each chunk's windows (sums all-reduced) and trains on a share of each
     batch. autocast_dtype: e.g. torch.bfloat16 on CUDA. compile_model: torch.compile the scoring
@@ -133,6 +134,7 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
                          f"EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], 0 < stride <= seq_len <= chunk "
                          "tokens, batch seqs a multiple of the world size, others >= 0")
     t_start = clock()
+    batch_seqs = min(batch_seqs, -(-(chunk_tokens // seq_len) // world_size) * world_size)
     device = torch.device(device)
     tokens = val_tokens.to(device, torch.int64)
     luts = [t.to(device) for t in luts]
@@ -248,14 +250,15 @@ def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_l
                         eval_batch_seqs, batch_seqs, world_size=1) -> float:
     """Projected seconds of run_ttt: forward batches (each chunk's windows, plus its boundary window,
     rounded up to full batches per rank) x forward_seconds + update steps (epochs x full batches of
-    each chunk but the last) x train_seconds (one step's fwd+bwd+optimizer of [batch_seqs /
-    world_size, seq_len]). Chunks are taken as chunk_tokens long (whole documents make them a little
+    each chunk but the last, batch as in run_ttt) x train_seconds (one step's fwd+bwd+optimizer of
+    [batch / world_size, seq_len]). Chunks are taken as chunk_tokens long (whole documents make them a little
     longer and fewer)."""
     ceil = lambda a, b: -(-a // b)
     num_chunks = max(1, ceil(num_val_tokens - 1, chunk_tokens))
     chunk = min(chunk_tokens, num_val_tokens - 1)
     forward_batches = num_chunks * ceil(count_sliding_windows(chunk, seq_len, stride) + 1, eval_batch_seqs * world_size)
-    steps = epochs * (num_chunks - 1) * ceil(ceil(chunk, seq_len), batch_seqs)
+    batch_seqs = min(batch_seqs, ceil(chunk_tokens // seq_len, world_size) * world_size)
+    steps = epochs * (num_chunks - 1) * max(1, round(chunk / seq_len / batch_seqs))
     return forward_batches * forward_seconds + steps * train_seconds
 
 
