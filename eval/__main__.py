@@ -21,6 +21,9 @@ Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wi
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
 EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split), ATTN_BACKEND (auto).
 Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (tools/cli_errors.py).
+With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT (eval/ttt.py), printed as
+`final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`; TTT_CHUNK_TOKENS (32768), TTT_EPOCHS (3),
+TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BATCH_SEQS (32), TTT_PARAMS (all).
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -39,16 +42,18 @@ from tools.cli_errors import (
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
-eval_roundtrip = eval_sliding = None
+eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = None
 ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
 
 
 def _import_evals() -> None:
-    global eval_roundtrip, eval_sliding
+    global eval_roundtrip, eval_sliding, run_ttt, ttt_log_line
     if eval_roundtrip is None:
         from eval.roundtrip import eval_roundtrip
     if eval_sliding is None:
         from eval.sliding import eval_sliding
+    if run_ttt is None:
+        from eval.ttt import run_ttt, ttt_log_line
 
 
 def _load_model(artifact_path, device, log, attn_backend="auto"):
@@ -166,6 +171,19 @@ def check_score_inputs(args, environ=None) -> None:
         args.attn_backend = env_choice("ATTN_BACKEND", "auto", ATTN_BACKENDS, environ)
     if "EVAL_STRIDE" in environ:
         env_int("EVAL_STRIDE", 64, environ, minimum=0)
+    ttt = (("ttt", "TTT_ENABLED", 0, int, dict(minimum=0)), ("ttt_chunk_tokens", "TTT_CHUNK_TOKENS", 32768, int, dict(minimum=1)),
+           ("ttt_epochs", "TTT_EPOCHS", 3, int, dict(minimum=0)), ("ttt_lr", "TTT_LR", 0.002, float, dict(minimum=0)),
+           ("ttt_momentum", "TTT_MOMENTUM", 0.9, float, dict(minimum=0)),
+           ("ttt_grad_clip", "TTT_GRAD_CLIP", 1.0, float, dict(minimum=0)),
+           ("ttt_batch_seqs", "TTT_BATCH_SEQS", 32, int, dict(minimum=1)))
+    for attr, var, default, kind, limits in ttt:
+        if getattr(args, attr) is None:
+            setattr(args, attr, (env_int if kind is int else env_float)(var, default, environ, **limits))
+        parse_number(f"--{attr.replace('_', '-')}", getattr(args, attr), kind, **limits)
+    if args.ttt not in (0, 1):
+        raise ValueError(f"--ttt {args.ttt} (TTT_ENABLED): expected 0 or 1")
+    if args.ttt_params is None:
+        args.ttt_params = environ.get("TTT_PARAMS", "all")
 
 
 def check_sentencepiece(what: str, path) -> None:
@@ -215,7 +233,14 @@ def cmd_score(args) -> None:
                       autocast_dtype=autocast_dtype, compile_model=bool(args.compile) and device.type == "cuda")
         val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
         log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-        if stride > 0:
+        if stride > 0 and args.ttt:  # score-first TTT: its scoring pass is the sliding pass (eval/ttt.py)
+            result = run_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, chunk_tokens=args.ttt_chunk_tokens,
+                             epochs=args.ttt_epochs, lr=args.ttt_lr, momentum=args.ttt_momentum, params=args.ttt_params,
+                             batch_seqs=args.ttt_batch_seqs, eval_batch_seqs=args.batch_seqs, grad_clip=args.ttt_grad_clip,
+                             max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9), log=log,
+                             **{k: v for k, v in common.items() if k != "batch_seqs"})
+            log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
+        elif stride > 0:
             # loading and the roundtrip count against the same EVAL_MAX_SECONDS; when they used it all,
             # the guard still projects and says so (a budget <= 0 would be refused as a bad input)
             budget_seconds = max(args.max_seconds - (time.perf_counter() - t_start), 1e-9)
@@ -273,6 +298,15 @@ def main(argv=None) -> int:
     score.add_argument("--attn-backend", choices=ATTN_BACKENDS, default=None,
                        help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA2 -> SDPA; "
                             "default ATTN_BACKEND or auto)")
+    score.add_argument("--ttt", type=int, choices=(0, 1), default=None,
+                       help="legal score-first TTT in place of the sliding pass (eval/ttt.py; default TTT_ENABLED or 0)")
+    score.add_argument("--ttt-chunk-tokens", type=int, default=None, help="default TTT_CHUNK_TOKENS or 32768")
+    score.add_argument("--ttt-epochs", type=int, default=None, help="default TTT_EPOCHS or 3")
+    score.add_argument("--ttt-lr", type=float, default=None, help="default TTT_LR or 0.002")
+    score.add_argument("--ttt-momentum", type=float, default=None, help="default TTT_MOMENTUM or 0.9")
+    score.add_argument("--ttt-grad-clip", type=float, default=None, help="default TTT_GRAD_CLIP or 1.0")
+    score.add_argument("--ttt-batch-seqs", type=int, default=None, help="default TTT_BATCH_SEQS or 32")
+    score.add_argument("--ttt-params", default=None, help="all | scalars | a regex of parameter names (default TTT_PARAMS or all)")
     score.set_defaults(func=cmd_score)
     count = sub.add_parser("bytes", help="count tokens and bytes of the val split")
     count.add_argument("--data-path", required=True)

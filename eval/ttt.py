@@ -1,0 +1,291 @@
+"""Legal score-first test-time training (TTT): adapt the model to the val stream while scoring it,
+never scoring a token with a model that has been updated on it.
+
+The rule (sources):
+  - openai/parameter-golf README, FAQ on evaluation: "you are only allowed to test-time train on
+    validation set tokens you've already evaluated your model on"; training on val before scoring
+    it is cheating on the test loss. Evaluation must fit 10 minutes, on top of training.
+  - The merged records with legal TTT (the framework of PR #461, merged precedent PR #549, record
+    2026-03-23 LeakyReLU_LegalTTT_ParallelMuon; PR #1413, #1477, #1493 on sp8192): val tokens cut
+    into 32K-token chunks; each chunk is scored with the sliding window under inference mode, then
+    SGD (momentum 0.9, lr 0.002-0.005 with cosine decay over the chunks, 3 epochs, grad clip 1.0,
+    all blocks) trains on that chunk only; the last chunk is never trained on; -0.002 to -0.0025
+    bpb on 8xH100, ~370-410 s of the eval budget.
+  - Issue #1017's conditions as the review threads quote them (PR #1698, #1735): causal, a full
+    normalized distribution, score before update, one left-to-right pass.
+Illegal variants this module refuses by construction and by its self-check: training on val
+tokens before scoring them ("pre-quant TTT" on val, PR #1735; any update whose batch reaches into
+a chunk not yet scored), and re-scoring tokens after adapting on them and reporting that second
+score (PR #991 was closed for it; PR #1001/#1004 report only the first pass).
+
+Here: the val stream is cut into chunks of whole documents (a document starts at a BOS token;
+a chunk holds at least `chunk_tokens` targets, except the last). For each chunk in order: score
+its targets with the exact sliding-window set of eval/sliding.py (windows that straddle a chunk
+boundary run once per chunk, each time scoring only that chunk's targets; context from earlier,
+already scored tokens is allowed), then (except for the last chunk) train on its targets only.
+With epochs=0 the result equals eval_sliding's. A ledger records, per chunk, the update counter
+of the model that scored it and the first/last update whose batch contained any of its targets
+(derived from the token ranges actually trained on, not from the loop order);
+`check_ttt_legality` raises ValueError naming the chunk if an update saw a chunk before it was
+scored.
+"""
+
+import bisect
+import math
+import re
+import time
+
+import torch
+import torch.distributed as dist
+
+from eval.sliding import EvalTimeError, count_sliding_windows, first_sliding_window, score_window_batch
+
+
+def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:
+    """Chunk boundaries over the targets of the stream tokens int64 [N] (target t is token t + 1).
+
+    A chunk ends right before a target that is a BOS token (so it holds whole documents, each with
+    the prediction of its BOS) once it holds >= chunk_tokens targets; the rest is the last chunk.
+    Returns [0, b_1, ..., N - 1] (chunk c = targets [b_c, b_c+1)).
+    """
+    num_targets = len(tokens) - 1
+    bounds = [0]
+    for cut in (tokens[1:] == bos_id).nonzero().flatten().tolist() + [num_targets]:
+        if cut - bounds[-1] >= chunk_tokens:
+            bounds.append(cut)
+    return bounds + [num_targets] * (bounds[-1] < num_targets)
+
+
+def plan_chunk_sequences(lo: int, hi: int, seq_len: int, multiple: int) -> list:
+    """Start target indices of the training sequences of chunk targets [lo, hi): evenly spaced over
+    [lo, hi - seq_len], (hi - lo) / seq_len of them rounded to the nearest multiple (>= 1) of
+    `multiple` (full batches: one static shape; a little overlap or a few untrained targets, never a
+    batch mostly made of repeats); sequence s trains on targets [s, s + seq_len), i.e. inputs
+    tokens[s : s + seq_len]. [] if the chunk is shorter than seq_len.
+    """
+    if hi - lo < seq_len:
+        return []
+    n = max(1, round((hi - lo) / seq_len / multiple)) * multiple
+    return [lo + (hi - seq_len - lo) * i // max(1, n - 1) for i in range(n)]
+
+
+def check_ttt_legality(records: list) -> None:
+    """Raise ValueError naming the first chunk that was scored by a model already updated on it.
+
+    records: dicts with chunk, scored_at_step (updates applied before the chunk was scored) and
+    first_update_step (1-based counter of the first update whose batch held any of its targets,
+    None if none).
+    """
+    for r in records:
+        if None not in (r["first_update_step"], r["scored_at_step"]) and r["first_update_step"] <= r["scored_at_step"]:
+            raise ValueError(f"TTT illegal: chunk {r['chunk']} (targets {r['first_target']}.."
+                             f"{r['first_target'] + r['num_targets'] - 1}) was scored after {r['scored_at_step']} "
+                             f"updates, but update {r['first_update_step']} had already trained on it")
+
+
+def select_ttt_params(model, which: str) -> list:
+    """Parameters that TTT adapts: `all`; `scalars` (vectors and matrices with a side <= 8: gains,
+    scales, mixes, skip weights); or a regular expression searched in the parameter names (e.g.
+    `blocks\\.[23]\\.` or `mlp|scale`). Raises ValueError naming TTT_PARAMS if none matches."""
+    chosen = [p for n, p in model.named_parameters() if which == "all" or (
+        min(p.shape, default=1) <= 8 or p.ndim < 2 if which == "scalars" else re.search(which, n))]
+    if not chosen:
+        raise ValueError(f"TTT_PARAMS={which!r} matches no parameter")
+    return chosen
+
+
+def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epochs=3, lr=0.002, momentum=0.9,
+            params="all", batch_seqs=32, eval_batch_seqs=32, grad_clip=1.0, device="cpu", rank=0, world_size=1,
+            autocast_dtype=None, compile_model=False, max_seconds=600.0, bos_id=1, log=print,
+            clock=time.perf_counter) -> dict:
+    """Score-first TTT over the stream val_tokens int [N]; adapts `model` IN PLACE (the dequantized
+    artifact's weights; nothing is saved).
+
+    model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] and forward(x, y) -> mean
+    cross-entropy (nats), on `device`, kept in eval mode (no dropout). Scoring: eval/sliding.py's
+    window set at `stride` in batches of eval_batch_seqs windows, under inference mode, exact bytes
+    (eval/bpb.py). Update: SGD(lr, momentum) with lr cosine-decayed over the chunks, grad-norm clip
+    (0: none), `epochs` passes over the chunk's sequences of seq_len (plan_chunk_sequences),
+    min(batch_seqs, chunk_tokens // seq_len rounded up to the world size) sequences per step (global;
+    each rank takes 1 / world_size of them, gradients all-reduced so every rank takes the same
+    step), on the parameters `params` (select_ttt_params).
+    Multi-rank (torch.distributed initialized, call on every rank): every rank walks the chunks in
+    order, scores a share of each chunk's windows (sums all-reduced) and trains on a share of each
+    batch. autocast_dtype: e.g. torch.bfloat16 on CUDA. compile_model: torch.compile the scoring
+    forward and the training forward (static shapes).
+    Time guard (clock in seconds): after each chunk past the first, the rest is projected from the
+    measured seconds per scored target and per updated target (max over ranks); if scoring with
+    updates would exceed max_seconds the updates stop (logged; the remaining chunks are scored by
+    the adapted model, still a legal full score); if scoring alone would, EvalTimeError (a
+    ValueError) is raised with `.partial` = the chunks measured so far.
+    Returns dict(val_loss nats/token, val_bpb, stride, epochs, eval_seconds, num_scored_tokens
+    (== N - 1), num_bytes, num_chunks, num_updates, updates_stopped_at_chunk (None: never),
+    chunks = per-chunk records: chunk, first_target, num_targets, scored_at_step, first_update_step,
+    last_update_step, val_loss, val_bpb). Raises ValueError naming the setting for bad inputs
+    (TTT_CHUNK_TOKENS < TRAIN_SEQ_LEN, TTT_BATCH_SEQS not a multiple of the world size, ...) before
+    anything runs, and (check_ttt_legality) if any chunk was scored after an update on it.
+    """
+    if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
+            0 < stride <= seq_len <= chunk_tokens and epochs >= 0 and lr >= 0 and eval_batch_seqs > 0
+            and batch_seqs > 0 and batch_seqs % world_size == 0 and max_seconds > 0):
+        raise ValueError(f"run_ttt: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
+                         f"TRAIN_SEQ_LEN={seq_len}, TTT_CHUNK_TOKENS={chunk_tokens}, TTT_EPOCHS={epochs}, TTT_LR={lr}, "
+                         f"TTT_BATCH_SEQS={batch_seqs} (world size {world_size}), EVAL_BATCH_SEQS={eval_batch_seqs}, "
+                         f"EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], 0 < stride <= seq_len <= chunk "
+                         "tokens, batch seqs a multiple of the world size, others >= 0")
+    t_start = clock()
+    batch_seqs = min(batch_seqs, -(-(chunk_tokens // seq_len) // world_size) * world_size)
+    device = torch.device(device)
+    tokens = val_tokens.to(device, torch.int64)
+    luts = [t.to(device) for t in luts]
+    chosen = select_ttt_params(model, params)
+    saved_flags = [(p, p.requires_grad) for p in model.parameters()]
+    bounds = split_ttt_chunks(tokens, chunk_tokens, bos_id)
+    num_chunks = len(bounds) - 1
+    score_fwd, train_fwd = model.forward_logits, model
+    if compile_model:
+        score_fwd, train_fwd = torch.compile(score_fwd, dynamic=False), torch.compile(model, dynamic=False)
+    optimizer = torch.optim.SGD(chosen, lr=lr, momentum=momentum)
+    distributed = dist.is_initialized()
+    records = [dict(chunk=c, first_target=bounds[c], num_targets=bounds[c + 1] - bounds[c], scored_at_step=None,
+                    first_update_step=None, last_update_step=None) for c in range(num_chunks)]
+    step, stopped = 0, None
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    seconds = [0.0, 0.0]  # scoring, updating (chunks past the first)
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        for p in chosen:
+            p.requires_grad_(True)
+        for c in range(num_chunks):
+            lo, hi = bounds[c], bounds[c + 1]
+            t0 = clock()
+            sums = torch.zeros(3, dtype=torch.float64, device=device)
+            w0, w1 = first_sliding_window(lo, seq_len, stride), first_sliding_window(hi - 1, seq_len, stride)
+            with torch.inference_mode():
+                for first in range(w0 + rank * eval_batch_seqs, w1 + 1, world_size * eval_batch_seqs):
+                    sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len,
+                                               stride=stride, autocast_dtype=autocast_dtype, target_lo=lo,
+                                               target_hi=hi)
+            if distributed:
+                dist.all_reduce(sums)
+            nll, num_scored, num_bytes = sums.tolist()
+            assert num_scored == hi - lo, (c, num_scored, lo, hi)
+            totals += sums
+            records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
+            check_ttt_legality(records[c:c + 1])
+            t1 = clock()
+            chunk_lr = lr * 0.5 * (1 + math.cos(math.pi * c / max(1, num_chunks - 1)))
+            starts = plan_chunk_sequences(lo, hi, seq_len, batch_seqs) if c < num_chunks - 1 and stopped is None else []
+            for _ in range(epochs if chunk_lr > 0 else 0):
+                for b in range(0, len(starts), batch_seqs):
+                    batch = starts[b:b + batch_seqs]
+                    mine = torch.tensor(batch[rank::world_size], device=device)[:, None]
+                    mine = mine + torch.arange(seq_len + 1, device=device)
+                    with torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
+                        loss = train_fwd(tokens[mine[:, :-1]], tokens[mine[:, 1:]])
+                    (loss * (len(mine) / len(batch))).backward()
+                    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in chosen]
+                    if distributed:
+                        flat = torch.cat([g.flatten() for g in grads])
+                        dist.all_reduce(flat)
+                        grads = list(flat.split([g.numel() for g in grads]))
+                    for p, g in zip(chosen, grads):
+                        p.grad = g.view_as(p)
+                    if grad_clip > 0:
+                        torch.nn.utils.clip_grad_norm_(chosen, grad_clip)
+                    for group in optimizer.param_groups:
+                        group["lr"] = chunk_lr
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    step += 1
+                    # The ledger: every chunk whose targets this batch trained on (all ranks' sequences).
+                    for k in range(bisect.bisect_right(bounds, min(batch)) - 1,
+                                   bisect.bisect_left(bounds, max(batch) + seq_len)):
+                        records[k]["first_update_step"] = records[k]["first_update_step"] or step
+                        records[k]["last_update_step"] = step
+            t2 = clock()
+            if c == 0:
+                continue  # chunk 0 pays for compilation: not a rate
+            seconds[0] += t1 - t0
+            seconds[1] += t2 - t1
+            done = bounds[c + 1] - bounds[1]
+            left_targets, left_updated = bounds[-1] - hi, max(0, bounds[-2] - hi)
+            rates = torch.tensor([seconds[0] / done, seconds[1] / done], dtype=torch.float64, device=device)
+            if distributed:
+                dist.all_reduce(rates, op=dist.ReduceOp.MAX)
+            elapsed = clock() - t_start
+            score_rate, update_rate = rates.tolist()
+            if elapsed + score_rate * left_targets > max_seconds:
+                err = EvalTimeError(f"run_ttt: projected {elapsed + score_rate * left_targets:.1f}s for scoring alone "
+                                    f"after chunk {c}/{num_chunks} ({elapsed:.1f}s elapsed) > EVAL_MAX_SECONDS "
+                                    f"{max_seconds:.1f}s: raise EVAL_STRIDE", 0)
+                err.partial = records[:c + 1]
+                raise err
+            projected = elapsed + score_rate * left_targets + update_rate * left_updated
+            if stopped is None and epochs and projected > max_seconds:
+                stopped = c + 1
+                if rank == 0:
+                    log(f"ttt: projected {projected:.1f}s > EVAL_MAX_SECONDS "
+                        f"{max_seconds:.1f}s: updates stop after chunk {c}/{num_chunks}, the rest is scored only")
+    finally:
+        optimizer.zero_grad(set_to_none=True)
+        for p, flag in saved_flags:
+            p.requires_grad_(flag)
+    check_ttt_legality(records)
+    nll, num_scored, num_bytes = totals.tolist()
+    assert num_scored == len(tokens) - 1, (num_scored, len(tokens))
+    return dict(val_loss=nll / num_scored, val_bpb=nll / math.log(2) / num_bytes, stride=stride, epochs=epochs,
+                eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes),
+                num_chunks=num_chunks, num_updates=step, updates_stopped_at_chunk=stopped, chunks=records)
+
+
+def ttt_log_line(result: dict) -> str:
+    """The greppable final line: `final_ttt_exact val_loss:... val_bpb:... eval_time:...ms`."""
+    return (f"final_ttt_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
+            f"eval_time:{1000 * result['eval_seconds']:.0f}ms")
+
+
+def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_len, stride, epochs, chunk_tokens,
+                        eval_batch_seqs, batch_seqs, world_size=1) -> float:
+    """Projected seconds of run_ttt: forward batches (each chunk's windows, plus its boundary window,
+    rounded up to full batches per rank) x forward_seconds + update steps (epochs x full batches of
+    each chunk but the last, batch as in run_ttt) x train_seconds (one step's fwd+bwd+optimizer of
+    [batch / world_size, seq_len]). Chunks are taken as chunk_tokens long (whole documents make them a little
+    longer and fewer)."""
+    ceil = lambda a, b: -(-a // b)
+    num_chunks = max(1, ceil(num_val_tokens - 1, chunk_tokens))
+    chunk = min(chunk_tokens, num_val_tokens - 1)
+    forward_batches = num_chunks * ceil(count_sliding_windows(chunk, seq_len, stride) + 1, eval_batch_seqs * world_size)
+    batch_seqs = min(batch_seqs, ceil(chunk_tokens // seq_len, world_size) * world_size)
+    steps = epochs * (num_chunks - 1) * max(1, round(chunk / seq_len / batch_seqs))
+    return forward_batches * forward_seconds + steps * train_seconds
+
+
+def plan_ttt(*, forward_seconds, train_seconds, num_val_tokens, seq_len, strides, epochs, chunk_tokens,
+             eval_batch_seqs, batch_seqs, max_seconds, roundtrip_seconds=0.0, world_size=1, margin=0.9) -> dict:
+    """Pick (stride, ttt epochs) that fit margin x max_seconds (EVAL_MAX_SECONDS) with the roundtrip.
+
+    forward_seconds: one compiled forward of [eval_batch_seqs, seq_len] (measured before training,
+    as train_gpt.plan_eval_stride does); train_seconds: one TTT step (see project_ttt_seconds).
+    strides: candidates, preferred first (e.g. EVAL_STRIDE, 2x, ..., seq_len); epochs: the wanted
+    TTT_EPOCHS. More epochs beat a smaller stride: tried epochs, epochs - 1, ..., 1, each at every
+    stride. Returns dict(stride, epochs (0: TTT skipped), projected_seconds, reason (None, or why
+    TTT is skipped / fewer epochs)); when TTT is skipped the stride is the first whose score-only
+    pass fits (the last one if none does; the eval's own guard then decides).
+    """
+    budget = margin * max_seconds - roundtrip_seconds
+    common = dict(forward_seconds=forward_seconds, train_seconds=train_seconds, num_val_tokens=num_val_tokens,
+                  seq_len=seq_len, chunk_tokens=chunk_tokens, eval_batch_seqs=eval_batch_seqs, batch_seqs=batch_seqs,
+                  world_size=world_size)
+    for e in range(epochs, 0, -1):
+        for s in strides:
+            seconds = project_ttt_seconds(stride=s, epochs=e, **common)
+            if seconds <= budget:
+                return dict(stride=s, epochs=e, projected_seconds=roundtrip_seconds + seconds,
+                            reason=None if e == epochs else f"TTT_EPOCHS={epochs} does not fit: {e}")
+    s = next((s for s in strides if project_ttt_seconds(stride=s, epochs=0, **common) <= budget), strides[-1])
+    wanted = project_ttt_seconds(stride=strides[-1], epochs=1, **common)
+    return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + project_ttt_seconds(stride=s, epochs=0, **common),
+                reason=f"TTT skipped: 1 epoch at stride {strides[-1]} projects {roundtrip_seconds + wanted:.0f}s > "
+                       f"{margin:g} x EVAL_MAX_SECONDS={max_seconds:g}" if epochs else None)
