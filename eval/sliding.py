@@ -120,7 +120,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     Returns dict(val_loss nats/token, val_bpb, stride (the one used), eval_seconds (wall, this call),
     num_scored_tokens (== N-1), num_bytes). Raises ValueError naming the input for a non-1-D or
     float val_tokens or fewer than 2 tokens, EVAL_STRIDE outside [1, seq_len], EVAL_BATCH_SEQS < 1
-    or EVAL_MAX_SECONDS <= 0.
+    or EVAL_MAX_SECONDS <= 0; RuntimeError (a bug, not an input) if the windows did not score every
+    target exactly once.
     """
     if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
             0 < stride <= seq_len and batch_seqs > 0 and max_seconds > 0):
@@ -181,6 +182,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     if dist.is_initialized():
         dist.all_reduce(sums)
     nll_sum, num_scored, num_bytes = sums.tolist()
-    assert num_scored == num_targets, (num_scored, num_targets)
+    if num_scored != num_targets:  # the contract of val_bpb; a real check, which `python -O` keeps
+        raise RuntimeError(f"eval_sliding: scored {num_scored:.0f} targets, expected every one of the {num_targets} "
+                           f"exactly once (stride {stride}, seq_len {seq_len}): a bug of the window plan")
     return dict(val_loss=nll_sum / num_scored, val_bpb=nll_sum / math.log(2) / num_bytes, stride=stride,
                 eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes))

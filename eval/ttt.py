@@ -170,7 +170,8 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
             if distributed:
                 dist.all_reduce(sums)
             nll, num_scored, num_bytes = sums.tolist()
-            assert num_scored == hi - lo, (c, num_scored, lo, hi)
+            if num_scored != hi - lo:  # a real check (`python -O` keeps it): every target exactly once
+                raise RuntimeError(f"run_ttt: chunk {c} scored {num_scored:.0f} of its {hi - lo} targets: a bug of the window plan")
             totals += sums
             records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
             check_ttt_legality(records[c:c + 1])
@@ -234,7 +235,8 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
             p.requires_grad_(flag)
     check_ttt_legality(records)
     nll, num_scored, num_bytes = totals.tolist()
-    assert num_scored == len(tokens) - 1, (num_scored, len(tokens))
+    if num_scored != len(tokens) - 1:
+        raise RuntimeError(f"run_ttt: scored {num_scored:.0f} targets, expected every one of the {len(tokens) - 1} exactly once")
     return dict(val_loss=nll / num_scored, val_bpb=nll / math.log(2) / num_bytes, stride=stride, epochs=epochs,
                 eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes),
                 num_chunks=num_chunks, num_updates=step, updates_stopped_at_chunk=stopped, chunks=records)
