@@ -1,0 +1,41 @@
+"""Always-on CPU guard of the training step's activation dtypes (issue 25).
+
+On an H100 the kit's float32 residual stream cost ~65 ms of a 426 ms step (torch 2.11: fused
+RMSNorm-backward reductions spilling float32 tiles; ../shared/gpu/codegen/README.md). The cause is
+visible on a CPU: under bf16 autocast, the tensors autograd saves for backward include float32
+[B, T, model_dim] activations. These tests fail if that stream comes back, and check that fp32 runs
+(no autocast) keep every saved tensor float32 (nothing changes there).
+"""
+
+import pytest
+import torch
+
+from tools.step_twin import saved_activation_census
+
+CONFIG = dict(vocab_size=512, num_layers=4, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=3.0,
+              rope_dims=8, xsa_last_n=2)
+
+
+@pytest.mark.parametrize("parallel_residual_start", [-1, 2])
+def test_no_float32_residual_stream_saved_under_bf16_autocast(parallel_residual_start):
+    census = saved_activation_census({**CONFIG, "parallel_residual_start": parallel_residual_start}, 2, 32)
+    assert census.residual_fp32() == [], f"float32 [B, T, D] saved for backward: {census.residual_fp32()[:4]}"
+
+
+def test_bf16_census_saves_fewer_float32_bytes_than_fp32_run():
+    """The bf16 step's float32 saved bytes stay a small share (logits path, norms' rstd), measured here so a
+    regression shows as a number in the failure message."""
+    bf16 = saved_activation_census(CONFIG, 2, 32)
+    fp32 = saved_activation_census(CONFIG, 2, 32, autocast_dtype=None)
+    assert set(fp32.bytes_by_dtype()) <= {torch.float32, torch.int64}
+    share = bf16.bytes_by_dtype()[torch.float32] / fp32.bytes_by_dtype()[torch.float32]
+    assert share < 0.3, f"bf16 step saves {share:.0%} of the fp32 step's float32 bytes"
+
+
+def test_guard_catches_a_float32_residual_reintroduced(monkeypatch):
+    """The guard itself: make the embedding output float32 again and the census must see it."""
+    import train_gpt
+
+    monkeypatch.setattr(train_gpt, "residual_dtype", lambda x: torch.float32)
+    census = saved_activation_census(CONFIG, 2, 32)
+    assert len(census.residual_fp32()) >= CONFIG["num_layers"]
