@@ -19,6 +19,7 @@ cost ~65 ms/step on torch 2.11); this module is the project's own implementation
 import contextlib
 import dataclasses
 import re
+import sys
 
 import torch
 
@@ -27,8 +28,12 @@ from train_gpt import GPT  # the one model import of this module (repoint when t
 
 @dataclasses.dataclass
 class Census:
-    """Tensors saved for backward in one micro-batch. `saved` holds (shape tuple, dtype) per saved
-    tensor, parameters and buffers excluded (they are saved by reference, never copied)."""
+    """Tensors saved for backward in one micro-batch. `saved` holds (shape tuple, dtype, inside) per
+    saved tensor, parameters and buffers excluded (saved by reference, never copied). `inside` is
+    "rms_norm" for what F.rms_norm saves internally: on a CPU it is a composite op that upcasts a
+    bf16 input to float32 and saves that copy, where CUDA's fused kernel and Inductor's decomposition
+    save the bf16 input and a float32 [B, T, 1] rstd; those copies are reported apart, not as the
+    residual stream."""
 
     saved: list
     num_tokens: int
@@ -36,16 +41,19 @@ class Census:
 
     def full_size(self, dtype=torch.float32) -> list:
         """Saved tensors of `dtype` holding num_tokens x model_dim elements or more, [B, T, ...] laid out."""
-        return [(s, d) for s, d in self.saved if d == dtype and len(s) >= 2 and _numel(s) >= self.num_tokens * self.model_dim
-                and _numel(s[:2]) == self.num_tokens]
+        return [(s, d, w) for s, d, w in self.saved if d == dtype and len(s) >= 2
+                and _numel(s) >= self.num_tokens * self.model_dim and _numel(s[:2]) == self.num_tokens]
 
     def residual_fp32(self) -> list:
         """float32 saved tensors shaped [B, T, model_dim]: the residual stream (or a norm of it)."""
-        return [(s, d) for s, d in self.full_size() if s[-1] == self.model_dim and len(s) == 3]
+        return [(s, d) for s, d, w in self.full_size() if s[-1] == self.model_dim and len(s) == 3 and not w]
 
-    def bytes_by_dtype(self) -> dict:
+    def bytes_by_dtype(self, skip_norm_copies: bool = False) -> dict:
+        """{dtype: bytes saved}; skip_norm_copies leaves out the CPU rms_norm's internal float32 copies."""
         out = {}
-        for s, d in self.saved:
+        for s, d, w in self.saved:
+            if w and skip_norm_copies:
+                continue
             out[d] = out.get(d, 0) + _numel(s) * d.itemsize
         return out
 
@@ -55,6 +63,15 @@ def _numel(shape) -> int:
     for v in shape:
         n *= int(v)
     return n
+
+
+def _inside_rms_norm() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "rms_norm" and frame.f_code.co_filename.endswith("functional.py"):
+            return "rms_norm"
+        frame = frame.f_back
+    return ""
 
 
 def saved_activation_census(config: dict, batch: int, seq_len: int, autocast_dtype=torch.bfloat16,
@@ -75,7 +92,7 @@ def saved_activation_census(config: dict, batch: int, seq_len: int, autocast_dty
 
     def pack(t):
         if not (isinstance(t, torch.nn.Parameter) or t.data_ptr() in params and t.numel() > 1):
-            saved.append((tuple(t.shape), t.dtype))
+            saved.append((tuple(t.shape), t.dtype, _inside_rms_norm()))
         return t
 
     amp = torch.autocast("cpu", autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
