@@ -268,14 +268,56 @@ def test_cuda_without_flash_attn_falls_back_to_sdpa_with_a_warning(monkeypatch):
         raise ImportError(f"{name}: undefined symbol: _ZN3c104cuda9SetDeviceEi (built for another torch)")
 
     monkeypatch.setattr(importlib, "import_module", broken_import)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     lines = []
     saved = train_gpt._FLASH_ATTN[:]
-    assert train_gpt.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "sdpa"
+    try:
+        assert train_gpt.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "sdpa"
+    finally:
+        train_gpt._SDPA_PRIORITY.close()
     assert train_gpt._FLASH_ATTN == saved
-    assert len(lines) == 1 and lines[0].startswith("WARNING: attention falls back to PyTorch SDPA")
+    assert len(lines) == 2 and lines[0].startswith("WARNING: attention falls back to PyTorch SDPA")
+    assert lines[1].startswith("attention:sdpa priority cudnn_attention > flash_attention")
     assert "flash_attn_interface: flash_attn_interface: undefined symbol" in lines[0] and "flash_attn: " in lines[0]
     with pytest.raises(ValueError, match="ATTN_BACKEND='fa3': cannot import flash_attn_interface"):
         train_gpt.resolve_attention_backend("fa3", torch.device("cuda"), lines.append)
+
+
+@pytest.mark.parametrize("capability, first", [((9, 0), "CUDNN_ATTENTION"), ((10, 0), "CUDNN_ATTENTION"),
+                                               ((8, 0), "FLASH_ATTENTION"), ((8, 9), "FLASH_ATTENTION")])
+def test_sdpa_priority_puts_cudnn_first_on_hopper_and_sets_the_process_order(capability, first):
+    """The CUDA-only SDPA order, on a CPU: capability mocked, the order read back from torch's global state."""
+    from torch.nn.attention import SDPBackend
+
+    order = train_gpt.sdpa_priority(capability)
+    assert order[0] == getattr(SDPBackend, first) and order[-1] == SDPBackend.MATH and len(set(order)) == 4
+    before = torch._C._get_sdp_priority_order()
+    lines = []
+    try:
+        text = train_gpt.set_sdpa_priority(capability, lines.append)
+        assert torch._C._get_sdp_priority_order()[:4] == [int(b) for b in order]
+        major, minor = capability
+        assert text.startswith(first.lower()) and lines == [f"attention:sdpa priority {text} (sm_{major}{minor})"]
+        q, k = torch.randn(1, 16, 4, 8), torch.randn(1, 16, 2, 8)  # the CPU still runs SDPA under the order
+        assert train_gpt.attention(q, k, k).shape == q.shape
+        assert train_gpt.sdpa_choice(q, k, k) in ("flash_attention", "math")
+    finally:
+        train_gpt._SDPA_PRIORITY.close()
+    assert torch._C._get_sdp_priority_order() == before
+
+
+def test_flash_attn_stays_first_when_importable(monkeypatch):
+    import importlib
+    import types
+
+    monkeypatch.setattr(importlib, "import_module", lambda name: types.SimpleNamespace(flash_attn_func=lambda *a, **k: None))
+    saved = train_gpt._FLASH_ATTN[:]
+    lines = []
+    try:
+        assert train_gpt.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "fa3"
+    finally:
+        train_gpt._FLASH_ATTN[:] = saved
+    assert lines == []
 
 
 # ----------------------------------------------------------------------------------------------- DDP Muon
