@@ -359,3 +359,19 @@ def test_muon_sharded_over_two_ranks_equals_one_process(tmp_path):
                           capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("equal") == 2
+
+
+def test_gpu_forward_comparison_is_sound_on_the_cpu_twin():
+    """tests/test_gpu.py's CUDA-vs-CPU comparison, run as CPU bf16 autocast vs CPU fp32: the inputs give a
+    realistic loss, bf16 passes the tolerance, and a real defect (a dropped block) does not."""
+    from test_gpu import assert_bf16_agreement, forward_on, realistic_forward_inputs
+
+    model, x, y = realistic_forward_inputs()
+    ref_logits, ref_loss = forward_on(model, x, y, "cpu", autocast=False)
+    logits, loss = forward_on(model, x, y, "cpu", autocast=True)
+    assert not torch.equal(logits, ref_logits)  # bf16 really ran
+    assert_bf16_agreement(logits, loss, ref_logits, ref_loss)
+    model.blocks[1].attn.proj.weight.data.mul_(0)  # a defect the comparison must see (in the logits)
+    broken, broken_loss = forward_on(model, x, y, "cpu", autocast=True)
+    with pytest.raises(AssertionError):
+        assert_bf16_agreement(broken, broken_loss, ref_logits, ref_loss)
