@@ -371,9 +371,110 @@ def _forward_and_backward(paths) -> tuple:
     return pick(fwd), pick(bwd)
 
 
-KERNEL_DEF = re.compile(r"^(\w+) = async_compile\.triton\('(\w+)', '''(.*?)''', device_str='cuda'\)", re.S | re.M)
+KERNEL_DEF = re.compile(r"^(\w+) = async_compile\.triton\('\w+', '''(.*?)''', device_str='cuda'\)", re.S | re.M)
 NUM_GB = re.compile(r"'kernel_num_gb':\s*([0-9.eE+-]+)")
-FP32_LOAD = re.compile(r"tl\.load\([^\n]*\n?[^\n]*?\)\.to\(tl\.float32\)|tl\.load\(")
+ALLOC = re.compile(r"empty_strided_cuda\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+)\)")
+
+
+@dataclasses.dataclass
+class Kernel:
+    """One generated Triton kernel: `bytes` per launch (Inductor's estimate of bytes read + written),
+    `launches` per micro-batch, `kind` pointwise / reduction / persistent_reduction."""
+
+    name: str
+    source: str
+    bytes: float
+    launches: int
+    kind: str
+
+
+@dataclasses.dataclass
+class ModuleStats:
+    """A generated forward or backward module: its kernels and its float32 buffer allocations (shapes)."""
+
+    kernels: list
+    fp32_buffers: list
+    num_extern_calls: int  # matmuls and the attention op (not Inductor's code): not in bytes_moved
+
+    @property
+    def bytes_moved(self) -> float:
+        return sum(k.bytes * k.launches for k in self.kernels)
+
+    def full_size_fp32(self, num_tokens: int, model_dim: int) -> list:
+        """float32 buffers of num_tokens x model_dim elements or more whose leading dims hold the tokens."""
+        return [shape for shape in self.fp32_buffers if shape and _numel(shape) >= num_tokens * model_dim
+                and (shape[0] == num_tokens or len(shape) > 1 and shape[0] * shape[1] == num_tokens)]
+
+
+def kernel_stats(path) -> ModuleStats:
+    """Parse one Inductor output module (generate_cuda_step's) into ModuleStats. Needs benchmark_kernel=True
+    codegen (kernel_num_gb in each kernel's metadata); launches are counted in the module's call()."""
+    from pathlib import Path
+
+    text = Path(path).read_text()
+    head, _, tail = text.partition("async_compile.wait(globals())")
+    body = tail.split("def benchmark_compiled_module")[0]
+    kernels = []
+    for match in KERNEL_DEF.finditer(head):
+        name, source = match.group(1), match.group(2)
+        gb = NUM_GB.search(source)
+        kind = re.search(r"@triton_heuristics\.(\w+)\(", source)
+        kernels.append(Kernel(name, source, float(gb.group(1)) * 1e9 if gb else 0.0,
+                              len(re.findall(rf"\b{name}\.run\(", body)), kind.group(1) if kind else "?"))
+    fp32 = [tuple(int(v) for v in dims.split(",") if v.strip()) for dims, dtype in ALLOC.findall(body)
+            if dtype == "float32"]
+    return ModuleStats(kernels, fp32, len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.step_twin\.", body)))
+
+
+PTXAS_INFO = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers", re.S)
+
+
+def ptxas_spills(kernel: Kernel, work_dir) -> list:
+    """Compile one generated kernel for sm_90a with each launch config Inductor's heuristic gives it, and
+    read ptxas's report: [{"config", "num_warps", "registers", "spill_stores_bytes", "spill_loads_bytes"}]
+    (bytes per thread). Uses Triton's bundled ptxas; no GPU. Raises RuntimeError if ptxas is missing."""
+    import importlib.util
+    import os
+    import subprocess
+    from pathlib import Path
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.exists():
+        raise RuntimeError(f"no ptxas in triton {triton.__version__} ({ptxas})")
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    # the kernel module asks for an active GPU driver and CUDA's stream at import: not needed to compile
+    source = kernel.source.replace("triton_helpers.set_driver_to_gpu()", "").replace(
+        "from torch._C import _cuda_getCurrentRawStream as get_raw_stream", "")
+    path = work_dir / f"{kernel.name}.py"  # @triton.jit needs its function in a file
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(kernel.name, path)
+    module = importlib.util.module_from_spec(spec)
+    with pretend_h100([]):
+        spec.loader.exec_module(module)
+    tuner = getattr(module, kernel.name)
+    meta, rows = tuner.triton_meta, []
+    for i, config in enumerate(tuner.configs):
+        constants = {**meta.get("constants", {}), **config.kwargs}
+        signature = {**meta["signature"], **{name: "constexpr" for name in constants}}
+        attrs = (meta.get("configs") or [{}])[0]
+        compiled = triton.compile(ASTSource(fn=tuner.fn, signature=signature, constexprs=constants, attrs=attrs),
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+        ptx = work_dir / f"{kernel.name}_{i}.ptx"
+        ptx.write_text(compiled.asm["ptx"])
+        out = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(ptx), "-o", os.devnull], capture_output=True,
+                             text=True, timeout=300)
+        info = PTXAS_INFO.search(out.stderr)
+        if out.returncode or not info:
+            raise RuntimeError(f"ptxas failed on {kernel.name}: {out.stderr[-300:]}")
+        rows.append({"config": dict(config.kwargs), "num_warps": config.num_warps, "registers": int(info.group(3)),
+                     "spill_stores_bytes": int(info.group(1)), "spill_loads_bytes": int(info.group(2))})
+    return rows
 
 
 def triton_status() -> str:
