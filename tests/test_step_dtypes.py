@@ -39,3 +39,36 @@ def test_guard_catches_a_float32_residual_reintroduced(monkeypatch):
     monkeypatch.setattr(train_gpt, "residual_dtype", lambda x: torch.float32)
     census = saved_activation_census(CONFIG, 2, 32)
     assert len(census.residual_fp32()) >= CONFIG["num_layers"]
+
+
+def test_muon_allocates_momentum_buffers_once_and_updates_bit_for_bit(monkeypatch):
+    """Muon's momentum buffers are created on the first step only (the old setdefault(..., zeros_like(p))
+    zero-filled a fresh tensor per matrix every step); the update is the same, bit for bit."""
+    from train_gpt import Muon
+
+    torch.manual_seed(0)
+    shapes = [(32, 32), (16, 32), (16, 32), (96, 32)]
+    params = [torch.nn.Parameter(torch.randn(*s) * 0.02) for s in shapes]
+    grads = [[torch.randn(*s) for s in shapes] for _ in range(3)]
+    old = [torch.nn.Parameter(p.detach().clone()) for p in params]
+
+    class OldMuon(Muon):  # the previous buffer rule, same arithmetic
+        @torch.no_grad()
+        def step(self):
+            for p in self.param_groups[0]["params"]:
+                self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+            return super().step()
+
+    calls = []
+    real = torch.zeros_like
+    monkeypatch.setattr(torch, "zeros_like", lambda *a, **k: calls.append(1) or real(*a, **k))
+    settings = dict(lr=0.03, momentum=0.95, weight_decay=0.02)
+    ours, ref = Muon(params, **settings), OldMuon(old, **settings)
+    for step, gs in enumerate(grads):
+        for p, q, g in zip(params, old, gs):
+            p.grad, q.grad = g.clone(), g.clone()
+        before = len(calls)
+        ours.step()
+        assert len(calls) - before == (len(shapes) if step == 0 else 0)
+        ref.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, old))
