@@ -555,8 +555,10 @@ class CausalSelfAttention(nn.Module):
         q = self.c_q(x).view(b, t, self.num_heads, self.head_dim)
         k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim)
-        q = apply_partial_rope(F.rms_norm(q, (self.head_dim,)), cos, sin)
-        k = apply_partial_rope(F.rms_norm(k, (self.head_dim,)), cos, sin)
+        # rms_norm returns float32 under CUDA autocast from torch 2.12: back to the projections' dtype (bf16),
+        # as on torch <= 2.11, so RoPE and the q gain do not run on float32 [B, T, H, D] copies (issue 25)
+        q = apply_partial_rope(F.rms_norm(q, (self.head_dim,)).to(q.dtype), cos, sin)
+        k = apply_partial_rope(F.rms_norm(k, (self.head_dim,)).to(k.dtype), cos, sin)
         q = q * self.q_gain.to(q.dtype)[None, None, :, None]
         y = attention(q, k, v)
         if self.use_xsa:

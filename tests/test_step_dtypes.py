@@ -72,3 +72,16 @@ def test_muon_allocates_momentum_buffers_once_and_updates_bit_for_bit(monkeypatc
         assert len(calls) - before == (len(shapes) if step == 0 else 0)
         ref.step()
     assert all(torch.equal(a, b) for a, b in zip(params, old))
+
+
+def test_no_float32_full_size_activation_saved_with_cuda_autocasts_float32_rms_norm():
+    """torch >= 2.12 CUDA autocast runs rms_norm in float32 (tools/flash_twin twin): the q/k norms and the
+    residual norms must come back to bf16 before RoPE / the next op saves them."""
+    from tools.flash_twin import cuda_autocast_rms_norm
+
+    with cuda_autocast_rms_norm():
+        census = saved_activation_census(CONFIG, 2, 32)
+    # what F.rms_norm saves itself is reported apart; the float32 logits [B, T, vocab] are eager-only (Inductor
+    # fuses the cast into the softcap and loss: no float32 [tokens x vocab] buffer in the generated CUDA code)
+    outside_norms = [t for t in census.full_size() if not t[2] and t[0][-1] != CONFIG["vocab_size"]]
+    assert outside_norms == [], f"float32 full-size tensors saved: {outside_norms[:4]}"
