@@ -306,7 +306,8 @@ def main(argv=None) -> int:
     score.add_argument("--ttt-momentum", type=float, default=None, help="default TTT_MOMENTUM or 0.9")
     score.add_argument("--ttt-grad-clip", type=float, default=None, help="default TTT_GRAD_CLIP or 1.0")
     score.add_argument("--ttt-batch-seqs", type=int, default=None, help="default TTT_BATCH_SEQS or 32")
-    score.add_argument("--ttt-params", default=None, help="all | scalars | a regex of parameter names (default TTT_PARAMS or all)")
+    score.add_argument("--ttt-params", default=None,
+                       help="all | scalars | a regex of parameter names (default TTT_PARAMS or all)")
     score.set_defaults(func=cmd_score)
     count = sub.add_parser("bytes", help="count tokens and bytes of the val split")
     count.add_argument("--data-path", required=True)

@@ -171,7 +171,8 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
                 dist.all_reduce(sums)
             nll, num_scored, num_bytes = sums.tolist()
             if num_scored != hi - lo:  # a real check (`python -O` keeps it): every target exactly once
-                raise RuntimeError(f"run_ttt: chunk {c} scored {num_scored:.0f} of its {hi - lo} targets: a bug of the window plan")
+                raise RuntimeError(f"run_ttt: chunk {c} scored {num_scored:.0f} of its {hi - lo} targets: "
+                                   "a bug of the window plan")
             totals += sums
             records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
             check_ttt_legality(records[c:c + 1])

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import train_gpt
+
 import trainer.attention as trainer_attention
 import trainer.context as trainer_context
 import trainer.loader as trainer_loader
@@ -274,14 +275,56 @@ def test_cuda_without_flash_attn_falls_back_to_sdpa_with_a_warning(monkeypatch):
         raise ImportError(f"{name}: undefined symbol: _ZN3c104cuda9SetDeviceEi (built for another torch)")
 
     monkeypatch.setattr(importlib, "import_module", broken_import)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     lines = []
     saved = trainer_attention._FLASH_ATTN[:]
-    assert trainer_attention.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "sdpa"
+    try:
+        assert trainer_attention.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "sdpa"
+    finally:
+        trainer_attention._SDPA_PRIORITY.close()
     assert trainer_attention._FLASH_ATTN == saved
-    assert len(lines) == 1 and lines[0].startswith("WARNING: attention falls back to PyTorch SDPA")
+    assert len(lines) == 2 and lines[0].startswith("WARNING: attention falls back to PyTorch SDPA")
+    assert lines[1].startswith("attention:sdpa priority cudnn_attention > flash_attention")
     assert "flash_attn_interface: flash_attn_interface: undefined symbol" in lines[0] and "flash_attn: " in lines[0]
     with pytest.raises(ValueError, match="ATTN_BACKEND='fa3': cannot import flash_attn_interface"):
         trainer_attention.resolve_attention_backend("fa3", torch.device("cuda"), lines.append)
+
+
+@pytest.mark.parametrize("capability, first", [((9, 0), "CUDNN_ATTENTION"), ((10, 0), "CUDNN_ATTENTION"),
+                                               ((8, 0), "FLASH_ATTENTION"), ((8, 9), "FLASH_ATTENTION")])
+def test_sdpa_priority_puts_cudnn_first_on_hopper_and_sets_the_process_order(capability, first):
+    """The CUDA-only SDPA order, on a CPU: capability mocked, the order read back from torch's global state."""
+    from torch.nn.attention import SDPBackend
+
+    order = trainer_attention.sdpa_priority(capability)
+    assert order[0] == getattr(SDPBackend, first) and order[-1] == SDPBackend.MATH and len(set(order)) == 4
+    before = torch._C._get_sdp_priority_order()
+    lines = []
+    try:
+        text = trainer_attention.set_sdpa_priority(capability, lines.append)
+        assert torch._C._get_sdp_priority_order()[:4] == [int(b) for b in order]
+        major, minor = capability
+        assert text.startswith(first.lower()) and lines == [f"attention:sdpa priority {text} (sm_{major}{minor})"]
+        q, k = torch.randn(1, 16, 4, 8), torch.randn(1, 16, 2, 8)  # the CPU still runs SDPA under the order
+        assert trainer_attention.attention(q, k, k).shape == q.shape
+        assert trainer_attention.sdpa_choice(q, k, k) in ("flash_attention", "math")
+    finally:
+        trainer_attention._SDPA_PRIORITY.close()
+    assert torch._C._get_sdp_priority_order() == before
+
+
+def test_flash_attn_stays_first_when_importable(monkeypatch):
+    import importlib
+    import types
+
+    monkeypatch.setattr(importlib, "import_module", lambda name: types.SimpleNamespace(flash_attn_func=lambda *a, **k: None))
+    saved = trainer_attention._FLASH_ATTN[:]
+    lines = []
+    try:
+        assert trainer_attention.resolve_attention_backend("auto", torch.device("cuda"), lines.append) == "fa3"
+    finally:
+        trainer_attention._FLASH_ATTN[:] = saved
+    assert lines == []
 
 
 # ----------------------------------------------------------------------------------------------- DDP Muon
@@ -323,3 +366,19 @@ def test_muon_sharded_over_two_ranks_equals_one_process(tmp_path):
                           capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert proc.stdout.count("equal") == 2
+
+
+def test_gpu_forward_comparison_is_sound_on_the_cpu_twin():
+    """tests/test_gpu.py's CUDA-vs-CPU comparison, run as CPU bf16 autocast vs CPU fp32: the inputs give a
+    realistic loss, bf16 passes the tolerance, and a real defect (a dropped block) does not."""
+    from test_gpu import assert_bf16_agreement, forward_on, realistic_forward_inputs
+
+    model, x, y = realistic_forward_inputs()
+    ref_logits, ref_loss = forward_on(model, x, y, "cpu", autocast=False)
+    logits, loss = forward_on(model, x, y, "cpu", autocast=True)
+    assert not torch.equal(logits, ref_logits)  # bf16 really ran
+    assert_bf16_agreement(logits, loss, ref_logits, ref_loss)
+    model.blocks[1].attn.proj.weight.data.mul_(0)  # a defect the comparison must see (in the logits)
+    broken, broken_loss = forward_on(model, x, y, "cpu", autocast=True)
+    with pytest.raises(AssertionError):
+        assert_bf16_agreement(broken, broken_loss, ref_logits, ref_loss)

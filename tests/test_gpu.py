@@ -3,6 +3,8 @@
 Run on the first machine with a GPU: `python -m pytest -m gpu -q` (seconds), then
 `python tools/gpu_check.py` (minutes)."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -45,15 +47,38 @@ def test_flop_count_with_the_flash_backend_selected(backend):
     assert with_flash == count_train_flops_per_token(CONFIG, 2048)
 
 
-def test_cuda_forward_matches_cpu_fp32_at_bf16_tolerance(backend):
-    torch.manual_seed(0)
+def realistic_forward_inputs(seed=0):
+    """(model, x, y) whose loss is realistic: random targets y independent of x, loss near ln(1024) = 6.93.
+    With y = x (the old inputs) tied embeddings predict the input token itself and the loss is ~3e-6, where a
+    relative tolerance says nothing (the H100 run: 3.101e-06 vs 3.062e-06)."""
+    torch.manual_seed(seed)
     model = GPT(**CONFIG)
-    model.init_weights(0.05)
-    x = torch.randint(0, 1024, (2, 512))
-    cpu = model(x, x).item()
-    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
-        cuda = model.cuda()(x.cuda(), x.cuda()).item()
-    assert cuda == pytest.approx(cpu, rel=1e-2)
+    model.init_weights()  # the kit's init (tied embeddings std 0.005): a large std peaks every row on its input token
+    x, y = torch.randint(0, 1024, (2, 512)), torch.randint(0, 1024, (2, 512))
+    return model, x, y
+
+
+def forward_on(model, x, y, device: str, autocast: bool):
+    """(logits float32 on the CPU [B, T, V], loss) of model on `device`, under bf16 autocast if asked."""
+    model, x, y = model.to(device), x.to(device), y.to(device)
+    with torch.no_grad(), torch.autocast(device, torch.bfloat16, enabled=autocast):
+        logits = model.forward_logits(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+    return logits.float().cpu(), loss.item()
+
+
+def assert_bf16_agreement(logits, loss, ref_logits, ref_loss):
+    """Loss within 1% relative (meaningful at ~ln V), logits within bf16 tolerance of the fp32 reference."""
+    assert abs(ref_loss - math.log(1024)) < 1.0, f"reference loss {ref_loss} is not realistic"
+    assert loss == pytest.approx(ref_loss, rel=1e-2)
+    torch.testing.assert_close(logits, ref_logits, atol=5e-2, rtol=5e-2)
+
+
+def test_cuda_forward_matches_cpu_fp32_at_bf16_tolerance(backend):
+    model, x, y = realistic_forward_inputs()
+    ref_logits, ref_loss = forward_on(model, x, y, "cpu", autocast=False)
+    logits, loss = forward_on(model, x, y, "cuda", autocast=True)
+    assert_bf16_agreement(logits, loss, ref_logits, ref_loss)
 
 
 def test_qat_fake_quant_equals_export_rounding_on_cuda():

@@ -33,7 +33,7 @@ def test_without_cuda_one_line_and_exit_2():
 def test_cpu_twin_runs_every_check_and_passes():
     proc = run_check("--cpu-twin", "--steps", "2", **TWIN_ENV)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    checks = [line[4:].split("  ")[0].strip() for line in proc.stdout.splitlines() if line[:4] in ("ok  ", "FAIL")]
+    checks = [line[4:].split("  ")[0].strip() for line in proc.stdout.splitlines() if line[:4] in ("ok  ", "WARN", "FAIL")]
     assert checks == ["torch / CUDA", "flash-attn", "attention backend", "GPU", "compile + warmup", "graph breaks",
                       "recompiles after step 1", "train step", "train step, QAT on", "losses finite", "peak memory",
                       "forward vs CPU fp32", "QAT fake-quant == export", "eval recompiles", "sliding eval",
@@ -44,3 +44,62 @@ def test_cpu_twin_runs_every_check_and_passes():
     assert re.search(r"QAT fake-quant == export +int8 \[\d+, \d+\] eager on cpu: max \|diff\| 0\.0e\+00", proc.stdout)
     assert re.search(r"projected full-val eval +stride 64: \d+ s, stride 96: \d+ s, stride 128: \d+ s", proc.stdout)
     assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")
+
+
+# ----------------------------------------------------------------------------------------------- verdicts
+
+def gpu_check_module():
+    sys.path.insert(0, str(REPO))
+    import tools.gpu_check as gc
+
+    return gc
+
+
+def test_backend_row_warns_for_sdpa_on_cuda_and_never_fails():
+    gc = gpu_check_module()
+    assert gc.backend_row("cuda", "fa3").verdict == "ok" and gc.backend_row("cpu", "sdpa").verdict == "ok"
+    row = gc.backend_row("cuda", "sdpa", "cudnn_attention")
+    assert row.ok and row.verdict == "WARN" and "326 ms/step with FA3" in row.warn and "requirements-gpu.txt" in row.warn
+    slow = gc.backend_row("cuda", "sdpa", "efficient_attention")
+    assert slow.ok and "efficient_attention is 3.0x cuDNN's attention time" in slow.warn
+
+
+def test_gpu_row_warns_off_the_h100_sxm():
+    gc = gpu_check_module()
+    assert gc.gpu_row("NVIDIA H100 80GB HBM3", 132, 79).verdict == "ok"
+    pcie = gc.gpu_row("NVIDIA H100 PCIe", 114, 79)
+    assert pcie.ok and pcie.verdict == "WARN" and "114/132 SMs" in pcie.warn
+    assert gc.gpu_row("NVIDIA A100-SXM4-80GB", 108, 79).verdict == "WARN"
+
+
+def test_eval_projection_row_fails_only_over_the_limit_at_the_runs_stride():
+    gc = gpu_check_module()
+    n, seq = 40_540_160, 2048
+    # the H100's measured 0.49 ms/window: ~320 s at stride 64 -> ok, no stride change
+    row = gc.eval_projection_row(0.49e-3, n, seq, 64, 600.0, auto_stride=True)
+    assert row.verdict == "ok" and "stride 64: 320 s" in row.value and "run's stride 64: 320 s" in row.value
+    # 2x slower: 642 s at 64 > 600 -> without auto stride a FAIL, with it a WARN at a larger stride that fits 540 s
+    fixed = gc.eval_projection_row(1.0e-3, n, seq, 64, 600.0, auto_stride=False)
+    assert not fixed.ok and fixed.verdict == "FAIL"
+    auto = gc.eval_projection_row(1.0e-3, n, seq, 64, 600.0, auto_stride=True)
+    assert auto.ok and auto.verdict == "WARN" and "stride raised from EVAL_STRIDE=64" in auto.warn
+    stride = int(re.search(r"run's stride (\d+): (\d+) s", auto.value).group(1))
+    assert stride > 64 and int(re.search(r"run's stride \d+: (\d+) s", auto.value).group(1)) <= 540
+    # so slow that even stride = seq_len does not fit: FAIL even with auto stride
+    assert gc.eval_projection_row(0.1, n, seq, 64, 600.0, auto_stride=True).verdict == "FAIL"
+
+
+def test_exit_code_is_0_with_warnings_and_1_with_a_fail(monkeypatch, capsys):
+    gc = gpu_check_module()
+    rows = [gc.Row("a", "x"), gc.Row("b", "y", warn="slower")]
+    gc.print_table(rows)
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("ok   a") and out.splitlines()[1].startswith("WARN b")
+    assert "-> slower" in out
+
+
+def test_cpu_twin_with_a_batch_that_does_not_split_into_sequences_is_one_line_exit_2():
+    proc = run_check("--cpu-twin", **{**TWIN_ENV, "TRAIN_BATCH_TOKENS": "250"})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("error: TRAIN_BATCH_TOKENS=250: expected a multiple of")

@@ -10,7 +10,13 @@ GPU and whether it is an H100 SXM (the leaderboard's machine); compile time, gra
 recompiles; ms per step, tokens/s, MFU and peak memory after warmup; the step-time change when QAT
 switches on; CUDA vs CPU forward agreement at bf16 tolerance; QAT fake-quant equal to the export
 rounding on the GPU; sliding-eval ms per window and the projected full-val eval time at strides 64,
-96 and 128. Exits 1 if any check fails, 2 (one line, no traceback) without CUDA.
+96 and 128.
+
+Verdicts: FAIL only for what makes a run wrong or over a limit (a crash, graph breaks, recompiles,
+CUDA/CPU mismatch, QAT mismatch, the projected eval over EVAL_MAX_SECONDS at the stride the run
+would use); WARN, with the expected cost, for what is only slower (SDPA instead of FA3, a GPU other
+than an H100 SXM, an eval stride raised to fit the clock). Exit 0 (warnings allowed), 1 on a FAIL,
+2 (one line, no traceback) without CUDA or on a setting that cannot run.
 
 `--cpu-twin` runs the same checks on the CPU with the CUDA twins of tools/flash_twin.py (flash-attn
 stand-in, bf16 autocast with CUDA's float32 rms_norm): the tests use it to cover this script's code
@@ -79,26 +85,91 @@ class GraphCountingLoader:
         return self.inner.next_batch(local_tokens, seq_len)
 
 
+# Measured on one H100 SXM, torch 2.11 (../shared/gpu/README.md): attention fwd+bwd at the default
+# preset's shape per SDPA backend, ms; and the step of PR #1617's log with FA3 vs ours on SDPA (cuDNN).
+SDPA_MEASURED_MS = {"cudnn_attention": 1.75, "flash_attention": 2.62, "efficient_attention": 5.23}
+FA3_STEP_MS, SDPA_STEP_MS = 326, 414
+H100_PCIE = dict(sms=114, hbm_tb_s=2.0)  # vs SXM5: 132 SMs, 3.35 TB/s (NVIDIA H100 datasheet)
+
+
 @dataclasses.dataclass
 class Row:
     check: str
     value: str
-    ok: bool = True
+    ok: bool = True  # False: FAIL (the run would be wrong or over a limit)
+    warn: str = ""  # set: WARN with this expected cost (only slower)
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if not self.ok else "WARN" if self.warn else "ok"
 
 
-def versions_and_device(device, backend) -> list:
+def backend_row(device_type: str, backend: str, sdpa_kernel: str = "") -> Row:
+    """The attention row: FA3/FA2 or the CPU are ok; SDPA on CUDA is a WARN (slower, never wrong), its
+    cost stated from the H100 measurements. sdpa_kernel: the SDPA backend torch picks (sdpa_choice)."""
+    if device_type != "cuda" or backend != "sdpa":
+        return Row("attention backend", backend)
+    ms = SDPA_MEASURED_MS.get(sdpa_kernel)
+    cost = (f"expected cost: PR #1617 ran this preset at {FA3_STEP_MS} ms/step with FA3, the kit {SDPA_STEP_MS} on "
+            f"cuDNN SDPA (H100, measured; not all of it attention)")
+    if ms and sdpa_kernel != "cudnn_attention":
+        cost += f"; {sdpa_kernel} is {ms / SDPA_MEASURED_MS['cudnn_attention']:.1f}x cuDNN's attention time"
+    return Row("attention backend", f"sdpa ({sdpa_kernel or 'kernel unknown'}), flash-attn not importable",
+               warn=cost + "; install FA3: requirements-gpu.txt")
+
+
+def gpu_row(name: str, num_sms: int, memory_gib: float) -> Row:
+    """ok on an H100 SXM (the leaderboard's machine); WARN on anything else (timings differ, nothing breaks)."""
+    value = f"{name}, {num_sms} SMs, {memory_gib:.0f} GiB"
+    if "H100" in name and num_sms == H100_SXM_SMS:
+        return Row("GPU", value + ", H100 SXM")
+    cost = "NOT an H100 SXM: step and eval times differ from the leaderboard's"
+    if "H100" in name and num_sms == H100_PCIE["sms"]:
+        cost = (f"H100 PCIe: {H100_PCIE['sms']}/{H100_SXM_SMS} SMs and {H100_PCIE['hbm_tb_s']}/3.35 TB/s HBM (datasheet): "
+                "expect slower steps (fewer steps in 600 s) and a slower eval than an SXM card")
+    return Row("GPU", value, warn=cost)
+
+
+def eval_projection_row(seconds_per_window: float, num_val_tokens: int, seq_len: int, eval_stride: int,
+                        eval_max_seconds: float, auto_stride: bool, enforce: bool = True) -> Row:
+    """Projected full-val eval (roundtrip + sliding) at strides 64/96/128 and at the stride the run would use.
+
+    Seconds = seconds_per_window x (roundtrip windows + sliding windows at stride s) over num_val_tokens - 1
+    targets. The run uses EVAL_STRIDE, or with EVAL_AUTO_STRIDE the smallest stride >= EVAL_STRIDE whose
+    projection fits 90% of EVAL_MAX_SECONDS (trainer.evaluate.plan_eval_stride). FAIL if that projection is over
+    EVAL_MAX_SECONDS (the eval limit); WARN if the stride had to grow (a slightly worse score, not a wrong one).
+    enforce=False (the CPU twin, whose timings say nothing about a GPU): no verdict.
+    """
+    targets = num_val_tokens - 1
+
+    def project(s):
+        windows = count_sliding_windows(targets, seq_len, seq_len) + count_sliding_windows(targets, seq_len, s)
+        return seconds_per_window * windows
+
+    stride = eval_stride
+    if auto_stride:
+        stride = next((s for s in range(eval_stride, seq_len) if project(s) <= 0.9 * eval_max_seconds), seq_len)
+    used = project(stride)
+    value = (", ".join(f"stride {s}: {project(s):.0f} s" for s in (64, 96, 128))
+             + f"; run's stride {stride}: {used:.0f} s ({targets + 1:,} val tokens, incl. roundtrip; "
+             f"EVAL_MAX_SECONDS={eval_max_seconds:g})")
+    warn = f"stride raised from EVAL_STRIDE={eval_stride} to {stride} to fit the clock" if stride != eval_stride else ""
+    if not enforce:
+        return Row("projected full-val eval", value + " (CPU twin: no verdict)")
+    return Row("projected full-val eval", value, ok=used <= eval_max_seconds, warn=warn)
+
+
+def versions_and_device(device, backend, sdpa_kernel="") -> list:
     rows = [Row("torch / CUDA", f"{torch.__version__} / {torch.version.cuda or 'none'}")]
     versions = []
     for module in ("flash_attn_interface", "flash_attn"):
         with contextlib.suppress(Exception):
             versions.append(f"{module} {getattr(__import__(module), '__version__', '(no __version__)')}")
     rows.append(Row("flash-attn", ", ".join(versions) or "not importable"))
-    rows.append(Row("attention backend", backend, ok=device.type != "cuda" or backend != "sdpa"))
+    rows.append(backend_row(device.type, backend, sdpa_kernel))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        sxm = "H100" in props.name and props.multi_processor_count == H100_SXM_SMS
-        rows.append(Row("GPU", f"{props.name}, {props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB, "
-                        f"{'H100 SXM' if sxm else 'NOT an H100 SXM: timings differ from the leaderboard'}"))
+        rows.append(gpu_row(props.name, props.multi_processor_count, props.total_memory / 2**30))
     else:
         rows.append(Row("GPU", "none: CPU twin (flash stand-in, bf16 autocast, fp32 rms_norm)"))
     return rows
@@ -144,7 +215,8 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
         Row("graph breaks", str(breaks), ok=breaks == 0),
         Row("recompiles after step 1", f"{counters['stats']['unique_graphs'] - after_first} (QAT flip at step "
             f"{num_steps}; {after_first} graphs in all)", ok=counters["stats"]["unique_graphs"] == after_first),
-        Row("train step", f"{ms_off:.1f} ms, {tok_s[0]:,.0f} tok/s, MFU {100 * flops * tok_s[0] / trainer_loop.H100_BF16_PEAK_FLOPS:.1f}% "
+        Row("train step", f"{ms_off:.1f} ms, {tok_s[0]:,.0f} tok/s, "
+                          f"MFU {100 * flops * tok_s[0] / trainer_loop.H100_BF16_PEAK_FLOPS:.1f}% "
             f"of H100 bf16 ({hp.preset}, {hp.train_batch_tokens:,} tok/step, accum {accum})"),
         Row("train step, QAT on", f"{ms_on:.1f} ms ({100 * (ms_on / ms_off - 1):+.1f}%)"),
         Row("losses finite", f"{losses[0]:.3f} -> {losses[-1]:.3f} over {steps} steps",
@@ -205,22 +277,32 @@ def eval_rows(ctx, model, hp, num_val_tokens) -> list:
     graphs = counters["stats"]["unique_graphs"]
     result = eval_sliding(model, tokens, luts, stride=64, **common)
     model.train()
-    windows = count_sliding_windows(n, seq_len, 64)
-    per_window = result["eval_seconds"] / windows
-    targets = num_val_tokens - 1
-    project = {s: per_window * (count_sliding_windows(targets, seq_len, seq_len) + count_sliding_windows(targets, seq_len, s))
-               for s in (64, 96, 128)}
+    per_window = result["eval_seconds"] / count_sliding_windows(n, seq_len, 64)
     return [Row("eval recompiles", str(counters["stats"]["unique_graphs"] - graphs),
                 ok=counters["stats"]["unique_graphs"] == graphs),
             Row("sliding eval", f"{1000 * per_window:.2f} ms per window of {seq_len} (batch {b})"),
-            Row("projected full-val eval", ", ".join(f"stride {s}: {t:.0f} s" for s, t in project.items())
-                + f" ({targets + 1:,} val tokens, + roundtrip; limit 600 s)")]
+            eval_projection_row(per_window, num_val_tokens, seq_len, hp.eval_stride, hp.eval_max_seconds,
+                                hp.eval_auto_stride, enforce=ctx.device.type == "cuda")]
 
 
 def print_table(rows) -> None:
     width = max(len(r.check) for r in rows)
     for r in rows:
-        print(f"{'ok ' if r.ok else 'FAIL'} {r.check:<{width}}  {r.value}")
+        print(f"{r.verdict.replace('ok', 'ok '):<4} {r.check:<{width}}  {r.value}")
+        if r.warn:
+            print(f"{'':<5}{'':<{width}}  -> {r.warn}")
+
+
+def sdpa_kernel_for(hp, device) -> str:
+    """The SDPA backend torch picks for one layer's attention at this preset's training shape ('' off CUDA)."""
+    if device.type != "cuda":
+        return ""
+    hd, b = hp.model_dim // hp.num_heads, max(1, hp.train_batch_tokens // (8 * hp.train_seq_len))
+    q = torch.zeros(b, hp.train_seq_len, hp.num_heads, hd, device=device, dtype=torch.bfloat16)
+    k = torch.zeros(b, hp.train_seq_len, hp.num_kv_heads, hd, device=device, dtype=torch.bfloat16)
+    with contextlib.suppress(RuntimeError, AttributeError):
+        return trainer_attention.sdpa_choice(q, k, k)
+    return ""
 
 
 def main(argv=None) -> int:
@@ -234,6 +316,7 @@ def main(argv=None) -> int:
         return 2
     try:
         hp = trainer_settings.Hyperparameters.from_env()
+        hp.resolve_grad_accum(1, torch.cuda.is_available() and not args.cpu_twin)  # a batch that cannot split: exit 2
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -247,17 +330,19 @@ def main(argv=None) -> int:
     with twin:
         ctx = trainer_context.setup_distributed(hp)
         backend = "flash stand-in" if args.cpu_twin else trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device)
-        rows = versions_and_device(ctx.device, backend)
+        rows = versions_and_device(ctx.device, backend, sdpa_kernel_for(hp, ctx.device) if backend == "sdpa" else "")
         if Path(hp.data_path).is_dir() and not args.cpu_twin:
             loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
             num_val = trainer_shards.load_validation_tokens(hp.data_path).numel()
         else:
-            loader, num_val = SyntheticLoader(hp.vocab_size, ctx.device), VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
+            loader = SyntheticLoader(hp.vocab_size, ctx.device)
+            num_val = VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
         train_rows, model = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
         rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val)
     print_table(rows)
-    failed = [r.check for r in rows if not r.ok]
-    print(f"gpu_check: {'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'}")
+    failed, warned = [r.check for r in rows if not r.ok], [r.check for r in rows if r.ok and r.warn]
+    tail = f" ({len(warned)} warning{'s' * (len(warned) != 1)}: {', '.join(warned)})" if warned else ""
+    print(f"gpu_check: {'FAILED: ' + ', '.join(failed) if failed else 'all checks passed'}{tail}")
     return 1 if failed else 0
 
 

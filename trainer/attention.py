@@ -3,6 +3,7 @@
 Shapes: B batch, T time (sequence), H query heads, Hkv key/value heads (GQA: H % Hkv == 0), D head dim.
 """
 
+import contextlib
 import importlib
 
 import torch
@@ -10,13 +11,60 @@ import torch.nn.functional as F
 
 
 _FLASH_ATTN = []  # the flash-attn function chosen by resolve_attention_backend, if any
+_SDPA_PRIORITY = contextlib.ExitStack()  # holds the process-wide SDPA backend order set by set_sdpa_priority
+
+
+def sdpa_priority(capability: tuple) -> list:
+    """SDPA backends, best first, for a CUDA device of compute capability (major, minor).
+
+    Hopper and newer (sm_90+): cuDNN, then flash, then memory-efficient (measured on an H100, torch 2.11,
+    the default preset's attention fwd+bwd: cuDNN 1.75 ms, flash 2.62 ms, efficient 5.23 ms); older
+    GPUs: flash, efficient, cuDNN. Math stays last so an unsupported shape still runs.
+    """
+    from torch.nn.attention import SDPBackend
+
+    names = (["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"] if tuple(capability) >= (9, 0)
+             else ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"])
+    return [getattr(SDPBackend, n) for n in names + ["MATH"]]
+
+
+def set_sdpa_priority(capability: tuple, log=print) -> str:
+    """Make sdpa_priority(capability) the process's SDPA order (torch.nn.attention.sdpa_kernel with
+    set_priority=True, held open until the next call); logs and returns it as "cudnn_attention > ...".
+
+    Set before the first compile: Inductor picks the SDPA kernel when it traces. A torch whose
+    sdpa_kernel lacks set_priority only gets the listed backends enabled, in its own order.
+    """
+    from torch.nn.attention import sdpa_kernel
+
+    order = sdpa_priority(capability)
+    _SDPA_PRIORITY.close()
+    try:
+        _SDPA_PRIORITY.enter_context(sdpa_kernel(order, set_priority=True))
+    except TypeError:
+        _SDPA_PRIORITY.enter_context(sdpa_kernel(order))
+    text = " > ".join(b.name.lower() for b in order)
+    log(f"attention:sdpa priority {text} (sm_{capability[0]}{capability[1]})")
+    return text
+
+
+def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """The SDPA backend torch would run for attention(q, k, v) ([B, T, H, D] inputs), e.g. "cudnn_attention"."""
+    from torch.nn.attention import SDPBackend
+
+    index = torch._fused_sdp_choice(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                    enable_gqa=k.size(2) != q.size(2))
+    return next((b.name.lower() for b in SDPBackend.__members__.values() if int(b) == index), str(index))
+
+
 
 
 def resolve_attention_backend(requested: str, device: torch.device, log=print) -> str:
     """Pick FA3 -> FA2 -> SDPA. Forcing fa3/fa2 without CUDA or without the package raises ValueError.
 
     A CUDA run that ends on SDPA (flash-attn missing, or built for another torch: its import fails)
-    logs a WARNING line with the import error; requirements-gpu.txt has the install lines.
+    logs a WARNING line with the import error (requirements-gpu.txt has the install lines) and sets
+    SDPA's backend order for the GPU (set_sdpa_priority: cuDNN first on Hopper).
     """
     if device.type != "cuda":
         if requested in ("fa3", "fa2"):
@@ -28,6 +76,7 @@ def resolve_attention_backend(requested: str, device: torch.device, log=print) -
             if errors:
                 log(f"WARNING: attention falls back to PyTorch SDPA (slower than flash-attn): {'; '.join(errors)}"
                     " (install: requirements-gpu.txt)")
+            set_sdpa_priority(torch.cuda.get_device_capability(device), log)
             return name
         module = {"fa3": "flash_attn_interface", "fa2": "flash_attn"}[name]
         try:

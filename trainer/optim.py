@@ -65,7 +65,10 @@ class Muon(torch.optim.Optimizer):
                     shapes.setdefault(p.shape, []).append(p)
             for (rows, cols), ps in shapes.items():
                 grads = [p.grad for p in ps]
-                bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in ps]
+                for p in ps:  # created once: setdefault(..., zeros_like(p)) allocated and zero-filled every step
+                    if "momentum_buffer" not in self.state[p]:
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                bufs = [self.state[p]["momentum_buffer"] for p in ps]
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
                 u = torch.stack(grads).lerp_(torch.stack(bufs), momentum)
                 n, w = len(ps), self.world_size

@@ -1,0 +1,94 @@
+"""tools/bench_step.py and tools/step_twin.py on a CPU: the one-line exits, the reference's settings and log
+parsing, the table; the CUDA codegen twin when the `triton` package is installed (skipped otherwise)."""
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tools import bench_step  # noqa: E402
+from trainer.settings import Hyperparameters  # noqa: E402
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+OFFICIAL_LOG = """step:1/60 train_loss:16.77 train_time:390ms step_avg:390.00ms
+step:10/60 train_loss:7.0674 train_time:3719ms step_avg:371.91ms
+step:60/60 train_loss:5.3902 train_time:22319ms step_avg:371.98ms
+peak memory allocated: 10240 MiB reserved: 10500 MiB
+"""
+
+
+def run_tool(*args, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "DATA_PATH"))}
+    full.update(env, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, str(REPO / "tools/bench_step.py"), *args], cwd=REPO, env=full,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_without_cuda_one_line_and_exit_2():
+    proc = run_tool("--reference", "x.py", "--profile")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert re.fullmatch(r"bench_step: needs a CUDA GPU \(torch \S+ sees none\); .*--cpu-twin`\n", proc.stderr)
+
+
+def test_a_batch_that_does_not_split_is_one_line_exit_2():
+    proc = run_tool("--cpu-twin", PRESET="smoke", TRAIN_BATCH_TOKENS="250", TRAIN_SEQ_LEN="64")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr.startswith("error: TRAIN_BATCH_TOKENS=250: expected a multiple of")
+
+
+@pytest.mark.skipif(HAS_TRITON, reason="checks the message of a torch without triton")
+def test_cpu_twin_without_triton_says_so_in_one_line():
+    proc = run_tool("--cpu-twin", PRESET="smoke")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "has no triton" in proc.stderr and "pip install --target" in proc.stderr
+
+
+def test_reference_env_uses_the_challenge_names_and_our_shape():
+    hp = Hyperparameters.from_env({"NUM_LAYERS": "9", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "1024"}, log=lambda m: None)
+    env = bench_step.reference_env(hp, 60)
+    assert env["NUM_LAYERS"] == "9" and env["MLP_MULT"] == "2" and env["TRAIN_SEQ_LEN"] == "1024"
+    assert env["MODEL_DIM"] == str(hp.model_dim) and env["VOCAB_SIZE"] == str(hp.vocab_size)
+    assert env["TRAIN_BATCH_TOKENS"] == str(hp.train_batch_tokens) and env["ITERATIONS"] == "60"
+    assert env["MAX_WALLCLOCK_SECONDS"] == "0" and env["VAL_LOSS_EVERY"] == "0"
+
+
+def test_parse_reference_log_times_steps_10_to_n():
+    side = bench_step.parse_reference_log(OFFICIAL_LOG, 524_288)
+    assert side.ms_per_step == pytest.approx((22319 - 3719) / 50) and side.peak_gib == 10.0
+    assert side.tokens_per_second == pytest.approx(524_288 / 0.372)
+    with pytest.raises(ValueError, match="need step lines"):
+        bench_step.parse_reference_log("step:10/60 train_loss:1 train_time:5ms", 1)
+
+
+def test_table_has_both_sides_one_flop_count_and_the_ratio(capsys):
+    sides = [bench_step.Side("kit", 414.0, 524_288, 11.8), bench_step.Side("reference", 372.0, 524_288, None)]
+    bench_step.print_table(sides, 3.0e9, 989e12)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:2] == ["kit", "414.0"] and out[1].endswith("1.11x")
+    assert out[2].split()[:2] == ["reference", "372.0"] and "n/a" in out[2] and out[2].endswith("1.00x")
+    assert "3.000 GFLOP per token" in out[3]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package (no GPU): pip install --target DIR triton")
+def test_cpu_twin_generates_cuda_code_and_sees_a_float32_residual(tmp_path, monkeypatch):
+    """The codegen twin at a toy shape: with the kit's bf16 residual stream the forward allocates no float32
+    [tokens x hidden] buffer; with a float32 one (the old code) it does, and forward + backward move more bytes."""
+    import trainer.model as trainer_model
+    from tools.step_twin import generate_cuda_step, kernel_stats
+
+    config = dict(vocab_size=512, num_layers=2, model_dim=128, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=16)
+    now = {k: kernel_stats(p) for k, p in generate_cuda_step(config, 4, 128, tmp_path / "now").items()}
+    monkeypatch.setattr(trainer_model, "residual_dtype", lambda x: torch.float32)
+    old = {k: kernel_stats(p) for k, p in generate_cuda_step(config, 4, 128, tmp_path / "old").items()}
+    assert sum(m.bytes_moved for m in old.values()) > sum(m.bytes_moved for m in now.values())
+    assert now["forward"].full_size_fp32(512, 128) == [] and len(old["forward"].full_size_fp32(512, 128)) >= 2
