@@ -28,6 +28,7 @@ class RunContext:
     autocast_dtype: object = None  # torch.bfloat16 or None
     compile: bool = False  # torch.compile the model, Muon's Newton-Schulz and the eval forward
     log_file: object = None
+    pending: list = dataclasses.field(default_factory=list)  # lines logged before train.log is opened
 
     @property
     def is_main(self) -> bool:
@@ -38,9 +39,11 @@ class RunContext:
             return
         if console:
             print(msg, flush=True)
-        if self.log_file is not None:
-            self.log_file.write(msg + "\n")
-            self.log_file.flush()
+        if self.log_file is None:
+            self.pending.append(msg)
+            return
+        self.log_file.write(msg + "\n")
+        self.log_file.flush()
 
     def autocast(self):
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
@@ -123,11 +126,18 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
 
 @contextlib.contextmanager
 def stop_on_signals():
-    """SIGINT/SIGTERM set `flag[0]` to the signal number; the loop finishes its step and stops cleanly."""
+    """SIGINT/SIGTERM/SIGHUP set `flag[0]` to the signal number; the loop finishes its step and stops
+    cleanly. A second signal exits at once (128 + its number): files are written by rename."""
     flag, previous = [0], {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
+
+    def handle(signum, frame):
+        if flag[0]:
+            os._exit(128 + signum)
+        flag[0] = signum
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            previous[sig] = signal.signal(sig, lambda signum, frame: flag.__setitem__(0, signum))
+            previous[sig] = signal.signal(sig, handle)
     try:
         yield flag
     finally:
