@@ -151,3 +151,6 @@ if __name__ == "__main__":
     except ValueError as err:  # a user mistake: say what and where, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C before training: nothing to save (from the first step on, SignalGuard)
+        print("interrupted before training: nothing written to keep", file=sys.stderr)
+        sys.exit(128 + 2)

@@ -136,7 +136,7 @@ def test_a_second_signal_exits_at_once_and_leaves_nothing_half_written(tiny_data
 
 
 @pytest.mark.slow
-def test_a_finished_run_folder_is_refused_and_resume_of_a_finished_run_reproduces_it(uninterrupted, tiny_dataset,
+def test_a_finished_run_folder_is_refused_and_resume_needs_something_to_resume(uninterrupted, tiny_dataset,
                                                                                        sp1024_model, tmp_path):
     run_dir = tmp_path / "done"
     run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="done", SKIP_FINAL_EVAL=1, ITERATIONS=2))
