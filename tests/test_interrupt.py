@@ -200,3 +200,15 @@ def test_max_shard_id_reads_a_memory_map(tmp_path):
     write_data_shard(tmp_path / "e.bin", np.zeros(0, dtype=np.uint16))
     assert max_shard_id(tmp_path / "e.bin", 0) == -1
     assert os.path.getsize(tmp_path / "s.bin") == 1024 + 8
+
+
+@pytest.mark.slow
+def test_sighup_in_training_stops_after_the_step_and_says_so(tiny_dataset, sp1024_model, tmp_path):
+    """No checkpoint (CHECKPOINT_EVERY=0): the loop stops, result.json says where, nothing claims to resume it."""
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="hup", ITERATIONS=200, **SIGNAL_ENV)
+    rc, out, err = signal_at(env, r"^step:2/200 ", (signal.SIGHUP,))
+    assert rc == 128 + signal.SIGHUP and "Traceback" not in err, err[-2000:]
+    result = read_result(tmp_path, "hup")
+    assert result["status"] == "stopped_by_signal" and result["phase"] == "train" and result["signal"] == "SIGHUP"
+    assert 2 <= result["steps"] < 200 and "next_command" not in result
+    assert sorted(p.name for p in (tmp_path / "hup").iterdir()) == ["result.json", "train.log"]
