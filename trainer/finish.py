@@ -40,8 +40,9 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     if eval_on:
         yield dict(phase="prequant_eval")
         pre = evaluate_roundtrip(ctx, hp, model, val_tokens(), luts)
+        # each number is handed back before its log line: what a log shows, an interrupted result.json has
+        yield lap("prequant_eval", val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"], phase="export")
         ctx.log(f"final_prequant_exact val_loss:{pre['val_loss']:.8f} val_bpb:{pre['val_bpb']:.8f}")
-        yield lap("prequant_eval", val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"])
     yield dict(phase="export")
     if ctx.is_main:
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
@@ -52,8 +53,8 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                    tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest())
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
-        ctx.log(f"Total submission size: {report['bytes_total']} bytes")
         yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps")}
+        ctx.log(f"Total submission size: {report['bytes_total']} bytes")
     if ctx.world_size > 1:
         dist.barrier()
     yield lap("export", export_seconds=time.perf_counter() - started[0])
@@ -67,14 +68,14 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     eval_model.eval()
     yield lap("load", phase="roundtrip")
     rt = evaluate_roundtrip(ctx, hp, eval_model, val_tokens(), luts)
-    ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
     yield lap("roundtrip", val_loss_roundtrip=rt["val_loss"], val_bpb_roundtrip=rt["val_bpb"], phase="sliding")
+    ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
     sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
-    ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
-            f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
               tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
+    ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
+            f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
 
 
 def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path) -> str:
