@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -38,16 +39,17 @@ def uninterrupted(tiny_dataset, sp1024_model, tmp_path_factory):
     return read_result(out, "whole"), sha256(out / "whole" / "final_model.ptz")
 
 
-def signal_at(env: dict, pattern: str, signals=(signal.SIGTERM,), timeout: float = 180) -> tuple:
-    """Run the trainer; when a log line matches `pattern`, send `signals` (back to back); returns
-    (exit code, the whole stdout, stderr)."""
+def signal_at(env: dict, pattern: str, signals=(signal.SIGTERM,), timeout: float = 180, gap_seconds: float = 0) -> tuple:
+    """Run the trainer; when a log line matches `pattern`, send `signals`, `gap_seconds` apart;
+    returns (exit code, the whole stdout, stderr)."""
     proc = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     seen = []
     for line in proc.stdout:
         seen.append(line)
         if re.search(pattern, line):
-            for sig in signals:
+            for i, sig in enumerate(signals):
+                time.sleep(gap_seconds * bool(i))
                 proc.send_signal(sig)
             break
     out, err = proc.communicate(timeout=timeout)
@@ -69,7 +71,7 @@ def no_temp_files(run_dir: Path) -> None:
 # (log line that triggers the signal, signal, phases the run can be in by then, artifact on disk afterwards)
 MATRIX = [
     ("^training done", signal.SIGTERM, {"trained", "prequant_eval"}, False),
-    ("^final_prequant_exact", signal.SIGINT, {"export"}, False),
+    ("^final_prequant_exact", signal.SIGINT, {"export"}, False),  # + a SIGTERM at once: torchrun's forward of Ctrl-C
     ("^final_roundtrip_exact", signal.SIGHUP, {"sliding"}, True),
 ]
 
@@ -80,7 +82,7 @@ def test_a_signal_after_training_saves_the_weights_and_resume_matches_an_uninter
         uninterrupted, tiny_dataset, sp1024_model, tmp_path, pattern, sig, phases, artifact):
     whole, whole_sha = uninterrupted
     env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="cut", **SIGNAL_ENV)
-    rc, out, err = signal_at(env, pattern, (sig,))
+    rc, out, err = signal_at(env, pattern, (sig, signal.SIGTERM) if sig == signal.SIGINT else (sig,))
     run_dir = tmp_path / "cut"
     assert rc == 128 + sig, err[-2000:]
     assert "Traceback" not in err, err
@@ -116,7 +118,10 @@ def test_a_signal_after_training_saves_the_weights_and_resume_matches_an_uninter
 @pytest.mark.slow
 def test_a_second_signal_exits_at_once_and_leaves_nothing_half_written(tiny_dataset, sp1024_model, tmp_path):
     env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="twice", **SIGNAL_ENV)
-    rc, out, err = signal_at(env, "^final_prequant_exact", (signal.SIGTERM, signal.SIGTERM))
+    from trainer.interrupt import SECOND_SIGNAL_AFTER_SECONDS
+
+    rc, out, err = signal_at(env, "^final_prequant_exact", (signal.SIGTERM, signal.SIGTERM),
+                             gap_seconds=SECOND_SIGNAL_AFTER_SECONDS + 0.5)
     assert rc == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
     run_dir = tmp_path / "twice"
     # whatever made it to disk is whole: files appear by rename only

@@ -5,7 +5,6 @@ import dataclasses
 import importlib
 import os
 import platform
-import signal
 import subprocess
 from pathlib import Path
 
@@ -122,24 +121,3 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
             ctx.log(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout, False)
     for f in dataclasses.fields(hp):
         ctx.log(f"{f.name.upper()}:{getattr(hp, f.name)}")
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """SIGINT/SIGTERM/SIGHUP set `flag[0]` to the signal number; the loop finishes its step and stops
-    cleanly. A second signal exits at once (128 + its number): files are written by rename."""
-    flag, previous = [0], {}
-
-    def handle(signum, frame):
-        if flag[0]:
-            os._exit(128 + signum)
-        flag[0] = signum
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            previous[sig] = signal.signal(sig, handle)
-    try:
-        yield flag
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

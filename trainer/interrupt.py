@@ -19,6 +19,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 
 import safetensors.torch
@@ -30,6 +31,9 @@ from trainer.settings import Hyperparameters
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 TRAINED_FILE = "trained.safetensors"
 HESSIAN_PREFIX = "gptq_hessian."
+# A repeat within this many seconds is the same stop, not a second one: Ctrl-C reaches every process of
+# the terminal's group and torchrun (or tools/sweep.py) then forwards a SIGTERM of its own at once.
+SECOND_SIGNAL_AFTER_SECONDS = 2.0
 
 
 class RunInterrupted(BaseException):
@@ -46,11 +50,12 @@ class SignalGuard:
     `flag[0]` is the first signal's number (0: none); the training loop reads it to stop after its
     step. After `arm()` the first signal raises RunInterrupted in the main thread wherever it is
     (a pending one at once); after `hold()` it is only recorded (while an error is written). A second
-    signal always exits at once with 128 + its number. Handlers are restored on exit.
+    signal exits at once with 128 + its number; a repeat within SECOND_SIGNAL_AFTER_SECONDS of the
+    first is the same stop and is ignored. Handlers are restored on exit.
     """
 
     def __init__(self):
-        self.flag, self.raising, self.previous = [0], False, {}
+        self.flag, self.raising, self.previous, self.first_at = [0], False, {}, 0.0
 
     def __enter__(self) -> "SignalGuard":
         for sig in STOP_SIGNALS:
@@ -64,8 +69,10 @@ class SignalGuard:
 
     def handle(self, signum, frame) -> None:
         if self.flag[0]:  # a second signal: at once (files are renamed into place, never half-written)
-            os._exit(128 + signum)
-        self.flag[0] = signum
+            if time.monotonic() - self.first_at > SECOND_SIGNAL_AFTER_SECONDS:
+                os._exit(128 + signum)
+            return
+        self.flag[0], self.first_at = signum, time.monotonic()
         if self.raising:
             raise RunInterrupted(signum)
 

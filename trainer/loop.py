@@ -12,7 +12,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from quant.gptq import collect_gptq_hessians
-from trainer.context import RunContext, kit_module, stop_on_signals
+from trainer.context import RunContext, kit_module
+from trainer.interrupt import SignalGuard
 from trainer.loader import DistributedTokenLoader
 from trainer.model import GPT
 from trainer.optim import build_optimizers
@@ -48,7 +49,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     The clock covers every step plus the EMA swap; validation passes (VAL_LOSS_EVERY) pause it, as
     in the official script. All ranks stop on the same step (a MAX all-reduce of the stop flag).
     `stop`: a one-element list a signal handler sets to the signal's number (the run's SignalGuard.flag;
-    None: the loop installs its own handlers). A signal seen when the loop stops makes the result's
+    None: the loop installs its own SignalGuard). A signal seen when the loop stops makes the result's
     stop_signal; one that comes later (EMA swap, GPTQ calibration) is left to the caller.
     """
     is_cuda = ctx.device.type == "cuda"
@@ -127,7 +128,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
-    with contextlib.nullcontext(stop) if stop is not None else stop_on_signals() as stop:
+    with contextlib.nullcontext() if stop is not None else SignalGuard() as guard:
+        stop = stop if stop is not None else guard.flag
         ctx.sync()
         t0 = time.perf_counter()
         log_t, log_step = t0, step
