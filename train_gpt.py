@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import platform
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,13 +25,15 @@ from quant.fit import fit_policy
 from quant.policy import QuantPolicy
 from trainer.attention import resolve_attention_backend
 from trainer.checks import check_inputs
-from trainer.context import RunContext, describe_device, log_run_header, measure_code_bytes, setup_distributed
+from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_eval_stride
-from trainer.files import atomic_write_json
-from trainer.finish import after_training_error, finish_run, write_result
+from trainer.finish import after_training_error, finish_run, score_command, write_result
+from trainer.interrupt import (TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training, load_trained,
+                               stopped_in_training, training_failed)
 from trainer.loader import DistributedTokenLoader
-from trainer.loop import NonFiniteLossError, train
+from trainer.loop import TrainResult, train
 from trainer.model import GPT, build_model_config, count_train_flops_per_token
+from trainer.runfolder import check_run_folder, open_run_log
 from trainer.settings import Hyperparameters
 from trainer.shards import load_validation_tokens
 
@@ -71,24 +74,26 @@ def run_summary(ctx: RunContext, hp: Hyperparameters, *, model: GPT, policy: Qua
 def main() -> int:
     """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json.
 
-    A run whose training finished always writes result.json, whatever fails after (status, every
-    number measured so far, the artifact path), and says what to run next. Returns the exit code.
+    Every input is checked before anything is written. A run whose training finished always writes
+    result.json, whatever fails or which signal comes after (status, phase, every number measured so
+    far, what to run next); a signal after training also saves the trained weights for RESUME=1
+    (trainer/interrupt.py). Returns the exit code.
     """
     hp = Hyperparameters.from_env()
     ctx = setup_distributed(hp)
-    if ctx.is_main:
-        ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
-    code_bytes = measure_code_bytes()
-    log_run_header(ctx, hp)
+    resume = check_run_folder(hp)  # a finished run's folder is refused before anything is written
     sp, manifest, num_val_tokens = check_inputs(hp, ctx)
+    open_run_log(ctx, hp)
+    code_bytes = measure_code_bytes()
     torch.manual_seed(hp.seed)
 
     model, config, policy, attn_backend, flops_per_token = build_model(ctx, hp, code_bytes)
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
     luts = build_sentencepiece_luts(sp, hp.vocab_size)
+    saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
     eval_on = not hp.skip_final_eval
-    eval_stride = plan_eval_stride(ctx, config, hp, num_val_tokens) if eval_on and hp.eval_auto_stride else hp.eval_stride
+    eval_stride = saved["eval_stride"] if saved else plan_eval_stride(ctx, config, hp, num_val_tokens) if (
+        eval_on and hp.eval_auto_stride) else hp.eval_stride
 
     @functools.cache
     def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens
@@ -96,42 +101,46 @@ def main() -> int:
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    result = None
-    try:
-        result = train(ctx, hp, model, loader, flops_per_token=flops_per_token,
-                       val_eval=lambda m: evaluate_roundtrip(ctx, hp, m, val_tokens(), luts))
-    except NonFiniteLossError as e:
-        ctx.log(f"ERROR: {e}; no artifact written")
-        summary["status"] = "nonfinite_loss"
-    except torch.OutOfMemoryError:
-        accum = hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
-        ctx.log(f"ERROR: CUDA out of memory in training: raise GRAD_ACCUM_STEPS (now {accum}: micro-batches of "
-                f"{hp.train_batch_tokens // (ctx.world_size * accum * hp.train_seq_len)} sequences) or lower TRAIN_BATCH_TOKENS")
-        summary["status"] = "oom"
-    if result is not None:
+    summary["phase"] = "train"
+    record = functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
+    with SignalGuard() as guard:
+        try:
+            result = TrainResult(**saved["result"]) if saved else train(
+                ctx, hp, model, loader, flops_per_token=flops_per_token, stop=guard.flag,
+                val_eval=lambda m: evaluate_roundtrip(ctx, hp, m, val_tokens(), luts))
+        except Exception as err:  # result.json says what failed (a non-finite loss, OOM, a bug)
+            guard.hold()
+            return training_failed(ctx, hp, err, summary, record, train_shards=sorted(p.name for p in loader.opened))
+        if saved:
+            loader.opened.update(Path(hp.data_path) / n for n in saved["train_shards"])
+            ctx.log(f"resumed after training from {ctx.run_dir / TRAINED_FILE}: export and final eval only")
         summary.update(steps=result.steps, train_seconds=result.train_seconds, train_losses=result.train_losses,
-                       ms_per_step=1000 * result.train_seconds / max(1, result.steps))
-    summary["train_shards"] = sorted(p.name for p in loader.opened)
-    if result is None or result.stop_signal:
-        if ctx.is_main:
-            status = "stopped_by_signal" if result is not None else summary["status"]
-            atomic_write_json(ctx.run_dir / "result.json", {**summary, "status": status})
-        return 128 + result.stop_signal if result is not None else 1
+                       ms_per_step=1000 * result.train_seconds / max(1, result.steps), resumed_after_training=bool(saved),
+                       train_shards=sorted(p.name for p in loader.opened))
+        if result.stop_signal:
+            return stopped_in_training(ctx, hp, result.stop_signal, summary, record)
 
-    rc = 0
-    try:
-        for measured in finish_run(ctx, hp, model=model, config=config, policy=policy, code_bytes=code_bytes,
-                                   artifact_path=ctx.run_dir / "final_model.ptz", val_tokens=val_tokens, luts=luts,
-                                   eval_stride=eval_stride):
-            summary.update(measured)
-    except Exception as err:  # training finished: keep every number measured so far
-        summary["status"] = after_training_error(ctx, hp, err, ctx.run_dir / "final_model.ptz")
-        summary["error"] = f"{type(err).__name__}: {err}"
-        rc = 1
-        if not isinstance(err, (ValueError, torch.OutOfMemoryError)):
-            write_result(ctx, summary, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
-            raise
-    write_result(ctx, summary, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
+        summary["phase"], rc, artifact_path = "trained", 0, ctx.run_dir / "final_model.ptz"
+        trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], eval_stride=eval_stride)
+        try:
+            guard.arm()  # from here a signal interrupts where the run is: it saves the weights and says how to finish
+            for measured in finish_run(ctx, hp, model=model, config=config, policy=policy, code_bytes=code_bytes,
+                                       artifact_path=artifact_path, val_tokens=val_tokens, luts=luts,
+                                       eval_stride=eval_stride):
+                summary.update(measured)
+            summary["phase"] = "done"
+            record(summary)
+        except RunInterrupted as stop:
+            return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=model, config=config,
+                                              trained=trained, score=score_command(hp, artifact_path, eval_stride))
+        except Exception as err:  # training finished: keep every number measured so far
+            guard.hold()
+            summary["status"] = after_training_error(ctx, hp, err, artifact_path)
+            summary["error"] = f"{type(err).__name__}: {err}"
+            rc = 1
+            record(summary)
+            if not isinstance(err, (ValueError, torch.OutOfMemoryError)):
+                raise
     if ctx.world_size > 1:
         dist.destroy_process_group()
     return rc
@@ -143,3 +152,6 @@ if __name__ == "__main__":
     except ValueError as err:  # a user mistake: say what and where, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C before training: nothing to save (from the first step on, SignalGuard)
+        print("interrupted before training: nothing written to keep", file=sys.stderr)
+        sys.exit(128 + 2)

@@ -24,12 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PY = "python"  # shown in the table; the tests run sys.executable
 TABLE_START, TABLE_END = "<!-- bad-inputs:start -->", "<!-- bad-inputs:end -->"
 # settings of the caller's shell that would change what a case sees
+# (and every trainer setting: the trainer's cases set what they need)
+TRAINER_SETTINGS = {"PRESET", "RESUME", "RUN_ID", "OUT_DIR", "DATA_PATH", "TOKENIZER_PATH", "VOCAB_SIZE", "SEED",
+                    "ITERATIONS", "MAX_WALLCLOCK_SECONDS", "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_THREADS",
+                    "CHECKPOINT_EVERY"}
 SCRUBBED_ENV_PREFIXES = ("EVAL_", "QUANT_", "VAL_MAX_TOKENS", "ATTN_BACKEND", "BYTE_BUDGET", "MATCHED_FINEWEB_")
 
 
@@ -301,7 +306,92 @@ def sweep_rows() -> list:
     ]
 
 
-CASES = eval_rows() + quant_rows() + prepare_rows() + sweep_rows()
+TRAIN = ("train_gpt.py",)
+RUN_LOG = "a finished run's log\n"
+
+
+def train_env(**bad) -> dict:
+    """The trainer's environment for a case: the smoke preset on the small dataset, runs under {d}/runs."""
+    return {"PRESET": "smoke", "DATA_PATH": "{data}", "TOKENIZER_PATH": "{tok}", "OUT_DIR": "{d}/runs", "RUN_ID": "r",
+            **{k: str(v) for k, v in bad.items()}}
+
+
+def small_dataset(bad_train_id: int = None) -> Callable:
+    """setup: a dataset folder {d}/data, one val shard and three train shards (the third holding
+    `bad_train_id` as its last token when given); no manifest."""
+    def setup(d: Path):
+        from trainer.shards import write_data_shard
+
+        (d / "data").mkdir()
+        ids = np.arange(600, dtype=np.uint16) % 1000 + 1
+        write_data_shard(d / "data" / "fineweb_val_000000.bin", ids)
+        for i in range(3):
+            last = [bad_train_id] if i == 2 and bad_train_id is not None else [1]
+            write_data_shard(d / "data" / f"fineweb_train_{i:06d}.bin", np.concatenate([ids, last]))
+    return setup
+
+
+def finished_run(d: Path) -> None:
+    write("runs/r/train.log", RUN_LOG)(d)
+    write("runs/r/result.json", '{"status": "ok"}\n')(d)
+
+
+def train_rows() -> list:
+    t, nothing = "train", absent("runs")
+    return [
+        BadInput(t, "ITERATIONS=inf", TRAIN, r"ITERATIONS='inf': expected a whole number", env=train_env(ITERATIONS="inf"),
+                 after=nothing),
+        BadInput(t, "ITERATIONS=1e400", TRAIN, r"ITERATIONS='1e400': expected a whole number",
+                 env=train_env(ITERATIONS="1e400"), after=nothing),
+        BadInput(t, "MAX_WALLCLOCK_SECONDS=1e308", TRAIN, r"MAX_WALLCLOCK_SECONDS=1e\+308: expected <= 1e\+07 seconds "
+                 r"\(0: no cap\)", env=train_env(MAX_WALLCLOCK_SECONDS="1e308"), after=nothing),
+        BadInput(t, "EVAL_MAX_SECONDS=1e308", TRAIN, r"EVAL_MAX_SECONDS=1e\+308: expected <= 1e\+07 seconds$",
+                 env=train_env(EVAL_MAX_SECONDS="1e308"), after=nothing),
+        BadInput(t, "VAL_MAX_TOKENS=10", TRAIN, r"VAL_MAX_TOKENS=10: expected 0 \(the whole val split\) or >= "
+                 r"TRAIN_SEQ_LEN=256 \(one sequence\)", env=train_env(VAL_MAX_TOKENS=10), after=nothing),
+        BadInput(t, "SEED=1e30", TRAIN, r"SEED=\d+: expected < 2\*\*64", env=train_env(SEED="1e30"), after=nothing),
+        BadInput(t, "NUM_THREADS=1e9", TRAIN, r"NUM_THREADS=1000000000: expected <= 4096", env=train_env(NUM_THREADS="1e9")),
+        BadInput(t, "OUT_DIR is a file", TRAIN, r"OUT_DIR='\S+/runs': is a file; expected a folder for the run folders",
+                 env=train_env(), setup=write("runs", "a file\n"), after=unchanged("runs", "a file\n")),
+        BadInput(t, "OUT_DIR inside a file", TRAIN, r"OUT_DIR='\S+/f/runs': \S+/f is a file; expected a folder",
+                 env=train_env(OUT_DIR="{d}/f/runs"), setup=write("f", "a file\n")),
+        BadInput(t, "RUN_ID is a file", TRAIN, r"RUN_ID='r': \S+/runs/r is a file; expected a run folder", env=train_env(),
+                 setup=write("runs/r", "x")),
+        BadInput(t, "RUN_ID of a finished run (with a bad DATA_PATH)", TRAIN, r"RUN_ID='r': \S+/runs/r holds a finished "
+                 r"run \(result.json\); expected a new RUN_ID \(or RESUME=1", env=train_env(DATA_PATH="{d}/none"),
+                 setup=finished_run, after=unchanged("runs/r/train.log", RUN_LOG)),
+        BadInput(t, "RESUME=1 with nothing to resume", TRAIN, r"RESUME=True: \S+/runs/r has no trained.safetensors or "
+                 r"checkpoint.pt; expected the folder of an interrupted run", env=train_env(RESUME=1), after=nothing),
+        BadInput(t, "RESUME=1 in training with a wallclock cap", TRAIN, r"RESUME=True: resuming inside training: expected "
+                 r"MAX_WALLCLOCK_SECONDS=0", env=train_env(RESUME=1), setup=write("runs/r/checkpoint.pt", b"ckpt"),
+                 after=absent("runs/r/train.log")),
+        BadInput(t, "DATA_PATH missing", TRAIN, r"DATA_PATH='\S+/none': no such file or folder; expected a dataset folder",
+                 env=train_env(DATA_PATH="{d}/none"), after=nothing),
+        BadInput(t, "DATA_PATH is a file", TRAIN, r"DATA_PATH='\S+/f': is a file; expected a dataset folder",
+                 env=train_env(DATA_PATH="{d}/f"), setup=write("f", "x"), after=nothing),
+        BadInput(t, "DATA_PATH without train shards", TRAIN, r"DATA_PATH=\S+/data: no fineweb_train_\*\.bin",
+                 env=train_env(DATA_PATH="{d}/data"), setup=lambda d: (small_dataset()(d), *map(Path.unlink, (
+                     d / "data").glob("fineweb_train_*"))), after=nothing),
+        BadInput(t, "token id >= VOCAB_SIZE in the third train shard", TRAIN, r"DATA_PATH='\S+/data': train shard "
+                 r"fineweb_train_000002.bin holds token id 5000; expected ids < VOCAB_SIZE=1024",
+                 env=train_env(DATA_PATH="{d}/data"), setup=small_dataset(5000), after=nothing),
+        BadInput(t, "TOKENIZER_PATH not a SentencePiece model", TRAIN, r"TOKENIZER_PATH='\S+/tok.model': not a "
+                 r"SentencePiece model \(.*\); expected a SentencePiece \.model file",
+                 env=train_env(TOKENIZER_PATH="{d}/tok.model"), setup=write("tok.model", "not a model\n"), after=nothing),
+        BadInput(t, "TOKENIZER_PATH is a folder", TRAIN, r"TOKENIZER_PATH='\S+': is a folder; expected a SentencePiece",
+                 env=train_env(TOKENIZER_PATH="{d}"), after=nothing),
+        BadInput(t, "VOCAB_SIZE=2048 with a 1024-id tokenizer", TRAIN, r"VOCAB_SIZE=2048: the tokenizer \S+ has 1024 ids",
+                 env=train_env(VOCAB_SIZE=2048), after=nothing),
+        BadInput(t, "TRAIN_BATCH_TOKENS=1000", TRAIN, r"TRAIN_BATCH_TOKENS=1000: expected a multiple of",
+                 env=train_env(TRAIN_BATCH_TOKENS=1000), after=nothing),
+        BadInput(t, "RUN_ID=a/b", TRAIN, r"RUN_ID='a/b': expected a folder name", env=train_env(RUN_ID="a/b"),
+                 after=nothing),
+        BadInput(t, "PRESET=2xh100", TRAIN, r"PRESET='2xh100': expected one of", env=train_env(PRESET="2xh100"),
+                 after=nothing),
+    ]
+
+
+CASES = eval_rows() + quant_rows() + prepare_rows() + sweep_rows() + train_rows()
 
 
 # ----------------------------------------------------------------------------- running
@@ -315,9 +405,10 @@ def run_case(case: BadInput, case_dir: Path, values: dict) -> subprocess.Complet
     case_dir.mkdir(parents=True, exist_ok=True)
     if case.setup:
         case.setup(case_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED_ENV_PREFIXES)}
-    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **case.env)
-    return subprocess.run([sys.executable, *command(case, dict(values, d=str(case_dir)))], cwd=REPO, env=env,
+    env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED_ENV_PREFIXES) and k not in TRAINER_SETTINGS}
+    values = dict(values, d=str(case_dir))
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **{k: v.format(**values) for k, v in case.env.items()})
+    return subprocess.run([sys.executable, *command(case, values)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -375,7 +466,7 @@ def render_table(results: dict, values: dict) -> str:
              "| CLI | bad input | command | exit | message (stderr, one line) |", "|---|---|---|---|---|"]
     for case in CASES:
         proc, case_dir = results[case.id]
-        env = " ".join(f"{k}={v}" for k, v in case.env.items())
+        env = " ".join(f"{k}={v.format(**dict(values, d=str(case_dir)))}" for k, v in case.env.items())
         cmd = short(" ".join(filter(None, [env, PY, *command(case, dict(values, d=str(case_dir)))])), case_dir)
         message = short(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(none)", case_dir)
         lines.append(f"| {case.cli} | {case.what.replace('|', '/')} | `{cmd}` | {proc.returncode} | `{message}` |")

@@ -109,9 +109,9 @@ def test_flash_attn_forced_without_cuda():
 
 
 def test_missing_data_dir_and_tokenizer(tiny_dataset, sp1024_model, tmp_path):
-    with pytest.raises(ValueError, match="DATA_PATH='/nonexistent/data': no such directory"):
+    with pytest.raises(ValueError, match="DATA_PATH='/nonexistent/data': no such file or folder"):
         check_inputs(hp_for("/nonexistent/data", sp1024_model), ctx(tmp_path))
-    with pytest.raises(ValueError, match="TOKENIZER_PATH='/nonexistent/tok.model': no such file"):
+    with pytest.raises(ValueError, match="TOKENIZER_PATH='/nonexistent/tok.model': no such file or folder"):
         check_inputs(hp_for(tiny_dataset, "/nonexistent/tok.model"), ctx(tmp_path))
 
 

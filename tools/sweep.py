@@ -303,11 +303,17 @@ def launch_run(run: SweepRun, slot, script: Path, gpus_per_run: int = 1, environ
 
     The env is the caller's environment + the run's settings (+ CUDA_VISIBLE_DEVICES=slot, and
     torchrun for gpus_per_run > 1); stdout and stderr go to console.txt in the run folder. A run
-    with CHECKPOINT_EVERY that was stopped with these settings continues from its checkpoint.pt
-    (RESUME=1)."""
+    with CHECKPOINT_EVERY that was stopped with these settings continues from its checkpoint.pt, and
+    one interrupted after training from its trained.safetensors (RESUME=1). Otherwise the result.json
+    and artifact of an earlier, unfinished attempt are renamed to `*.superseded` first: the trainer
+    refuses a folder that holds them (trainer/runfolder.py)."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
-    resume = (run.env.get("CHECKPOINT_EVERY", "0") not in ("", "0") and (run.run_dir / "checkpoint.pt").is_file()
-              and recorded_env(run) == run.env)
+    same = recorded_env(run) == run.env
+    resume = same and ((run.run_dir / "trained.safetensors").is_file() or (
+        run.env.get("CHECKPOINT_EVERY", "0") not in ("", "0") and (run.run_dir / "checkpoint.pt").is_file()))
+    for name in ("result.json", "final_model.ptz") * (not resume):
+        if (run.run_dir / name).exists():
+            (run.run_dir / name).replace(run.run_dir / f"{name}.superseded")
     atomic_write_bytes(run.run_dir / "sweep_run.json", (json.dumps(
         {"config": run.config, "seed": run.seed, "settings": run.settings, "env": run.env}, indent=2) + "\n").encode())
     env = {**(os.environ if environ is None else environ), **run.env}

@@ -3,17 +3,35 @@
 import math
 import os
 from pathlib import Path
+
+import numpy as np
+
 from trainer.context import RunContext, kit_module
 from trainer.schedule import run_steps_estimate
 from trainer.settings import Hyperparameters
-from trainer.shards import check_data_manifest, list_shards, load_validation_tokens, read_shard_header
+from trainer.shards import SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header
+
+
+def max_shard_id(path, num_tokens: int) -> int:
+    """The largest token id of a shard (-1 when empty): one vectorized max over a memory map, so a
+    100M-token shard is read once, never held in memory (README "Reliability" has its cost)."""
+    return int(np.memmap(path, "<u2", "r", SHARD_HEADER_BYTES, (num_tokens,)).max()) if num_tokens else -1
 
 
 def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
     """(tokens in the train shards, tokens the run will read: EXPECTED_STEPS, or ITERATIONS without a
     wallclock cap, x TRAIN_BATCH_TOKENS); logs a WARNING when the shards hold fewer, since the loader
-    then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same budget)."""
-    held = sum(read_shard_header(p) for p in list_shards(hp.data_path, "train"))
+    then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same budget). Raises
+    ValueError naming DATA_PATH and the shard when any train shard holds an id >= VOCAB_SIZE: every
+    shard is checked here, before the clock, not when the loader reaches it."""
+    held = 0
+    for path in list_shards(hp.data_path, "train"):
+        num_tokens = read_shard_header(path)
+        top_id = max_shard_id(path, num_tokens)
+        if top_id >= hp.vocab_size:
+            raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} holds token id {top_id}; expected ids "
+                             f"< VOCAB_SIZE={hp.vocab_size} (the tokenizer's)")
+        held += num_tokens
     steps = run_steps_estimate(0, 0.0, hp)
     needed = int(steps * hp.train_batch_tokens)
     if held < needed:
@@ -28,11 +46,18 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     """Everything that can be wrong with the input is checked here, before the clock starts."""
     import sentencepiece as spm
 
-    if not Path(hp.data_path).is_dir():
-        raise ValueError(f"DATA_PATH={hp.data_path!r}: no such directory (make one with tools/prepare_data.py)")
-    if not Path(hp.tokenizer_path).is_file():
-        raise ValueError(f"TOKENIZER_PATH={hp.tokenizer_path!r}: no such file")
-    sp = spm.SentencePieceProcessor(model_file=hp.tokenizer_path)
+    for name, path, kind in (("DATA_PATH", hp.data_path, "a dataset folder (tools/prepare_data.py makes one)"),
+                             ("TOKENIZER_PATH", hp.tokenizer_path, "a SentencePiece .model file")):
+        exists = Path(path).is_dir() if name == "DATA_PATH" else Path(path).is_file()
+        if not exists:
+            what = "is a file" if name == "DATA_PATH" else "is a folder"
+            what = what if Path(path).exists() else "no such file or folder"
+            raise ValueError(f"{name}={path!r}: {what}; expected {kind}")
+    try:
+        sp = spm.SentencePieceProcessor(model_file=hp.tokenizer_path)
+    except (RuntimeError, OSError) as err:
+        raise ValueError(f"TOKENIZER_PATH={hp.tokenizer_path!r}: not a SentencePiece model ({str(err).splitlines()[0]}); "
+                         "expected a SentencePiece .model file") from None
     if sp.vocab_size() != hp.vocab_size:
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log)

@@ -5,7 +5,6 @@ import dataclasses
 import importlib
 import os
 import platform
-import signal
 import subprocess
 from pathlib import Path
 
@@ -28,6 +27,7 @@ class RunContext:
     autocast_dtype: object = None  # torch.bfloat16 or None
     compile: bool = False  # torch.compile the model, Muon's Newton-Schulz and the eval forward
     log_file: object = None
+    pending: list = dataclasses.field(default_factory=list)  # lines logged before train.log is opened
 
     @property
     def is_main(self) -> bool:
@@ -38,9 +38,11 @@ class RunContext:
             return
         if console:
             print(msg, flush=True)
-        if self.log_file is not None:
-            self.log_file.write(msg + "\n")
-            self.log_file.flush()
+        if self.log_file is None:
+            self.pending.append(msg)
+            return
+        self.log_file.write(msg + "\n")
+        self.log_file.flush()
 
     def autocast(self):
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
@@ -119,17 +121,3 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
             ctx.log(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=20).stdout, False)
     for f in dataclasses.fields(hp):
         ctx.log(f"{f.name.upper()}:{getattr(hp, f.name)}")
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """SIGINT/SIGTERM set `flag[0]` to the signal number; the loop finishes its step and stops cleanly."""
-    flag, previous = [0], {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError):  # not the main thread: no handlers
-            previous[sig] = signal.signal(sig, lambda signum, frame: flag.__setitem__(0, signum))
-    try:
-        yield flag
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -22,7 +22,7 @@ def parse_env_value(name: str, raw: str, kind: type):
                 raise ValueError
             return text in ("1", "true")
         if kind is int:
-            value = float(text)
+            value = int(text) if text.lstrip("+-").isdigit() else float(text)  # digits: exact, however long
             if not math.isfinite(value) or value != int(value):
                 raise ValueError
             return int(value)

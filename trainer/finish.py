@@ -24,14 +24,26 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval.
 
     A generator: yields a dict of result.json entries as soon as each group is measured, so that the
-    caller keeps every number measured before a later step fails. `val_tokens` is a callable that
+    caller keeps every number measured before a later step fails or a signal stops it: `phase`
+    (prequant_eval, export, load, roundtrip, sliding) when a step starts, its numbers and
+    `phase_seconds` (wall seconds of each step so far) when it ends. `val_tokens` is a callable that
     returns the val stream (int64 [N]; loaded only now). Raises what the failing step raised.
     """
     eval_on = not hp.skip_final_eval
+    seconds, started = {}, [time.perf_counter()]
+
+    def lap(name: str, **entries) -> dict:  # the step `name` ended: its numbers and the wall time of each step
+        now = time.perf_counter()
+        seconds[name], started[0] = now - started[0], now
+        return dict(entries, phase_seconds=dict(seconds))
+
     if eval_on:
+        yield dict(phase="prequant_eval")
         pre = evaluate_roundtrip(ctx, hp, model, val_tokens(), luts)
+        # each number is handed back before its log line: what a log shows, an interrupted result.json has
+        yield lap("prequant_eval", val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"], phase="export")
         ctx.log(f"final_prequant_exact val_loss:{pre['val_loss']:.8f} val_bpb:{pre['val_bpb']:.8f}")
-        yield dict(val_loss_prequant=pre["val_loss"], val_bpb_prequant=pre["val_bpb"])
+    yield dict(phase="export")
     if ctx.is_main:
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
         if hp.save_prequant:  # for tools/bench_quant.py
@@ -41,26 +53,29 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                    tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest())
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
-        ctx.log(f"Total submission size: {report['bytes_total']} bytes")
         yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps")}
+        ctx.log(f"Total submission size: {report['bytes_total']} bytes")
     if ctx.world_size > 1:
         dist.barrier()
+    yield lap("export", export_seconds=time.perf_counter() - started[0])
     if not eval_on:
         return
-    eval_start = time.perf_counter()
+    yield dict(phase="load")
+    eval_start = started[0] = time.perf_counter()
     state, loaded_config, _ = load_artifact(artifact_path)
     eval_model = GPT(**loaded_config).to(ctx.device)
     eval_model.load_state_dict(state)
     eval_model.eval()
+    yield lap("load", phase="roundtrip")
     rt = evaluate_roundtrip(ctx, hp, eval_model, val_tokens(), luts)
+    yield lap("roundtrip", val_loss_roundtrip=rt["val_loss"], val_bpb_roundtrip=rt["val_bpb"], phase="sliding")
     ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
-    yield dict(val_loss_roundtrip=rt["val_loss"], val_bpb_roundtrip=rt["val_bpb"])
     sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
+    yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
+              eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
+              tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
     ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
             f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
-    yield dict(val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
-               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
-               tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
 
 
 def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path) -> str:
@@ -71,12 +86,16 @@ def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, a
                 f"(sliding) or VAL_BATCH_SIZE={hp.val_batch_size} (roundtrip)")
     else:
         ctx.log(f"ERROR: {type(err).__name__}: {err}")
-    stride = getattr(err, "fit_stride", 0) or hp.eval_stride
     if artifact_path.is_file():
-        ctx.log(f"next: python -m eval score --artifact {artifact_path} --data-path {hp.data_path} "
-                f"--tokenizer {hp.tokenizer_path} --seq-len {hp.train_seq_len} --stride {stride}"
-                + f" --val-max-tokens {hp.val_max_tokens}" * bool(hp.val_max_tokens))
+        ctx.log(f"next: {score_command(hp, artifact_path, getattr(err, 'fit_stride', 0) or hp.eval_stride)}")
     return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
+
+
+def score_command(hp: Hyperparameters, artifact_path: Path, stride: int) -> str:
+    """The command that scores a written artifact as the run would have (eval/__main__.py)."""
+    return (f"python -m eval score --artifact {artifact_path} --data-path {hp.data_path} --tokenizer "
+            f"{hp.tokenizer_path} --seq-len {hp.train_seq_len} --stride {stride}"
+            + f" --val-max-tokens {hp.val_max_tokens}" * bool(hp.val_max_tokens))
 
 
 def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, train_files) -> None:

@@ -12,7 +12,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from quant.gptq import collect_gptq_hessians
-from trainer.context import RunContext, kit_module, stop_on_signals
+from trainer.context import RunContext, kit_module
+from trainer.interrupt import SignalGuard
 from trainer.loader import DistributedTokenLoader
 from trainer.model import GPT
 from trainer.optim import build_optimizers
@@ -42,11 +43,14 @@ class TrainResult:
 
 
 def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, *, flops_per_token: float,
-          val_eval=None) -> TrainResult:
+          val_eval=None, stop=None) -> TrainResult:
     """The wallclock-budgeted loop; returns a TrainResult.
 
     The clock covers every step plus the EMA swap; validation passes (VAL_LOSS_EVERY) pause it, as
     in the official script. All ranks stop on the same step (a MAX all-reduce of the stop flag).
+    `stop`: a one-element list a signal handler sets to the signal's number (the run's SignalGuard.flag;
+    None: the loop installs its own SignalGuard). A signal seen when the loop stops makes the result's
+    stop_signal; one that comes later (EMA swap, GPTQ calibration) is left to the caller.
     """
     is_cuda = ctx.device.type == "cuda"
     accum = hp.resolve_grad_accum(ctx.world_size, is_cuda)
@@ -124,7 +128,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
-    with stop_on_signals() as stop:
+    with contextlib.nullcontext() if stop is not None else SignalGuard() as guard:
+        stop = stop if stop is not None else guard.flag
         ctx.sync()
         t0 = time.perf_counter()
         log_t, log_step = t0, step
@@ -132,7 +137,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
             progress = run_progress(elapsed_ms, cap_ms, step, hp.iterations)
             step_avg = elapsed_ms / max(1, step) if step else 0.0
-            want_stop = step >= hp.iterations or bool(stop[0]) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
+            signum = stop[0]  # read once: the loop stops for this signal or for none
+            want_stop = step >= hp.iterations or bool(signum) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
             last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
                 torch.tensor(float(want_stop), device=ctx.device)).item() > 0
             if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
@@ -168,10 +174,10 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 log_t, log_step = now, step
             if hp.checkpoint_every and step % hp.checkpoint_every == 0:
                 checkpoint(train_ms + 1000 * (time.perf_counter() - t0))
-        if ema and not stop[0]:  # the swap counts as training time
+        if ema and not signum:  # the swap counts as training time
             ema.copy_to_model()
         model.set_qat(False)
-        if model.gptq_hessians is not None and not stop[0]:
+        if model.gptq_hessians is not None and not signum:
             c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
             hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
                                           hp.gptq_calib_batches, deadline=t0 + (hp.max_wallclock_seconds or math.inf)
@@ -182,8 +188,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                     f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms")
         ctx.sync()
         train_ms += 1000 * (time.perf_counter() - t0)
-    if stop[0]:
-        ctx.log(f"stopped by signal {signal.Signals(stop[0]).name} at step:{step}")
+    if signum:
+        ctx.log(f"stopped by signal {signal.Signals(signum).name} at step:{step}")
         if hp.checkpoint_every:
             checkpoint(train_ms)
             ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
@@ -192,4 +198,4 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 if step < hp.iterations else f"training done step:{step}")
     if hp.max_wallclock_seconds > 0:
         ctx.log(describe_schedule(hp, step))
-    return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), stop[0])
+    return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), signum)

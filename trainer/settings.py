@@ -17,6 +17,7 @@ SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"), (
                   ("ema_decay", "ema_horizon_frac"), ("muon_momentum", "muon_momentum_horizon_frac"))
 # prefixes of our names: an unknown variable starting with one is probably a typo
 SETTINGS_PREFIXES = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_")
+MAX_SECONDS = 1e7  # the largest time setting accepted
 # standard variables near ours (NUM_THREADS): not typos
 SETTINGS_FOREIGN = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -168,7 +169,13 @@ class Hyperparameters:
             ("QUANT_ESTIMATE_SCALE", self.quant_estimate_scale > 0, "> 0"),
             *((a.upper(), not (getattr(self, a) and getattr(self, b)), f"0 when {b.upper()} is set") for a, b in SCHEDULE_PAIRS),
             ("ITERATIONS", self.max_wallclock_seconds > 0 or self.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
-            ("RESUME", not self.resume or not self.max_wallclock_seconds, "only with MAX_WALLCLOCK_SECONDS=0"),
+            # a cap of 1e308 s is inf ms on the clock: "no cap" is 0, and 1e7 s (116 days) is far beyond any run
+            *((n, getattr(self, n.lower()) <= MAX_SECONDS, f"<= {MAX_SECONDS:g} seconds" + " (0: no cap)" * (n[0] == "M"))
+              for n in ("MAX_WALLCLOCK_SECONDS", "EVAL_MAX_SECONDS", "GPTQ_RESERVE_SECONDS")),
+            ("VAL_MAX_TOKENS", self.val_max_tokens == 0 or self.val_max_tokens >= self.train_seq_len,
+             f"0 (the whole val split) or >= TRAIN_SEQ_LEN={self.train_seq_len} (one sequence)"),
+            ("SEED", self.seed < 2**64, "< 2**64 (torch.manual_seed)"),
+            ("NUM_THREADS", self.num_threads <= 4096, "<= 4096 (0: the cores / processes)"),
         ):
             if not ok:
                 raise ValueError(f"{name}={getattr(self, name.lower())!r}: expected {expected}")
