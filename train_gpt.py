@@ -2,7 +2,8 @@
 
 `main()` is the table of contents: settings from the environment -> input checks -> model ->
 Muon + AdamW -> timed training loop (warmdown, late QAT, EMA) -> pre-quant eval -> `quant` export
--> re-read the artifact from disk -> roundtrip eval -> sliding-window eval -> `result.json`.
+-> re-read the artifact from disk -> roundtrip eval -> sliding-window eval (or legal score-first TTT)
+-> `result.json`.
 Each step lives in the `trainer/` package (README "Layout" lists its modules).
 
 Runs unchanged on one H100 (`python train_gpt.py`), on N GPUs
@@ -26,7 +27,7 @@ from quant.policy import QuantPolicy
 from trainer.attention import resolve_attention_backend
 from trainer.checks import check_inputs
 from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
-from trainer.evaluate import evaluate_roundtrip, plan_eval_stride
+from trainer.evaluate import evaluate_roundtrip, plan_final_eval
 from trainer.finish import after_training_error, finish_run, score_command, write_result
 from trainer.interrupt import (TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training, load_trained,
                                stopped_in_training, training_failed)
@@ -91,9 +92,10 @@ def main() -> int:
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
     luts = build_sentencepiece_luts(sp, hp.vocab_size)
     saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
-    eval_on = not hp.skip_final_eval
-    eval_stride = saved["eval_stride"] if saved else plan_eval_stride(ctx, config, hp, num_val_tokens) if (
-        eval_on and hp.eval_auto_stride) else hp.eval_stride
+    # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
+    plan = dict(stride=saved["eval_stride"], ttt_epochs=saved.get("ttt_epochs", 0)) if saved else plan_final_eval(
+        ctx, config, hp, num_val_tokens)
+    eval_stride, ttt_epochs = plan["stride"], plan["ttt_epochs"]
 
     @functools.cache
     def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens
@@ -121,21 +123,22 @@ def main() -> int:
             return stopped_in_training(ctx, hp, result.stop_signal, summary, record)
 
         summary["phase"], rc, artifact_path = "trained", 0, ctx.run_dir / "final_model.ptz"
-        trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], eval_stride=eval_stride)
+        trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], eval_stride=eval_stride,
+                       ttt_epochs=ttt_epochs)
         try:
             guard.arm()  # from here a signal interrupts where the run is: it saves the weights and says how to finish
             for measured in finish_run(ctx, hp, model=model, config=config, policy=policy, code_bytes=code_bytes,
                                        artifact_path=artifact_path, val_tokens=val_tokens, luts=luts,
-                                       eval_stride=eval_stride):
+                                       eval_stride=eval_stride, ttt_epochs=ttt_epochs):
                 summary.update(measured)
             summary["phase"] = "done"
             record(summary)
         except RunInterrupted as stop:
             return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=model, config=config,
-                                              trained=trained, score=score_command(hp, artifact_path, eval_stride))
+                                              trained=trained, score=score_command(hp, artifact_path, eval_stride, ttt_epochs))
         except Exception as err:  # training finished: keep every number measured so far
             guard.hold()
-            summary["status"] = after_training_error(ctx, hp, err, artifact_path)
+            summary["status"] = after_training_error(ctx, hp, err, artifact_path, ttt_epochs=ttt_epochs)
             summary["error"] = f"{type(err).__name__}: {err}"
             rc = 1
             record(summary)

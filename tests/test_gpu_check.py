@@ -37,12 +37,14 @@ def test_cpu_twin_runs_every_check_and_passes():
     assert checks == ["torch / CUDA", "flash-attn", "attention backend", "GPU", "compile + warmup", "graph breaks",
                       "recompiles after step 1", "train step", "train step, QAT on", "losses finite", "peak memory",
                       "forward vs CPU fp32", "QAT fake-quant == export", "eval recompiles", "sliding eval",
-                      "projected full-val eval"]
+                      "projected full-val eval", "projected TTT eval"]
     assert "attention backend         flash stand-in" in proc.stdout
     assert re.search(r"forward vs CPU fp32 +loss [\d.]+ vs [\d.]+ \(rel \S+, bf16 tolerance 1e-2\)", proc.stdout)
     # the QAT row checks the bits QAT trains for: int8 when no QUANT_*_BITS is set (the fit's start)
     assert re.search(r"QAT fake-quant == export +int8 \[\d+, \d+\] eager on cpu: max \|diff\| 0\.0e\+00", proc.stdout)
     assert re.search(r"projected full-val eval +stride 64: \d+ s, stride 96: \d+ s, stride 128: \d+ s", proc.stdout)
+    assert re.search(r"projected TTT eval +[\d.]+ ms per TTT step; TTT_EPOCHS=3 at stride 64: \d+ s incl. roundtrip; "
+                     r"plan: stride \d+, [0-3] epochs, \d+ s \(EVAL_MAX_SECONDS=600\) \(CPU twin: no verdict\)", proc.stdout)
     assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")
 
 
@@ -87,6 +89,31 @@ def test_eval_projection_row_fails_only_over_the_limit_at_the_runs_stride():
     assert stride > 64 and int(re.search(r"run's stride \d+: (\d+) s", auto.value).group(1)) <= 540
     # so slow that even stride = seq_len does not fit: FAIL even with auto stride
     assert gc.eval_projection_row(0.1, n, seq, 64, 600.0, auto_stride=True).verdict == "FAIL"
+
+
+def test_ttt_projection_row_warns_when_the_plan_cuts_ttt():
+    """The default preset on the sp8192 val split (40,540,160 tokens) at the H100's measured 0.49 ms per
+    window and 1.27 M tokens/s fwd+bwd (a TTT step of 16 x 2048 tokens: 25.8 ms, issue 24): 3 epochs fit."""
+    from trainer.settings import Hyperparameters
+
+    gc = gpu_check_module()
+    n, hp = 40_540_160, Hyperparameters(run_id="x", ttt_enabled=True)
+    step = 16 * 2048 / 1.27e6
+    row = gc.ttt_projection_row(0.49e-3, step, n, hp)
+    # 1,238 chunks: 9,904 scoring batches of 64 windows (310.6 s) + 3 x 1,237 steps (95.8 s) + roundtrip 9.7 s
+    assert row.verdict == "ok" and "TTT_EPOCHS=3 at stride 64: 416 s incl. roundtrip" in row.value
+    assert "plan: stride 64, 3 epochs, 416 s" in row.value
+    # a 4x slower step: 3 epochs at stride 64 project 703 s > 540 s; the plan keeps the epochs at a coarser
+    # stride (EVAL_AUTO_STRIDE), or without it cuts to 1 epoch (2 epochs: 575 s; 1: 448 s)
+    slow = gc.ttt_projection_row(0.49e-3, 4 * step, n, hp)
+    assert slow.ok and slow.verdict == "WARN" and slow.warn == "stride raised to fit the clock"
+    assert "TTT_EPOCHS=3 at stride 64: 703 s" in slow.value and "plan: stride 162, 3 epochs, 509 s" in slow.value
+    fixed = gc.ttt_projection_row(0.49e-3, 4 * step, n, Hyperparameters(run_id="x", ttt_enabled=True,
+                                                                          eval_auto_stride=False))
+    assert fixed.verdict == "WARN" and fixed.warn == "TTT_EPOCHS=3 does not fit: 1"
+    assert "plan: stride 64, 1 epochs, 448 s" in fixed.value
+    off = gc.ttt_projection_row(0.49e-3, 4 * step, n, Hyperparameters(run_id="x"))
+    assert off.verdict == "ok" and off.value.endswith("(TTT_ENABLED=0: information)")
 
 
 def test_exit_code_is_0_with_warnings_and_1_with_a_fail(monkeypatch, capsys):

@@ -38,12 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trainer.attention as trainer_attention  # noqa: E402
 import trainer.context as trainer_context  # noqa: E402
+import trainer.evaluate as trainer_evaluate  # noqa: E402
 import trainer.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
 import trainer.model as trainer_model  # noqa: E402
 import trainer.settings as trainer_settings  # noqa: E402
 import trainer.shards as trainer_shards  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
+from eval.ttt import plan_ttt, project_ttt_seconds  # noqa: E402
 from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
 from tools.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
@@ -260,6 +262,32 @@ def agreement_rows(ctx, model, hp) -> list:
     return rows
 
 
+def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_tokens: int, hp,
+                       world_size: int = 1, enforce: bool = True) -> Row:
+    """Projected full-val legal TTT eval (eval/ttt.py) as the trainer plans it (eval.ttt.plan_ttt with
+    the roundtrip): TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the plan keeps. seconds_per_window
+    from the sliding eval, step_seconds: one TTT update (trainer.evaluate.time_ttt_step). With TTT_ENABLED,
+    WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only."""
+    seq_len, b, n = hp.train_seq_len, hp.eval_batch_seqs, num_val_tokens - 1
+    common = dict(forward_seconds=seconds_per_window * b, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
+                  seq_len=seq_len, chunk_tokens=hp.ttt_chunk_tokens, eval_batch_seqs=b, batch_seqs=hp.ttt_batch_seqs,
+                  world_size=world_size)
+    roundtrip = seconds_per_window * count_sliding_windows(n, seq_len, seq_len) / world_size
+    wanted = roundtrip + project_ttt_seconds(stride=hp.eval_stride, epochs=hp.ttt_epochs, **common)
+    strides = list(range(hp.eval_stride, seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
+    plan = plan_ttt(strides=strides, epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip,
+                    **{k: v for k, v in common.items() if k != "num_val_tokens"}, num_val_tokens=num_val_tokens)
+    value = (f"{1000 * step_seconds:.1f} ms per TTT step; TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: "
+             f"{wanted:.0f} s incl. roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs, "
+             f"{plan['projected_seconds']:.0f} s (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
+    if not enforce:
+        return Row("projected TTT eval", value + " (CPU twin: no verdict)")
+    if not hp.ttt_enabled:
+        return Row("projected TTT eval", value + " (TTT_ENABLED=0: information)")
+    cut = plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
+    return Row("projected TTT eval", value, warn=(plan["reason"] or "stride raised to fit the clock") if cut else "")
+
+
 def eval_rows(ctx, model, hp, num_val_tokens) -> list:
     """Sliding eval speed on synthetic tokens (the trainer's engine, compile and autocast), projected to the
     full val split: (roundtrip windows + sliding windows at stride s) x seconds per window."""
@@ -276,13 +304,15 @@ def eval_rows(ctx, model, hp, num_val_tokens) -> list:
     eval_sliding(model, tokens, luts, stride=64, **common)  # compile and warm
     graphs = counters["stats"]["unique_graphs"]
     result = eval_sliding(model, tokens, luts, stride=64, **common)
-    model.train()
     per_window = result["eval_seconds"] / count_sliding_windows(n, seq_len, 64)
+    step = trainer_evaluate.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
+    model.train()
     return [Row("eval recompiles", str(counters["stats"]["unique_graphs"] - graphs),
                 ok=counters["stats"]["unique_graphs"] == graphs),
             Row("sliding eval", f"{1000 * per_window:.2f} ms per window of {seq_len} (batch {b})"),
             eval_projection_row(per_window, num_val_tokens, seq_len, hp.eval_stride, hp.eval_max_seconds,
-                                hp.eval_auto_stride, enforce=ctx.device.type == "cuda")]
+                                hp.eval_auto_stride, enforce=ctx.device.type == "cuda"),
+            ttt_projection_row(per_window, step, num_val_tokens, hp, enforce=ctx.device.type == "cuda")]
 
 
 def print_table(rows) -> None:

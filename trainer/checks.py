@@ -5,8 +5,11 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from eval.ttt import select_ttt_params
 from trainer.context import RunContext, kit_module
+from trainer.model import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from trainer.settings import Hyperparameters
 from trainer.shards import SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header
@@ -62,6 +65,12 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log)
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    if hp.ttt_enabled and hp.ttt_batch_seqs % ctx.world_size:
+        raise ValueError(f"TTT_BATCH_SEQS={hp.ttt_batch_seqs}: expected a multiple of the world size {ctx.world_size} "
+                         "(each rank trains on an equal share of a TTT batch)")
+    if hp.ttt_enabled and hp.ttt_params not in ("all", "scalars"):
+        with torch.device("meta"):  # the names only: nothing is allocated
+            select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
     if hp.checkpoint_every or hp.resume:
         kit_module("tools.checkpoint")
     check_train_tokens(hp, ctx.log)

@@ -1,4 +1,5 @@
-"""The trainer's evaluation passes (roundtrip, sliding window) and the eval plan made before training.
+"""The trainer's evaluation passes (roundtrip, sliding window, score-first TTT) and the eval plan made
+before training.
 
 Autocast and compile as in training; the scoring itself lives in eval/ (exact byte LUT, the
 challenge's sliding-window rule).
@@ -10,6 +11,7 @@ import torch
 
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import count_sliding_windows, eval_sliding
+from eval.ttt import plan_ttt, run_ttt
 from trainer.context import RunContext
 from trainer.model import GPT
 from trainer.settings import Hyperparameters
@@ -50,20 +52,24 @@ def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_token
     return out
 
 
-def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:
-    """EVAL_AUTO_STRIDE before training: the smallest stride >= EVAL_STRIDE whose projected eval fits.
+def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, *, stride: int,
+                 epochs: int, started: float) -> dict:
+    """Legal score-first TTT in place of the sliding pass (eval.ttt.run_ttt's dict: val_loss, val_bpb,
+    eval_seconds, num_scored_tokens, num_bytes, num_chunks, num_updates, updates_stopped_at_chunk, ...)
+    with the TTT_* settings and `epochs` (the plan's); adapts `model` in place. Its time guard gets what
+    is left of EVAL_MAX_SECONDS since `started`. Raises EvalTimeError when scoring alone cannot fit."""
+    left = hp.eval_max_seconds - (time.perf_counter() - started)
+    return run_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride, chunk_tokens=hp.ttt_chunk_tokens,
+                   epochs=epochs, lr=hp.ttt_lr, momentum=hp.ttt_momentum, params=hp.ttt_params,
+                   batch_seqs=hp.ttt_batch_seqs, eval_batch_seqs=hp.eval_batch_seqs, grad_clip=hp.ttt_grad_clip,
+                   max_seconds=max(left, 1e-9), log=ctx.log, **eval_device_args(ctx))
 
-    Times 3 forward passes of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
-    read) on a fresh model, compiled and autocast as the eval runs it, before the training clock.
-    Projection (seconds) = seconds per batch x (roundtrip windows + sliding windows) / (batch x ranks),
-    and must fit 90% of EVAL_MAX_SECONDS (the rest: loading, compilation, the pre-quant pass is not
-    counted). The eval's own guard still checks the real speed (and restarts at a larger stride).
-    Logs `eval_plan:` with the numbers; returns the stride (TRAIN_SEQ_LEN if none fits).
-    """
-    b, seq_len = hp.eval_batch_seqs, hp.train_seq_len
-    model = GPT(**model_config).to(ctx.device).eval()
+
+def time_eval_forward(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
+    """Seconds of one forward of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
+    read), compiled and autocast as the eval runs it: the mean of 3 after a warm-up."""
     forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
-    x = torch.zeros(b, seq_len, dtype=torch.int64, device=ctx.device)
+    x = torch.zeros(hp.eval_batch_seqs, hp.train_seq_len, dtype=torch.int64, device=ctx.device)
     with torch.inference_mode(), ctx.autocast():
         forward(x)
         ctx.sync()
@@ -71,7 +77,75 @@ def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, n
         for _ in range(3):
             forward(x)
         ctx.sync()
-    per_batch = (time.perf_counter() - t0) / 3
+    return (time.perf_counter() - t0) / 3
+
+
+def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
+    """Seconds of one TTT update as eval/ttt.py runs it (forward + backward of this rank's share of a
+    TTT batch, [TTT_BATCH_SEQS / ranks, TRAIN_SEQ_LEN] synthetic tokens, then SGD), compiled and autocast
+    as the eval runs it: the mean of 3 after a warm-up. Leaves `model`'s weights changed (a fresh model)."""
+    per_chunk = hp.ttt_chunk_tokens // hp.train_seq_len
+    batch = min(hp.ttt_batch_seqs, -(-per_chunk // ctx.world_size) * ctx.world_size) // ctx.world_size
+    forward = torch.compile(model, dynamic=False) if ctx.compile else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-9, momentum=hp.ttt_momentum)
+    x = torch.zeros(max(1, batch), hp.train_seq_len, dtype=torch.int64, device=ctx.device)
+
+    def step():
+        with ctx.autocast():
+            forward(x, x).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    ctx.sync()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        step()
+    ctx.sync()
+    return (time.perf_counter() - t0) / 3
+
+
+def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
+    """The final eval's plan before training: dict(stride, ttt_epochs) (ttt_epochs 0: the sliding pass).
+
+    Without TTT: EVAL_STRIDE, or with EVAL_AUTO_STRIDE the smallest stride that fits (plan_eval_stride).
+    With TTT_ENABLED: the forward and the TTT step are timed on a fresh model (time_eval_forward,
+    time_ttt_step) and eval.ttt.plan_ttt picks the stride (>= EVAL_STRIDE when EVAL_AUTO_STRIDE, else
+    EVAL_STRIDE) and the most epochs <= TTT_EPOCHS that fit 90% of EVAL_MAX_SECONDS with the roundtrip,
+    or skips TTT; logs `ttt_plan:` with the numbers and the reason. The eval's own guards still check
+    the real speed.
+    """
+    if not (hp.ttt_enabled and hp.ttt_epochs) or hp.skip_final_eval:
+        stride = plan_eval_stride(ctx, model_config, hp, num_val_tokens) if (
+            hp.eval_auto_stride and not hp.skip_final_eval) else hp.eval_stride
+        return dict(stride=stride, ttt_epochs=0)
+    model = GPT(**model_config).to(ctx.device).eval()
+    per_batch, step = time_eval_forward(ctx, model, hp), time_ttt_step(ctx, model, hp)
+    b, seq_len, n = hp.eval_batch_seqs, hp.train_seq_len, num_val_tokens - 1
+    roundtrip = per_batch * count_sliding_windows(n, seq_len, seq_len) / (b * ctx.world_size)
+    strides = list(range(hp.eval_stride, seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
+    plan = plan_ttt(forward_seconds=per_batch, train_seconds=step, num_val_tokens=num_val_tokens, seq_len=seq_len,
+                    strides=strides, epochs=hp.ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens, eval_batch_seqs=b,
+                    batch_seqs=hp.ttt_batch_seqs, max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip,
+                    world_size=ctx.world_size)
+    ctx.log(f"ttt_plan: {1000 * per_batch:.1f}ms per forward batch of {b}x{seq_len}, {1000 * step:.1f}ms per TTT step, "
+            f"{n} val targets: stride {plan['stride']} epochs {plan['epochs']} projected {plan['projected_seconds']:.0f}s "
+            f"with the roundtrip (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
+    return dict(stride=plan["stride"], ttt_epochs=plan["epochs"])
+
+
+def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:
+    """EVAL_AUTO_STRIDE before training: the smallest stride >= EVAL_STRIDE whose projected eval fits.
+
+    Times 3 forward passes of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens on a fresh model
+    (time_eval_forward), before the training clock.
+    Projection (seconds) = seconds per batch x (roundtrip windows + sliding windows) / (batch x ranks),
+    and must fit 90% of EVAL_MAX_SECONDS (the rest: loading, compilation, the pre-quant pass is not
+    counted). The eval's own guard still checks the real speed (and restarts at a larger stride).
+    Logs `eval_plan:` with the numbers; returns the stride (TRAIN_SEQ_LEN if none fits).
+    """
+    b, seq_len = hp.eval_batch_seqs, hp.train_seq_len
+    per_batch = time_eval_forward(ctx, GPT(**model_config).to(ctx.device).eval(), hp)
     n = num_val_tokens - 1
     project = lambda s: per_batch * (count_sliding_windows(n, seq_len, seq_len)
                                      + count_sliding_windows(n, seq_len, s)) / (b * ctx.world_size)

@@ -2,6 +2,7 @@
 eval, each measured number handed back as soon as it exists; result.json with the compliance flags."""
 
 import hashlib
+import shlex
 import time
 from pathlib import Path
 
@@ -9,23 +10,25 @@ import torch
 import torch.distributed as dist
 
 from eval.sliding import EvalTimeError
+from eval.ttt import ttt_log_line
 from quant.artifact import export_artifact, load_artifact
 from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
 from trainer.context import RunContext, kit_module
-from trainer.evaluate import evaluate_roundtrip, evaluate_sliding
+from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
 from trainer.files import atomic_write_json
 from trainer.model import GPT
 from trainer.settings import Hyperparameters
 
 
 def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
-               artifact_path: Path, val_tokens, luts, eval_stride: int):
-    """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval.
+               artifact_path: Path, val_tokens, luts, eval_stride: int, ttt_epochs: int = 0):
+    """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval (with ttt_epochs > 0,
+    the plan's: score-first TTT in its place, eval/ttt.py).
 
     A generator: yields a dict of result.json entries as soon as each group is measured, so that the
     caller keeps every number measured before a later step fails or a signal stops it: `phase`
-    (prequant_eval, export, load, roundtrip, sliding) when a step starts, its numbers and
+    (prequant_eval, export, load, roundtrip, sliding or ttt) when a step starts, its numbers and
     `phase_seconds` (wall seconds of each step so far) when it ends. `val_tokens` is a callable that
     returns the val stream (int64 [N]; loaded only now). Raises what the failing step raised.
     """
@@ -68,8 +71,19 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     eval_model.eval()
     yield lap("load", phase="roundtrip")
     rt = evaluate_roundtrip(ctx, hp, eval_model, val_tokens(), luts)
-    yield lap("roundtrip", val_loss_roundtrip=rt["val_loss"], val_bpb_roundtrip=rt["val_bpb"], phase="sliding")
+    yield lap("roundtrip", val_loss_roundtrip=rt["val_loss"], val_bpb_roundtrip=rt["val_bpb"],
+              phase="ttt" if ttt_epochs else "sliding")
     ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
+    if ttt_epochs:
+        tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, epochs=ttt_epochs,
+                          started=eval_start)
+        yield lap("ttt", val_loss_ttt=tt["val_loss"], val_bpb_ttt=tt["val_bpb"], eval_stride=eval_stride,
+                  ttt_epochs=ttt_epochs, ttt_updates=tt["num_updates"],
+                  ttt_updates_stopped_at_chunk=tt["updates_stopped_at_chunk"],
+                  eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
+                  tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"])
+        ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} chunks:{tt['num_chunks']} updates:{tt['num_updates']}")
+        return
     sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
@@ -78,7 +92,8 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
             f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
 
 
-def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path) -> str:
+def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path, *,
+                         ttt_epochs: int = 0) -> str:
     """The status for result.json of a run whose training finished but a later step failed; logs the
     one-line cause (for OOM: the knob that lowers memory) and what to run next."""
     if isinstance(err, torch.OutOfMemoryError):
@@ -87,15 +102,19 @@ def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, a
     else:
         ctx.log(f"ERROR: {type(err).__name__}: {err}")
     if artifact_path.is_file():
-        ctx.log(f"next: {score_command(hp, artifact_path, getattr(err, 'fit_stride', 0) or hp.eval_stride)}")
+        ctx.log(f"next: {score_command(hp, artifact_path, getattr(err, 'fit_stride', 0) or hp.eval_stride, ttt_epochs)}")
     return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
 
 
-def score_command(hp: Hyperparameters, artifact_path: Path, stride: int) -> str:
-    """The command that scores a written artifact as the run would have (eval/__main__.py)."""
+def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epochs: int = 0) -> str:
+    """The command that scores a written artifact as the run would have (eval/__main__.py), with the
+    run's TTT settings when its plan kept TTT (ttt_epochs > 0)."""
+    ttt = (f" --ttt 1 --ttt-epochs {ttt_epochs} --ttt-chunk-tokens {hp.ttt_chunk_tokens} --ttt-lr {hp.ttt_lr} "
+           f"--ttt-momentum {hp.ttt_momentum} --ttt-grad-clip {hp.ttt_grad_clip} --ttt-batch-seqs "
+           f"{hp.ttt_batch_seqs} --ttt-params {shlex.quote(hp.ttt_params)}")
     return (f"python -m eval score --artifact {artifact_path} --data-path {hp.data_path} --tokenizer "
             f"{hp.tokenizer_path} --seq-len {hp.train_seq_len} --stride {stride}"
-            + f" --val-max-tokens {hp.val_max_tokens}" * bool(hp.val_max_tokens))
+            + f" --val-max-tokens {hp.val_max_tokens}" * bool(hp.val_max_tokens) + ttt * bool(ttt_epochs))
 
 
 def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, train_files) -> None:

@@ -7,6 +7,7 @@ PRESET picks another group of defaults and explicit variables override it.
 import dataclasses
 import math
 import os
+import re
 import uuid
 
 from trainer.env import parse_env_value, warn_unknown_env
@@ -16,7 +17,8 @@ from trainer.presets import DEFAULT_PRESET, PRESETS
 SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"), ("warmdown_iters", "warmdown_frac"),
                   ("ema_decay", "ema_horizon_frac"), ("muon_momentum", "muon_momentum_horizon_frac"))
 # prefixes of our names: an unknown variable starting with one is probably a typo
-SETTINGS_PREFIXES = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_")
+SETTINGS_PREFIXES = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_",
+                     "TTT_")
 MAX_SECONDS = 1e7  # the largest time setting accepted
 # standard variables near ours (NUM_THREADS): not typos
 SETTINGS_FOREIGN = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -95,6 +97,17 @@ class Hyperparameters:
     eval_max_seconds: float = 600.0
     eval_auto_stride: bool = True  # GPU presets: stride planned before training (plan_eval_stride); smoke: off
     val_max_tokens: int = 0  # 0 = the whole val split (required for a record)
+    # legal score-first TTT in place of the sliding pass (eval/ttt.py): off until an H100 run measures its
+    # gain; the values are the merged legal-TTT records' (PR #461, #549: 32K-token chunks, SGD lr 0.002,
+    # momentum 0.9, 3 epochs, clip 1.0, all blocks). The plan before training cuts epochs or skips it to fit.
+    ttt_enabled: bool = False
+    ttt_chunk_tokens: int = 32_768
+    ttt_epochs: int = 3
+    ttt_lr: float = 0.002
+    ttt_momentum: float = 0.9
+    ttt_grad_clip: float = 1.0  # 0 = off
+    ttt_batch_seqs: int = 32  # sequences per TTT step, all ranks together (capped at a chunk's)
+    ttt_params: str = "all"  # all | scalars | a regular expression of parameter names
     byte_budget: int = 16_000_000
     # measured / estimated artifact bytes that the fit before training assumes (quant/estimate.py is
     # calibrated on Gaussian weights; 1 = trust it; the 1xh100-sp* presets use PR #1617's ratios)
@@ -157,6 +170,9 @@ class Hyperparameters:
             ("ROPE_DIMS", self.rope_dims % 2 == 0 and self.rope_dims <= hd, f"even and <= head_dim={hd}"),
             ("XSA_LAST_N", self.xsa_last_n <= self.num_layers, "<= NUM_LAYERS"),
             ("EVAL_STRIDE", self.eval_stride <= self.train_seq_len, "<= TRAIN_SEQ_LEN"),
+            ("TTT_CHUNK_TOKENS", self.ttt_chunk_tokens >= self.train_seq_len, f">= TRAIN_SEQ_LEN={self.train_seq_len}"),
+            ("TTT_BATCH_SEQS", self.ttt_batch_seqs > 0, "> 0"),
+            ("TTT_PARAMS", valid_ttt_params(self.ttt_params), "all, scalars or a regular expression of parameter names"),
             ("MLP_ACTIVATION", self.mlp_activation in ("relu2", "leaky_relu2"), "relu2 or leaky_relu2"),
             ("ATTN_BACKEND", self.attn_backend in ("auto", "fa3", "fa2", "sdpa"), "auto, fa3, fa2 or sdpa"),
             ("COMPILE", self.compile in (-1, 0, 1), "-1 (auto), 0 or 1"),
@@ -189,6 +205,15 @@ class Hyperparameters:
                 f"TRAIN_BATCH_TOKENS={self.train_batch_tokens}: expected a multiple of world_size({world_size})"
                 f" x GRAD_ACCUM_STEPS({accum}) x TRAIN_SEQ_LEN({self.train_seq_len}) = {span}")
         return accum
+
+
+def valid_ttt_params(value: str) -> bool:
+    """TTT_PARAMS is `all`, `scalars` or a regular expression that compiles (eval/ttt.py select_ttt_params)."""
+    try:
+        re.compile(value)
+    except re.error:
+        return False
+    return bool(value)
 
 
 def warn_unknown_settings(environ, log=print) -> list:
