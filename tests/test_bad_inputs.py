@@ -35,7 +35,7 @@ TABLE_START, TABLE_END = "<!-- bad-inputs:start -->", "<!-- bad-inputs:end -->"
 TRAINER_SETTINGS = {"PRESET", "RESUME", "RUN_ID", "OUT_DIR", "DATA_PATH", "TOKENIZER_PATH", "VOCAB_SIZE", "SEED",
                     "ITERATIONS", "MAX_WALLCLOCK_SECONDS", "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_THREADS",
                     "CHECKPOINT_EVERY"}
-SCRUBBED_ENV_PREFIXES = ("EVAL_", "QUANT_", "VAL_MAX_TOKENS", "ATTN_BACKEND", "BYTE_BUDGET", "MATCHED_FINEWEB_")
+SCRUBBED_ENV_PREFIXES = ("EVAL_", "QUANT_", "TTT_", "VAL_MAX_TOKENS", "ATTN_BACKEND", "BYTE_BUDGET", "MATCHED_FINEWEB_")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +386,12 @@ def train_rows() -> list:
                  env=train_env(TRAIN_BATCH_TOKENS=1000), after=nothing),
         BadInput(t, "RUN_ID=a/b", TRAIN, r"RUN_ID='a/b': expected a folder name", env=train_env(RUN_ID="a/b"),
                  after=nothing),
+        BadInput(t, "TTT_CHUNK_TOKENS=100", TRAIN, r"TTT_CHUNK_TOKENS=100: expected >= TRAIN_SEQ_LEN=256",
+                 env=train_env(TTT_ENABLED=1, TTT_CHUNK_TOKENS=100), after=nothing),
+        BadInput(t, "TTT_PARAMS not a regular expression", TRAIN, r"TTT_PARAMS='blocks\.\[': expected all, scalars or a "
+                 r"regular expression", env=train_env(TTT_ENABLED=1, TTT_PARAMS="blocks.["), after=nothing),
+        BadInput(t, "TTT_PARAMS matching no parameter", TRAIN, r"TTT_PARAMS='lora' matches no parameter",
+                 env=train_env(TTT_ENABLED=1, TTT_PARAMS="lora"), after=nothing),
         BadInput(t, "PRESET=2xh100", TRAIN, r"PRESET='2xh100': expected one of", env=train_env(PRESET="2xh100"),
                  after=nothing),
     ]
