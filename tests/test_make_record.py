@@ -6,6 +6,7 @@ including the smoke run of the packed train_gpt.py from inside the new folder.
 """
 
 import json
+import math
 import os
 import re
 import statistics
@@ -107,6 +108,23 @@ def fabricate_run(base: Path, run_id: str, seed: int, src, *, result=None, hp=No
     return run_dir
 
 
+def fabricate_ttt_run(base: Path, run_id: str, seed: int, src, *, result=None, hp=None, log_edit=None, **kw) -> Path:
+    """A run whose plan kept TTT (trainer/finish.py): val_*_ttt and `final_ttt_exact` in place of the
+    sliding pass, whose keys and line it lacks; its TTT score is below fabricate_run's sliding one."""
+    bpb = 1.27 + seed * 1e-3
+    loss = bpb * math.log(2) / 0.41
+    line = f"final_ttt_exact val_loss:{loss:.8f} val_bpb:{bpb:.8f} eval_time:15000ms stride:32 chunks:4 updates:9"
+
+    def edit(text):
+        text = re.sub(r"^final_sliding_window_exact .*$", line, text, flags=re.M)
+        return log_edit(text) if log_edit else text
+
+    result = {"val_bpb_sliding": None, "val_loss_sliding": None, "val_bpb_ttt": bpb, "val_loss_ttt": loss,
+              "ttt_epochs": 3, "ttt_updates": 9, "ttt_updates_stopped_at_chunk": None, **(result or {})}
+    return fabricate_run(base, run_id, seed, src, result=result, hp={"ttt_enabled": True, "ttt_epochs": 3, **(hp or {})},
+                         log_edit=edit, **kw)
+
+
 def cli(src, tmp_path, runs, *extra):
     return make_record.main(["--runs", *map(str, runs), "--name", "Tiny", "--author", "A. Person", "--github-id",
                              "aperson", "--records-dir", str(tmp_path / "records"), "--root", str(src[0]),
@@ -152,7 +170,9 @@ def test_two_runs_make_a_complete_folder_that_passes_its_checks(fake_src, tmp_pa
     req = (folder / "requirements.txt").read_text()
     assert "torch==2.13.0" in req and "numpy==2.4.6" in req and "sentencepiece==0.2.3" in req
     assert "zstandard==" in req and "brotli==" in req and "safetensors==" in req
+    assert sub["metric"] == "final_sliding_window_exact (mean over seeds)" and "val_bpb_ttt" not in sub["seed_results"][0]
     readme = (folder / "README.md").read_text()
+    assert "| roundtrip val_bpb | sliding val_bpb |" in readme and "sliding window, stride 32" in readme
     for needle in ("| 1337 | 50 |", "| 42 | 50 |", "**mean**", "| std |", "loss_curve.png",
                    f"cd {folder}", "SEED=1337", "python train_gpt.py", "600 s", "margin",
                    "track_non_record_16mb", "not 8xH100"):
@@ -399,6 +419,97 @@ def test_a_name_that_is_not_a_folder_name_is_refused_before_anything_is_written(
     assert not (tmp_path / "records").exists() and not (tmp_path / "escaped").exists()
     with pytest.raises(RecordError, match="--name '': expected"):  # (the CLI already requires a value)
         make_record.make_record(runs, name="", author="x", github_id="y", records_dir=tmp_path / "records")
+
+
+# -----------------------------------------------------------------------------------------------
+# legal score-first TTT in place of the sliding pass
+# -----------------------------------------------------------------------------------------------
+
+
+def test_ttt_runs_make_a_record_scored_by_their_ttt_line_that_passes_the_audit(fake_src, tmp_path, capsys):
+    from tools import audit
+
+    runs = [fabricate_ttt_run(tmp_path, "a", 1, fake_src), fabricate_ttt_run(tmp_path, "b", 2, fake_src)]
+    results = [json.loads((r / "result.json").read_text()) for r in runs]
+    assert all("val_bpb_sliding" not in r for r in results)
+    assert make_record.load_run(runs[0]).log["final"]["ttt"] == {"val_loss": pytest.approx(results[0]["val_loss_ttt"]),
+                                                                 "val_bpb": 1.271, "eval_ms": 15000, "stride": 32}
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
+    sub = json.loads((folder / "submission.json").read_text())
+    assert sub["val_bpb"] == pytest.approx(statistics.fmean([1.271, 1.272]), abs=1e-8)
+    assert sub["val_loss"] == pytest.approx(statistics.fmean(r["val_loss_ttt"] for r in results), abs=1e-8)
+    assert sub["val_bpb_std"] == pytest.approx(statistics.stdev([1.271, 1.272]), abs=1e-8)
+    assert sub["metric"] == "final_ttt_exact (mean over seeds)"
+    per = sub["seed_results"]
+    assert [(s["val_bpb"], s["val_bpb_ttt"], s["val_bpb_sliding"], s["ttt_epochs"]) for s in per] == [
+        (1.271, 1.271, None, 3), (1.272, 1.272, None, 3)]
+    readme = (folder / "README.md").read_text()
+    assert "| roundtrip val_bpb | TTT val_bpb | artifact bytes |" in readme and "sliding val_bpb" not in readme
+    assert "| 1 | 50 | 201.00 | 1.30100000 | 1.31100000 | 1.27100000 |" in readme
+    assert f"**val_bpb {sub['val_bpb']:.8f}** (mean of 2 seeds, legal score-first TTT, stride 32," in readme
+    assert "legal score-first TTT), artifact" in sub["blurb"]
+    assert check_record(folder)["val_bpb"] == sub["val_bpb"]
+    assert sub["compliance"]["claims_match_logs"] is True
+    claims = next(c for c in audit.audit_folder(folder).checks if c.name == "claims_match_logs")
+    assert claims.status == "pass" and "final_ttt_exact" in claims.evidence, claims.evidence
+    capsys.readouterr()
+    assert audit.main([str(folder)]) == 0, capsys.readouterr().out
+
+
+def _ttt_line_off(text):
+    return re.sub(r"^(final_ttt_exact val_loss:\S+ val_bpb:)\S+", r"\g<1>1.20000000", text, flags=re.M)
+
+
+@pytest.mark.parametrize("case, spec, message", [
+    ("log disagrees", dict(log_edit=_ttt_line_off), "train.log final_ttt_exact val_bpb:1.20000000 disagrees with "
+                                                     "result.json val_bpb_ttt=1.272"),
+    ("no ttt line", dict(log_edit=lambda t: t.replace("final_ttt_exact", "final_ttt")),
+     "train.log has no `final_ttt_exact` line"),
+    ("no ttt loss", dict(result={"val_loss_ttt": None}), "result.json lacks val_loss_ttt"),
+])
+def test_a_ttt_run_whose_log_and_result_disagree_is_refused(fake_src, tmp_path, capsys, case, spec, message):
+    runs = [fabricate_ttt_run(tmp_path, "good", 1, fake_src), fabricate_ttt_run(tmp_path, "bad", 2, fake_src, **spec)]
+    assert cli(fake_src, tmp_path, runs) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    assert f"run {runs[1]}: " in err and message in err, err
+    assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("ttt_first", [True, False])
+def test_runs_that_mix_ttt_and_sliding_scores_are_refused(fake_src, tmp_path, capsys, ttt_first):
+    """TTT_ENABLED=1 on both, but one run's plan skipped TTT (its eval would not fit): same settings,
+    different final evals."""
+    ttt = fabricate_ttt_run(tmp_path, "ttt", 1, fake_src)
+    sliding = fabricate_run(tmp_path, "skipped", 2, fake_src, hp={"ttt_enabled": True, "ttt_epochs": 3})
+    runs = [ttt, sliding] if ttt_first else [sliding, ttt]
+    assert cli(fake_src, tmp_path, runs) == 2
+    err = _one_line_refusal(capsys.readouterr().err)
+    first, second = ("final_ttt_exact (val_bpb_ttt)", "final_sliding_window_exact (val_bpb_sliding)")[::1 if ttt_first else -1]
+    assert f"run {runs[1]}: scored by {second} but run {runs[0]} by {first}: a record's seeds share one final eval" in err
+    assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]
+
+
+def test_the_smoke_run_env_gets_no_ttt_setting_from_the_run_or_the_shell(fake_src, tmp_path, monkeypatch):
+    """The smoke run checks the plain sliding pass (PRESET=smoke): neither a TTT run's hyperparameters
+    nor TTT_* variables of the shell (even ones the run did not record) reach it."""
+    run = make_record.load_run(fabricate_ttt_run(tmp_path, "a", 1, fake_src))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "train_gpt.py").write_text("pass\n")
+    monkeypatch.setenv("TTT_ENABLED", "1")
+    monkeypatch.setenv("TTT_LR", "0.5")  # not among the run's hyperparameters
+    seen = {}
+
+    def fake_run(cmd, *, env, **kwargs):
+        seen.update(env)
+        raise subprocess.TimeoutExpired(cmd, 1)
+
+    monkeypatch.setattr(make_record.subprocess, "run", fake_run)
+    with pytest.raises(RecordError, match="timed out"):
+        make_record.smoke_run(folder, run, log=lambda *a: None)
+    assert seen["PRESET"] == "smoke" and seen["SEED"] == "1"
+    assert not [k for k in seen if k.startswith("TTT_")], sorted(seen)
 
 
 # -----------------------------------------------------------------------------------------------

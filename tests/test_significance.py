@@ -140,6 +140,36 @@ def test_a_sweep_config_folder_is_read_as_its_group_of_seeds(tmp_path, capsys):
     assert f"{tmp_path / 'sweep' / 'new' / 'seed7'}: result.json is not valid JSON" in err and len(err.splitlines()) == 1
 
 
+def test_metric_final_reads_each_run_s_headline_and_sliding_never_takes_a_ttt_score(tmp_path):
+    """A run whose plan kept TTT has val_bpb_ttt and `final_ttt_exact`, no sliding score: "ttt" and
+    "final" read it (from result.json, or its log alone), "sliding" refuses; a sliding run under
+    "final" reads its sliding score. A record folder's TTT seeds likewise (val_bpb is the headline)."""
+    ttt = tmp_path / "ttt"
+    ttt.mkdir()
+    (ttt / "train.log").write_text("code\n" + "=" * 100 + "\nSEED:5\nfinal_roundtrip_exact val_loss:2.1 val_bpb:1.25\n"
+                                   "final_ttt_exact val_loss:2.00000000 val_bpb:1.18000000 eval_time:9ms stride:64 "
+                                   "chunks:2 updates:3\n")
+    (ttt / "result.json").write_text(json.dumps({"seed": 5, "val_bpb_ttt": 1.18, "val_loss_ttt": 2.0,
+                                                 "val_bpb_roundtrip": 1.25, "tokens_per_byte": 0.4}))
+    _write_run(tmp_path / "sliding", 6, 1.19, 2.02)
+    for metric in ("ttt", "final"):
+        (v,) = significance.load_values(ttt, metric)
+        assert (v.val_bpb, v.val_loss, v.tokens_per_byte, v.seed) == (1.18, 2.0, 0.4, 5)
+    (v,) = significance.load_values(ttt / "train.log", "final")  # no result.json: the log's TTT line
+    assert (v.val_bpb, v.val_loss) == (1.18, 2.0)
+    with pytest.raises(ValueError, match="no sliding val_bpb"):
+        significance.load_values(ttt, "sliding")
+    assert significance.load_values(tmp_path / "sliding", "final")[0].val_bpb == 1.19
+    record = tmp_path / "record"
+    record.mkdir()
+    (record / "submission.json").write_text(json.dumps({"seed_results": [
+        {"seed": 1, "val_bpb": 1.18, "val_loss": 2.0, "val_bpb_ttt": 1.18, "val_loss_ttt": 2.0, "val_bpb_sliding": None}]}))
+    assert [v.val_bpb for v in significance.load_values(record, "final")] == [1.18]
+    assert [v.val_bpb for v in significance.load_values(record, "ttt")] == [1.18]
+    with pytest.raises(ValueError, match="seed_results lack val_bpb_sliding"):
+        significance.load_values(record, "sliding")
+
+
 def _tool_imports(path) -> set:
     """Every tools.* module `path` imports, at module or function level (ast: no code is run)."""
     import ast

@@ -324,3 +324,16 @@ def test_result_rows_read_a_status_less_result_json_as_ok_like_the_resume_check(
         ("ok", 2.5, 7), ("stopped_by_signal", None, 3), ("missing", None, None)]
     assert rows[0]["bytes_total"] == 9 and rows[0]["settings"] == "MATRIX_LR=0.02" and rows[0]["seed"] == 1
     assert [sweep.is_finished(r) for r in runs] == [True, False, False]
+
+
+def test_metric_final_ranks_each_run_by_its_headline_ttt_or_sliding(tmp_path):
+    runs = sweep.build_runs({"name": "m", "seeds": [1, 2], "configs": {"a": {}}}, tmp_path)
+    for run, result in zip(runs, ({"val_bpb_ttt": 2.4, "val_bpb_roundtrip": 2.6}, {"val_bpb_sliding": 2.5})):
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "result.json").write_text(json.dumps(result))
+    assert [r["val_bpb"] for r in sweep.result_rows(runs, "final")] == [2.4, 2.5]
+    assert [r["val_bpb"] for r in sweep.result_rows(runs, "ttt")] == [2.4, None]
+    assert [r["val_bpb"] for r in sweep.result_rows(runs, "sliding")] == [None, 2.5]
+    assert [r["val_bpb_ttt"] for r in sweep.result_rows(runs, "sliding")] == [2.4, None]
+    assert "val_bpb = final headline (TTT or sliding) val_bpb" in sweep.format_table([], metric="final", baseline=None,
+                                                                                    title="t")

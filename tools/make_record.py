@@ -9,7 +9,9 @@ fields plus track, seeds, seed_results, val_bpb_std, hardware, pytorch_version),
 train_seed<SEED>.log, the packed train_gpt.py (plain ASCII by default; latin-1 only when the runs
 measured that opt-in, BUNDLE_ENCODING=latin1, see tools/bundle.py; copied as bytes) and
 train_gpt_human.py,
-requirements.txt (runtime deps at the run's versions) and loss_curve.png.
+requirements.txt (runtime deps at the run's versions) and loss_curve.png. The score is each run's
+final sliding-window line, or its legal score-first TTT line when TTT ran in its place
+(tools/runs.py final_score_key); the seeds of one record share one of them.
 
 It refuses (exit 2, the message names the run and the field) runs that are over the byte budget,
 did not finish (no final log lines, status not ok), hold a field that is not a number,
@@ -49,7 +51,8 @@ if __package__ in (None, ""):  # run as `python tools/make_record.py`: make `too
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tools.audit_run import number, run_rules
-from tools.runs import LOG_CODE_SEPARATOR, RecordError, Run, load_run, parse_train_log  # noqa: F401 (re-exported)
+from tools.runs import (FINAL_LINES, LOG_CODE_SEPARATOR, RecordError, Run, final_score_key,  # noqa: F401 (re-exported)
+                        load_run, parse_train_log)
 from tools.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, LATIN1_TRADE_OFF, REPO_ROOT, build_human_source,
                           minify_source, pack_code, packed_encoding, set_bundle_kind, unpack_packed)
 
@@ -73,32 +76,35 @@ RECORD_RULES = {
 }
 NON_RECORD_ACCEPTS = ("train_time_ok", "eval_time_ok")  # track_non_record_16mb: unlimited compute
 SMOKE_TIMEOUT_SECONDS = 600
+SCORE_LABELS = {"sliding": "sliding window", "ttt": "legal score-first TTT"}  # final_score_key -> words
 
 # -----------------------------------------------------------------------------------------------
 # checks
 # -----------------------------------------------------------------------------------------------
 
 _REQUIRED_RESULT = ("seed", "steps", "train_seconds", "eval_seconds", "ms_per_step", "world_size", "device",
-                    "val_loss_prequant", "val_bpb_prequant", "val_loss_roundtrip", "val_bpb_roundtrip",
-                    "val_loss_sliding", "val_bpb_sliding", "bytes_model", "bytes_code", "bytes_total",
-                    "hyperparameters", "torch_version")
+                    "bytes_model", "bytes_code", "bytes_total", "hyperparameters", "torch_version")
 
 
-_NUMERIC_RESULT = ("steps", "train_seconds", "eval_seconds", "ms_per_step", "val_loss_prequant", "val_bpb_prequant",
-                   "val_loss_roundtrip", "val_bpb_roundtrip", "val_loss_sliding", "val_bpb_sliding")
+_NUMERIC_RESULT = ("steps", "train_seconds", "eval_seconds", "ms_per_step")
 
 
 def check_run(run: Run) -> None:
-    """Refuse a single run that did not finish or breaks a limit (RecordError)."""
+    """Refuse a single run that did not finish or breaks a limit (RecordError). The score is
+    val_*_<final_score_key> (sliding, or ttt), and the train.log line of each score must agree."""
     r, who = run.result, f"run {run.label}"
     if not r:
         raise RecordError(f"{who}: no result.json (the run did not finish)")
     if r.get("status", "ok") != "ok":
         raise RecordError(f"{who}: result.json status={r['status']!r}, expected 'ok'")
-    missing = [k for k in _REQUIRED_RESULT if r.get(k) is None]
+    headline = final_score_key(r)  # a TTT run has no sliding pass; a sliding score beside TTT is checked too
+    scores = ("prequant", "roundtrip",
+              *(k for k in ("sliding", "ttt") if k == headline or r.get(f"val_bpb_{k}") is not None))
+    score_fields = [f"{field}_{k}" for k in scores for field in ("val_loss", "val_bpb")]
+    missing = [k for k in (*_REQUIRED_RESULT, *score_fields) if r.get(k) is None]
     if missing:
         raise RecordError(f"{who}: result.json lacks {', '.join(missing)} (the run did not finish its evaluation?)")
-    for field in _NUMERIC_RESULT:
+    for field in (*_NUMERIC_RESULT, *score_fields):
         number(run, field)
     for field in ("bytes_total", "bytes_code", "bytes_model", "world_size"):
         number(run, field, integer=True)
@@ -106,8 +112,7 @@ def check_run(run: Run) -> None:
         raise RecordError(f"{who}: result.json hyperparameters={r['hyperparameters']!r}: expected an object")
     if run.log_path is None:
         raise RecordError(f"{who}: no train.log")
-    for key, line in (("prequant", "final_prequant_exact"), ("roundtrip", "final_roundtrip_exact"),
-                      ("sliding", "final_sliding_window_exact")):
+    for key, line in ((k, FINAL_LINES[k]) for k in scores):
         if key not in run.log["final"]:
             raise RecordError(f"{who}: train.log has no `{line}` line (the log is incomplete)")
         logged = run.log["final"][key]
@@ -167,7 +172,8 @@ def check_rules(runs: list, track: str) -> dict:
 
 
 def check_runs_agree(runs: list) -> None:
-    """Refuse runs that differ beyond the seed, repeat a seed, or report different code bytes."""
+    """Refuse runs that differ beyond the seed, repeat a seed, mix TTT and sliding-window scores (a
+    TTT_ENABLED plan may skip TTT on one run), or report different code bytes."""
     first = runs[0]
     base_hp = {k: v for k, v in first.result["hyperparameters"].items() if k not in RECORD_IGNORED_HYPERPARAMETERS}
     seeds = {}
@@ -177,6 +183,10 @@ def check_runs_agree(runs: list) -> None:
             raise RecordError(f"run {run.label}: seed={seed} repeats run {seeds[seed]}; use distinct SEEDs")
         seeds[seed] = run.label
     for run in runs[1:]:
+        key, first_key = final_score_key(run.result), final_score_key(first.result)
+        if key != first_key:
+            raise RecordError(f"run {run.label}: scored by {FINAL_LINES[key]} (val_bpb_{key}) but run {first.label} by "
+                              f"{FINAL_LINES[first_key]} (val_bpb_{first_key}): a record's seeds share one final eval")
         hp = {k: v for k, v in run.result["hyperparameters"].items() if k not in RECORD_IGNORED_HYPERPARAMETERS}
         diff = sorted(k for k in set(hp) | set(base_hp) if hp.get(k, "<missing>") != base_hp.get(k, "<missing>"))
         if diff:
@@ -247,16 +257,19 @@ def _mean_std(values: list) -> tuple[float, float]:
 
 
 def seed_results(runs: list) -> list:
+    """One dict per run: val_loss / val_bpb are its headline score (final_score_key); val_*_sliding
+    is None for a TTT run (no sliding pass), which adds val_*_ttt and ttt_epochs."""
     out = []
     for run in runs:
-        r = run.result
+        r, key = run.result, final_score_key(run.result)
+        ttt = {k: r.get(k) for k in ("val_loss_ttt", "val_bpb_ttt", "ttt_epochs")} if key == "ttt" else {}
         out.append({
             "seed": run.seed, "steps": r["steps"], "ms_per_step": r["ms_per_step"],
             "train_seconds": r["train_seconds"], "eval_seconds": r["eval_seconds"],
-            "val_loss": r["val_loss_sliding"], "val_bpb": r["val_bpb_sliding"],
+            "val_loss": r[f"val_loss_{key}"], "val_bpb": r[f"val_bpb_{key}"],
             "val_loss_prequant": r["val_loss_prequant"], "val_bpb_prequant": r["val_bpb_prequant"],
             "val_loss_roundtrip": r["val_loss_roundtrip"], "val_bpb_roundtrip": r["val_bpb_roundtrip"],
-            "val_loss_sliding": r["val_loss_sliding"], "val_bpb_sliding": r["val_bpb_sliding"],
+            "val_loss_sliding": r.get("val_loss_sliding"), "val_bpb_sliding": r.get("val_bpb_sliding"), **ttt,
             "eval_stride": r.get("eval_stride"), "bytes_model": r["bytes_model"], "bytes_total": r["bytes_total"],
             "tokens_per_byte": r.get("tokens_per_byte"), "val_tokens": r.get("val_tokens"), "run_id": r.get("run_id"),
             "compliance": {flag: ok for flag, (ok, _) in rules_of(run).items()},
@@ -281,7 +294,7 @@ def build_submission(runs: list, *, name, author, github_id, blurb, date_iso, tr
         "val_bpb_std": round(bpb_std, 8), "val_loss_std": round(loss_std, 8),
         "hardware": hardware_of(runs[0]), "pytorch_version": r0["torch_version"],
         "python_version": r0.get("python_version"), "preset": r0.get("preset"),
-        "metric": "final_sliding_window_exact (mean over seeds)",
+        "metric": f"{FINAL_LINES[final_score_key(r0)]} (mean over seeds)",
     }
 
 
@@ -329,10 +342,11 @@ def plot_loss_curves(runs: list, path: Path, title: str) -> None:
         if run.log["val"]:
             vs, vl, _ = zip(*run.log["val"])
             ax.plot(vs, vl, "o", color=color, ms=5, mfc="white", label=f"seed {run.seed} val_loss")
-        final = run.log["final"].get("sliding")
+        key = final_score_key(run.result)
+        final = run.log["final"].get(key)
         if final and run.result.get("steps") is not None:
             ax.plot([run.result["steps"]], [final["val_loss"]], "*", color=color, ms=10,
-                    label=f"seed {run.seed} final sliding val_loss")
+                    label=f"seed {run.seed} final {SCORE_LABELS[key]} val_loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(title)
@@ -411,9 +425,9 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
     r0 = runs[0].result
     hp = r0["hyperparameters"]
     per = submission["seed_results"]
-    n = len(per)
+    n, key = len(per), final_score_key(per[0])  # the last score column: the headline (val_bpb) of each seed
     stats = {k: _mean_std([float(s[k]) for s in per]) for k in
-             ("steps", "ms_per_step", "val_bpb_prequant", "val_bpb_roundtrip", "val_bpb_sliding", "bytes_total")}
+             ("steps", "ms_per_step", "val_bpb_prequant", "val_bpb_roundtrip", "val_bpb", "bytes_total")}
     max_total = max(int(s["bytes_total"]) for s in per)
     max_train = max(float(s["train_seconds"]) for s in per)
     max_eval = max(float(s["eval_seconds"]) for s in per)
@@ -431,7 +445,7 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         "",
         submission["blurb"],
         "",
-        f"**val_bpb {submission['val_bpb']:.8f}** (mean of {n} seed{'s' if n > 1 else ''}, sliding window "
+        f"**val_bpb {submission['val_bpb']:.8f}** (mean of {n} seed{'s' if n > 1 else ''}, {SCORE_LABELS[key]}, "
         f"stride {per[0].get('eval_stride')}, std {submission['val_bpb_std']:.8f}; val_loss "
         f"{submission['val_loss']:.8f} nats) · artifact at most {max_total:,} bytes · "
         f"track `{submission['track']}` · {submission['hardware']}",
@@ -447,23 +461,25 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         "",
         "## Results",
         "",
-        "| seed | steps | ms/step | pre-quant val_bpb | roundtrip val_bpb | sliding val_bpb | artifact bytes |",
+        f"| seed | steps | ms/step | pre-quant val_bpb | roundtrip val_bpb | {'TTT' if key == 'ttt' else 'sliding'} "
+        "val_bpb | artifact bytes |",
         "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in per:
         lines.append(f"| {s['seed']} | {s['steps']} | {float(s['ms_per_step']):.2f} | {_fmt_bpb(s['val_bpb_prequant'])} | "
-                     f"{_fmt_bpb(s['val_bpb_roundtrip'])} | {_fmt_bpb(s['val_bpb_sliding'])} | {int(s['bytes_total']):,} |")
+                     f"{_fmt_bpb(s['val_bpb_roundtrip'])} | {_fmt_bpb(s['val_bpb'])} | {int(s['bytes_total']):,} |")
     lines.append(f"| **mean** | {stats['steps'][0]:.1f} | {stats['ms_per_step'][0]:.2f} | "
                  f"{_fmt_bpb(stats['val_bpb_prequant'][0])} | {_fmt_bpb(stats['val_bpb_roundtrip'][0])} | "
-                 f"**{_fmt_bpb(stats['val_bpb_sliding'][0])}** | {stats['bytes_total'][0]:,.0f} |")
+                 f"**{_fmt_bpb(stats['val_bpb'][0])}** | {stats['bytes_total'][0]:,.0f} |")
     lines.append(f"| std | {stats['steps'][1]:.1f} | {stats['ms_per_step'][1]:.2f} | "
                  f"{_fmt_bpb(stats['val_bpb_prequant'][1])} | {_fmt_bpb(stats['val_bpb_roundtrip'][1])} | "
-                 f"{_fmt_bpb(stats['val_bpb_sliding'][1])} | {stats['bytes_total'][1]:,.0f} |")
+                 f"{_fmt_bpb(stats['val_bpb'][1])} | {stats['bytes_total'][1]:,.0f} |")
     lines += [
         "",
         "std is the sample standard deviation over seeds (0 with one seed). val_bpb = (sum of NLL in nats / ln 2) "
         "/ (UTF-8 bytes of the scored targets), on the full validation split, evaluated on the weights re-read "
-        "from the compressed artifact.",
+        "from the compressed artifact." + (" TTT (eval/ttt.py) scores each val chunk before it adapts the model on "
+                                            "it: no token is scored by weights that have seen it." if key == "ttt" else ""),
         "",
         "![loss curves](loss_curve.png)",
         "",
@@ -617,9 +633,10 @@ def check_record(folder) -> dict:
         if not log_path.is_file():
             raise RecordError(f"record {folder}: {log_path.name} is missing")
         log = parse_train_log(log_path.read_text(encoding="utf-8", errors="replace"))
-        sliding = log["final"].get("sliding")
-        if sliding is None or abs(sliding["val_bpb"] - float(s["val_bpb"])) > 1e-7:
-            raise RecordError(f"record {folder}: {log_path.name} final sliding val_bpb does not match seed_results")
+        key = final_score_key(s)
+        final = log["final"].get(key)
+        if final is None or abs(final["val_bpb"] - float(s["val_bpb"])) > 1e-7:
+            raise RecordError(f"record {folder}: {log_path.name} {FINAL_LINES[key]} val_bpb does not match seed_results")
         if log["total_bytes"] != int(s["bytes_total"]):
             raise RecordError(f"record {folder}: {log_path.name} total size does not match seed_results")
     return sub
@@ -662,14 +679,15 @@ def smoke_run(folder: Path, run: Run, log=print) -> dict:
     """Run the packed train_gpt.py from inside `folder`, with no PYTHONPATH (only the file itself can
     provide the code): 2 CPU-sized steps (PRESET=smoke), the export, then the final evals on the first
     SMOKE_VAL_MAX_TOKENS val tokens (a smoke check that the shipped file evaluates, not a score).
-    Checks that it exits 0, logs its own size as code_bytes, the 2 steps and every final line.
+    Checks that it exits 0, logs its own size as code_bytes, the 2 steps and every final line (the
+    sliding pass: no TTT_* or QUANT_* variable of the shell reaches it, nor any of the run's settings).
     Leaves the folder as it was; returns {"code_bytes", "train", "final"} from its log."""
     before = sorted(p.name for p in folder.iterdir())
     packed_bytes = (folder / BUNDLE_PACKED_NAME).stat().st_size
     hp = run.result["hyperparameters"]
     with tempfile.TemporaryDirectory(prefix="record_smoke_") as out_dir:
         env = {k: v for k, v in os.environ.items()
-               if k != "PYTHONPATH" and not k.startswith(("QUANT_",)) and k.lower() not in hp}
+               if k != "PYTHONPATH" and not k.startswith(("QUANT_", "TTT_")) and k.lower() not in hp}
         env.update(PRESET="smoke", ITERATIONS="2", VAL_MAX_TOKENS=str(SMOKE_VAL_MAX_TOKENS), EVAL_AUTO_STRIDE="0",
                    MAX_WALLCLOCK_SECONDS="0", WARMUP_STEPS="0", TRAIN_LOG_EVERY="1", RUN_ID=SMOKE_RUN_ID, OUT_DIR=out_dir,
                    DATA_PATH=str(resolve_run_path(run, "data_path")),
@@ -748,12 +766,13 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
     except OSError as e:
         raise RecordError(f"--records-dir {records_dir}: cannot write {final_dir.parent} ({e.strerror or e}): "
                           f"expected a writable folder") from e
-    mean_bpb, std_bpb = _mean_std([float(r.result["val_bpb_sliding"]) for r in runs])
+    key = final_score_key(runs[0].result)  # the same for every run (check_runs_agree)
+    mean_bpb, std_bpb = _mean_std([float(r.result[f"val_bpb_{key}"]) for r in runs])
     hp = runs[0].result["hyperparameters"]
     if not blurb:
         blurb = (f"{hp.get('num_layers')}x{hp.get('model_dim')} GPT, preset {hp.get('preset')}, "
                  f"{len(runs)} seed{'s' if len(runs) > 1 else ''} on {hardware_of(runs[0])}: val_bpb "
-                 f"{mean_bpb:.4f} (std {std_bpb:.4f}, sliding window), artifact "
+                 f"{mean_bpb:.4f} (std {std_bpb:.4f}, {SCORE_LABELS[key]}), artifact "
                  f"{max(int(r.result['bytes_total']) for r in runs):,} bytes.")
     submission = build_submission(runs, name=name, author=author, github_id=github_id, blurb=blurb,
                                   date_iso=date_iso, track=track_name, bytes_code=len(packed))

@@ -17,16 +17,24 @@ _NUM = r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))"
 _RE_TRAIN = re.compile(rf"^step:(\d+)/(\d+) train_loss:{_NUM} train_time:(\d+)ms step_avg:{_NUM}ms", re.M)
 _RE_VAL = re.compile(rf"^step:(\d+)/(\d+) val_loss:{_NUM} val_bpb:{_NUM} train_time:(\d+)ms", re.M)
 _RE_FINAL = re.compile(rf"^final_(prequant|roundtrip|sliding_window|ttt)_exact val_loss:{_NUM} val_bpb:{_NUM}"
-                       rf"(?: stride:(\d+))?(?: eval_time:(\d+)ms)?", re.M)
+                       rf"(?: stride:(\d+))?(?: eval_time:(\d+)ms)?(?: stride:(\d+))?", re.M)
 _RE_TOTAL = re.compile(r"^Total submission size: (\d+) bytes", re.M)
 _RE_CODE_BYTES = re.compile(r"\bcode_bytes:(\d+)")
 _RE_VERSIONS = re.compile(r"^python:\S+(?: \w+:\S+)*$", re.M)
 _RE_SEED = re.compile(r"^SEED:(\d+)$", re.M)
 _FINAL_KEYS = {"prequant": "prequant", "roundtrip": "roundtrip", "sliding_window": "sliding", "ttt": "ttt"}
+FINAL_LINES = {key: f"final_{name}_exact" for name, key in _FINAL_KEYS.items()}  # "ttt" -> "final_ttt_exact"
 
 
 class RecordError(ValueError):
     """A run or a request that cannot become a record; the message says which run and field."""
+
+
+def final_score_key(result: dict) -> str:
+    """The run's headline score: "ttt" when its final eval was legal score-first TTT (result.json
+    has val_bpb_ttt; that run has no sliding pass), else "sliding". result.json's val_bpb_<key> and
+    the train.log line FINAL_LINES[key] hold it."""
+    return "ttt" if result.get("val_bpb_ttt") is not None else "sliding"
 
 
 # -----------------------------------------------------------------------------------------------
@@ -39,7 +47,7 @@ def parse_train_log(text: str) -> dict:
 
     Returns {"code": the source logged before the separator line (or None), "train": [(step,
     loss)], "val": [(step, val_loss, val_bpb)], "final": {"prequant"|"roundtrip"|"sliding":
-    {"val_loss", "val_bpb"[, "stride"][, "eval_ms"]}} ("ttt": `final_ttt_exact ... eval_time:Nms`),
+    {"val_loss", "val_bpb"[, "stride"][, "eval_ms"]}} ("ttt": `final_ttt_exact ... eval_time:Nms stride:S ...`),
     "total_bytes": int|None, "code_bytes":
     int|None, "versions": {"python": ..., "torch": ..., ...}, "seed": int|None}. Only lines after the logged code
     count (the code itself contains the format strings of these lines)."""
@@ -57,8 +65,8 @@ def parse_train_log(text: str) -> dict:
         out["val"].append((int(m.group(1)), float(m.group(3)), float(m.group(4))))
     for m in _RE_FINAL.finditer(body):
         entry = {"val_loss": float(m.group(2)), "val_bpb": float(m.group(3))}
-        if m.group(4):
-            entry["stride"] = int(m.group(4))
+        if m.group(4) or m.group(6):  # the TTT line logs its stride after eval_time
+            entry["stride"] = int(m.group(4) or m.group(6))
         if m.group(5):
             entry["eval_ms"] = int(m.group(5))
         out["final"][_FINAL_KEYS[m.group(1)]] = entry

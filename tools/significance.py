@@ -29,12 +29,12 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.runs import RecordError, load_run
+from tools.runs import RecordError, final_score_key, load_run
 
 SIG_MIN_IMPROVEMENT_NATS = 0.005
 SIG_ALPHA = 0.01
 SIG_MAX_SEEDS = 10_000
-SIG_METRICS = ("sliding", "roundtrip", "prequant")
+SIG_METRICS = ("sliding", "roundtrip", "prequant", "ttt", "final")  # final: each run's headline (final_score_key)
 
 
 @dataclasses.dataclass
@@ -60,8 +60,10 @@ def load_values(path, metric: str = "sliding") -> list:
         sub = json.loads((path / "submission.json").read_text(encoding="utf-8"))
         out = []
         for s in sub.get("seed_results") or []:
-            bpb = s.get(f"val_bpb_{metric}", s.get("val_bpb") if metric == "sliding" else None)
-            loss = s.get(f"val_loss_{metric}", s.get("val_loss") if metric == "sliding" else None)
+            # val_bpb is the headline; records older than TTT have no val_bpb_sliding beside it
+            plain = metric == "final" or (metric == "sliding" and s.get("val_bpb_ttt") is None)
+            bpb = s.get(f"val_bpb_{metric}", s.get("val_bpb") if plain else None)
+            loss = s.get(f"val_loss_{metric}", s.get("val_loss") if plain else None)
             if bpb is None:
                 raise ValueError(f"{path}: seed_results lack val_bpb_{metric}")
             tpb = s.get("tokens_per_byte") or (bpb * math.log(2) / loss if loss else None)
@@ -74,7 +76,10 @@ def load_values(path, metric: str = "sliding") -> list:
 
 def run_value(run, metric: str = "sliding") -> SeedValue:
     """The SeedValue of one run (make_record.Run): result.json's metric, else its train.log's final
-    line. Raises ValueError naming the run when neither has it."""
+    line. Raises ValueError naming the run when neither has it. metric "final": the run's headline score
+    (ttt when it ran TTT, else sliding)."""
+    if metric == "final":
+        metric = final_score_key(run.result) if run.result else "ttt" if "ttt" in run.log["final"] else "sliding"
     path, r, final = run.path, run.result, run.log["final"].get(metric)
     bpb = r.get(f"val_bpb_{metric}")
     loss = r.get(f"val_loss_{metric}")
@@ -82,7 +87,7 @@ def run_value(run, metric: str = "sliding") -> SeedValue:
         bpb, loss = final["val_bpb"], final["val_loss"]
     if bpb is None:
         raise ValueError(f"{path}: no {metric} val_bpb in result.json or train.log (the run did not finish?)")
-    tpb = r.get("tokens_per_byte") if metric == "sliding" else None
+    tpb = r.get("tokens_per_byte") if metric == final_score_key(r) else None  # the final pass's own ratio
     if not tpb and loss:
         tpb = float(bpb) * math.log(2) / float(loss)  # bpb = loss / ln2 * tokens/byte
     return SeedValue(str(path), run.seed, float(bpb), None if loss is None else float(loss), tpb)
@@ -208,7 +213,8 @@ def main(argv=None) -> int:
     base = parser.add_mutually_exclusive_group(required=True)
     base.add_argument("--baseline-bpb", type=float, help="the val_bpb to beat (e.g. the current record)")
     base.add_argument("--baseline-runs", nargs="+", help="runs of the baseline (Welch t-test)")
-    parser.add_argument("--metric", choices=SIG_METRICS, default="sliding", help="which final val_bpb (default sliding)")
+    parser.add_argument("--metric", choices=SIG_METRICS, default="sliding",
+                        help="which final val_bpb (default sliding; final: each run's headline, TTT when it ran TTT)")
     parser.add_argument("--min-improvement-nats", type=float, default=SIG_MIN_IMPROVEMENT_NATS)
     parser.add_argument("--alpha", type=float, default=SIG_ALPHA)
     parser.add_argument("--tokens-per-byte", type=float, help="override the runs' tokens_per_byte")

@@ -14,7 +14,8 @@ A sweep file (YAML or JSON; command-line options add to it):
       baseline: {MLP_MULT: 2, XSA_LAST_N: 0}
       smoke: {}
     grid: {MATRIX_LR: [0.03, 0.04]}  # optional, crossed with every config
-    metric: sliding                  # which final val_bpb ranks the table (sliding|roundtrip|prequant)
+    metric: sliding                  # which final val_bpb ranks the table (sliding|roundtrip|prequant|ttt|final;
+                                     # final: each run's headline, TTT when its plan kept TTT)
     baseline: baseline               # optional: the table's "vs" column is the difference to this config
 
 Layout: `runs/<name>/<config>/seed<S>/` is each run's folder (the trainer's OUT_DIR/RUN_ID, with
@@ -56,15 +57,16 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # noqa: E402
+from tools.runs import final_score_key  # noqa: E402
 from trainer.files import atomic_write_bytes  # noqa: E402
 
-SWEEP_METRICS = ("sliding", "roundtrip", "prequant")
+SWEEP_METRICS = ("sliding", "roundtrip", "prequant", "ttt", "final")  # final: final_score_key, per run
 SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
 SWEEP_RESERVED = ("SEED", "RUN_ID", "OUT_DIR", "CUDA_VISIBLE_DEVICES", "RESUME")  # set by the sweep per run
 _LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stopped sweep stops them too
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.,=+-]*$")
 _ENV_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-CSV_FIELDS = ("config", "seed", "status", "val_bpb", "val_bpb_sliding", "val_bpb_roundtrip", "val_bpb_prequant",
+CSV_FIELDS = ("config", "seed", "status", "val_bpb", "val_bpb_sliding", "val_bpb_ttt", "val_bpb_roundtrip", "val_bpb_prequant",
               "val_loss_sliding", "steps", "ms_per_step", "train_seconds", "eval_seconds", "bytes_total",
               "settings", "run_dir")
 
@@ -403,6 +405,11 @@ def execute(runs: list, slots: list, launch, on_done, on_interrupt=None) -> None
 # -----------------------------------------------------------------------------------------------
 
 
+def metric_bpb(result: dict, metric: str):
+    """result.json's final val_bpb of `metric` (SWEEP_METRICS; "final": the run's headline, final_score_key); None if absent."""
+    return result.get(f"val_bpb_{final_score_key(result) if metric == 'final' else metric}")
+
+
 def result_rows(runs: list, metric: str) -> list:
     """One dict per run (CSV_FIELDS); runs without a result.json have status 'missing'."""
     rows = []
@@ -410,7 +417,7 @@ def result_rows(runs: list, metric: str) -> list:
         result = read_result(run)
         r = result or {}
         rows.append({**{key: r.get(key) for key in CSV_FIELDS}, "config": run.config, "seed": run.seed,
-                     "status": run_status(result), "val_bpb": r.get(f"val_bpb_{metric}"),
+                     "status": run_status(result), "val_bpb": metric_bpb(r, metric),
                      "settings": " ".join(f"{k}={v}" for k, v in run.settings.items()), "run_dir": str(run.run_dir)})
     return rows
 
@@ -448,8 +455,9 @@ def _fmt(value, spec: str, empty: str = "") -> str:
 def format_table(summary: list, *, metric: str, baseline: str | None, title: str) -> str:
     """The Markdown table of `summarize`."""
     vs = f" | vs {baseline}" if baseline else ""
+    which = "headline (TTT or sliding)" if metric == "final" else metric
     lines = [f"# {title}", "",
-             f"val_bpb = final {metric} val_bpb; mean and std over seeds (n finished of runs); steps and ms per "
+             f"val_bpb = final {which} val_bpb; mean and std over seeds (n finished of runs); steps and ms per "
              "step are means.", "",
              f"| config | val_bpb mean | std | n | min | max{vs} | steps | ms/step | bytes_total | settings |",
              "|---|---:|---:|---:|---:|---:" + "|---:" * bool(baseline) + "|---:|---:|---:|---|"]
@@ -644,7 +652,7 @@ def main(argv=None) -> int:
             print(f"{head} FAILED (exit {rc}; see {run.run_dir / 'console.txt'}) in {_duration(seconds)}; "
                   f"{left} left", flush=True)
         else:
-            bpb = r.get(f"val_bpb_{metric}")
+            bpb = metric_bpb(r, metric)
             print(f"{head} {status} val_bpb {_fmt(bpb, '.5f', '-')} ({metric}) steps {r.get('steps')} "
                   f"{_fmt(r.get('ms_per_step'), '.0f', '-')} ms/step in {_duration(seconds)}; {left} left"
                   + (f", ~{_duration(eta)} to go" if left else ""), flush=True)
