@@ -61,6 +61,7 @@ import codecs
 import dataclasses
 import heapq
 import io
+import json
 import lzma
 import math
 import os
@@ -819,6 +820,45 @@ def build_packed_bytes(root=None, encoding: str | None = None) -> bytes:
     BUNDLE_ENCODING says otherwise). Raises BundleError like build_human_source."""
     human = build_human_source(root)
     return pack_code(minify_source(set_bundle_kind(human, "packed")), encoding)[0]
+
+
+def packed_size_cache_key(human: str, encoding: str) -> str:
+    """sha256 over everything the packed bytes depend on: the concatenated source, the encoding, this
+    packer's own code and the versions of Python, python-minifier, brotli and zstandard."""
+    import hashlib
+    from importlib import metadata
+
+    parts = [human, encoding, Path(__file__).read_text(encoding="utf-8"), sys.version]
+    for dist in ("python-minifier", "brotli", "zstandard"):
+        try:
+            parts.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist}: absent")
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
+
+
+def packed_size(root=None, encoding: str | None = None, cache_dir=None) -> int:
+    """len(build_packed_bytes(root, encoding)), remembered per source: minifying and trying every
+    compressor takes ~5 s on a laptop core, paid by every run's start otherwise. The cache is a JSON
+    file per packed_size_cache_key under `cache_dir` (default env BUNDLE_CACHE_DIR, else
+    ~/.cache/parameter-golf-kit/bundle); an unreadable or unwritable cache only costs the build."""
+    encoding = encoding or default_encoding()
+    human = build_human_source(root)
+    cache = Path(cache_dir or os.environ.get("BUNDLE_CACHE_DIR") or Path.home() / ".cache/parameter-golf-kit/bundle")
+    path = cache / f"{packed_size_cache_key(human, encoding)}.json"
+    try:
+        return int(json.loads(path.read_text(encoding="utf-8"))["packed_bytes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    size = len(pack_code(minify_source(set_bundle_kind(human, "packed")), encoding)[0])
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"packed_bytes": size}), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return size
 
 
 # -----------------------------------------------------------------------------------------------

@@ -90,7 +90,7 @@ def measure_code_bytes() -> int:
         return os.path.getsize(__file__)
     if BUNDLE_KIND == "human":
         return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
-    return len(kit_module("tools.bundle").build_packed_bytes())
+    return kit_module("tools.bundle").packed_size()  # == len(build_packed_bytes()), cached per source
 
 
 def describe_device(device: torch.device) -> str:
