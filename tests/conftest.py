@@ -11,6 +11,7 @@
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,6 +20,15 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n 2` on 2 cores: one thread per worker and per process it starts (trainer runs read
+    # NUM_THREADS; two spinning OpenMP threads per core made a tiny step ~25x slower, test_train.py)
+    os.environ.setdefault("NUM_THREADS", "1")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 SHARED_DIR = Path(__file__).resolve().parents[2] / "shared"
 TINY_DATASET_NUM_DOCS = 300
