@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import bundle
+from tools import bundle, bundle_pack
 from tools.bundle import BundleError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +148,7 @@ def test_packed_size_is_remembered_per_source_and_rebuilt_when_the_source_change
     size = bundle.packed_size(fake_root, "base93", cache_dir=cache)
     assert size == len(bundle.build_packed_bytes(fake_root, "base93")) and len(list(cache.glob("*.json"))) == 1
     packs = []
-    monkeypatch.setattr(bundle, "pack_code", lambda *a: packs.append(a) or (b"x" * 7, "", []))
+    monkeypatch.setattr(bundle_pack, "pack_code", lambda *a: packs.append(a) or (b"x" * 7, "", []))
     assert bundle.packed_size(fake_root, "base93", cache_dir=cache) == size and packs == []  # from the cache
     assert bundle.packed_size(fake_root, "base85", cache_dir=cache) == 7 and len(packs) == 1  # another encoding
     (fake_root / "quant" / "policy.py").write_text((fake_root / "quant" / "policy.py").read_text() + "\nX_NEW = 1\n")
