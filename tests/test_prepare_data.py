@@ -16,21 +16,19 @@ import sentencepiece as spm
 
 from trainer.shards import write_data_shard
 from trainer.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
-from tools.prepare_data import (
+from tools.data_fineweb import (
     HubUnreachableError,
-    build_parser,
-    build_sample,
     check_repo_id,
-    check_tokenizer,
     dataset_dir_for_variant,
     download_fineweb,
     hub_manifest_local_path,
-    iter_documents,
     local_path_for_remote,
-    main,
-    prepare_jsonl_dataset,
-    sample_documents,
 )
+from tools.data_sample import build_sample, sample_documents
+from tools.data_shards import prepare_jsonl_dataset
+from tools.data_text import iter_documents
+from tools.data_tokenizer import check_tokenizer
+from tools.prepare_data import build_parser, main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(progress=False, log=lambda msg: None)
