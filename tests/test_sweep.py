@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import sweep
+from tools import sweep, sweep_report, sweep_spec
 from tests.test_train import TINY_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,12 +125,12 @@ def test_torchrun_slots_group_the_gpus():
     assert sweep.make_slots([str(i) for i in range(8)], 2) == ["0,1", "2,3", "4,5", "6,7"]
     assert sweep.make_slots(["3", "5", "7"], 2) == ["3,5"]
     assert sweep.make_slots([], 1) == [None]
-    with pytest.raises(sweep.SweepError, match="--gpus-per-run 4: expected 1..2"):
+    with pytest.raises(sweep_spec.SweepError, match="--gpus-per-run 4: expected 1..2"):
         sweep.make_slots(["0", "1"], 4)
 
 
 def test_execute_never_runs_two_runs_in_one_slot():
-    runs = [sweep.SweepRun("c", s, {}, {}, Path("/nonexistent")) for s in range(9)]
+    runs = [sweep_spec.SweepRun("c", s, {}, {}, Path("/nonexistent")) for s in range(9)]
     busy, seen, lock, done = {}, [], threading.Lock(), []
 
     def launch(run, slot):
@@ -221,7 +221,7 @@ def test_only_runs_the_named_configs_in_that_order_and_the_table_lists_all(fake_
 def test_a_stopped_run_with_a_checkpoint_resumes_with_the_same_settings_only(fake_trainer, tmp_path, capsys):
     base = ["--name", "r", "--out", str(tmp_path), "--gpus", "", "--script", str(fake_trainer), "--seeds", "1", "2",
             "--set", "CHECKPOINT_EVERY=5", "--config", "a"]
-    runs = sweep.build_runs(sweep.spec_from_args(sweep.build_parser().parse_args(base)), tmp_path)
+    runs = sweep_spec.build_runs(sweep_spec.spec_from_args(sweep.build_parser().parse_args(base)), tmp_path)
     for run, env in zip(runs, (runs[0].env, {**runs[1].env, "MATRIX_LR": "0.01"})):  # seed 2: other settings
         run.run_dir.mkdir(parents=True)
         (run.run_dir / "sweep_run.json").write_text(json.dumps({"env": env}))
@@ -249,7 +249,7 @@ def test_spec_file_grid_and_names(tmp_path):
     spec_path = tmp_path / "s.yaml"
     spec_path.write_text("name: g\nseeds: [1, 2]\nenv: {PRESET: smoke, ITERATIONS: 150}\n"
                          "configs:\n  base: {}\n  mlp2: {MLP_MULT: 2}\ngrid: {MATRIX_LR: [0.03, 0.04]}\n")
-    runs = sweep.build_runs(sweep.load_spec_file(spec_path), tmp_path / "runs")
+    runs = sweep_spec.build_runs(sweep_spec.load_spec_file(spec_path), tmp_path / "runs")
     assert [(r.config, r.seed) for r in runs][:4] == [("base,MATRIX_LR=0.03", 1), ("base,MATRIX_LR=0.03", 2),
                                                       ("base,MATRIX_LR=0.04", 1), ("base,MATRIX_LR=0.04", 2)]
     assert len(runs) == 8 and runs[-1].config == "mlp2,MATRIX_LR=0.04"
@@ -257,11 +257,11 @@ def test_spec_file_grid_and_names(tmp_path):
     assert last.env == {"PRESET": "smoke", "ITERATIONS": "150", "MLP_MULT": "2", "MATRIX_LR": "0.04", "SEED": "2",
                         "RUN_ID": "seed2", "OUT_DIR": str(tmp_path / "runs" / "g" / "mlp2,MATRIX_LR=0.04")}
     assert last.run_dir == tmp_path / "runs" / "g" / "mlp2,MATRIX_LR=0.04" / "seed2"
-    grid_only = sweep.build_runs({"name": "x", "grid": {"MATRIX_LR": [0.03, 0.04]}}, tmp_path)
+    grid_only = sweep_spec.build_runs({"name": "x", "grid": {"MATRIX_LR": [0.03, 0.04]}}, tmp_path)
     assert [r.config for r in grid_only] == ["MATRIX_LR=0.03", "MATRIX_LR=0.04"]
     json_path = tmp_path / "s.json"
     json_path.write_text(json.dumps({"name": "j", "configs": {"a": {"TIE_EMBEDDINGS": True}}}))
-    assert sweep.build_runs(sweep.load_spec_file(json_path), tmp_path)[0].settings == {"TIE_EMBEDDINGS": "1"}
+    assert sweep_spec.build_runs(sweep_spec.load_spec_file(json_path), tmp_path)[0].settings == {"TIE_EMBEDDINGS": "1"}
 
 
 @pytest.mark.parametrize("args,message", [
@@ -288,25 +288,25 @@ def test_bad_sweep_definitions_exit_2_with_one_line(args, message, tmp_path, cap
 def test_bad_spec_files(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [unclosed\n")
-    with pytest.raises(sweep.SweepError, match="not valid YAML"):
-        sweep.load_spec_file(bad)
+    with pytest.raises(sweep_spec.SweepError, match="not valid YAML"):
+        sweep_spec.load_spec_file(bad)
     bad.write_text("name: x\nconfig: {}\n")
-    with pytest.raises(sweep.SweepError, match=r"unknown keys \['config'\]"):
-        sweep.load_spec_file(bad)
-    with pytest.raises(sweep.SweepError, match="configs.a: 'lr' is not an upper-case env var name"):
-        sweep.build_runs({"name": "x", "configs": {"a": {"lr": 1}}}, tmp_path)
+    with pytest.raises(sweep_spec.SweepError, match=r"unknown keys \['config'\]"):
+        sweep_spec.load_spec_file(bad)
+    with pytest.raises(sweep_spec.SweepError, match="configs.a: 'lr' is not an upper-case env var name"):
+        sweep_spec.build_runs({"name": "x", "configs": {"a": {"lr": 1}}}, tmp_path)
 
 
 def test_summary_sorts_by_mean_and_marks_configs_without_results():
     rows = [{"config": c, "seed": s, "val_bpb": v, "steps": 150, "ms_per_step": ms, "bytes_total": 10, "settings": ""}
             for c, s, v, ms in (("a", 1, 2.30, 1600), ("a", 2, 2.32, 1700), ("b", 1, 2.20, 1500), ("b", 2, 2.26, 1500),
                                 ("c", 1, None, None))]
-    summary = sweep.summarize(rows, baseline="a")
+    summary = sweep_report.summarize(rows, baseline="a")
     assert [s["config"] for s in summary] == ["b", "a", "c"]
     b = summary[0]
     assert b["mean"] == pytest.approx(2.23) and b["std"] == pytest.approx(math.sqrt(0.0018))
     assert b["vs"] == pytest.approx(-0.08) and summary[1]["ms_per_step"] == 1650
-    table = sweep.format_table(summary, metric="sliding", baseline="a", title="t")
+    table = sweep_report.format_table(summary, metric="sliding", baseline="a", title="t")
     assert "| b | 2.23000 | 0.04243 | 2/2 | 2.20000 | 2.26000 | -0.08000 | 150 | 1500 | 10 |  |" in table
     assert "| c | - | - | 0/1 | - | - | - | 150 | - | 10 |  |" in table
 
@@ -314,12 +314,12 @@ def test_summary_sorts_by_mean_and_marks_configs_without_results():
 def test_result_rows_read_a_status_less_result_json_as_ok_like_the_resume_check(tmp_path):
     """One reading of result.json: a run without "status" is "ok" for the table as for is_finished
     (and make_record, significance); a run without result.json is "missing"."""
-    runs = sweep.build_runs({"name": "rows", "seeds": [1, 2, 3], "configs": {"a": {"MATRIX_LR": 0.02}}}, tmp_path)
+    runs = sweep_spec.build_runs({"name": "rows", "seeds": [1, 2, 3], "configs": {"a": {"MATRIX_LR": 0.02}}}, tmp_path)
     runs[0].run_dir.mkdir(parents=True)
     (runs[0].run_dir / "result.json").write_text(json.dumps({"val_bpb_sliding": 2.5, "steps": 7, "bytes_total": 9}))
     runs[1].run_dir.mkdir(parents=True)
     (runs[1].run_dir / "result.json").write_text(json.dumps({"status": "stopped_by_signal", "steps": 3}))
-    rows = sweep.result_rows(runs, "sliding")
+    rows = sweep_report.result_rows(runs, "sliding")
     assert [(r["status"], r["val_bpb"], r["steps"]) for r in rows] == [
         ("ok", 2.5, 7), ("stopped_by_signal", None, 3), ("missing", None, None)]
     assert rows[0]["bytes_total"] == 9 and rows[0]["settings"] == "MATRIX_LR=0.02" and rows[0]["seed"] == 1
@@ -327,13 +327,13 @@ def test_result_rows_read_a_status_less_result_json_as_ok_like_the_resume_check(
 
 
 def test_metric_final_ranks_each_run_by_its_headline_ttt_or_sliding(tmp_path):
-    runs = sweep.build_runs({"name": "m", "seeds": [1, 2], "configs": {"a": {}}}, tmp_path)
+    runs = sweep_spec.build_runs({"name": "m", "seeds": [1, 2], "configs": {"a": {}}}, tmp_path)
     for run, result in zip(runs, ({"val_bpb_ttt": 2.4, "val_bpb_roundtrip": 2.6}, {"val_bpb_sliding": 2.5})):
         run.run_dir.mkdir(parents=True)
         (run.run_dir / "result.json").write_text(json.dumps(result))
-    assert [r["val_bpb"] for r in sweep.result_rows(runs, "final")] == [2.4, 2.5]
-    assert [r["val_bpb"] for r in sweep.result_rows(runs, "ttt")] == [2.4, None]
-    assert [r["val_bpb"] for r in sweep.result_rows(runs, "sliding")] == [None, 2.5]
-    assert [r["val_bpb_ttt"] for r in sweep.result_rows(runs, "sliding")] == [2.4, None]
-    assert "val_bpb = final headline (TTT or sliding) val_bpb" in sweep.format_table([], metric="final", baseline=None,
+    assert [r["val_bpb"] for r in sweep_report.result_rows(runs, "final")] == [2.4, 2.5]
+    assert [r["val_bpb"] for r in sweep_report.result_rows(runs, "ttt")] == [2.4, None]
+    assert [r["val_bpb"] for r in sweep_report.result_rows(runs, "sliding")] == [None, 2.5]
+    assert [r["val_bpb_ttt"] for r in sweep_report.result_rows(runs, "sliding")] == [2.4, None]
+    assert "val_bpb = final headline (TTT or sliding) val_bpb" in sweep_report.format_table([], metric="final", baseline=None,
                                                                                     title="t")

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quant.policy import QuantPolicy  # noqa: E402
-from tools.sweep import parse_assignments  # noqa: E402
+from tools.sweep_spec import parse_assignments  # noqa: E402
 from trainer.settings import warn_unknown_settings
 from trainer.model import GPT, build_model_config
 from trainer.optim import build_optimizers

@@ -36,16 +36,10 @@ its group of seeds: `python tools/significance.py --runs runs/<name>/<A> --basel
 from __future__ import annotations
 
 import argparse
-import csv
-import dataclasses
-import io
-import itertools
 import json
 import os
 import queue
-import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -57,212 +51,18 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tools.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # noqa: E402
-from tools.runs import final_score_key  # noqa: E402
+from tools.sweep_report import collect, fmt, metric_bpb, read_result, recorded_env, run_status  # noqa: E402
+from tools.sweep_spec import (SWEEP_METRICS, SweepError, SweepRun, build_runs, check_trainer_settings,  # noqa: E402
+                              spec_from_args)
 from trainer.files import atomic_write_bytes  # noqa: E402
 
-SWEEP_METRICS = ("sliding", "roundtrip", "prequant", "ttt", "final")  # final: final_score_key, per run
 SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
-SWEEP_RESERVED = ("SEED", "RUN_ID", "OUT_DIR", "CUDA_VISIBLE_DEVICES", "RESUME")  # set by the sweep per run
 _LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stopped sweep stops them too
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.,=+-]*$")
-_ENV_RE = re.compile(r"^[A-Z][A-Z0-9_]*$")
-CSV_FIELDS = ("config", "seed", "status", "val_bpb", "val_bpb_sliding", "val_bpb_ttt", "val_bpb_roundtrip", "val_bpb_prequant",
-              "val_loss_sliding", "steps", "ms_per_step", "train_seconds", "eval_seconds", "bytes_total",
-              "settings", "run_dir")
-
-
-class SweepError(ValueError):
-    """A bad sweep definition; the message names the option or file entry."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepRun:
-    config: str
-    seed: int
-    settings: dict  # the config's own env vars (without the shared env)
-    env: dict  # everything the sweep sets for this run (shared env + config + SEED/RUN_ID/OUT_DIR)
-    run_dir: Path
-
-
-# -----------------------------------------------------------------------------------------------
-# the sweep definition
-# -----------------------------------------------------------------------------------------------
-
-
-def parse_assignments(items, where: str) -> dict:
-    """["K=V", ...] -> {K: V}; SweepError naming `where` for anything else."""
-    out = {}
-    for item in items or []:
-        key, sep, value = str(item).partition("=")
-        if not sep or not _ENV_RE.match(key):
-            raise SweepError(f"{where}: {item!r}: expected NAME=VALUE with an upper-case env var name")
-        out[key] = value
-    return out
-
-
-def _env_dict(obj, where: str) -> dict:
-    if obj is None:
-        return {}
-    if not isinstance(obj, dict):
-        raise SweepError(f"{where}: expected a mapping of env vars, got {type(obj).__name__}")
-    out = {}
-    for key, value in obj.items():
-        if not isinstance(key, str) or not _ENV_RE.match(key):
-            raise SweepError(f"{where}: {key!r} is not an upper-case env var name")
-        if isinstance(value, (dict, list)) or value is None:
-            raise SweepError(f"{where}: {key}={value!r}: expected a number or a string")
-        out[key] = str(int(value)) if isinstance(value, bool) else str(value)
-    return out
-
-
-def load_spec_file(path) -> dict:
-    """A sweep file (.yaml/.yml or .json) as a dict; SweepError naming the file when it is unreadable."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SweepError(f"--file {path}: {e.strerror or e}") from None
-    try:
-        spec = _load_yaml_unique(text, path) if path.suffix in (".yaml", ".yml") else json.loads(
-            text, object_pairs_hook=lambda pairs: _unique_pairs(pairs, path))
-    except SweepError:
-        raise
-    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: say where
-        mark = getattr(e, "problem_mark", None)
-        detail = f"{e.problem} at line {mark.line + 1}, column {mark.column + 1}" if mark else e
-        kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
-        raise SweepError(f"--file {path}: not valid {kind} ({detail})") from None
-    if not isinstance(spec, dict):
-        raise SweepError(f"--file {path}: expected a mapping at the top level")
-    unknown = set(spec) - {"name", "seeds", "env", "configs", "grid", "metric", "baseline"}
-    if unknown:
-        raise SweepError(f"--file {path}: unknown keys {sorted(unknown)} (expected name, seeds, env, configs, grid, "
-                         "metric, baseline)")
-    return spec
-
-
-def _unique_pairs(pairs, path, lines=None) -> dict:
-    """dict(pairs), or SweepError naming a key that occurs twice (and its lines, when known): YAML and
-    JSON loaders keep the last one silently, which would drop a config of the sweep."""
-    seen = {}
-    for i, (key, _) in enumerate(pairs):
-        try:
-            hash(key)
-        except TypeError:
-            raise SweepError(f"--file {path}: key {key!r} is not a name; expected a string key") from None
-        if key in seen:
-            where = f" (lines {lines[seen[key]]} and {lines[i]})" if lines else ""
-            raise SweepError(f"--file {path}: {key!r} is defined twice{where}; expected each name once")
-        seen[key] = i
-    return dict(pairs)
-
-
-def _load_yaml_unique(text: str, path):
-    """yaml.safe_load that refuses a mapping with a duplicate key (SweepError with both lines)."""
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        pass
-
-    def construct_mapping(loader, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            own = [(k, v) for k, v in node.value if k.tag != "tag:yaml.org,2002:merge"]
-            keys = [(loader.construct_object(k, deep=True), None) for k, _ in own]
-            _unique_pairs(keys, path, [k.start_mark.line + 1 for k, _ in own])
-        return yaml.SafeLoader.construct_mapping(loader, node, deep)
-
-    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    return yaml.load(text, Loader=UniqueKeyLoader)
-
-
-def build_runs(spec: dict, out_root) -> list:
-    """Expand a sweep spec (the file's keys) into SweepRuns: configs x grid x seeds, in that order."""
-    name = str(spec.get("name") or "")
-    if not _NAME_RE.match(name):
-        raise SweepError(f"name {name!r}: expected letters, digits and _.,=+- (it becomes a folder name)")
-    seeds = spec.get("seeds") or [1337]
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise SweepError(f"seeds {seeds!r}: expected a list of integers")
-    if len(set(seeds)) != len(seeds):
-        raise SweepError(f"seeds {seeds!r}: a seed is listed twice")
-    shared = _env_dict(spec.get("env"), "env")
-    configs = spec.get("configs") or {"base": {}}
-    if not isinstance(configs, dict):
-        raise SweepError("configs: expected a mapping of config name -> env vars")
-    grid = spec.get("grid") or {}
-    if not isinstance(grid, dict) or not all(isinstance(v, list) and v for v in grid.values()):
-        raise SweepError("grid: expected a mapping of env var -> non-empty list of values")
-    grid_env = {k: [_env_dict({k: v}, "grid")[k] for v in values] for k, values in grid.items()}
-    combos = [dict(zip(grid_env, values)) for values in itertools.product(*grid_env.values())]
-    sweep_dir = Path(out_root) / name
-    runs, names = [], set()
-    for config, own in configs.items():
-        own = _env_dict(own, f"configs.{config}")
-        for combo in combos:
-            label = ",".join([str(config)] * bool(not grid_env or len(configs) > 1 or own)
-                             + [f"{k}={v}" for k, v in combo.items()])
-            if not _NAME_RE.match(label):
-                raise SweepError(f"config {label!r}: expected letters, digits and _.,=+- (it becomes a folder name)")
-            if label in names:
-                raise SweepError(f"config {label!r} is defined twice")
-            names.add(label)
-            settings = {**own, **combo}
-            reserved = sorted(set(SWEEP_RESERVED) & (set(settings) | set(shared)))
-            if reserved:
-                raise SweepError(f"config {label!r}: {reserved} are set by the sweep for each run")
-            for seed in seeds:
-                env = {**shared, **settings, "SEED": str(seed), "RUN_ID": f"seed{seed}",
-                       "OUT_DIR": str(sweep_dir / label)}
-                runs.append(SweepRun(label, seed, settings, env, sweep_dir / label / f"seed{seed}"))
-    return runs
-
-
-def check_trainer_settings(runs: list, environ=None) -> None:
-    """Build the kit's Hyperparameters once per config (its seeds differ only in SEED, an integer)
-    before anything starts: a value the trainer would refuse, or a name that only looks like one of
-    its settings (a typo), is a SweepError naming the config. Hours of sweep lost to MATRIX_LRR are
-    worth one import of torch."""
-    from trainer.settings import warn_unknown_settings
-    from trainer.settings import Hyperparameters
-
-    environ = dict(os.environ if environ is None else environ)
-    for run in {run.config: run for run in runs}.values():
-        own = {k: v for k, v in run.env.items() if k not in SWEEP_RESERVED}
-        unknown = warn_unknown_settings(own, log=lambda msg: None)
-        if unknown:
-            raise SweepError(f"config {run.config!r}: {unknown} are not settings of train_gpt.py")
-        try:
-            Hyperparameters.from_env({**environ, **run.env}, log=lambda msg: None)
-        except ValueError as e:
-            raise SweepError(f"config {run.config!r}: {e}") from None
 
 
 # -----------------------------------------------------------------------------------------------
 # running
 # -----------------------------------------------------------------------------------------------
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def read_result(run: SweepRun) -> dict | None:
-    """The run's result.json, or None when it has none (never ran, crashed, interrupted)."""
-    return _read_json(run.run_dir / "result.json")
-
-
-def run_status(result: dict | None) -> str:
-    """A result.json's status ("ok" when it has none, as in make_record and significance); "missing"
-    without a result.json."""
-    return "missing" if result is None else result.get("status", "ok")
-
-
-def recorded_env(run: SweepRun) -> dict | None:
-    """The env the sweep last launched this run folder with (its sweep_run.json), or None."""
-    return (_read_json(run.run_dir / "sweep_run.json") or {}).get("env")
 
 
 def is_finished(run: SweepRun) -> bool:
@@ -401,138 +201,6 @@ def execute(runs: list, slots: list, launch, on_done, on_interrupt=None) -> None
 
 
 # -----------------------------------------------------------------------------------------------
-# collecting
-# -----------------------------------------------------------------------------------------------
-
-
-def metric_bpb(result: dict, metric: str):
-    """result.json's final val_bpb of `metric` (SWEEP_METRICS; "final": the run's headline, final_score_key); None if absent."""
-    return result.get(f"val_bpb_{final_score_key(result) if metric == 'final' else metric}")
-
-
-def result_rows(runs: list, metric: str) -> list:
-    """One dict per run (CSV_FIELDS); runs without a result.json have status 'missing'."""
-    rows = []
-    for run in runs:
-        result = read_result(run)
-        r = result or {}
-        rows.append({**{key: r.get(key) for key in CSV_FIELDS}, "config": run.config, "seed": run.seed,
-                     "status": run_status(result), "val_bpb": metric_bpb(r, metric),
-                     "settings": " ".join(f"{k}={v}" for k, v in run.settings.items()), "run_dir": str(run.run_dir)})
-    return rows
-
-
-def _mean(values):
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
-
-
-def summarize(rows: list, baseline: str | None = None) -> list:
-    """Per config: n, mean, std, min, max of val_bpb, mean steps, ms per step and bytes; sorted by mean
-    val_bpb (configs with no result last). `vs` = mean - the baseline config's mean."""
-    groups = {}
-    for row in rows:
-        groups.setdefault(row["config"], []).append(row)
-    out = []
-    for config, group in groups.items():
-        values = [r["val_bpb"] for r in group if r["val_bpb"] is not None]
-        out.append({"config": config, "n": len(values), "runs": len(group),
-                    "mean": statistics.fmean(values) if values else None,
-                    "std": statistics.stdev(values) if len(values) > 1 else None,
-                    "min": min(values, default=None), "max": max(values, default=None),
-                    "steps": _mean([r["steps"] for r in group]), "ms_per_step": _mean([r["ms_per_step"] for r in group]),
-                    "bytes_total": _mean([r["bytes_total"] for r in group]), "settings": group[0]["settings"]})
-    base = next((s["mean"] for s in out if s["config"] == baseline), None)
-    for s in out:
-        s["vs"] = s["mean"] - base if s["mean"] is not None and base is not None else None
-    return sorted(out, key=lambda s: (s["mean"] is None, s["mean"] if s["mean"] is not None else 0.0))
-
-
-def _fmt(value, spec: str, empty: str = "") -> str:
-    return empty if value is None else format(value, spec)
-
-
-def format_table(summary: list, *, metric: str, baseline: str | None, title: str) -> str:
-    """The Markdown table of `summarize`."""
-    vs = f" | vs {baseline}" if baseline else ""
-    which = "headline (TTT or sliding)" if metric == "final" else metric
-    lines = [f"# {title}", "",
-             f"val_bpb = final {which} val_bpb; mean and std over seeds (n finished of runs); steps and ms per "
-             "step are means.", "",
-             f"| config | val_bpb mean | std | n | min | max{vs} | steps | ms/step | bytes_total | settings |",
-             "|---|---:|---:|---:|---:|---:" + "|---:" * bool(baseline) + "|---:|---:|---:|---|"]
-    for s in summary:
-        cells = [s["config"], _fmt(s["mean"], ".5f", "-"), _fmt(s["std"], ".5f", "-"), f"{s['n']}/{s['runs']}",
-                 _fmt(s["min"], ".5f", "-"), _fmt(s["max"], ".5f", "-")]
-        if baseline:
-            cells.append(_fmt(s["vs"], "+.5f", "-"))
-        cells += [_fmt(s["steps"], ".0f", "-"), _fmt(s["ms_per_step"], ".0f", "-"), _fmt(s["bytes_total"], ",.0f", "-"),
-                  f"`{s['settings']}`" if s["settings"] else ""]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _csv_bytes(rows: list) -> bytes:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: "" if row.get(k) is None else row[k] for k in CSV_FIELDS})
-    return buf.getvalue().encode()
-
-
-def plot_losses(runs: list, path: Path, title: str) -> bool:
-    """Every run's per-step train loss (result.json train_losses, moving average over ~2 % of the
-    steps) on one PNG, one colour per config, one line style per seed. False when no run has losses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    configs = list(dict.fromkeys(run.config for run in runs))
-    seeds = list(dict.fromkeys(run.seed for run in runs))
-    cmap = plt.get_cmap("tab10" if len(configs) <= 10 else "tab20")
-    styles = ["-", "--", ":", "-."]
-    fig, ax = plt.subplots(figsize=(9, 5), dpi=110)
-    drawn, labelled = False, set()
-    for run in runs:
-        losses = (read_result(run) or {}).get("train_losses") or []
-        if not losses:
-            continue
-        window = max(1, len(losses) // 50)
-        smooth = [statistics.fmean(losses[max(0, i - window + 1):i + 1]) for i in range(len(losses))]
-        i = configs.index(run.config)
-        ax.plot(range(1, len(smooth) + 1), smooth, styles[seeds.index(run.seed) % len(styles)],
-                color=cmap(i % cmap.N), lw=1.1, label=None if run.config in labelled else run.config)
-        labelled.add(run.config)
-        drawn = True
-    if drawn:
-        ax.set_xlabel("step")
-        ax.set_ylabel("train loss (nats/token, moving average)")
-        ax.set_title(title + (f" ({len(seeds)} seeds: " + ", ".join(f"{s} {styles[k % 4]!r}" for k, s in enumerate(seeds)) + ")"
-                              if len(seeds) > 1 else ""), fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", metadata={"Software": None})
-        atomic_write_bytes(path, buf.getvalue())
-    plt.close(fig)
-    return drawn
-
-
-def collect(runs: list, sweep_dir: Path, *, metric: str, baseline: str | None, title: str) -> str:
-    """Write results.csv, results.md and loss_curves.png of the sweep; returns the Markdown table."""
-    rows = result_rows(runs, metric)
-    table = format_table(summarize(rows, baseline), metric=metric, baseline=baseline, title=title)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(sweep_dir / "results.csv", _csv_bytes(rows))
-    atomic_write_bytes(sweep_dir / "results.md", table.encode())
-    plot_losses(runs, sweep_dir / "loss_curves.png", title)
-    return table
-
-
-# -----------------------------------------------------------------------------------------------
 # command line
 # -----------------------------------------------------------------------------------------------
 
@@ -563,37 +231,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collect-only", action="store_true", help="only rewrite results.csv/md and the plot")
     p.add_argument("--dry-run", action="store_true", help="list the runs and whether they are finished, run nothing")
     return p
-
-
-def spec_from_args(args) -> dict:
-    spec = load_spec_file(args.file) if args.file else {}
-    spec = dict(spec)
-    if args.name:
-        spec["name"] = args.name
-    if args.seeds:
-        spec["seeds"] = args.seeds
-    if args.set:
-        spec["env"] = {**_env_dict(spec.get("env"), "env"), **parse_assignments(args.set, "--set")}
-    if args.config:
-        configs = dict(spec.get("configs") or {})
-        for name, *items in args.config:
-            if name in configs:
-                raise SweepError(f"--config {name}: defined twice")
-            configs[name] = parse_assignments(items, f"--config {name}")
-        spec["configs"] = configs
-    if args.grid:
-        grid = dict(spec.get("grid") or {})
-        for key, values in parse_assignments(args.grid, "--grid").items():
-            grid[key] = values.split(",")
-        spec["grid"] = grid
-    for key in ("metric", "baseline"):
-        if getattr(args, key):
-            spec[key] = getattr(args, key)
-    if not spec.get("name"):
-        raise SweepError("--name: a sweep needs a name (or `name:` in --file)")
-    if spec.get("metric", "sliding") not in SWEEP_METRICS:
-        raise SweepError(f"metric {spec['metric']!r}: expected one of {', '.join(SWEEP_METRICS)}")
-    return spec
 
 
 def main(argv=None) -> int:
@@ -653,8 +290,8 @@ def main(argv=None) -> int:
                   f"{left} left", flush=True)
         else:
             bpb = metric_bpb(r, metric)
-            print(f"{head} {status} val_bpb {_fmt(bpb, '.5f', '-')} ({metric}) steps {r.get('steps')} "
-                  f"{_fmt(r.get('ms_per_step'), '.0f', '-')} ms/step in {_duration(seconds)}; {left} left"
+            print(f"{head} {status} val_bpb {fmt(bpb, '.5f', '-')} ({metric}) steps {r.get('steps')} "
+                  f"{fmt(r.get('ms_per_step'), '.0f', '-')} ms/step in {_duration(seconds)}; {left} left"
                   + (f", ~{_duration(eta)} to go" if left else ""), flush=True)
         collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
 
