@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from test_bundle import FAKE_TREE, TINY_ENV, clean_env, write_tree
-from tools import bundle, make_record
-from tools.make_record import RecordError, check_record, parse_train_log
+from tools import bundle, make_record, record_smoke
+from tools.make_record import check_record
+from tools.record_checks import RECORD_TRACKS
+from tools.runs import RecordError, load_run, parse_train_log
 
 REPO = Path(__file__).resolve().parents[1]
 DATE = "2026-01-02"
@@ -432,8 +434,8 @@ def test_ttt_runs_make_a_record_scored_by_their_ttt_line_that_passes_the_audit(f
     runs = [fabricate_ttt_run(tmp_path, "a", 1, fake_src), fabricate_ttt_run(tmp_path, "b", 2, fake_src)]
     results = [json.loads((r / "result.json").read_text()) for r in runs]
     assert all("val_bpb_sliding" not in r for r in results)
-    assert make_record.load_run(runs[0]).log["final"]["ttt"] == {"val_loss": pytest.approx(results[0]["val_loss_ttt"]),
-                                                                 "val_bpb": 1.271, "eval_ms": 15000, "stride": 32}
+    assert load_run(runs[0]).log["final"]["ttt"] == {"val_loss": pytest.approx(results[0]["val_loss_ttt"]),
+                                                     "val_bpb": 1.271, "eval_ms": 15000, "stride": 32}
     assert cli(fake_src, tmp_path, runs) == 0
     folder = tmp_path / "records" / "track_non_record_16mb" / f"{DATE}_Tiny"
     sub = json.loads((folder / "submission.json").read_text())
@@ -493,7 +495,7 @@ def test_runs_that_mix_ttt_and_sliding_scores_are_refused(fake_src, tmp_path, ca
 def test_the_smoke_run_env_gets_no_ttt_setting_from_the_run_or_the_shell(fake_src, tmp_path, monkeypatch):
     """The smoke run checks the plain sliding pass (PRESET=smoke): neither a TTT run's hyperparameters
     nor TTT_* variables of the shell (even ones the run did not record) reach it."""
-    run = make_record.load_run(fabricate_ttt_run(tmp_path, "a", 1, fake_src))
+    run = load_run(fabricate_ttt_run(tmp_path, "a", 1, fake_src))
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "train_gpt.py").write_text("pass\n")
@@ -505,9 +507,9 @@ def test_the_smoke_run_env_gets_no_ttt_setting_from_the_run_or_the_shell(fake_sr
         seen.update(env)
         raise subprocess.TimeoutExpired(cmd, 1)
 
-    monkeypatch.setattr(make_record.subprocess, "run", fake_run)
+    monkeypatch.setattr(record_smoke.subprocess, "run", fake_run)
     with pytest.raises(RecordError, match="timed out"):
-        make_record.smoke_run(folder, run, log=lambda *a: None)
+        record_smoke.smoke_run(folder, run, log=lambda *a: None)
     assert seen["PRESET"] == "smoke" and seen["SEED"] == "1"
     assert not [k for k in seen if k.startswith("TTT_")], sorted(seen)
 
@@ -557,7 +559,7 @@ def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset,
 
 def test_records_folder_documents_the_tracks_and_the_files_make_record_writes(fake_src, tmp_path):
     readme = (REPO / "records" / "README.md").read_text(encoding="utf-8")
-    for track in make_record.RECORD_TRACKS:
+    for track in RECORD_TRACKS:
         assert (REPO / "records" / track / "README.md").is_file() and f"`{track}/`" in readme
     assert "only adds one new folder" in readme and "make_record.py --check" in readme
     documented = set(re.findall(r"^\| `([^`]+)` \|", readme.split("## Filling a folder")[1].split("## From")[0], re.M))
