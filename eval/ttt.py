@@ -83,6 +83,12 @@ def check_ttt_legality(records: list) -> None:
                              f"updates, but update {r['first_update_step']} had already trained on it")
 
 
+def ttt_step_seqs(batch_seqs: int, chunk_tokens: int, seq_len: int, world_size: int = 1) -> int:
+    """Sequences per TTT update, all ranks together: TTT_BATCH_SEQS capped at a chunk's sequences
+    rounded up to a multiple of the world size."""
+    return min(batch_seqs, -(-(chunk_tokens // seq_len) // world_size) * world_size)
+
+
 def select_ttt_params(model, which: str) -> list:
     """Parameters that TTT adapts: `all`; `scalars` (vectors and matrices with a side <= 8: gains,
     scales, mixes, skip weights); or a regular expression searched in the parameter names (e.g.
@@ -134,7 +140,7 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
                          f"EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], 0 < stride <= seq_len <= chunk "
                          "tokens, batch seqs a multiple of the world size, others >= 0")
     t_start = clock()
-    batch_seqs = min(batch_seqs, -(-(chunk_tokens // seq_len) // world_size) * world_size)
+    batch_seqs = ttt_step_seqs(batch_seqs, chunk_tokens, seq_len, world_size)
     device = torch.device(device)
     tokens = val_tokens.to(device, torch.int64)
     luts = [t.to(device) for t in luts]
@@ -260,7 +266,7 @@ def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_l
     num_chunks = max(1, ceil(num_val_tokens - 1, chunk_tokens))
     chunk = min(chunk_tokens, num_val_tokens - 1)
     forward_batches = num_chunks * ceil(count_sliding_windows(chunk, seq_len, stride) + 1, eval_batch_seqs * world_size)
-    batch_seqs = min(batch_seqs, ceil(chunk_tokens // seq_len, world_size) * world_size)
+    batch_seqs = ttt_step_seqs(batch_seqs, chunk_tokens, seq_len, world_size)
     steps = epochs * (num_chunks - 1) * max(1, round(chunk / seq_len / batch_seqs))
     return forward_batches * forward_seconds + steps * train_seconds
 

@@ -45,7 +45,7 @@ import trainer.model as trainer_model  # noqa: E402
 import trainer.settings as trainer_settings  # noqa: E402
 import trainer.shards as trainer_shards  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
-from eval.ttt import plan_ttt, project_ttt_seconds  # noqa: E402
+from eval.ttt import project_ttt_seconds  # noqa: E402
 from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
 from tools.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
@@ -268,15 +268,14 @@ def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_t
     the roundtrip): TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the plan keeps. seconds_per_window
     from the sliding eval, step_seconds: one TTT update (trainer.evaluate.time_ttt_step). With TTT_ENABLED,
     WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only."""
-    seq_len, b, n = hp.train_seq_len, hp.eval_batch_seqs, num_val_tokens - 1
-    common = dict(forward_seconds=seconds_per_window * b, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
-                  seq_len=seq_len, chunk_tokens=hp.ttt_chunk_tokens, eval_batch_seqs=b, batch_seqs=hp.ttt_batch_seqs,
-                  world_size=world_size)
-    roundtrip = seconds_per_window * count_sliding_windows(n, seq_len, seq_len) / world_size
-    wanted = roundtrip + project_ttt_seconds(stride=hp.eval_stride, epochs=hp.ttt_epochs, **common)
-    strides = list(range(hp.eval_stride, seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
-    plan = plan_ttt(strides=strides, epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip,
-                    **{k: v for k, v in common.items() if k != "num_val_tokens"}, num_val_tokens=num_val_tokens)
+    plan = trainer_evaluate.plan_ttt_from_timings(hp, forward_seconds=seconds_per_window * hp.eval_batch_seqs,
+                                                  step_seconds=step_seconds, num_val_tokens=num_val_tokens,
+                                                  world_size=world_size)
+    wanted = plan["roundtrip_seconds"] + project_ttt_seconds(
+        forward_seconds=seconds_per_window * hp.eval_batch_seqs, train_seconds=step_seconds,
+        num_val_tokens=num_val_tokens, seq_len=hp.train_seq_len, stride=hp.eval_stride, epochs=hp.ttt_epochs,
+        chunk_tokens=hp.ttt_chunk_tokens, eval_batch_seqs=hp.eval_batch_seqs, batch_seqs=hp.ttt_batch_seqs,
+        world_size=world_size)
     value = (f"{1000 * step_seconds:.1f} ms per TTT step; TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: "
              f"{wanted:.0f} s incl. roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs, "
              f"{plan['projected_seconds']:.0f} s (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")

@@ -11,7 +11,7 @@ import torch
 
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import count_sliding_windows, eval_sliding
-from eval.ttt import plan_ttt, run_ttt
+from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
 from trainer.context import RunContext
 from trainer.model import GPT
 from trainer.settings import Hyperparameters
@@ -65,44 +65,70 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
                    max_seconds=max(left, 1e-9), log=ctx.log, **eval_device_args(ctx))
 
 
+def seconds_per_call(ctx: RunContext, call, repeats: int = 3) -> float:
+    """Mean seconds of `call()` over `repeats` calls after one warm-up (compilation), synchronized."""
+    call()
+    ctx.sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    ctx.sync()
+    return (time.perf_counter() - t0) / repeats
+
+
 def time_eval_forward(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     """Seconds of one forward of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
-    read), compiled and autocast as the eval runs it: the mean of 3 after a warm-up."""
+    read), compiled and autocast as the eval runs it."""
     forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
     x = torch.zeros(hp.eval_batch_seqs, hp.train_seq_len, dtype=torch.int64, device=ctx.device)
-    with torch.inference_mode(), ctx.autocast():
-        forward(x)
-        ctx.sync()
-        t0 = time.perf_counter()
-        for _ in range(3):
+
+    def call():
+        with torch.inference_mode(), ctx.autocast():
             forward(x)
-        ctx.sync()
-    return (time.perf_counter() - t0) / 3
+
+    return seconds_per_call(ctx, call)
 
 
 def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
-    """Seconds of one TTT update as eval/ttt.py runs it (forward + backward of this rank's share of a
-    TTT batch, [TTT_BATCH_SEQS / ranks, TRAIN_SEQ_LEN] synthetic tokens, then SGD), compiled and autocast
-    as the eval runs it: the mean of 3 after a warm-up. Leaves `model`'s weights changed (a fresh model)."""
-    per_chunk = hp.ttt_chunk_tokens // hp.train_seq_len
-    batch = min(hp.ttt_batch_seqs, -(-per_chunk // ctx.world_size) * ctx.world_size) // ctx.world_size
+    """Seconds of one TTT update as eval/ttt.py runs it: forward + backward of this rank's share of a
+    TTT batch ([ttt_step_seqs / ranks, TRAIN_SEQ_LEN] synthetic tokens) with only TTT_PARAMS requiring
+    grad, then SGD; compiled and autocast as the eval runs it. Changes `model`'s weights (a fresh model)."""
+    batch = ttt_step_seqs(hp.ttt_batch_seqs, hp.ttt_chunk_tokens, hp.train_seq_len, ctx.world_size) // ctx.world_size
+    chosen = select_ttt_params(model, hp.ttt_params)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in chosen:
+        p.requires_grad_(True)
     forward = torch.compile(model, dynamic=False) if ctx.compile else model
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-9, momentum=hp.ttt_momentum)
+    optimizer = torch.optim.SGD(chosen, lr=1e-9, momentum=hp.ttt_momentum)
     x = torch.zeros(max(1, batch), hp.train_seq_len, dtype=torch.int64, device=ctx.device)
 
-    def step():
+    def call():
         with ctx.autocast():
             forward(x, x).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    step()
-    ctx.sync()
-    t0 = time.perf_counter()
-    for _ in range(3):
-        step()
-    ctx.sync()
-    return (time.perf_counter() - t0) / 3
+    seconds = seconds_per_call(ctx, call)
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return seconds
+
+
+def plan_ttt_from_timings(hp: Hyperparameters, *, forward_seconds: float, step_seconds: float, num_val_tokens: int,
+                          world_size: int = 1) -> dict:
+    """eval.ttt.plan_ttt for this run's settings from the measured seconds of one eval forward batch
+    and one TTT step: strides >= EVAL_STRIDE with EVAL_AUTO_STRIDE, else EVAL_STRIDE; the roundtrip
+    (windows of TRAIN_SEQ_LEN at the same speed) counted in. Returns plan_ttt's dict plus
+    roundtrip_seconds. Used by the trainer's plan and by tools/gpu_check.py."""
+    b, seq_len, n = hp.eval_batch_seqs, hp.train_seq_len, num_val_tokens - 1
+    roundtrip = forward_seconds * count_sliding_windows(n, seq_len, seq_len) / (b * world_size)
+    strides = list(range(hp.eval_stride, seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
+    plan = plan_ttt(forward_seconds=forward_seconds, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
+                    seq_len=seq_len, strides=strides, epochs=hp.ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens,
+                    eval_batch_seqs=b, batch_seqs=hp.ttt_batch_seqs, max_seconds=hp.eval_max_seconds,
+                    roundtrip_seconds=roundtrip, world_size=world_size)
+    return dict(plan, roundtrip_seconds=roundtrip)
 
 
 def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
@@ -121,16 +147,12 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
         return dict(stride=stride, ttt_epochs=0)
     model = GPT(**model_config).to(ctx.device).eval()
     per_batch, step = time_eval_forward(ctx, model, hp), time_ttt_step(ctx, model, hp)
-    b, seq_len, n = hp.eval_batch_seqs, hp.train_seq_len, num_val_tokens - 1
-    roundtrip = per_batch * count_sliding_windows(n, seq_len, seq_len) / (b * ctx.world_size)
-    strides = list(range(hp.eval_stride, seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
-    plan = plan_ttt(forward_seconds=per_batch, train_seconds=step, num_val_tokens=num_val_tokens, seq_len=seq_len,
-                    strides=strides, epochs=hp.ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens, eval_batch_seqs=b,
-                    batch_seqs=hp.ttt_batch_seqs, max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip,
-                    world_size=ctx.world_size)
-    ctx.log(f"ttt_plan: {1000 * per_batch:.1f}ms per forward batch of {b}x{seq_len}, {1000 * step:.1f}ms per TTT step, "
-            f"{n} val targets: stride {plan['stride']} epochs {plan['epochs']} projected {plan['projected_seconds']:.0f}s "
-            f"with the roundtrip (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
+    plan = plan_ttt_from_timings(hp, forward_seconds=per_batch, step_seconds=step, num_val_tokens=num_val_tokens,
+                                 world_size=ctx.world_size)
+    ctx.log(f"ttt_plan: {1000 * per_batch:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
+            f"{1000 * step:.1f}ms per TTT step, {num_val_tokens - 1} val targets: stride {plan['stride']} epochs "
+            f"{plan['epochs']} projected {plan['projected_seconds']:.0f}s with the roundtrip "
+            f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
     return dict(stride=plan["stride"], ttt_epochs=plan["epochs"])
 
 
