@@ -631,3 +631,158 @@ def test_fineweb_cli_offline_with_real_hf_client(tmp_path):
     assert "cannot reach the Hugging Face Hub" in proc.stderr
     assert "prepare_data.py sample" in proc.stderr and "prepare_data.py jsonl" in proc.stderr
     assert proc.stdout == ""
+
+
+# ----------------------------------------------------------------------------- whole-dataset writes
+
+
+def _tree(root: Path) -> dict:
+    """relative path -> bytes of every file under root (names of temporaries included)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _disk_full_after(calls_ok: int, real):
+    """A writer that works `calls_ok` times, then writes half a file at its target and raises ENOSPC
+    as write() does (an OSError without a file name)."""
+    import errno
+
+    calls = []
+
+    def writer(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) > calls_ok:
+            Path(path).write_bytes(b"\x00" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kwargs)
+    return writer
+
+
+def _one_error_line(capsys) -> str:
+    """The one error line on stderr (progress lines aside), last, with no traceback."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert sum("error" in line for line in lines) == 1 and lines[-1].startswith("error: "), err
+    assert "Traceback" not in err, err
+    return lines[-1]
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["over an existing dataset", "new folder"])
+def test_jsonl_disk_full_keeps_the_old_dataset_or_leaves_nothing(tmp_path, real_text_docs, sp1024_model, monkeypatch,
+                                                                  capsys, existing):
+    import tools.data_shards as data_shards
+
+    docs = _write_jsonl(tmp_path / "docs.jsonl", real_text_docs[:60])
+    root = tmp_path / "root"
+    out = root / "ds"
+    argv = ["jsonl", "--input", str(docs), "--tokenizer", str(sp1024_model), "--out", str(out), "--val-docs", "10",
+            "--shard-tokens", "4000"]
+    if existing:
+        assert main(argv) == 0
+        (out / "notes.txt").write_text("the user's own notes\n")
+        assert len(list(out.glob("fineweb_train_*.bin"))) >= 2
+    else:
+        root.mkdir()
+    before = _tree(root)
+    capsys.readouterr()
+    monkeypatch.setattr(data_shards, "write_data_shard", _disk_full_after(2, data_shards.write_data_shard))
+    assert main(argv[:-2] + ["--shard-tokens", "3000"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: {out}: No space left on device;"), line
+    assert ("previous files there are unchanged" if existing else "nothing was written") in line
+    assert _tree(root) == before  # the old dataset byte for byte (or nothing), no temporary files
+    assert sorted(p.name for p in root.iterdir()) == (["ds"] if existing else [])
+
+    monkeypatch.undo()
+    assert main(argv[:-2] + ["--shard-tokens", "3000"]) == 0  # and it works once there is room
+    assert json.loads((out / "manifest.json").read_text())["shard_tokens"] == 3000
+    assert (out / "notes.txt").exists() == existing  # files the tool does not write are carried over
+    assert sorted(p.name for p in root.iterdir()) == ["ds"]
+
+
+def test_jsonl_interrupt_keeps_the_old_dataset(tmp_path, real_text_docs, sp1024_model, monkeypatch, capsys):
+    import tools.data_shards as data_shards
+
+    docs = _write_jsonl(tmp_path / "docs.jsonl", real_text_docs[:40])
+    out = tmp_path / "ds"
+    argv = ["jsonl", "--input", str(docs), "--tokenizer", str(sp1024_model), "--out", str(out), "--val-docs", "5",
+            "--shard-tokens", "4000"]
+    assert main(argv) == 0
+    before = _tree(tmp_path)
+    capsys.readouterr()
+
+    def interrupted(path, tokens):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(data_shards, "write_data_shard", interrupted)
+    assert main(argv[:-1] + ["5000"]) == 130
+    assert _one_error_line(capsys) == (f"error: interrupted while writing {out}; the previous files there are "
+                                       "unchanged, temporary files removed")
+    assert _tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("existing", [True, False], ids=["over an existing sample", "new folder"])
+def test_sample_disk_full_keeps_text_tokenizer_and_dataset(tmp_path, monkeypatch, capsys, existing):
+    import tools.data_shards as data_shards
+
+    root = tmp_path / "data"
+    if existing:
+        build_sample(root, **QUIET)
+    before = _tree(tmp_path)
+    monkeypatch.setattr(data_shards, "write_data_shard", _disk_full_after(1, data_shards.write_data_shard))
+    # --val-docs 50: another tokenizer (trained on other documents) and other shards, were it written
+    assert main(["sample", "--out", str(root), "--val-docs", "50", "--shard-tokens", "20000"]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"error: {root / 'datasets' / 'pydoc_sample_sp1024'}: No space left on device;"), line
+    assert _tree(tmp_path) == before
+    assert root.exists() == existing  # a new --out root is not left behind, empty or not
+
+
+def test_fineweb_disk_full_mid_download_keeps_the_old_dataset(tmp_path, sp1024_model, monkeypatch, capsys):
+    import errno
+
+    import tools.data_fineweb as data_fineweb
+
+    _make_fake_hub(tmp_path / "hub", sp1024_model, files_train=3)
+    hub = FakeHub(tmp_path / "hub")
+    out = tmp_path / "data"
+    download_fineweb("sp1024", 1, out, downloader=hub, **QUIET)
+    data_path = out / "datasets" / "fineweb10B_sp1024"
+    before = _tree(out)
+    real, calls = data_fineweb.link_or_copy, []
+
+    def disk_full(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:  # the second new shard
+            Path(dst).write_bytes(b"\x00" * 10)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(src, dst)
+
+    monkeypatch.setattr(data_fineweb, "link_or_copy", disk_full)
+    with pytest.raises(OSError) as info:
+        download_fineweb("sp1024", 3, out, downloader=hub, **QUIET)
+    assert info.value.filename == str(data_path) and "previous files there are unchanged" in info.value.strerror
+    assert _tree(out) == before
+    # a new dataset folder: nothing is left of it, nor of the tokenizer files it would have fetched
+    shutil.rmtree(out / "tokenizers")
+    shutil.rmtree(out / "datasets")
+    calls.clear()
+    with pytest.raises(OSError, match="nothing was written"):
+        download_fineweb("sp1024", 3, out, downloader=hub, **QUIET)
+    assert sorted(p.name for p in out.iterdir()) == ["hub_manifests"]
+    assert not (out / "datasets").exists()
+
+
+def test_leftovers_of_a_killed_write_are_cleaned_or_restored(tmp_path):
+    from tools.data_stage import recover_leftovers
+
+    final = tmp_path / "ds"
+    dead_pid = 2**22 + 12345  # above the default pid_max: no such process
+    (tmp_path / f".ds.tmp-{dead_pid}").mkdir()
+    (tmp_path / f".ds.tmp-{dead_pid}" / "fineweb_val_000000.bin").write_bytes(b"half")
+    (tmp_path / f".ds.old-{dead_pid}").mkdir()  # killed between the two renames: ds is missing
+    (tmp_path / f".ds.old-{dead_pid}" / "manifest.json").write_text("{}")
+    (tmp_path / f".ds.tmp-{os.getppid()}").mkdir()  # a live writer's folder is left alone
+    logs = []
+    recover_leftovers(final, logs.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".ds.tmp-{os.getppid()}", "ds"]
+    assert (final / "manifest.json").read_text() == "{}" and "restored" in logs[0]

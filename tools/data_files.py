@@ -24,9 +24,10 @@ def fsync_replace(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def manifest_header(tokenizer_path: Path, vocab_size: int, bos_id: int) -> dict:
-    """The keys every manifest.json starts with (format, tokenizer identity, BOS, no EOS)."""
-    return {"format": SHARD_MANIFEST_FORMAT, "format_version": 1, "tokenizer": tokenizer_path.name,
+def manifest_header(tokenizer_path: Path, vocab_size: int, bos_id: int, name: str = None) -> dict:
+    """The keys every manifest.json starts with (format, tokenizer identity, BOS, no EOS). `name`:
+    the tokenizer's file name when `tokenizer_path` is a temporary file (default: its own name)."""
+    return {"format": SHARD_MANIFEST_FORMAT, "format_version": 1, "tokenizer": name or tokenizer_path.name,
             "tokenizer_sha256": sha256_file(tokenizer_path), "vocab_size": vocab_size, "bos_id": bos_id,
             "append_eos": False}
 

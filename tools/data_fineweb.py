@@ -3,9 +3,7 @@ from a Hugging Face dataset repo, driven by the repo's manifest like the officia
 data/cached_challenge_fineweb.py, plus our manifest.json."""
 
 import json
-import os
 import re
-import shutil
 import sys
 from pathlib import Path, PurePosixPath
 
@@ -13,6 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tools.data_files import fsync_replace, manifest_header, write_json_atomic
+from tools.data_stage import link_or_copy, staged_writes
 from tools.data_tokenizer import load_tokenizer
 from trainer.shards import read_shard_header
 
@@ -109,8 +108,9 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
     per repo (hub_manifest_local_path; when the hub is unreachable a kept copy is used, with a warning):
     `datasets[]` entries {name, tokenizer_name, stats: {files_train, files_val, docs_val, ...}} and
     `tokenizers[]` entries {name, vocab_size, bos_id, model_path, vocab_path}. Fetches all val
-    shards, train shards 0..train_shards-1 and the tokenizer files that are not already present,
-    then writes our manifest.json into the dataset dir (no doc hashes: the overlap check is
+    shards, train shards 0..train_shards-1 and the tokenizer files that are not already present
+    (valid shards of the dataset dir are kept), into a new folder beside the dataset dir with our
+    manifest.json, swapped in when complete (tools/data_stage.py; no doc hashes: the overlap check is
     skipped there; it records the repo id and the tokenizer's sha256, so a tokenizer file already
     present from another repo shows). downloader(repo_id, remote_path) -> cached file path
     (injectable for tests). Raises ValueError for a bad variant / repo id / shard count / manifest
@@ -122,19 +122,8 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
     out_root = Path(out_root)
     hub_manifest_path = hub_manifest_local_path(out_root, repo_id, remote_root)
 
-    def fetch(remote_path: str, dest=None) -> Path:
-        # With an explicit dest (the hub manifest) always download; else a present file is kept
-        # (a shard only when its header is valid).
-        fresh = dest is not None
-        dest = dest if fresh else local_path_for_remote(remote_path, remote_root, out_root)
-        if not fresh and dest.is_file():
-            if dest.suffix != ".bin":
-                return dest
-            try:
-                read_shard_header(dest)
-                return dest
-            except ValueError as exc:
-                log(f"re-downloading damaged {dest}: {exc}")
+    def download(remote_path: str, dest: Path) -> None:
+        """The repo's file at `dest` (a temporary name: a hard link to the cache blob, or a copy)."""
         try:
             cached = Path(downloader(repo_id, remote_path)).resolve(strict=True)
         except Exception as exc:
@@ -142,16 +131,19 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
                 raise HubUnreachableError(f"cannot reach the Hugging Face Hub for dataset repo {repo_id} "
                                           f"(file {remote_path}): {type(exc).__name__}: {exc}\n{OFFLINE_MODES_HINT}") from exc
             raise ValueError(f"cannot download {remote_path} from dataset repo {repo_id}: {type(exc).__name__}: {exc}") from exc
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".tmp")
-        tmp.unlink(missing_ok=True)
-        try:
-            os.link(cached, tmp)  # the HF cache blob: hard link when on the same filesystem
-        except OSError:
-            shutil.copyfile(cached, tmp)
-        fsync_replace(tmp, dest)
+        dest.unlink(missing_ok=True)
+        link_or_copy(cached, dest)  # the HF cache blob: hard link when on the same filesystem
         if dest.suffix == ".bin":
             read_shard_header(dest)
+
+    def fetch(remote_path: str, dest: Path) -> Path:  # the hub manifest: always downloaded again
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".tmp")
+        try:
+            download(remote_path, tmp)
+            fsync_replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
         return dest
 
     try:
@@ -189,35 +181,65 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
     prefix = f"{remote_root}/" if remote_root else ""
     remote_files = [f"{prefix}datasets/{dataset_name}/fineweb_val_{i:06d}.bin" for i in range(num_val_files)]
     remote_files += [f"{prefix}datasets/{dataset_name}/fineweb_train_{i:06d}.bin" for i in range(train_shards)]
-    remote_files += [f"{prefix}{p}" for p in tok_files]
-    for remote in tqdm(remote_files, desc=f"download {dataset_name}", unit="file", disable=not progress, file=sys.stderr):
-        fetch(remote)
-
     data_path = out_root / "datasets" / dataset_name
     tokenizer_path = local_path_for_remote(f"{prefix}{tok_files[0]}", remote_root, out_root)
+    with staged_writes(log) as stage:  # a new folder beside data_path, swapped in when complete
+        folder = stage.folder(data_path)
+        _link_valid_shards(data_path, folder, log)
+        for remote in tqdm(remote_files, desc=f"download {dataset_name}", unit="file", disable=not progress,
+                           file=sys.stderr):
+            dest = folder / PurePosixPath(remote).name
+            if not dest.is_file():
+                download(remote, dest)
+        tokenizer_file = tokenizer_path
+        for remote in (f"{prefix}{p}" for p in tok_files):  # a tokenizer file already there is kept
+            dest = local_path_for_remote(remote, remote_root, out_root)
+            if not dest.is_file():
+                tmp = stage.file(dest)
+                download(remote, tmp)
+                tokenizer_file = tmp if dest == tokenizer_path else tokenizer_file
+        manifest = _fineweb_manifest(folder, tokenizer_file, tokenizer_path.name, tok_entry, entry, stats, log)
+        manifest["source"] = {"command": "fineweb", "repo_id": repo_id, "remote_root": remote_root, "variant": variant,
+                              "dataset": dataset_name, "num_train_shards_available": num_train_available,
+                              "hub_stats": stats,
+                              "note": "no document hashes published: train/val overlap not checkable"}
+        write_json_atomic(folder / "manifest.json", manifest)
+    splits = manifest["splits"]
+    log(f"{dataset_name}: val {splits['val']['num_tokens']} tokens, train {len(splits['train']['shards'])} shards "
+        f"{splits['train']['num_tokens']} tokens")
+    return {"data_path": data_path, "tokenizer_path": tokenizer_path, "vocab_size": manifest["vocab_size"],
+            "manifest": manifest}
+
+
+def _link_valid_shards(old: Path, new: Path, log) -> None:
+    """Hard-link (or copy) the shards of the previous dataset folder whose header is valid into the
+    new one, so a re-run downloads only what is missing or damaged."""
+    if not old.is_dir():
+        return
+    for shard in sorted(old.glob("fineweb_*_*.bin")):
+        try:
+            read_shard_header(shard)
+        except (ValueError, OSError) as exc:
+            log(f"re-downloading damaged {shard}: {exc}")
+            continue
+        link_or_copy(shard, new / shard.name)
+
+
+def _fineweb_manifest(folder: Path, tokenizer_file: Path, tokenizer_name: str, tok_entry, entry, stats, log) -> dict:
+    """Our manifest.json for the downloaded shards in `folder` (counts read from the shards)."""
     bos_id = int(tok_entry.get("bos_id", entry.get("bos_id", 1)))
     vocab_size = int(tok_entry.get("vocab_size", entry.get("vocab_size", 0)))
-    if tokenizer_path.suffix == ".model":
-        vocab_size = int(load_tokenizer(tokenizer_path).vocab_size())
+    if tokenizer_name.endswith(".model"):
+        vocab_size = int(load_tokenizer(tokenizer_file).vocab_size())
     splits = {}
     for split in ("val", "train"):
-        names = sorted(p.name for p in data_path.glob(f"fineweb_{split}_*.bin"))
+        names = sorted(p.name for p in folder.glob(f"fineweb_{split}_*.bin"))
         num_tokens = num_docs = 0
         for name in names:
-            num_tokens += read_shard_header(data_path / name)
-            tokens = np.memmap(data_path / name, dtype="<u2", mode="r", offset=1024)
+            num_tokens += read_shard_header(folder / name)
+            tokens = np.memmap(folder / name, dtype="<u2", mode="r", offset=1024)
             num_docs += int(np.count_nonzero(tokens == bos_id))  # one BOS per document (official layout)
         splits[split] = {"num_docs": num_docs, "num_tokens": num_tokens, "shards": names}
     if stats.get("docs_val") is not None and int(stats["docs_val"]) != splits["val"]["num_docs"]:
         log(f"warning: {splits['val']['num_docs']} BOS tokens in val shards, hub manifest says docs_val={stats['docs_val']}")
-    manifest = {
-        **manifest_header(tokenizer_path, vocab_size, bos_id),
-        "splits": splits,
-        "source": {"command": "fineweb", "repo_id": repo_id, "remote_root": remote_root, "variant": variant,
-                   "dataset": dataset_name, "num_train_shards_available": num_train_available,
-                   "hub_stats": stats, "note": "no document hashes published: train/val overlap not checkable"},
-    }
-    write_json_atomic(data_path / "manifest.json", manifest)
-    log(f"{dataset_name}: val {splits['val']['num_tokens']} tokens, train {len(splits['train']['shards'])} shards "
-        f"{splits['train']['num_tokens']} tokens")
-    return {"data_path": data_path, "tokenizer_path": tokenizer_path, "vocab_size": vocab_size, "manifest": manifest}
+    return {**manifest_header(tokenizer_file, vocab_size, bos_id, name=tokenizer_name), "splits": splits}

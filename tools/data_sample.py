@@ -9,8 +9,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from tools.data_files import fsync_replace
 from tools.data_shards import shard_documents
+from tools.data_stage import staged_writes
 from tools.data_tokenizer import MAX_UINT16_VOCAB, train_tokenizer
 from trainer.shards import SHARD_TOKENS_PER_FILE
 
@@ -68,19 +68,22 @@ def build_sample(out_root, *, vocab_size: int = 1024, num_val_docs=None, shard_t
     if shard_tokens <= 0:
         raise ValueError(f"--shard-tokens must be positive, got {shard_tokens}")
     text_path = out_root / "text" / f"{SAMPLE_NAME}.jsonl"
-    text_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = text_path.with_name(text_path.name + ".tmp")
-    tmp.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
-    fsync_replace(tmp, text_path)
     prefix = out_root / "tokenizers" / f"{SAMPLE_NAME}_{vocab_size}_bpe"
-    model_path = train_tokenizer(lambda: iter(docs[num_val_docs:]), vocab_size, prefix, log=log)
-    trained_vocab = spm.SentencePieceProcessor(model_file=str(model_path)).vocab_size()
-    if trained_vocab != vocab_size:
-        raise ValueError(f"sample tokenizer {model_path} has {trained_vocab} pieces, expected {vocab_size}")
     data_path = out_root / "datasets" / f"{SAMPLE_NAME}_sp{vocab_size}"
+    model_path = prefix.with_name(prefix.name + ".model")
     source = {"command": "sample", "text": "pydoc_data.topics (Python standard library help texts)",
               "python_version": sys.version.split()[0], "text_file": str(text_path),
               "shuffle_seed": SAMPLE_SHUFFLE_SEED, "min_doc_chars": SAMPLE_MIN_DOC_CHARS}
-    manifest = shard_documents(lambda: iter(docs), model_path, data_path, num_val_docs=num_val_docs,
-                               shard_tokens=shard_tokens, source=source, progress=progress, log=log)
+    with staged_writes(log) as stage:  # text, tokenizer and dataset renamed into place together at the end
+        stage.folder(data_path)  # first: a failure names the dataset folder
+        text_tmp = stage.file(text_path)
+        text_tmp.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+        model_tmp = train_tokenizer(lambda: iter(docs[num_val_docs:]), vocab_size, prefix, log=log, stage=stage)
+        trained_vocab = spm.SentencePieceProcessor(model_file=str(model_tmp)).vocab_size()
+        if trained_vocab != vocab_size:
+            raise ValueError(f"sample tokenizer {model_path} has {trained_vocab} pieces, expected {vocab_size}")
+        manifest = shard_documents(lambda: iter(docs), model_tmp, data_path, num_val_docs=num_val_docs,
+                                   shard_tokens=shard_tokens, source=source, progress=progress, log=log, stage=stage,
+                                   tokenizer_final=model_path)
+    log(f"wrote {data_path}, {model_path} and {text_path}")
     return {"data_path": data_path, "tokenizer_path": model_path, "vocab_size": vocab_size, "manifest": manifest}

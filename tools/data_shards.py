@@ -11,6 +11,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tools.data_files import fsync_replace, manifest_header, write_json_atomic
+from tools.data_stage import staged_writes
 from tools.data_text import check_inputs, iter_documents
 from tools.data_tokenizer import load_tokenizer
 from trainer.shards import SHARD_TOKENS_PER_FILE, write_data_shard
@@ -59,23 +60,20 @@ class _SplitWriter:
         self.fill = 0
 
 
-def _clear_outputs(out_dir: Path) -> None:
-    # Only files this tool owns; a half-rewritten dir must not keep an old (valid-looking) manifest.
-    for pattern in ("manifest.json", "fineweb_train_*.bin", "fineweb_val_*.bin", "doc_hashes_*.txt", "*.tmp"):
-        for stale in out_dir.glob(pattern):
-            stale.unlink()
-
-
 def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int, max_docs=None,
-                    shard_tokens: int = SHARD_TOKENS_PER_FILE, source=None, progress=True, log=print) -> dict:
+                    shard_tokens: int = SHARD_TOKENS_PER_FILE, source=None, progress=True, log=print,
+                    stage=None, tokenizer_final=None) -> dict:
     """Tokenize documents into challenge shards + doc hash files + manifest.json in `out_dir`.
 
     docs_factory() must return a fresh iterable of str each call: pass 1 validates and counts
     (errors before the long work), pass 2 encodes in batches of 1024 with sp.encode(list).
     Each document becomes [BOS] + sp.encode(text) (uint16, no EOS). The first num_val_docs
     documents are val; train documents whose hash is a val hash are dropped and counted.
+    The dataset is written into a new folder beside `out_dir` that replaces it at the end
+    (tools/data_stage.py): `stage` joins a larger write (the caller commits), else one is made here.
+    `tokenizer_final`: the path the tokenizer will have when `tokenizer_path` is a temporary file.
     Returns the manifest dict. Raises ValueError for no documents, num_val_docs outside
-    [1, num_docs), bad --max-docs/--shard-tokens, or ids >= vocab_size.
+    [1, num_docs), bad --max-docs/--shard-tokens, or ids >= vocab_size; OSError naming `out_dir`.
     """
     out_dir = Path(out_dir)
     if shard_tokens <= 0:
@@ -100,15 +98,38 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
     if num_val_docs >= num_docs:
         raise ValueError(f"--val-docs {num_val_docs} must be smaller than the number of documents ({num_docs}) "
                          "so that the train split is not empty")
+    header = manifest_header(Path(tokenizer_path), vocab_size, bos_id, name=Path(tokenizer_final or tokenizer_path).name)
+    source = dict(source or {}, tokenizer_path=str(tokenizer_final or tokenizer_path), num_input_docs=num_docs,
+                  num_val_docs_requested=num_val_docs, max_docs=max_docs)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _clear_outputs(out_dir)
-    writers = {s: _SplitWriter(out_dir, s, shard_tokens) for s in ("val", "train")}
-    hash_tmp = {s: out_dir / f"doc_hashes_{s}.txt.tmp" for s in ("val", "train")}
+    def write(stage):
+        folder = stage.folder(out_dir)
+        manifest, writers = _write_dataset(sp, docs_factory, folder, num_docs, num_val_docs, val_hashes,
+                                           shard_tokens, progress, log, out_dir.name)
+        manifest = {**header, **manifest, "source": source}
+        write_json_atomic(folder / "manifest.json", manifest)
+        return manifest, writers
+
+    t0 = time.perf_counter()
+    if stage is not None:
+        return write(stage)[0]
+    with staged_writes(log) as own_stage:
+        manifest, writers = write(own_stage)
+    log(f"wrote {out_dir}: val {writers['val'].num_docs} docs {writers['val'].num_tokens} tokens "
+        f"({len(writers['val'].shards)} shards), train {writers['train'].num_docs} docs "
+        f"{writers['train'].num_tokens} tokens ({len(writers['train'].shards)} shards) in {time.perf_counter() - t0:.1f}s")
+    return manifest
+
+
+def _write_dataset(sp, docs_factory, folder: Path, num_docs, num_val_docs, val_hashes, shard_tokens, progress,
+                   log, name):
+    """Pass 2 of shard_documents, into the (staging) `folder`: shards and doc hash files."""
+    vocab_size, bos_id = int(sp.vocab_size()), int(sp.bos_id())
+    writers = {s: _SplitWriter(folder, s, shard_tokens) for s in ("val", "train")}
+    hash_tmp = {s: folder / f"doc_hashes_{s}.txt.tmp" for s in ("val", "train")}
     hash_files = {s: open(p, "w", encoding="ascii", newline="\n") for s, p in hash_tmp.items()}
     num_dropped = 0
-    t0 = time.perf_counter()
-    bar = tqdm(total=num_docs, unit="doc", desc=f"tokenize {out_dir.name}", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=num_docs, unit="doc", desc=f"tokenize {name}", disable=not progress, file=sys.stderr)
     try:
         index = 0
         batch: list[str] = []
@@ -128,7 +149,7 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
                 toks[0] = bos_id
                 toks[1:] = ids
                 if toks.size and (int(toks.max()) >= vocab_size or int(toks.min()) < 0):
-                    raise ValueError(f"document {index - 1}: token id outside [0, {vocab_size}) from {tokenizer_path}")
+                    raise ValueError(f"document {index - 1}: token id outside [0, {vocab_size}) from the tokenizer")
                 writers[split].add(toks.astype(np.uint16))
                 hash_files[split].write(h + "\n")
             bar.update(len(texts))
@@ -150,15 +171,12 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
         for f in hash_files.values():
             f.close()
     for split, tmp in hash_tmp.items():
-        fsync_replace(tmp, out_dir / f"doc_hashes_{split}.txt")
+        fsync_replace(tmp, folder / f"doc_hashes_{split}.txt")
     if writers["train"].num_docs == 0:
         raise ValueError(f"all {num_dropped} train documents duplicate val documents; the train split is empty")
     if num_dropped:
         log(f"dropped {num_dropped} train documents identical to val documents (splits kept disjoint)")
-
-    tokenizer_path = Path(tokenizer_path)
     manifest = {
-        **manifest_header(tokenizer_path, vocab_size, bos_id),
         "shard_tokens": shard_tokens,
         "splits": {
             split: {
@@ -169,16 +187,9 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
             }
             for split, w in writers.items()
         },
-        "source": dict(source or {}, tokenizer_path=str(tokenizer_path), num_input_docs=num_docs,
-                       num_val_docs_requested=num_val_docs, max_docs=max_docs),
     }
     manifest["splits"]["train"]["num_dropped_overlap_docs"] = num_dropped
-    write_json_atomic(out_dir / "manifest.json", manifest)
-    seconds = time.perf_counter() - t0
-    log(f"wrote {out_dir}: val {writers['val'].num_docs} docs {writers['val'].num_tokens} tokens "
-        f"({len(writers['val'].shards)} shards), train {writers['train'].num_docs} docs "
-        f"{writers['train'].num_tokens} tokens ({len(writers['train'].shards)} shards) in {seconds:.1f}s")
-    return manifest
+    return manifest, writers
 
 
 def prepare_jsonl_dataset(inputs, tokenizer_path, out_dir, *, num_val_docs: int, max_docs=None,

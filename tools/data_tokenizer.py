@@ -51,20 +51,23 @@ def check_tokenizer(sp, name) -> None:
 
 def train_tokenizer(docs_factory, vocab_size: int, out_prefix, *, input_sentence_size: int = 1_000_000,
                     max_sentence_length=None, byte_fallback: bool = True, seed: int = 0, verbose=False,
-                    log=print) -> Path:
+                    log=print, stage=None) -> Path:
     """Train a SentencePiece BPE model with the official settings; returns PREFIX.model.
 
     Each document (NUL -> space, stripped, empties skipped, as the official export does) is one
     sentence; at most input_sentence_size of them are sampled (seeded). Documents longer than
     max_sentence_length bytes (SentencePiece default 4192) are skipped by the trainer, as in the
     official export. Writes PREFIX.model and PREFIX.vocab via temporary names + rename; the bytes
-    depend only on the documents and options (trained in memory, so no path is stored).
+    depend only on the documents and options (trained in memory, so no path is stored). With a
+    `stage` (tools/data_stage.py) both stay temporary until the caller commits, and the temporary
+    model's path is returned.
     Raises ValueError for vocab_size outside [8, 65536] or a failed training run.
     """
     if not 8 <= vocab_size <= MAX_UINT16_VOCAB:
         raise ValueError(f"--vocab-size must be in [8, {MAX_UINT16_VOCAB}], got {vocab_size}")
     out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    if stage is None:
+        out_prefix.parent.mkdir(parents=True, exist_ok=True)
 
     def sentences():
         for text in docs_factory():
@@ -87,15 +90,21 @@ def train_tokenizer(docs_factory, vocab_size: int, out_prefix, *, input_sentence
     sp = spm.SentencePieceProcessor(model_proto=model_bytes.getvalue())
     model_path = out_prefix.with_name(out_prefix.name + ".model")
     vocab_path = out_prefix.with_name(out_prefix.name + ".vocab")
-    tmp = model_path.with_name(model_path.name + ".tmp")
-    tmp.write_bytes(model_bytes.getvalue())
-    fsync_replace(tmp, model_path)
-    tmp = vocab_path.with_name(vocab_path.name + ".tmp")  # same text as spm_train's PREFIX.vocab
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        f.writelines(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size()))
-    fsync_replace(tmp, vocab_path)
+    model_tmp = stage.file(model_path) if stage else model_path.with_name(model_path.name + ".tmp")
+    vocab_tmp = stage.file(vocab_path) if stage else vocab_path.with_name(vocab_path.name + ".tmp")
+    try:
+        model_tmp.write_bytes(model_bytes.getvalue())
+        with open(vocab_tmp, "w", encoding="utf-8", newline="\n") as f:  # same text as spm_train's PREFIX.vocab
+            f.writelines(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.vocab_size()))
+        if stage is None:
+            fsync_replace(model_tmp, model_path)
+            fsync_replace(vocab_tmp, vocab_path)
+    finally:
+        if stage is None:  # a staged write is committed or removed by its caller
+            model_tmp.unlink(missing_ok=True)
+            vocab_tmp.unlink(missing_ok=True)
     if sp.vocab_size() != vocab_size:
         log(f"warning: {model_path} has {sp.vocab_size()} pieces, fewer than --vocab-size {vocab_size} "
             "(hard_vocab_limit=False and too little text)")
     log(f"trained {model_path} (vocab {sp.vocab_size()}) in {time.perf_counter() - t0:.1f}s")
-    return model_path
+    return model_tmp if stage else model_path

@@ -37,7 +37,9 @@ with no EOS, the first --val-docs documents form the val split and the rest trai
 100,000,000 tokens (a document may continue in the next shard; val and train never share one).
 Train documents whose hash equals a val document's hash are dropped, so the splits are disjoint;
 doc hash = first 16 hex chars of sha256(UTF-8 text), one per line in doc_hashes_{val,train}.txt.
-Every file is written as `name.tmp` and renamed; manifest.json is written last.
+A dataset is written whole: into a new folder beside --out (or the dataset folder) that replaces it
+only when every file is written, so a failure (a full disk, Ctrl-C) keeps the previous dataset as it
+was and removes the temporary files; the files of that folder the tools do not write are kept.
 """
 
 import argparse
@@ -50,7 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `python tools/prepare_data.py` puts tools/, not the repo, on sys.path
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # noqa: E402
+from tools.cli_errors import USER_ERRORS, ArgumentParser, one_line, report_user_error  # noqa: E402
 from tools.data_fineweb import (  # noqa: E402
     DEFAULT_HF_REMOTE_ROOT,
     DEFAULT_HF_REPO_ID,
@@ -146,8 +148,11 @@ def main(argv=None) -> int:
     except HubUnreachableError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    except USER_ERRORS as exc:  # a bad input (or an unwritable --out): one line, exit 2
+    except USER_ERRORS as exc:  # a bad input, an unwritable --out or a full disk: one line, exit 2
         return report_user_error(exc)
+    except KeyboardInterrupt as exc:  # WriteInterrupted names what was being written and what was kept
+        print(f"error: {one_line(exc) or 'interrupted; nothing was written'}", file=sys.stderr, flush=True)
+        return 130
     return 0
 
 
