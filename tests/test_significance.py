@@ -204,3 +204,65 @@ def test_no_import_cycle_among_tools_modules():
     cycles = [c for c in map(cycle_from, sorted(graph)) if c]
     assert not cycles, "import cycle(s) among tools/: " + "; ".join(" -> ".join(c) for c in cycles)
     assert "runs" in graph["make_record"] and "make_record" not in graph["significance"]
+
+
+def _one_line_error(capsys) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "SIGNIFICANT" not in captured.out, captured
+    return lines[0]
+
+
+def test_the_same_run_twice_or_a_repeated_seed_is_refused(tmp_path, capsys):
+    """The same run three times gave t = -inf and "SIGNIFICANT at p < 0.01"."""
+    for i, bpb in enumerate(NEW):
+        _write_run(tmp_path / f"r{i}", 100 + i, bpb, bpb * LN2 / TPB)
+    r0 = str(tmp_path / "r0")
+    assert significance.main(["--runs", r0, r0, r0, "--baseline-bpb", "1.12"]) == 2
+    assert f"--runs: run {r0} is given twice; expected each run once" in _one_line_error(capsys)
+    assert significance.main(["--runs", r0, f"{r0}/result.json", "--baseline-bpb", "1.12"]) == 2  # one run, two names
+    assert "is given twice" in _one_line_error(capsys)
+    others = [str(tmp_path / "r1"), str(tmp_path / "r2")]
+    assert significance.main(["--runs", r0, others[0], "--baseline-runs", others[1], f"{r0}/train.log"]) == 2
+    assert "is given in both --runs and --baseline-runs" in _one_line_error(capsys)
+    _write_run(tmp_path / "again", 100, 1.1015, 1.1015 * LN2 / TPB)  # another folder, seed 100 again
+    assert significance.main(["--runs", r0, *others, str(tmp_path / "again"), "--baseline-bpb", "1.12"]) == 2
+    assert "--runs: seed 100 of " in _one_line_error(capsys)
+
+
+def test_seeds_with_different_settings_are_refused_as_make_record_refuses_them(tmp_path, capsys):
+    for i, bpb in enumerate(NEW):
+        _write_run(tmp_path / f"r{i}", 100 + i, bpb, bpb * LN2 / TPB)
+        result = json.loads((tmp_path / f"r{i}" / "result.json").read_text())
+        result["hyperparameters"] = {"seed": 100 + i, "run_id": f"r{i}", "iterations": 20000,
+                                     "max_wallclock_seconds": 240.0 if i < 2 else 0.0}
+        (tmp_path / f"r{i}" / "result.json").write_text(json.dumps(result))
+    runs = [str(tmp_path / f"r{i}") for i in range(3)]
+    assert significance.main(["--runs", *runs, "--baseline-bpb", "1.12"]) == 2
+    line = _one_line_error(capsys)
+    assert "--runs: run" in line and "differs from run" in line and "MAX_WALLCLOCK_SECONDS=0.0 vs 240.0" in line
+    assert significance.main(["--runs", *runs[:2], "--baseline-bpb", "1.12"]) == 0  # seed and run_id may differ
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("baseline", ["-1.2", "0", "nan", "inf", "-inf"])
+def test_a_baseline_that_is_not_a_finite_positive_number_is_refused(tmp_path, capsys, baseline):
+    for i, bpb in enumerate(NEW):
+        _write_run(tmp_path / f"r{i}", 100 + i, bpb, bpb * LN2 / TPB)
+    runs = [str(tmp_path / f"r{i}") for i in range(3)]
+    assert significance.main(["--runs", *runs, f"--baseline-bpb={baseline}"]) == 2
+    assert "--baseline-bpb=" in _one_line_error(capsys)
+    _write_run(tmp_path / "nanbase", 7, float("nan"), 2.0)
+    assert significance.main(["--runs", *runs, "--baseline-runs", str(tmp_path / "nanbase")]) == 2
+    assert "has val_bpb=nan; expected a finite number > 0" in _one_line_error(capsys)
+
+
+def test_no_variance_is_never_significant_and_t_s_sign_is_stated(tmp_path, capsys):
+    same = [1.1000, 1.1000, 1.1000]  # three seeds, one value: t = -inf
+    res = analyse(values(same), baseline_bpb=1.12)
+    assert math.isinf(res["t"]) and not res["significant"]
+    report = significance.format_report(values(same), res)
+    assert "SIGNIFICANT" not in report.replace("NOT SIGNIFICANT", "") and "verdict: UNVERIFIED" in report
+    res = analyse(values(NEW), baseline_bpb=1.12)
+    report = significance.format_report(values(NEW), res)
+    assert "t < 0 means the runs beat the baseline by more than the threshold" in report and res["t"] < 0

@@ -140,8 +140,21 @@ def check_rules(runs: list, track: str) -> dict:
 def check_runs_agree(runs: list) -> None:
     """Refuse runs that differ beyond the seed, repeat a seed, mix TTT and sliding-window scores (a
     TTT_ENABLED plan may skip TTT on one run), or report different code bytes."""
+    check_same_settings(runs)
     first = runs[0]
-    base_hp = {k: v for k, v in first.result["hyperparameters"].items() if k not in RECORD_IGNORED_HYPERPARAMETERS}
+    for run in runs[1:]:
+        if int(run.result["bytes_code"]) != int(first.result["bytes_code"]):
+            raise RecordError(f"run {run.label}: bytes_code={run.result['bytes_code']} differs from run {first.label} "
+                              f"({first.result['bytes_code']}): the runs used different code")
+
+
+def check_same_settings(runs: list) -> None:
+    """Refuse (RecordError naming the run and the setting) runs with result.json that repeat a seed,
+    mix TTT and sliding-window scores, or differ beyond the seed in their hyperparameters, world
+    size or quantization policy: the seeds of one result (a record, a significance test)."""
+    first = runs[0]
+    base_hp = {k: v for k, v in (first.result.get("hyperparameters") or {}).items()
+               if k not in RECORD_IGNORED_HYPERPARAMETERS}
     seeds = {}
     for run in runs:
         seed = run.seed
@@ -153,7 +166,7 @@ def check_runs_agree(runs: list) -> None:
         if key != first_key:
             raise RecordError(f"run {run.label}: scored by {FINAL_LINES[key]} (val_bpb_{key}) but run {first.label} by "
                               f"{FINAL_LINES[first_key]} (val_bpb_{first_key}): a record's seeds share one final eval")
-        hp = {k: v for k, v in run.result["hyperparameters"].items() if k not in RECORD_IGNORED_HYPERPARAMETERS}
+        hp = {k: v for k, v in (run.result.get("hyperparameters") or {}).items() if k not in RECORD_IGNORED_HYPERPARAMETERS}
         diff = sorted(k for k in set(hp) | set(base_hp) if hp.get(k, "<missing>") != base_hp.get(k, "<missing>"))
         if diff:
             detail = ", ".join(f"{k.upper()}={hp.get(k)!r} vs {base_hp.get(k)!r}" for k in diff[:6])
@@ -163,9 +176,6 @@ def check_runs_agree(runs: list) -> None:
             if run.result.get(key) != first.result.get(key):
                 raise RecordError(f"run {run.label}: {key}={run.result.get(key)!r} differs from run {first.label} "
                                   f"({first.result.get(key)!r})")
-        if int(run.result["bytes_code"]) != int(first.result["bytes_code"]):
-            raise RecordError(f"run {run.label}: bytes_code={run.result['bytes_code']} differs from run {first.label} "
-                              f"({first.result['bytes_code']}): the runs used different code")
 
 
 def check_code_is_current(runs: list, human: str, packed: bytes, root: Path) -> None:

@@ -14,6 +14,13 @@ values, mean, std, t, p, the verdict at --alpha, and how many seeds the observed
 Runs are run folders (result.json, else train.log), result.json or train.log files, record
 folders (submission.json seed_results), or a folder of run folders (a config of tools/sweep.py:
 runs/<sweep>/<config>/seed<S>/, every seed that finished).
+
+Refused (exit 2, one line): the same run twice (in one group or in both), a seed twice in one group,
+seeds of one group whose result.json settings differ beyond the seed (as make_record refuses them),
+a val_bpb, baseline or tokens/byte that is not a finite positive number. t is
+(mean(runs) - (baseline - threshold)) / its standard error: t < 0 means the runs beat the baseline
+by more than the threshold. With no variance at all (t infinite) the verdict is UNVERIFIED, never
+SIGNIFICANT.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tools.cli_errors import ArgumentParser
+from tools.record_checks import check_same_settings
 from tools.runs import RecordError, final_score_key, load_run
 
 SIG_MIN_IMPROVEMENT_NATS = 0.005
@@ -44,6 +53,8 @@ class SeedValue:
     val_bpb: float
     val_loss: float | None
     tokens_per_byte: float | None
+    source: str | None = None  # what identifies the run: its folder (resolved), or record folder + seed
+    run: object = None  # the tools.runs.Run it came from (None for a record folder's seed)
 
 
 def load_values(path, metric: str = "sliding") -> list:
@@ -67,7 +78,8 @@ def load_values(path, metric: str = "sliding") -> list:
             if bpb is None:
                 raise ValueError(f"{path}: seed_results lack val_bpb_{metric}")
             tpb = s.get("tokens_per_byte") or (bpb * math.log(2) / loss if loss else None)
-            out.append(SeedValue(f"{path}[seed {s.get('seed')}]", s.get("seed"), float(bpb), loss, tpb))
+            out.append(SeedValue(f"{path}[seed {s.get('seed')}]", s.get("seed"), float(bpb), loss, tpb,
+                                 f"{path.resolve()}[seed {s.get('seed')}]"))
         if not out:
             raise ValueError(f"{path}: submission.json has no seed_results")
         return out
@@ -90,7 +102,40 @@ def run_value(run, metric: str = "sliding") -> SeedValue:
     tpb = r.get("tokens_per_byte") if metric == final_score_key(r) else None  # the final pass's own ratio
     if not tpb and loss:
         tpb = float(bpb) * math.log(2) / float(loss)  # bpb = loss / ln2 * tokens/byte
-    return SeedValue(str(path), run.seed, float(bpb), None if loss is None else float(loss), tpb)
+    folder = path if path.is_dir() else path.parent  # r0, r0/result.json and r0/train.log are one run
+    return SeedValue(str(path), run.seed, float(bpb), None if loss is None else float(loss), tpb,
+                     str(folder.resolve()), run)
+
+
+def check_group(values: list, flag: str, seen=None) -> str | None:
+    """Refuse (ValueError naming `flag` and the run) a run given twice (also across groups: `seen`,
+    source -> flag), a seed twice, a val_bpb that is not finite and positive, or seeds whose
+    result.json settings differ beyond the seed (tools/record_checks.check_same_settings, as
+    make_record). Returns a note when some settings could not be compared (no result.json)."""
+    seen = {} if seen is None else seen
+    seeds = {}
+    for v in values:
+        if v.source in seen:
+            where = "twice" if seen[v.source] == flag else f"in both {seen[v.source]} and {flag}"
+            raise ValueError(f"{flag}: run {v.label} is given {where}; expected each run once")
+        seen[v.source] = flag
+        if v.seed is not None and v.seed in seeds:
+            raise ValueError(f"{flag}: seed {v.seed} of {v.label} repeats {seeds[v.seed]}; expected one run per seed")
+        seeds[v.seed] = v.label
+        if not (math.isfinite(v.val_bpb) and v.val_bpb > 0):
+            raise ValueError(f"{flag}: run {v.label} has val_bpb={v.val_bpb}; expected a finite number > 0 "
+                             f"(the run diverged?)")
+    runs = [v.run for v in values if v.run is not None and v.run.result]
+    if len(runs) >= 2:
+        try:
+            check_same_settings(runs)
+        except RecordError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
+    unchecked = len(values) - len(runs)
+    if len(values) >= 2 and unchecked:
+        return (f"{flag}: settings of {unchecked} seed(s) not compared (no result.json: a log or a record's "
+                f"seed): unverified that the seeds differ by the seed only")
+    return None
 
 
 def nats_to_bpb(nats: float, tokens_per_byte: float) -> float:
@@ -102,8 +147,14 @@ def one_sample_test(values: list, baseline_bpb: float, delta_bpb: float) -> tupl
     """(t, p) of H1: mean(values) < baseline_bpb - delta_bpb (one-sided one-sample t-test)."""
     from scipy import stats
 
+    if len(set(values)) == 1:  # no variance: t is +-inf (or nan), and p is not defined
+        return _no_variance_t(values[0] - (baseline_bpb - delta_bpb))
     res = stats.ttest_1samp(values, popmean=baseline_bpb - delta_bpb, alternative="less")
     return float(res.statistic), float(res.pvalue)
+
+
+def _no_variance_t(diff: float) -> tuple[float, float]:
+    return (-math.inf if diff < 0 else math.inf if diff > 0 else math.nan), math.nan
 
 
 def welch_test(values: list, baseline_values: list, delta_bpb: float) -> tuple[float, float]:
@@ -111,6 +162,8 @@ def welch_test(values: list, baseline_values: list, delta_bpb: float) -> tuple[f
     from scipy import stats
 
     shifted = [b - delta_bpb for b in baseline_values]
+    if len(set(values)) == 1 and len(set(shifted)) == 1:
+        return _no_variance_t(values[0] - shifted[0])
     res = stats.ttest_ind(values, shifted, equal_var=False, alternative="less")
     return float(res.statistic), float(res.pvalue)
 
@@ -145,6 +198,12 @@ def analyse(values: list, *, baseline_bpb=None, baseline_values=None, tokens_per
     """Everything the report prints, as a dict (see the module docstring for the tests)."""
     bpbs = [v.val_bpb for v in values]
     n = len(bpbs)
+    _positive("--baseline-bpb", baseline_bpb)
+    _positive("--tokens-per-byte", tokens_per_byte)
+    if not (math.isfinite(min_improvement_nats) and min_improvement_nats >= 0):
+        raise ValueError(f"--min-improvement-nats={min_improvement_nats}: expected a finite number >= 0")
+    if not 0 < alpha < 1:
+        raise ValueError(f"--alpha={alpha}: expected a probability in (0, 1)")
     mean = statistics.fmean(bpbs)
     std = statistics.stdev(bpbs) if n > 1 else float("nan")
     if tokens_per_byte is None:
@@ -153,6 +212,7 @@ def analyse(values: list, *, baseline_bpb=None, baseline_values=None, tokens_per
             raise ValueError("tokens_per_byte is unknown (no result.json tokens_per_byte, no val_loss); "
                              "pass --tokens-per-byte")
         tokens_per_byte = statistics.fmean(tpbs)
+        _positive("tokens_per_byte of the runs", tokens_per_byte)
     delta_bpb = nats_to_bpb(min_improvement_nats, tokens_per_byte)
     out = {"n": n, "values": bpbs, "mean": mean, "std": std, "tokens_per_byte": tokens_per_byte,
            "min_improvement_nats": min_improvement_nats, "delta_bpb": delta_bpb, "alpha": alpha}
@@ -166,6 +226,7 @@ def analyse(values: list, *, baseline_bpb=None, baseline_values=None, tokens_per
     else:
         if baseline_values is not None:  # a single baseline run is a fixed value
             baseline_bpb = baseline_values[0].val_bpb
+            _positive(f"baseline run {baseline_values[0].label} val_bpb", baseline_bpb)
         if baseline_bpb is None:
             raise ValueError("give a baseline: --baseline-bpb VALUE or --baseline-runs PATH...")
         out.update(test="one-sample", baseline_mean=float(baseline_bpb))
@@ -173,8 +234,14 @@ def analyse(values: list, *, baseline_bpb=None, baseline_values=None, tokens_per
         t, p = one_sample_test(bpbs, float(baseline_bpb), delta_bpb) if n >= 2 else (float("nan"), float("nan"))
         need = seeds_needed(improvement, delta_bpb, std, alpha) if n >= 2 else None
     out.update(improvement_bpb=improvement, improvement_nats=improvement * math.log(2) / tokens_per_byte,
-               t=t, p=p, significant=bool(n >= 2 and p < alpha), seeds_needed=need)
+               t=t, p=p, significant=bool(n >= 2 and math.isfinite(t) and p < alpha), seeds_needed=need)
     return out
+
+
+def _positive(what: str, value) -> None:
+    """ValueError naming `what` unless `value` is None or a finite number > 0."""
+    if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{what}={value}: expected a finite number > 0")
 
 
 def format_report(values: list, res: dict, baseline_values=None) -> str:
@@ -195,7 +262,12 @@ def format_report(values: list, res: dict, baseline_values=None) -> str:
         lines.append("verdict: NOT SIGNIFICANT (one seed cannot show significance)")
         return "\n".join(lines) + "\n"
     kind = "one-sided Welch t-test" if res["test"] == "welch" else "one-sided one-sample t-test"
-    lines.append(f"test: {kind}: t = {res['t']:.4f}, p = {res['p']:.3g}")
+    lines.append(f"test: {kind}: t = {res['t']:.4f}, p = {res['p']:.3g} (t = (mean - (baseline - threshold)) / "
+                 f"standard error: t < 0 means the runs beat the baseline by more than the threshold)")
+    if not math.isfinite(res["t"]):
+        lines.append("verdict: UNVERIFIED: the val_bpb values have no variance, so t is not finite (the same "
+                     "run given twice, or seeds that did not change the run?)")
+        return "\n".join(lines) + "\n"
     verdict = "SIGNIFICANT" if res["significant"] else "NOT SIGNIFICANT"
     lines.append(f"verdict: {verdict} at p < {res['alpha']} (improvement > {res['min_improvement_nats']} nats)")
     if res["seeds_needed"] is None:
@@ -207,7 +279,7 @@ def format_report(values: list, res: dict, baseline_values=None) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python tools/significance.py", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="python tools/significance.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", nargs="+", required=True, help="the new runs (one per seed)")
     base = parser.add_mutually_exclusive_group(required=True)
@@ -224,16 +296,23 @@ def main(argv=None) -> int:
         values = [v for p in args.runs for v in load_values(p, args.metric)]
         baseline_values = ([v for p in args.baseline_runs for v in load_values(p, args.metric)]
                            if args.baseline_runs else None)
+        seen = {}
+        notes = [check_group(values, "--runs", seen)]
+        if baseline_values is not None:
+            notes.append(check_group(baseline_values, "--baseline-runs", seen))
         res = analyse(values, baseline_bpb=args.baseline_bpb, baseline_values=baseline_values,
                       tokens_per_byte=args.tokens_per_byte, min_improvement_nats=args.min_improvement_nats,
                       alpha=args.alpha)
     except (RecordError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    res["notes"] = [n for n in notes if n]
     if args.json:
         print(json.dumps(res, indent=2, default=str))
     else:
         print(format_report(values, res, baseline_values), end="")
+        for note in res["notes"]:
+            print(f"note: {note}")
     return 0
 
 
