@@ -337,3 +337,27 @@ def test_metric_final_ranks_each_run_by_its_headline_ttt_or_sliding(tmp_path):
     assert [r["val_bpb_ttt"] for r in sweep_report.result_rows(runs, "sliding")] == [2.4, None]
     assert "val_bpb = final headline (TTT or sliding) val_bpb" in sweep_report.format_table([], metric="final", baseline=None,
                                                                                     title="t")
+
+
+@pytest.mark.parametrize("seeds,message", [
+    ("[]", "seeds []: expected a non-empty list of integer seeds"),
+    ("0", "seeds 0: expected a non-empty list of integer seeds"),
+    ("", "seeds None: expected a non-empty list of integer seeds"),
+    ("[1.5]", "seeds [1.5]: expected a list of integers in [0, 2**64) (1.5 is not one)"),
+    ("[true, 2]", "seeds [True, 2]: expected a list of integers in [0, 2**64) (True is not one)"),
+    ("[-1]", "seeds [-1]: expected a list of integers in [0, 2**64) (-1 is not one)"),
+    ("[18446744073709551616]", "(18446744073709551616 is not one)"),
+    ("[7, 3, 7]", "seeds [7, 3, 7]: a seed is listed twice; expected each seed once"),
+])
+def test_sweep_file_seeds_empty_zero_or_not_integers_are_refused(seeds, message, tmp_path, capsys):
+    """`seeds: []` and `seeds: 0` ran the default seed 1337 as if nothing was wrong."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"name: x\nseeds: {seeds}\n")
+    assert sweep.main(["--file", str(spec), "--out", str(tmp_path / "runs"), "--gpus", ""]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --file {spec}: seeds") and message in lines[0], captured.err
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(sweep_spec.SweepError, match=r"^seeds \[\]: expected a non-empty list"):
+        sweep_spec.build_runs({"name": "x", "seeds": []}, tmp_path)
+    assert [r.seed for r in sweep_spec.build_runs({"name": "x"}, tmp_path)] == [1337]  # no key: the default

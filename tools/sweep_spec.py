@@ -65,6 +65,23 @@ def _env_dict(obj, where: str) -> dict:
     return out
 
 
+SWEEP_MAX_SEED = 2**64  # torch.manual_seed's range (the trainer's SEED check)
+
+
+def check_seeds(seeds, where: str) -> list:
+    """`seeds` if it is a non-empty list of distinct integers in [0, 2**64); SweepError naming
+    `where` (the file and key, or --seeds) otherwise: `seeds: []` or `seeds: 0` never fall back to
+    the default seed."""
+    if not isinstance(seeds, list) or not seeds:
+        raise SweepError(f"{where} {seeds!r}: expected a non-empty list of integer seeds, e.g. [1337, 42]")
+    bad = [s for s in seeds if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < SWEEP_MAX_SEED]
+    if bad:
+        raise SweepError(f"{where} {seeds!r}: expected a list of integers in [0, 2**64) ({bad[0]!r} is not one)")
+    if len(set(seeds)) != len(seeds):
+        raise SweepError(f"{where} {seeds!r}: a seed is listed twice; expected each seed once")
+    return seeds
+
+
 def load_spec_file(path) -> dict:
     """A sweep file (.yaml/.yml or .json) as a dict; SweepError naming the file when it is unreadable."""
     path = Path(path)
@@ -88,6 +105,8 @@ def load_spec_file(path) -> dict:
     if unknown:
         raise SweepError(f"--file {path}: unknown keys {sorted(unknown)} (expected name, seeds, env, configs, grid, "
                          "metric, baseline)")
+    if "seeds" in spec:
+        check_seeds(spec["seeds"], f"--file {path}: seeds")
     return spec
 
 
@@ -130,11 +149,7 @@ def build_runs(spec: dict, out_root) -> list:
     name = str(spec.get("name") or "")
     if not _NAME_RE.match(name):
         raise SweepError(f"name {name!r}: expected letters, digits and _.,=+- (it becomes a folder name)")
-    seeds = spec.get("seeds") or [1337]
-    if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise SweepError(f"seeds {seeds!r}: expected a list of integers")
-    if len(set(seeds)) != len(seeds):
-        raise SweepError(f"seeds {seeds!r}: a seed is listed twice")
+    seeds = check_seeds(spec["seeds"], "seeds") if "seeds" in spec else [1337]
     shared = _env_dict(spec.get("env"), "env")
     configs = spec.get("configs") or {"base": {}}
     if not isinstance(configs, dict):
@@ -197,8 +212,8 @@ def spec_from_args(args) -> dict:
     spec = dict(spec)
     if args.name:
         spec["name"] = args.name
-    if args.seeds:
-        spec["seeds"] = args.seeds
+    if args.seeds is not None:
+        spec["seeds"] = check_seeds(args.seeds, "--seeds")
     if args.set:
         spec["env"] = {**_env_dict(spec.get("env"), "env"), **parse_assignments(args.set, "--set")}
     if args.config:
