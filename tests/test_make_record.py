@@ -635,3 +635,22 @@ def test_an_internal_error_still_shows_its_traceback(fake_src, tmp_path, monkeyp
     monkeypatch.setattr(make_record, "build_submission", broken)
     with pytest.raises(KeyError, match="a bug"):
         cli(fake_src, tmp_path, runs)
+
+
+@pytest.mark.parametrize("date,message", [
+    ("2026-13-45", "--date '2026-13-45': not a calendar date (month must be in 1..12); expected YYYY-MM-DD"),
+    ("2026-02-30", "--date '2026-02-30': not a calendar date (day is out of range for month); expected YYYY-MM-DD"),
+    ("20260319", "--date '20260319': expected a date YYYY-MM-DD, e.g. 2026-03-19"),
+    ("2026-3-9", "--date '2026-3-9': expected a date YYYY-MM-DD, e.g. 2026-03-19"),
+])
+def test_date_that_is_not_a_calendar_date_is_refused_before_any_run_is_read(date, message, tmp_path, capsys):
+    """--date 2026-13-45 was accepted (the folder records/<track>/2026-13-45_<name>/ and the date in
+    submission.json)."""
+    code = make_record.main(["--runs", str(tmp_path / "no_such_run"), "--name", "x", "--author", "a", "--github-id",
+                             "b", "--date", date, "--records-dir", str(tmp_path / "records")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [f"error: {message}"], err
+    assert not (tmp_path / "records").exists()
+    with pytest.raises(RecordError, match="--date"):
+        make_record.make_record([str(tmp_path)], name="x", author="a", github_id="b", date=date)
+    make_record.check_date("2028-02-29")  # a leap day is a date

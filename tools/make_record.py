@@ -199,6 +199,8 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
         raise RecordError(f"--name {name!r}: expected letters, digits, '.', '_' or '-' (it names the folder)")
     if not run_paths:
         raise RecordError("--runs: give at least one run folder")
+    if date is not None:
+        check_date(date)
     root = Path(root) if root is not None else REPO_ROOT
     records_dir = Path(records_dir) if records_dir is not None else root / "records"
     runs = [load_run(p) for p in run_paths]
@@ -212,8 +214,6 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
     rules_not_met = check_rules(runs, track_name)
     now = dt.datetime.now(dt.timezone.utc)
     day = date or now.strftime("%Y-%m-%d")
-    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", day):
-        raise RecordError(f"--date {day!r}: expected YYYY-MM-DD")
     date_iso = f"{day}T00:00:00Z" if date else now.strftime("%Y-%m-%dT%H:%M:%SZ")
     final_dir = records_dir / track_name / f"{day}_{name}"
     if final_dir.exists() and not force:
@@ -273,6 +273,16 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
     return final_dir
 
 
+def check_date(day) -> None:
+    """RecordError unless `day` is a real calendar date written YYYY-MM-DD (2026-13-45 is not)."""
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(day)):
+        raise RecordError(f"--date {day!r}: expected a date YYYY-MM-DD, e.g. 2026-03-19")
+    try:
+        dt.date.fromisoformat(day)
+    except ValueError as e:
+        raise RecordError(f"--date {day!r}: not a calendar date ({e}); expected YYYY-MM-DD") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python tools/make_record.py", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,6 +307,12 @@ def main(argv=None) -> int:
         for flag in ("runs", "name", "author", "github_id"):
             if not getattr(args, flag):
                 parser.error(f"--{flag.replace('_', '-')} is required")
+        if args.date is not None:  # a bad input: one `error:` line before any run is read
+            try:
+                check_date(args.date)
+            except RecordError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
         make_record(args.runs, name=args.name, author=args.author, github_id=args.github_id, track=args.track,
                     blurb=args.blurb, force=args.force, skip_smoke=args.skip_smoke, records_dir=args.records_dir,
                     root=args.root, date=args.date)
