@@ -34,7 +34,8 @@ def test_cpu_twin_runs_every_check_and_passes():
     proc = run_check("--cpu-twin", "--steps", "2", **TWIN_ENV)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     checks = [line[4:].split("  ")[0].strip() for line in proc.stdout.splitlines() if line[:4] in ("ok  ", "WARN", "FAIL")]
-    assert checks == ["torch / CUDA", "flash-attn", "attention backend", "GPU", "compile + warmup", "graph breaks",
+    assert checks == ["torch / CUDA", "flash-attn", "attention backend", "GPU", "CPU twin shape", "compile + warmup",
+                      "graph breaks",
                       "recompiles after step 1", "train step", "train step, QAT on", "losses finite", "peak memory",
                       "forward vs CPU fp32", "QAT fake-quant == export", "eval recompiles", "sliding eval",
                       "projected full-val eval", "projected TTT eval"]
@@ -130,3 +131,70 @@ def test_cpu_twin_with_a_batch_that_does_not_split_into_sequences_is_one_line_ex
     assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith("error: TRAIN_BATCH_TOKENS=250: expected a multiple of")
+
+
+# ----------------------------------------------------------------------------------------------- inputs and size
+
+
+def test_cpu_twin_defaults_to_a_small_shape_that_fits_and_env_settings_win(monkeypatch):
+    """`--cpu-twin` ran the default preset's shape (524,288 tokens per step, vocab 8192): OOM-killed at
+    ~15-23 GB with no output on a 24 GB machine."""
+    from tools import cpu_twin_size as size
+
+    hp = size.cpu_twin_settings(False, environ={})
+    assert (hp.num_layers, hp.model_dim, hp.train_seq_len, hp.train_batch_tokens) == (2, 128, 128, 2048)
+    assert hp.vocab_size == 1024 and hp.num_threads == 1  # synthetic tokens: a small vocabulary too
+    assert size.estimate_cpu_twin_bytes(hp) < 2 * 2**30
+    mine = size.cpu_twin_settings(False, environ={"NUM_LAYERS": "3", "VOCAB_SIZE": "2048"})
+    assert (mine.num_layers, mine.model_dim, mine.vocab_size) == (3, 128, 2048)
+    preset = size.cpu_twin_settings(True, environ={"NUM_LAYERS": "2", "TRAIN_BATCH_TOKENS": "16384",
+                                                   "XSA_LAST_N": "1"})
+    assert (preset.model_dim, preset.train_seq_len, preset.vocab_size) == (512, 2048, 8192)  # the preset's own
+    full = default_settings()
+    need = size.estimate_cpu_twin_bytes(full)
+    assert need > 24 * 2**30  # the default preset on a CPU: more than the machine the issue was found on
+    monkeypatch.setattr(size, "available_memory_bytes", lambda: 24 * 2**30)
+    with pytest.raises(ValueError, match=r"^--cpu-twin --preset-size: PRESET=1xh100-sp8192's shape \(NUM_LAYERS=\d+ "
+                                         r"MODEL_DIM=512 TRAIN_SEQ_LEN=2048 TRAIN_BATCH_TOKENS=524,288 VOCAB_SIZE=8192\) "
+                                         r"needs about \d+\.\d GiB, this machine has 24\.0 GiB available; expected a "
+                                         r"shape that fits: `python tools/gpu_check.py --cpu-twin` \(a small shape\)$"):
+        size.cpu_twin_settings(True, environ={})
+    monkeypatch.undo()
+    assert 0 < size.available_memory_bytes() <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_settings():
+    from trainer.settings import Hyperparameters
+
+    return Hyperparameters.from_env({}, log=lambda msg: None)
+
+
+def test_a_bad_shard_is_refused_before_anything_is_allocated(tmp_path, monkeypatch, capsys, sp1024_model):
+    """--cpu-twin on data with a bad shard was OOM-killed with no output; the data is now checked first,
+    by the trainer's checks, and nothing is trained or allocated."""
+    from trainer.shards import write_data_shard
+
+    gc = gpu_check_module()
+    ids = [1] + [5] * 300
+    write_data_shard(tmp_path / "fineweb_val_000000.bin", ids)
+    write_data_shard(tmp_path / "fineweb_train_000000.bin", ids[:-1] + [5000])
+    for key in [k for k in os.environ if k.startswith(("PRESET", "DATA_PATH", "TOKENIZER_PATH", "VOCAB_SIZE"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PRESET", "smoke")
+    monkeypatch.setenv("DATA_PATH", str(tmp_path))
+    monkeypatch.setenv("TOKENIZER_PATH", str(sp1024_model))
+
+    def allocated(*args, **kwargs):
+        raise AssertionError("a model or a loader was built before the data was checked")
+
+    monkeypatch.setattr(gc, "training_rows", allocated)
+    monkeypatch.setattr(gc, "SyntheticLoader", allocated)
+    monkeypatch.setattr(gc.trainer_loader, "DistributedTokenLoader", allocated)
+    assert gc.main(["--cpu-twin"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: DATA_PATH={str(tmp_path)!r}: train shard fineweb_train_000000.bin holds token id "
+                            "5000; expected ids < VOCAB_SIZE=1024 (the tokenizer's)\n")
+    assert "ok " not in captured.out  # no table: nothing ran
+    monkeypatch.setenv("DATA_PATH", str(tmp_path / "missing"))
+    assert gc.main(["--cpu-twin"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: DATA_PATH={str(tmp_path / 'missing')!r}: no such file or folder")

@@ -19,8 +19,14 @@ than an H100 SXM, an eval stride raised to fit the clock). Exit 0 (warnings allo
 2 (one line, no traceback) without CUDA or on a setting that cannot run.
 
 `--cpu-twin` runs the same checks on the CPU with the CUDA twins of tools/flash_twin.py (flash-attn
-stand-in, bf16 autocast with CUDA's float32 rms_norm): the tests use it to cover this script's code
-path; its timings say nothing about a GPU.
+stand-in, bf16 autocast with CUDA's float32 rms_norm), at a small shape (CPU_TWIN_SHAPE; about a
+minute on 2 cores; shape variables set in the environment win; tools/cpu_twin_size.py) unless `--preset-size` asks for the
+preset's own shape, which is refused (one line) when its estimated memory is more than the machine
+has available. Its timings say nothing about a GPU.
+
+With DATA_PATH set (or the preset's dataset folder present) the data inputs (shards, tokenizer,
+manifest) are checked first, by the trainer's own checks (trainer.checks.check_inputs), before any
+model is allocated: a bad shard is one line and exit 2.
 """
 
 import argparse
@@ -37,20 +43,22 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trainer.attention as trainer_attention  # noqa: E402
+import trainer.checks as trainer_checks  # noqa: E402
 import trainer.context as trainer_context  # noqa: E402
 import trainer.evaluate as trainer_evaluate  # noqa: E402
 import trainer.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
 import trainer.model as trainer_model  # noqa: E402
 import trainer.settings as trainer_settings  # noqa: E402
-import trainer.shards as trainer_shards  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from eval.ttt import project_ttt_seconds  # noqa: E402
 from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
 from tools.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
+from tools.cpu_twin_size import CPU_TWIN_STEPS, cpu_twin_settings, data_given  # noqa: E402
 
 H100_SXM_SMS = 132  # H100 SXM5 has 132 SMs; the PCIe card 114 (NVIDIA H100 datasheet)
+
 
 
 class SyntheticLoader:
@@ -336,16 +344,31 @@ def sdpa_kernel_for(hp, device) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-twin", action="store_true", help="run on the CPU with the CUDA twins (for tests)")
-    parser.add_argument("--steps", type=int, default=20, help="timed steps with QAT off, then as many with QAT on")
+    parser.add_argument("--cpu-twin", action="store_true",
+                        help="run on the CPU with the CUDA twins, at a small shape (about a minute)")
+    parser.add_argument("--preset-size", action="store_true",
+                        help="with --cpu-twin: the preset's own shape (refused when it does not fit in memory)")
+    parser.add_argument("--steps", type=int, help=f"timed steps with QAT off, then as many with QAT on (default 20; "
+                                                  f"{CPU_TWIN_STEPS} with --cpu-twin)")
     args = parser.parse_args(argv)
+    if args.steps is None:
+        args.steps = CPU_TWIN_STEPS if args.cpu_twin else 20
     if not torch.cuda.is_available() and not args.cpu_twin:
-        print(f"gpu_check: needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU run "
-              "`python -m pytest` or `python tools/gpu_check.py --cpu-twin`", file=sys.stderr)
+        print(f"gpu_check: needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU, the same checks at a "
+              "small shape (about a minute): `python tools/gpu_check.py --cpu-twin`", file=sys.stderr)
         return 2
     try:
-        hp = trainer_settings.Hyperparameters.from_env()
+        if args.steps < 1:
+            raise ValueError(f"--steps={args.steps}: expected an integer >= 1")
+        if args.preset_size and not args.cpu_twin:
+            raise ValueError("--preset-size: only with --cpu-twin (on a GPU the preset's shape is the default)")
+        hp = (cpu_twin_settings(args.preset_size) if args.cpu_twin else trainer_settings.Hyperparameters.from_env())
         hp.resolve_grad_accum(1, torch.cuda.is_available() and not args.cpu_twin)  # a batch that cannot split: exit 2
+        if args.cpu_twin:
+            hp = dataclasses.replace(hp, autocast="bf16")
+        ctx = trainer_context.setup_distributed(hp)
+        # the data inputs, by the trainer's own checks, before anything is allocated
+        num_val = trainer_checks.check_inputs(hp, ctx)[2] if data_given(hp) else None
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -355,14 +378,15 @@ def main(argv=None) -> int:
 
         twin.enter_context(plugged_flash_standin())
         twin.enter_context(cuda_autocast_rms_norm())
-        hp = dataclasses.replace(hp, autocast="bf16")
     with twin:
-        ctx = trainer_context.setup_distributed(hp)
         backend = "flash stand-in" if args.cpu_twin else trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device)
         rows = versions_and_device(ctx.device, backend, sdpa_kernel_for(hp, ctx.device) if backend == "sdpa" else "")
-        if Path(hp.data_path).is_dir() and not args.cpu_twin:
+        if args.cpu_twin:
+            rows.append(Row("CPU twin shape", f"{hp.num_layers}x{hp.model_dim}, seq {hp.train_seq_len}, "
+                            f"{hp.train_batch_tokens:,} tok/step, vocab {hp.vocab_size} ("
+                            f"{'the preset' if args.preset_size else 'small; --preset-size for the preset'}'s)"))
+        if num_val is not None:
             loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
-            num_val = trainer_shards.load_validation_tokens(hp.data_path).numel()
         else:
             loader = SyntheticLoader(hp.vocab_size, ctx.device)
             num_val = VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
