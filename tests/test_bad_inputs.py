@@ -43,7 +43,8 @@ class BadInput:
     """One bad input. argv: the command after `python`, with {d} (the case's own folder), {tok} (a
     1024-piece SentencePiece model) and {data} (a small challenge dataset) filled in. message: a
     regex the single stderr line must match (re.search). setup(d): writes the case's input files.
-    after(d): asserts what is on disk afterwards."""
+    after(d): asserts what is on disk afterwards. file_limit_bytes: the largest file the command may
+    write (`ulimit -f`), to run out of room mid-write."""
 
     cli: str
     what: str
@@ -53,6 +54,7 @@ class BadInput:
     setup: Callable = None
     after: Callable = None
     exit_code: int = 2
+    file_limit_bytes: int = None  # RLIMIT_FSIZE of the process (`ulimit -f`): a disk that fills up mid-write
 
     @property
     def id(self) -> str:
@@ -90,6 +92,17 @@ def truncated_gz(d: Path):
 def absent(name: str) -> Callable:
     def after(d: Path):
         assert not (d / name).exists(), f"{name} was written"
+    return after
+
+
+def only(files: dict) -> Callable:
+    """after: the case folder holds exactly these files (relative path -> text, or None for any content):
+    nothing lost, nothing half-written, no temporary files."""
+    def after(d: Path):
+        found = {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()}
+        assert found == set(files), f"files after the case: {sorted(found)}"
+        for name, text in files.items():
+            assert text is None or (d / name).read_text() == text, f"{name} was changed"
     return after
 
 
@@ -246,6 +259,13 @@ def prepare_rows() -> list:
                  r"expected a dataset folder", setup=jsonl, after=unchanged("docs.jsonl", docs_jsonl(5))),
         BadInput(p, "bad input over an existing dataset", JSONL, r"\S+/docs.jsonl:2: invalid JSON",
                  setup=both(keep, write("docs.jsonl", docs_jsonl(1) + "{\n")), after=unchanged("out/manifest.json", KEEP)),
+        BadInput(p, "disk full while replacing a dataset", JSONL[:-1] + ("2", "--shard-tokens", "600"),
+                 r"\S+/out: File too large.*; the previous files there are unchanged, temporary files removed",
+                 setup=both(keep, write("docs.jsonl", docs_jsonl(60))), file_limit_bytes=2048,
+                 after=only({"docs.jsonl": None, "out/manifest.json": KEEP})),
+        BadInput(p, "disk full while writing a new dataset", JSONL[:-1] + ("2", "--shard-tokens", "600"),
+                 r"\S+/out: File too large.*; nothing was written, temporary files removed",
+                 setup=write("docs.jsonl", docs_jsonl(60)), file_limit_bytes=2048, after=only({"docs.jsonl": None})),
         BadInput(p, "tokenizer --vocab-size 5", ("tools/prepare_data.py", "tokenizer", "--input", "{d}/docs.jsonl",
                  "--vocab-size", "5", "--out", "{d}/tok"), r"--vocab-size must be in \[8, 65536\], got 5", setup=jsonl,
                  after=absent("tok.model")),
@@ -286,6 +306,10 @@ def sweep_rows() -> list:
                  setup=sweep_file("name: ab\nseeds: [a]\n")),
         BadInput(s, "a seed twice", SWEEP, r"seeds \[1, 1\]: a seed is listed twice",
                  setup=sweep_file("name: ab\nseeds: [1, 1]\n")),
+        BadInput(s, "an empty seed list", SWEEP, r"--file \S+/sweep.yaml: seeds \[\]: expected a non-empty list of "
+                 r"integer seeds", setup=sweep_file("name: ab\nseeds: []\n")),
+        BadInput(s, "seeds: 0", SWEEP, r"--file \S+/sweep.yaml: seeds 0: expected a non-empty list of integer seeds",
+                 setup=sweep_file("name: ab\nseeds: 0\n")),
         BadInput(s, "lower-case env var", SWEEP, r"configs.a: 'mlp_mult' is not an upper-case env var name",
                  setup=sweep_file("name: ab\nconfigs:\n  a: {mlp_mult: 2}\n")),
         BadInput(s, "a reserved variable", SWEEP, r"config 'a': \['SEED'\] are set by the sweep",
@@ -397,7 +421,52 @@ def train_rows() -> list:
     ]
 
 
-CASES = eval_rows() + quant_rows() + prepare_rows() + sweep_rows() + train_rows()
+def seed_run(name: str, seed: int, bpb: float, **hyperparameters) -> Callable:
+    """setup: a finished run folder `name` (result.json + train.log) with one sliding score."""
+    loss = bpb * 0.6931471805599453 / 0.41  # tokens per byte 0.41
+    hp = {"seed": seed, "run_id": name, "iterations": 20000, **hyperparameters}
+    return both(write(f"{name}/train.log", f"code\n{'=' * 100}\nSEED:{seed}\nfinal_sliding_window_exact "
+                                          f"val_loss:{loss:.8f} val_bpb:{bpb:.8f} stride:64 eval_time:1ms\n"),
+                write(f"{name}/result.json", json.dumps({"seed": seed, "val_bpb_sliding": bpb, "val_loss_sliding": loss,
+                                                         "tokens_per_byte": 0.41, "hyperparameters": hp})))
+
+
+SEED_RUNS = both(seed_run("a", 1, 1.1000), seed_run("b", 2, 1.1020), seed_run("c", 3, 1.1010))
+SIG = ("tools/significance.py", "--runs", "{d}/a", "{d}/b", "{d}/c", "--baseline-bpb")
+GPU_CHECK = ("tools/gpu_check.py", "--cpu-twin")
+
+
+def tool_rows() -> list:
+    g, m, sig = "gpu_check", "make_record", "significance"
+    return [
+        BadInput(sig, "the same run three times", ("tools/significance.py", "--runs", "{d}/a", "{d}/a", "{d}/a",
+                 "--baseline-bpb", "1.12"), r"--runs: run \S+/a is given twice; expected each run once", setup=SEED_RUNS),
+        BadInput(sig, "a run in both groups", ("tools/significance.py", "--runs", "{d}/a", "{d}/b", "--baseline-runs",
+                 "{d}/c", "{d}/a/result.json"), r"--baseline-runs: run \S+/a/result.json is given in both --runs and "
+                 r"--baseline-runs", setup=SEED_RUNS),
+        BadInput(sig, "a seed twice", SIG[:5] + ("{d}/d", "--baseline-bpb", "1.12"), r"--runs: seed 3 of \S+/d repeats "
+                 r"\S+/c; expected one run per seed", setup=both(SEED_RUNS, seed_run("d", 3, 1.1005))),
+        BadInput(sig, "seeds from runs with different settings", SIG[:5] + ("{d}/d", "--baseline-bpb", "1.12"),
+                 r"--runs: run \S+/d: configuration differs from run \S+/a beyond the seed: hyperparameters "
+                 r"ITERATIONS=5 vs 20000", setup=both(SEED_RUNS, seed_run("d", 4, 1.1005, iterations=5))),
+        BadInput(sig, "--baseline-bpb -1.2", SIG + ("-1.2",), r"--baseline-bpb=-1.2: expected a finite number > 0",
+                 setup=SEED_RUNS),
+        BadInput(sig, "--baseline-bpb nan", SIG + ("nan",), r"--baseline-bpb=nan: expected a finite number > 0",
+                 setup=SEED_RUNS),
+        BadInput(m, "--date 2026-13-45", ("tools/make_record.py", "--runs", "{d}/a", "--name", "x", "--author", "A",
+                 "--github-id", "a", "--date", "2026-13-45", "--records-dir", "{d}/records"), r"--date '2026-13-45': not a "
+                 r"calendar date \(month must be in 1\.\.12\); expected YYYY-MM-DD", setup=seed_run("a", 1, 1.1),
+                 after=absent("records")),
+        BadInput(g, "--cpu-twin --preset-size beyond the machine's memory", GPU_CHECK + ("--preset-size",),
+                 r"--cpu-twin --preset-size: PRESET=1xh100-sp8192's shape \(.*\) needs about [\d.]+ GiB, this machine "
+                 r"has [\d.]+ GiB available; expected a shape that fits: `python tools/gpu_check.py --cpu-twin`"),
+        BadInput(g, "--cpu-twin with a token id >= VOCAB_SIZE in a train shard", GPU_CHECK, r"DATA_PATH='\S+/data': "
+                 r"train shard fineweb_train_000002.bin holds token id 5000; expected ids < VOCAB_SIZE=1024",
+                 env=train_env(DATA_PATH="{d}/data"), setup=small_dataset(5000), after=absent("runs")),
+    ]
+
+
+CASES = eval_rows() + quant_rows() + prepare_rows() + sweep_rows() + train_rows() + tool_rows()
 
 
 # ----------------------------------------------------------------------------- running
@@ -414,8 +483,14 @@ def run_case(case: BadInput, case_dir: Path, values: dict) -> subprocess.Complet
     env = {k: v for k, v in os.environ.items() if not k.startswith(SCRUBBED_ENV_PREFIXES) and k not in TRAINER_SETTINGS}
     values = dict(values, d=str(case_dir))
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **{k: v.format(**values) for k, v in case.env.items()})
+    limit = None
+    if case.file_limit_bytes is not None:
+        import resource
+
+        def limit():  # in the child: a write past the limit fails with EFBIG (Python ignores SIGXFSZ)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (case.file_limit_bytes, case.file_limit_bytes))
     return subprocess.run([sys.executable, *command(case, values)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, preexec_fn=limit)
 
 
 def run_all(root: Path, values: dict, workers: int = 3) -> dict:
@@ -473,7 +548,8 @@ def render_table(results: dict, values: dict) -> str:
     for case in CASES:
         proc, case_dir = results[case.id]
         env = " ".join(f"{k}={v.format(**dict(values, d=str(case_dir)))}" for k, v in case.env.items())
-        cmd = short(" ".join(filter(None, [env, PY, *command(case, dict(values, d=str(case_dir)))])), case_dir)
+        ulimit = f"ulimit -f {case.file_limit_bytes // 1024};" if case.file_limit_bytes is not None else ""
+        cmd = short(" ".join(filter(None, [ulimit, env, PY, *command(case, dict(values, d=str(case_dir)))])), case_dir)
         message = short(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(none)", case_dir)
         lines.append(f"| {case.cli} | {case.what.replace('|', '/')} | `{cmd}` | {proc.returncode} | `{message}` |")
     return "\n".join(lines + ["", TABLE_END])

@@ -186,7 +186,7 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
     with staged_writes(log) as stage:  # a new folder beside data_path, swapped in when complete
         folder = stage.folder(data_path)
         _link_valid_shards(data_path, folder, log)
-        for remote in tqdm(remote_files, desc=f"download {dataset_name}", unit="file", disable=not progress,
+        for remote in tqdm(remote_files, desc=f"download {dataset_name}", unit="file", disable=None if progress else True,
                            file=sys.stderr):
             dest = folder / PurePosixPath(remote).name
             if not dest.is_file():

@@ -129,7 +129,8 @@ def _write_dataset(sp, docs_factory, folder: Path, num_docs, num_val_docs, val_h
     hash_tmp = {s: folder / f"doc_hashes_{s}.txt.tmp" for s in ("val", "train")}
     hash_files = {s: open(p, "w", encoding="ascii", newline="\n") for s, p in hash_tmp.items()}
     num_dropped = 0
-    bar = tqdm(total=num_docs, unit="doc", desc=f"tokenize {name}", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=num_docs, unit="doc", desc=f"tokenize {name}", disable=None if progress else True,
+               file=sys.stderr)  # None: a bar on a terminal only, so an error stays one line in a log
     try:
         index = 0
         batch: list[str] = []
