@@ -119,3 +119,41 @@ def test_a_ttt_overrun_keeps_the_roundtrip_and_names_the_ttt_command(
     assert "val_bpb_roundtrip" in result and "val_bpb_ttt" not in result and "val_bpb_sliding" not in result
     assert re.search(r"EvalTimeError: run_ttt: projected \d+\.\ds for scoring alone after chunk 1/\d", result["error"])
     assert re.search(r"^next: python -m eval score .* --stride 32 .*--ttt 1 --ttt-epochs 2 ", out, re.M), out
+
+
+@pytest.mark.slow
+def test_eval_score_ttt_with_no_flags_is_the_runs_score(tiny_dataset, sp1024_model, tmp_path):
+    """The artifact records the TTT settings the run scored with: `python -m eval score --artifact A --ttt 1`
+    with no other setting (no TTT_* flag or variable) gives the run's logged TTT score exactly, and says so.
+    Before the settings were recorded it scored with the CLI defaults (chunks of 32,768: one chunk, 0
+    updates) and printed another number."""
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="ttt", VAL_MAX_TOKENS=0, TTT_ENABLED=1,
+                      TTT_CHUNK_TOKENS=2048, TTT_EPOCHS=1, TTT_LR=0.01)
+    proc = run_trainer(env)
+    result = read_result(tmp_path, "ttt")
+    logged = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", proc.stdout, re.M)
+    assert result["status"] == "ok" and result["ttt_epochs"] == 1 and result["ttt_updates"] > 0 and logged
+    artifact = tmp_path / "ttt" / "final_model.ptz"
+    cli_env = {k: v for k, v in env.items() if not k.startswith(("TTT_", "EVAL_", "VAL_"))}
+    score = subprocess.run([sys.executable, "-m", "eval", "score", "--artifact", str(artifact), "--data-path",
+                            str(tiny_dataset), "--tokenizer", str(sp1024_model), "--ttt", "1"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300, env=cli_env)
+    assert score.returncode == 0, score.stderr[-2000:]
+    assert ("ttt settings: from the artifact TTT_EPOCHS=1 TTT_CHUNK_TOKENS=2048 TTT_LR=0.01 TTT_MOMENTUM=0.9 "
+            "TTT_GRAD_CLIP=1.0 TTT_BATCH_SEQS=32 TTT_PARAMS=all EVAL_BATCH_SEQS=16; from flags none\n") in score.stdout
+    cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", score.stdout, re.M)
+    assert cli and cli.groups() == logged.groups(), score.stdout[-2000:]  # the same 8-decimal strings
+    # result.json's command is the exact one: the same numbers, whatever the environment says
+    command = result["score_command"]
+    assert command.startswith(f"python -m eval score --artifact {artifact} ") and " --ttt 1 --ttt-epochs 1 " in command
+    noisy = dict(cli_env, TTT_EPOCHS="3", TTT_CHUNK_TOKENS="32768", EVAL_BATCH_SEQS="7", VAL_MAX_TOKENS="100")
+    again = subprocess.run([sys.executable, *command.split()[1:]], cwd=REPO, capture_output=True, text=True,
+                           timeout=300, env=noisy)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", again.stdout,
+                     re.M).groups() == logged.groups()
+    # a flag overrides the artifact, and the line says which came from where
+    flagged = subprocess.run([sys.executable, "-m", "eval", "score", "--artifact", str(artifact), "--data-path",
+                              str(tiny_dataset), "--tokenizer", str(sp1024_model), "--ttt", "1", "--ttt-epochs", "0",
+                              "--stride", "0"], cwd=REPO, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert "; from flags TTT_EPOCHS=0\n" in flagged.stdout and "TTT_CHUNK_TOKENS=2048" in flagged.stdout
