@@ -300,6 +300,9 @@ def cmd_score(args) -> None:
                              max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9), log=log,
                              **{k: v for k, v in common.items() if k != "batch_seqs"})
             log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
+            if not result["num_updates"] and args.ttt_epochs:
+                log(f"WARNING: TTT made 0 updates in {result['num_chunks']} chunk(s) of --ttt-chunk-tokens "
+                    f"{args.ttt_chunk_tokens} (the last chunk is never trained on): this is the plain sliding score")
         elif stride > 0:
             # loading and the roundtrip count against the same EVAL_MAX_SECONDS; when they used it all,
             # the guard still projects and says so (a budget <= 0 would be refused as a bad input)

@@ -157,3 +157,38 @@ def test_eval_score_ttt_with_no_flags_is_the_runs_score(tiny_dataset, sp1024_mod
                               str(tiny_dataset), "--tokenizer", str(sp1024_model), "--ttt", "1", "--ttt-epochs", "0",
                               "--stride", "0"], cwd=REPO, capture_output=True, text=True, timeout=300, env=cli_env)
     assert "; from flags TTT_EPOCHS=0\n" in flagged.stdout and "TTT_CHUNK_TOKENS=2048" in flagged.stdout
+
+
+def test_one_chunk_of_val_plans_no_ttt_epochs_and_says_why(monkeypatch, tmp_path):
+    """4,096 targets in chunks of 4,096: one chunk, the last, never trained on. The plan said `epochs 3` and
+    the run reported 3 epochs with 0 updates; now it plans 0 and says why."""
+    from eval.ttt import plan_ttt
+
+    hp = Hyperparameters(num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1, rope_dims=8, xsa_last_n=0,
+                         train_seq_len=64, eval_stride=16, eval_batch_seqs=4, vocab_size=128, ttt_enabled=True,
+                         ttt_chunk_tokens=4096, ttt_batch_seqs=32, ttt_epochs=3, eval_auto_stride=False)
+    lines = []
+    ctx = RunContext(0, 1, 0, torch.device("cpu"), tmp_path)
+    ctx.log = lambda msg="", console=True: lines.append(msg)
+    monkeypatch.setattr(trainer_evaluate, "time_eval_forward", lambda *a: 1e-4)
+    monkeypatch.setattr(trainer_evaluate, "time_ttt_step", lambda *a: 1e-4)
+    assert plan_final_eval(ctx, build_model_config(hp), hp, 4097) == dict(stride=16, ttt_epochs=0)
+    assert re.search(r" stride 16 epochs 0 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\); TTT skipped: the "
+                     r"4096 val targets are one chunk of TTT_CHUNK_TOKENS=4096, the last one, which score-first TTT never "
+                     r"trains on: 0 updates \(the score is the sliding one\)$", lines[-1]), lines[-1]
+    # one target more: two chunks (if documents allow), and the epochs are kept
+    assert plan_final_eval(ctx, build_model_config(hp), hp, 4098) == dict(stride=16, ttt_epochs=3)
+    common = dict(forward_seconds=1e-4, train_seconds=1e-4, seq_len=64, strides=[16], chunk_tokens=4096,
+                  eval_batch_seqs=4, batch_seqs=32, max_seconds=600)
+    assert plan_ttt(num_val_tokens=100, epochs=0, **common)["reason"] is None  # TTT off: no reason to give
+
+
+@pytest.mark.slow
+def test_a_one_chunk_ttt_run_reports_what_happened(tiny_dataset, sp1024_model, tmp_path):
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="one", TTT_ENABLED=1, TTT_CHUNK_TOKENS=4096)
+    proc = run_trainer(env)  # VAL_MAX_TOKENS=4096: 4096 targets
+    result = read_result(tmp_path, "one")
+    assert re.search(r"^ttt_plan: .* epochs 0 .*; TTT skipped: the 4096 val targets are one chunk", proc.stdout, re.M)
+    assert result["status"] == "ok" and result["ttt_epochs"] == 0 and result["ttt_updates"] == 0
+    assert "val_bpb_sliding" in result and "val_bpb_ttt" not in result
+    assert " --ttt 0" in result["score_command"]

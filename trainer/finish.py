@@ -78,13 +78,18 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     if ttt_epochs:
         tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, epochs=ttt_epochs,
                           started=eval_start)
+        # epochs that updated nothing (one chunk: the last is never trained on) are not reported as TTT epochs
         yield lap("ttt", val_loss_ttt=tt["val_loss"], val_bpb_ttt=tt["val_bpb"], eval_stride=eval_stride,
-                  ttt_epochs=ttt_epochs, ttt_updates=tt["num_updates"], ttt_chunks=tt["num_chunks"],
+                  ttt_epochs=ttt_epochs * bool(tt["num_updates"]), ttt_epochs_planned=ttt_epochs,
+                  ttt_updates=tt["num_updates"], ttt_chunks=tt["num_chunks"],
                   ttt_updates_stopped_at_chunk=tt["updates_stopped_at_chunk"],
                   eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
                   tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
                   score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs))
         ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} chunks:{tt['num_chunks']} updates:{tt['num_updates']}")
+        if not tt["num_updates"]:
+            ctx.log(f"WARNING: TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} "
+                    "(the last chunk is never trained on): the TTT score is the plain sliding score")
         return
     sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
