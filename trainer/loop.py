@@ -19,7 +19,7 @@ from trainer.model import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
     EMA, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active, run_progress, run_steps_estimate,
-    warmdown_frac_at)
+    schedule_warning, warmdown_frac_at)
 from trainer.settings import Hyperparameters
 
 
@@ -151,6 +151,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
+    warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
+    if warning and not hp.resume:
+        ctx.log(warning)
     with contextlib.nullcontext() if stop is not None else SignalGuard() as guard:
         stop = stop if stop is not None else guard.flag
         ctx.sync()
