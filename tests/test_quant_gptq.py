@@ -143,6 +143,8 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     opened, real_load = [], trainer_shards.load_data_shard
     monkeypatch.setattr(trainer_loader, "load_data_shard", lambda path: opened.append(Path(path).name) or real_load(path))
     monkeypatch.setattr(train_gpt, "load_validation_tokens", lambda *a, **k: pytest.fail("val tokens loaded"))
+    # a fast batch (a loaded machine's real timing could raise the 5 s reserve: tests below)
+    monkeypatch.setattr(trainer_loop, "time_calibration_batch", lambda *a: 0.01)
     env = {"PRESET": "smoke", "NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2",
            "ROPE_DIMS": "8", "XSA_LAST_N": "1", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "2048",
            "ITERATIONS": "2", "MAX_WALLCLOCK_SECONDS": "500", "GPTQ_RESERVE_SECONDS": "5",
