@@ -22,8 +22,12 @@ EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_ST
 EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split), ATTN_BACKEND (auto).
 Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (tools/cli_errors.py).
 With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT (eval/ttt.py), printed as
-`final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`; TTT_CHUNK_TOKENS (32768), TTT_EPOCHS (3),
-TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BATCH_SEQS (32), TTT_PARAMS (all).
+`final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT settings the run scored with
+(the artifact records them: its planned epochs, TTT_CHUNK_TOKENS, TTT_LR, TTT_MOMENTUM, TTT_GRAD_CLIP,
+TTT_BATCH_SEQS, TTT_PARAMS and its scoring batch), flags override; one line says which came from where.
+An artifact that records none uses the flags, else the environment, else TTT_CHUNK_TOKENS (32768),
+TTT_EPOCHS (3), TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BATCH_SEQS (32), TTT_PARAMS
+(all), and the line says the score is the run's only if they match the run's.
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -39,6 +43,7 @@ import sentencepiece as spm
 from tools.cli_errors import (
     USER_ERRORS, ArgumentParser, check_dir, check_file, env_choice, env_float, env_int, parse_number, report_user_error,
 )
+from trainer.settings import valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
@@ -153,6 +158,7 @@ def check_score_inputs(args, environ=None) -> None:
     if args.stride is not None:
         parse_number("--stride", args.stride, minimum=0, expected="0 (no sliding eval) or a stride >= 1")
     parse_number("--seq-len", args.seq_len, minimum=0, expected="an integer >= 1 (0: the artifact's)")
+    batch_seqs_flag = args.batch_seqs is not None
     if args.batch_seqs is None:
         args.batch_seqs = env_int("EVAL_BATCH_SEQS", 32, environ, minimum=1)
     parse_number("--batch-seqs", args.batch_seqs, minimum=1)
@@ -176,6 +182,9 @@ def check_score_inputs(args, environ=None) -> None:
            ("ttt_momentum", "TTT_MOMENTUM", 0.9, float, dict(minimum=0)),
            ("ttt_grad_clip", "TTT_GRAD_CLIP", 1.0, float, dict(minimum=0)),
            ("ttt_batch_seqs", "TTT_BATCH_SEQS", 32, int, dict(minimum=1)))
+    # which TTT settings the flags gave (they beat the artifact's; the environment does not)
+    args.ttt_flags = [attr for attr, *_ in ttt if getattr(args, attr) is not None] + [
+        "ttt_params"] * (args.ttt_params is not None) + ["ttt_eval_batch_seqs"] * batch_seqs_flag
     for attr, var, default, kind, limits in ttt:
         if getattr(args, attr) is None:
             setattr(args, attr, (env_int if kind is int else env_float)(var, default, environ, **limits))
@@ -184,6 +193,55 @@ def check_score_inputs(args, environ=None) -> None:
         raise ValueError(f"--ttt {args.ttt} (TTT_ENABLED): expected 0 or 1")
     if args.ttt_params is None:
         args.ttt_params = environ.get("TTT_PARAMS", "all")
+    if not valid_ttt_params(args.ttt_params):
+        raise ValueError(f"--ttt-params {args.ttt_params!r} (TTT_PARAMS): expected all, scalars or a regular expression "
+                         "of parameter names")
+    args.ttt_eval_batch_seqs = args.batch_seqs
+
+
+# args attribute -> (key of the artifact's run["ttt"], setting name, type, minimum)
+TTT_SETTINGS = {"ttt_epochs": ("epochs", "TTT_EPOCHS", int, 0), "ttt_chunk_tokens": ("chunk_tokens", "TTT_CHUNK_TOKENS", int, 1),
+                "ttt_lr": ("lr", "TTT_LR", float, 0), "ttt_momentum": ("momentum", "TTT_MOMENTUM", float, 0),
+                "ttt_grad_clip": ("grad_clip", "TTT_GRAD_CLIP", float, 0),
+                "ttt_batch_seqs": ("batch_seqs", "TTT_BATCH_SEQS", int, 1), "ttt_params": ("params", "TTT_PARAMS", str, None),
+                "ttt_eval_batch_seqs": ("eval_batch_seqs", "EVAL_BATCH_SEQS", int, 1)}
+
+
+def resolve_ttt_settings(args, meta: dict, log=print) -> None:
+    """With --ttt 1: set args' TTT settings (TTT_SETTINGS) to the ones the run scored with, recorded in the
+    artifact's run["ttt"] (trainer/finish.py), except those a flag gave; log one line saying which came from
+    the artifact and which from flags. An artifact that records none (written before they were recorded,
+    or outside the trainer) keeps the flags / environment / CLI defaults, and the line says the score is the
+    run's only if they match its TTT_* settings. Without --ttt, a run that scored with TTT gets a hint.
+    ValueError naming the artifact for malformed settings."""
+    ttt, name = (meta.get("run") or {}).get("ttt"), args.artifact
+    if ttt is not None:
+        ok = isinstance(ttt, dict) and ttt.get("enabled") in (0, 1) and all(
+            (isinstance(ttt.get(key), str) and valid_ttt_params(ttt[key]) if kind is str else type(ttt.get(key)) in (int, kind)
+             and ttt[key] >= minimum and ttt[key] == ttt[key] and ttt[key] != float("inf"))
+            for key, _, kind, minimum in TTT_SETTINGS.values())
+        if not ok:
+            raise ValueError(f"artifact {name}: malformed TTT settings {ttt}")
+    if not args.ttt:
+        if ttt and ttt["enabled"] and ttt["epochs"]:
+            log(f"artifact {name}: the run scored with TTT ({ttt['epochs']} epochs): this is the sliding score; "
+                f"pass --ttt 1 for the run's score")
+        return
+    described = lambda attrs: " ".join(f"{TTT_SETTINGS[a][1]}={getattr(args, a)}" for a in attrs)
+    flags = [a for a in TTT_SETTINGS if a in args.ttt_flags]
+    if ttt is None:
+        log(f"ttt settings: artifact {name} records none (written before artifacts recorded them, or outside the "
+            f"trainer): the environment or CLI defaults {described(a for a in TTT_SETTINGS if a not in flags)}"
+            + f", flags {described(flags)}" * bool(flags)
+            + "; the score is the run's only if these match the run's TTT_* settings (its result.json's score_command)")
+        return
+    taken = [a for a in TTT_SETTINGS if a not in flags]
+    for attr in taken:
+        setattr(args, attr, ttt[TTT_SETTINGS[attr][0]])
+    run = ("" if not ttt["enabled"] else " (the run's plan skipped TTT: its score is the sliding one)"
+           if not ttt["epochs"] else "")
+    log(f"ttt settings: from the artifact {described(taken) or 'none'}; from flags {described(flags) or 'none'}"
+        + (" (the run scored without TTT: TTT_ENABLED=0)" if not ttt["enabled"] else run))
 
 
 def check_sentencepiece(what: str, path) -> None:
@@ -223,6 +281,7 @@ def cmd_score(args) -> None:
         model, model_config, meta = _load_model(args.artifact, device, log, args.attn_backend)
         vocab_size = int(model_config["vocab_size"])
         seq_len, stride = resolve_score_settings(args, model_config, meta, log=log)
+        resolve_ttt_settings(args, meta, log=log)
         luts = load_sentencepiece_luts(args.tokenizer, vocab_size)
         check_data_manifest(args.data_path, vocab_size=vocab_size, log=log)
         val_tokens = load_validation_tokens(args.data_path, vocab_size=vocab_size)
@@ -236,10 +295,14 @@ def cmd_score(args) -> None:
         if stride > 0 and args.ttt:  # score-first TTT: its scoring pass is the sliding pass (eval/ttt.py)
             result = run_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, chunk_tokens=args.ttt_chunk_tokens,
                              epochs=args.ttt_epochs, lr=args.ttt_lr, momentum=args.ttt_momentum, params=args.ttt_params,
-                             batch_seqs=args.ttt_batch_seqs, eval_batch_seqs=args.batch_seqs, grad_clip=args.ttt_grad_clip,
+                             batch_seqs=args.ttt_batch_seqs, eval_batch_seqs=args.ttt_eval_batch_seqs,
+                             grad_clip=args.ttt_grad_clip,
                              max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9), log=log,
                              **{k: v for k, v in common.items() if k != "batch_seqs"})
             log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
+            if not result["num_updates"] and args.ttt_epochs:
+                log(f"WARNING: TTT made 0 updates in {result['num_chunks']} chunk(s) of --ttt-chunk-tokens "
+                    f"{args.ttt_chunk_tokens} (the last chunk is never trained on): this is the plain sliding score")
         elif stride > 0:
             # loading and the roundtrip count against the same EVAL_MAX_SECONDS; when they used it all,
             # the guard still projects and says so (a budget <= 0 would be refused as a bad input)

@@ -279,15 +279,18 @@ def plan_ttt(*, forward_seconds, train_seconds, num_val_tokens, seq_len, strides
     as train_gpt.plan_eval_stride does); train_seconds: one TTT step (see project_ttt_seconds).
     strides: candidates, preferred first (e.g. EVAL_STRIDE, 2x, ..., seq_len); epochs: the wanted
     TTT_EPOCHS. More epochs beat a smaller stride: tried epochs, epochs - 1, ..., 1, each at every
-    stride. Returns dict(stride, epochs (0: TTT skipped), projected_seconds, reason (None, or why
-    TTT is skipped / fewer epochs)); when TTT is skipped the stride is the first whose score-only
+    stride; none when the val targets fit one chunk (the last chunk is never trained on). Returns
+    dict(stride, epochs (0: TTT skipped), projected_seconds, reason (None, or why TTT is skipped /
+    fewer epochs)); when TTT is skipped the stride is the first whose score-only
     pass fits (the last one if none does; the eval's own guard then decides).
     """
     budget = margin * max_seconds - roundtrip_seconds
     common = dict(forward_seconds=forward_seconds, train_seconds=train_seconds, num_val_tokens=num_val_tokens,
                   seq_len=seq_len, chunk_tokens=chunk_tokens, eval_batch_seqs=eval_batch_seqs, batch_seqs=batch_seqs,
                   world_size=world_size)
-    for e in range(epochs, 0, -1):
+    # one chunk: it is the last one, which score-first TTT never trains on; no epoch would update anything
+    one_chunk = num_val_tokens - 1 <= chunk_tokens
+    for e in range(0 if one_chunk else epochs, 0, -1):
         for s in strides:
             seconds = project_ttt_seconds(stride=s, epochs=e, **common)
             if seconds <= budget:
@@ -295,6 +298,9 @@ def plan_ttt(*, forward_seconds, train_seconds, num_val_tokens, seq_len, strides
                             reason=None if e == epochs else f"TTT_EPOCHS={epochs} does not fit: {e}")
     s = next((s for s in strides if project_ttt_seconds(stride=s, epochs=0, **common) <= budget), strides[-1])
     wanted = project_ttt_seconds(stride=strides[-1], epochs=1, **common)
+    reason = (f"TTT skipped: the {num_val_tokens - 1} val targets are one chunk of TTT_CHUNK_TOKENS={chunk_tokens}, "
+              f"the last one, which score-first TTT never trains on: 0 updates (the score is the sliding one)"
+              if one_chunk else f"TTT skipped: 1 epoch at stride {strides[-1]} projects {roundtrip_seconds + wanted:.0f}s > "
+              f"{margin:g} x EVAL_MAX_SECONDS={max_seconds:g}")
     return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + project_ttt_seconds(stride=s, epochs=0, **common),
-                reason=f"TTT skipped: 1 epoch at stride {strides[-1]} projects {roundtrip_seconds + wanted:.0f}s > "
-                       f"{margin:g} x EVAL_MAX_SECONDS={max_seconds:g}" if epochs else None)
+                reason=reason if epochs else None)

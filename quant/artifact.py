@@ -35,8 +35,10 @@ Payload (L bytes, decompressed):
           (same state dict -> same file, in any process; tests/test_quant_artifact.py runs two).
           run (format 3): what scoring the file needs besides the data and the tokenizer, as the
           trainer writes it: {"train_seq_len": int (the eval window), "vocab_size": int,
-          "tokenizer_sha256": hex str, "eval_stride": int (EVAL_STRIDE the run started its sliding
-          eval with)}; {} when the writer had none (tests, benches). `python -m eval score` reads it.
+          "tokenizer_sha256": hex str, "eval_stride": int (the stride the run's plan started its sliding
+          or TTT eval with), "ttt": the TTT settings it scored with (trainer/finish.py
+          ttt_artifact_settings; absent in older files)}; {} when the writer had none (tests, benches).
+          `python -m eval score` reads it. Readers ignore keys they do not know (additions need no new version).
     4 bytes: uint32 length of the header.
 Decoding checks magic + version, the CRC and the compressor id before anything else, inflates with
 the output capped at the declared length (no zip bombs; brotli's cap is its output buffer limit),

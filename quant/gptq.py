@@ -64,14 +64,17 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QU
 
 @torch.no_grad()
 def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batches: int, *, deadline: float = math.inf,
-                          autocast: Callable = contextlib.nullcontext) -> tuple:
+                          autocast: Callable = contextlib.nullcontext, batch_seconds: float = 0.0,
+                          clock: Callable = time.perf_counter) -> tuple:
     """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, over training batches.
 
     next_batch() -> (x, y) int64 [B, T] token batches (the trainer's train loader: calibration never
     touches val tokens); model(x, y) runs the forward (its output is ignored). Reads up to
-    num_batches batches (at least one, so that every rank has every H to average), stopping early
-    once time.perf_counter() passes `deadline`. Returns ({"<module>.weight": H float32 [C, C] on
-    the model's device, summed in float32 even under `autocast`}, number of batches read).
+    num_batches batches (at least one, so that every rank has every H to average); after the first,
+    a batch starts only if it is projected to end by `deadline` (clock() seconds), at the larger of
+    batch_seconds (e.g. timed before the training clock) and the mean measured so far. Returns
+    ({"<module>.weight": H float32 [C, C] on the model's device, summed in float32 even under
+    `autocast`}, number of batches read).
     """
     sums, last, n = {}, [None], 0
 
@@ -84,7 +87,8 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
         sums[mod] = last[1] + h, c + last[2]
 
     hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    while n < num_batches and (n == 0 or time.perf_counter() < deadline):
+    start = clock()
+    while n < num_batches and (n == 0 or clock() + max(batch_seconds, (clock() - start) / n) <= deadline):
         with autocast():
             model(*next_batch())
         n += 1

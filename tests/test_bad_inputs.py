@@ -187,7 +187,32 @@ def eval_rows() -> list:
         BadInput(e, "bytes: val token id >= the vocab", ("-m", "eval", "bytes", "--data-path", "{d}", "--tokenizer",
                  "{tok}"), r"val shards in DATA_PATH=\S+: max id 5000; expected tokens, ids < VOCAB_SIZE=1024",
                  setup=lambda d: shard_with_id(d, 5000)),
+        BadInput(e, "--ttt-params not a regular expression", SCORE + ("--ttt", "1", "--ttt-params", "blocks.("),
+                 r"--ttt-params 'blocks\.\(' \(TTT_PARAMS\): expected all, scalars or a regular expression",
+                 setup=WITH_PTZ),
+        BadInput(e, "TTT_PARAMS=[ (not a regular expression)", SCORE + ("--ttt", "1"),
+                 r"--ttt-params '\[' \(TTT_PARAMS\): expected all, scalars or a regular expression",
+                 env={"TTT_PARAMS": "["}, setup=WITH_PTZ),
+        BadInput(e, "artifact with malformed TTT settings", SCORE + ("--ttt", "1", "--allow-tokenizer-mismatch"),
+                 r"artifact \S+/final_model.ptz: malformed TTT settings \{.*'epochs': 'three'",
+                 setup=lambda d: artifact_with_ttt(d, dict(enabled=1, epochs="three"))),
     ]
+
+
+def artifact_with_ttt(d: Path, ttt: dict) -> None:
+    """A tiny model's artifact (vocab 1024) whose run metadata holds `ttt` as its TTT settings."""
+    import torch
+
+    from quant.artifact import export_artifact
+    from trainer.model import GPT, build_model_config
+    from trainer.settings import Hyperparameters
+
+    config = build_model_config(Hyperparameters(vocab_size=1024, num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1,
+                                                rope_dims=8, xsa_last_n=0))
+    torch.manual_seed(0)
+    state = GPT(**config).state_dict()
+    run = dict(train_seq_len=64, vocab_size=1024, eval_stride=32, tokenizer_sha256="0" * 64, ttt=ttt)
+    export_artifact(state, config, d / "final_model.ptz", code_bytes=0, log=lambda msg: None, run=run)
 
 
 def shard_with_id(d: Path, token_id: int) -> None:

@@ -240,9 +240,10 @@ def test_score_cli_reproduces_the_training_run_from_the_artifact_alone(tiny_data
     from quant.artifact import load_artifact
 
     meta = load_artifact(artifact)[2]
-    assert meta["format_version"] == 3 and meta["run"] == dict(
+    assert meta["format_version"] == 3 and meta["run"].items() >= dict(
         train_seq_len=64, vocab_size=1024, eval_stride=32,
-        tokenizer_sha256=hashlib.sha256(Path(sp1024_model).read_bytes()).hexdigest())
+        tokenizer_sha256=hashlib.sha256(Path(sp1024_model).read_bytes()).hexdigest()).items()
+    assert meta["run"]["ttt"]["enabled"] == 0  # and the TTT settings it would score with
     out = run_cli("score", "--artifact", artifact, "--data-path", tiny_dataset, "--tokenizer", sp1024_model).stdout
     rt, sl = ROUNDTRIP_RE.search(out), SLIDING_RE.search(out)
     assert rt and sl and "seq_len:64 " in out, out

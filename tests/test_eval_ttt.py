@@ -268,3 +268,46 @@ def test_cli_ttt_equals_the_direct_call(tiny_dataset, sp1024_model, tmp_path):
     assert res["num_updates"] > 0 and (int(line[4]), int(line[5])) == (res["num_chunks"], res["num_updates"])
     assert float(line[1]) == pytest.approx(res["val_loss"], abs=1e-7)
     assert float(line[2]) == pytest.approx(res["val_bpb"], abs=1e-7)
+
+
+def _score_args(**flags):
+    """args of `python -m eval score --ttt 1` after check_score_inputs: CLI defaults, `flags` given as flags."""
+    import argparse
+
+    defaults = dict(ttt_epochs=3, ttt_chunk_tokens=32768, ttt_lr=0.002, ttt_momentum=0.9, ttt_grad_clip=1.0,
+                    ttt_batch_seqs=32, ttt_params="all", ttt_eval_batch_seqs=32)
+    return argparse.Namespace(artifact="A.ptz", ttt=1, ttt_flags=list(flags), **{**defaults, **flags})
+
+
+def test_score_takes_the_artifacts_ttt_settings_unless_a_flag_overrides():
+    from eval.__main__ import resolve_ttt_settings
+
+    recorded = dict(enabled=1, epochs=1, chunk_tokens=2048, lr=0.01, momentum=0.5, grad_clip=0.0, batch_seqs=8,
+                    params="scalars", eval_batch_seqs=16)
+    logs, args = [], _score_args(ttt_lr=0.02)
+    resolve_ttt_settings(args, dict(run=dict(ttt=recorded)), log=logs.append)
+    assert (args.ttt_epochs, args.ttt_chunk_tokens, args.ttt_lr, args.ttt_momentum, args.ttt_grad_clip,
+            args.ttt_batch_seqs, args.ttt_params, args.ttt_eval_batch_seqs) == (1, 2048, 0.02, 0.5, 0.0, 8, "scalars", 16)
+    assert logs == ["ttt settings: from the artifact TTT_EPOCHS=1 TTT_CHUNK_TOKENS=2048 TTT_MOMENTUM=0.5 "
+                    "TTT_GRAD_CLIP=0.0 TTT_BATCH_SEQS=8 TTT_PARAMS=scalars EVAL_BATCH_SEQS=16; from flags TTT_LR=0.02"]
+    # an older artifact (no settings recorded) still scores, with the CLI's, and says the score may not be the run's
+    logs, args = [], _score_args()
+    resolve_ttt_settings(args, dict(run=dict(train_seq_len=64)), log=logs.append)
+    assert args.ttt_chunk_tokens == 32768 and len(logs) == 1
+    assert logs[0].startswith("ttt settings: artifact A.ptz records none (written before artifacts recorded them")
+    assert "TTT_CHUNK_TOKENS=32768" in logs[0] and logs[0].endswith("the score is the run's only if these match the "
+                                                                   "run's TTT_* settings (its result.json's score_command)")
+    # a run whose plan skipped TTT, or that ran without it, says so; without --ttt a TTT run gets a hint
+    logs = []
+    resolve_ttt_settings(_score_args(), dict(run=dict(ttt=dict(recorded, epochs=0))), log=logs.append)
+    assert logs[0].endswith("(the run's plan skipped TTT: its score is the sliding one)")
+    resolve_ttt_settings(_score_args(), dict(run=dict(ttt=dict(recorded, enabled=0))), log=logs.append)
+    assert logs[1].endswith("(the run scored without TTT: TTT_ENABLED=0)")
+    resolve_ttt_settings(dict_args := _score_args(), dict(run=dict(ttt=recorded)), log=logs.append)
+    dict_args.ttt = 0
+    resolve_ttt_settings(dict_args, dict(run=dict(ttt=recorded)), log=logs.append)
+    assert logs[-1] == "artifact A.ptz: the run scored with TTT (1 epochs): this is the sliding score; pass --ttt 1 for the run's score"
+    for bad in (dict(recorded, lr=-1.0), dict(recorded, epochs=True), dict(recorded, params="("), dict(recorded, lr=float("nan")),
+                {k: v for k, v in recorded.items() if k != "chunk_tokens"}, [1, 2]):
+        with pytest.raises(ValueError, match=r"^artifact A\.ptz: malformed TTT settings "):
+            resolve_ttt_settings(_score_args(), dict(run=dict(ttt=bad)), log=logs.append)

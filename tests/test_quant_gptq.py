@@ -143,6 +143,8 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     opened, real_load = [], trainer_shards.load_data_shard
     monkeypatch.setattr(trainer_loader, "load_data_shard", lambda path: opened.append(Path(path).name) or real_load(path))
     monkeypatch.setattr(train_gpt, "load_validation_tokens", lambda *a, **k: pytest.fail("val tokens loaded"))
+    # a fast batch (a loaded machine's real timing could raise the 5 s reserve: tests below)
+    monkeypatch.setattr(trainer_loop, "time_calibration_batch", lambda *a: 0.01)
     env = {"PRESET": "smoke", "NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2",
            "ROPE_DIMS": "8", "XSA_LAST_N": "1", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "2048",
            "ITERATIONS": "2", "MAX_WALLCLOCK_SECONDS": "500", "GPTQ_RESERVE_SECONDS": "5",
@@ -171,3 +173,84 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     assert "reserve:5000ms" in line
     linears = [n + ".weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert sorted(model.gptq_hessians) == sorted(linears) and len(linears) == 12
+
+
+class FakeClock:
+    """A clock that advances only when the model runs: `train_seconds` per training forward (grad on),
+    `calib_seconds` per calibration forward (no grad). Stands in for trainer.loop's `time` module."""
+
+    def __init__(self, train_seconds: float, calib_seconds: float):
+        self.now, self.train_seconds, self.calib_seconds = 1000.0, train_seconds, calib_seconds
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def wrap(self, forward):
+        def timed(model, *args, **kwargs):
+            self.now += self.train_seconds if torch.is_grad_enabled() else self.calib_seconds
+            return forward(model, *args, **kwargs)
+        return timed
+
+
+def test_calibration_stops_at_its_deadline_on_an_injected_clock():
+    """Batches of 1 s, deadline 3.5 s away: 3 batches end at 3 s; a fourth would end at 4 s (the old
+    check, `now < deadline` before a batch, read it and overran)."""
+    model = _tiny_gpt(train_gpt, vocab_size=64)
+    clock = FakeClock(0.0, 1.0)
+    x = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    model.forward = clock.wrap(type(model).forward).__get__(model)
+    hessians, n = collect_gptq_hessians(model, lambda: (x, x), 10, deadline=1003.5, clock=clock.perf_counter)
+    assert n == 3 and clock.now == 1003.0 and hessians
+    # the estimate from before the clock counts too: at 2 s a batch only the first (mandatory) one runs
+    clock.now = 1000.0
+    assert collect_gptq_hessians(model, lambda: (x, x), 10, deadline=1003.5, clock=clock.perf_counter,
+                                 batch_seconds=2.0)[1] == 2 and clock.now == 1002.0
+
+
+def _clocked_train(monkeypatch, tmp_path, tiny_dataset, clock, **settings):
+    env = {"PRESET": "smoke", "NUM_LAYERS": "1", "MODEL_DIM": "32", "NUM_HEADS": "2", "NUM_KV_HEADS": "1",
+           "ROPE_DIMS": "8", "XSA_LAST_N": "0", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "32", "TRAIN_BATCH_TOKENS": "256",
+           "ITERATIONS": "100000", "EMA_DECAY": "0", "DATA_PATH": str(tiny_dataset), "TRAIN_LOG_EVERY": "1000",
+           "EVAL_STRIDE": "16",
+           **settings}
+    from quant.policy import QuantPolicy
+
+    hp = trainer_settings.Hyperparameters.from_env(env, log=lambda msg: None)
+    logs = []
+    ctx = trainer_context.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
+    ctx.log = lambda msg="", console=True: logs.append(msg)
+    torch.manual_seed(0)
+    model = trainer_model.GPT(**trainer_model.build_model_config(hp))
+    model.init_weights()
+    model.configure_qat(QuantPolicy(gptq=True))
+    monkeypatch.setattr(trainer_loop, "time", clock)
+    monkeypatch.setattr(trainer_model.GPT, "forward", clock.wrap(trainer_model.GPT.forward))
+    loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    return trainer_loop.train(ctx, hp, model, loader, flops_per_token=0.0), logs, model
+
+
+def test_training_plus_calibration_never_passes_the_cap(monkeypatch, tmp_path, tiny_dataset):
+    """Injected clock: 0.1 s a training step, 1 s a calibration batch, MAX_WALLCLOCK_SECONDS=6 and a 0.5 s
+    reserve. Before: training ran to 5.5 s and the calibration batches to 6.5 s (train_time over the cap).
+    Now the reserve is sized from a batch timed before the clock (2 batches: 2 s) and calibration stops at
+    the cap: training to 4 s, 2 batches, 6.0 s in all."""
+    result, logs, model = _clocked_train(monkeypatch, tmp_path, tiny_dataset, FakeClock(0.1, 1.0),
+                                         MAX_WALLCLOCK_SECONDS="6", GPTQ_RESERVE_SECONDS="0.5", GPTQ_CALIB_BATCHES="64")
+    assert result.train_seconds <= 6.0 + 1e-9 and result.steps == pytest.approx(40, abs=1)
+    assert ("gptq_reserve: GPTQ_RESERVE_SECONDS=0.5 raised to 2.0s: one calibration batch takes 1.00s (timed before "
+            "the clock), the reserve holds two") in logs
+    line = next(m for m in logs if m.startswith("gptq_calibration"))
+    assert line.startswith("gptq_calibration batches:2 tokens:512 time:2000ms reserve:2000ms")
+    assert line.endswith(" (of GPTQ_CALIB_BATCHES=64: stopped at MAX_WALLCLOCK_SECONDS=6)") and model.gptq_hessians
+
+
+def test_calibration_with_no_time_left_is_skipped_and_says_so(monkeypatch, tmp_path, tiny_dataset):
+    """A training step that runs deep into the reserve (3.5 s a step, cap 4 s, reserve 2 s): no 1 s batch
+    fits the 0.5 s left; the calibration is skipped (the export falls back to GPTQ-lite), never run past
+    the cap (before: one batch, 4.5 s)."""
+    result, logs, model = _clocked_train(monkeypatch, tmp_path, tiny_dataset, FakeClock(3.5, 1.0),
+                                         MAX_WALLCLOCK_SECONDS="4", GPTQ_RESERVE_SECONDS="2")
+    assert result.steps == 1 and result.train_seconds == pytest.approx(3.5)  # one step, then the cap
+    assert "WARNING: gptq_calibration skipped: 0.5s left of MAX_WALLCLOCK_SECONDS=4, one batch takes 1.0s: the export " \
+           "uses GPTQ-lite" in logs
+    assert model.gptq_hessians == {}

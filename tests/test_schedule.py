@@ -22,6 +22,8 @@ from trainer.schedule import (
 
     run_steps_estimate,
 
+    schedule_warning,
+
     warmdown_frac_at,
 
 )
@@ -211,3 +213,56 @@ def test_smoke_is_the_baseline_knobs_plus_the_measured_ingredients_at_150_steps(
         assert muon_momentum_at(step, smoke, progress) == pytest.approx(muon_momentum_at(step, n, progress), abs=1e-12)
         assert ema_decay_at(step, progress, smoke) == ema_decay_at(step, progress, n) == 0.0
         assert warmdown_frac_at(step, progress, smoke) == warmdown_frac_at(step, progress, n) == 1.0
+
+
+def test_a_schedule_that_degenerates_at_the_run_length_is_one_warning_line():
+    """The smoke preset's momentum horizon (1/18 of the run) is a time constant of <= 1 step at 18 steps
+    or fewer: momentum 0.0 throughout (the horizon rule, used from step 0 when below the warmup start);
+    it was silent. Every degenerate knob goes in ONE line; a healthy schedule gives none."""
+    smoke = lambda **env: Hyperparameters.from_env({"PRESET": "smoke", **env}, log=lambda *a: None)
+    hp = smoke(ITERATIONS="18")
+    assert [muon_momentum_at(s, hp, s / 18) for s in (0, 9, 17)] == [0.0, 0.0, 0.0]
+    assert schedule_warning(hp, 18) == (
+        "WARNING: schedule at 18 steps (ITERATIONS): MUON_MOMENTUM_HORIZON_FRAC=0.05556 is a time constant of 1.00 "
+        "steps (<= 1): Muon momentum is 0.0 for the whole run, not MUON_MOMENTUM_WARMUP_START=0.85 rising (set "
+        "MUON_MOMENTUM for a fixed target)")
+    assert schedule_warning(smoke(ITERATIONS="19"), 19) is None and schedule_warning(smoke(), 150) is None
+    assert schedule_warning(Hyperparameters.from_env({}, log=lambda *a: None), 1843) is None
+    # 3 steps of the default preset: warmup < 1 step, QAT of 0 steps, warmdown < 1 step, in one line
+    hp = Hyperparameters.from_env({"ITERATIONS": "3", "MAX_WALLCLOCK_SECONDS": "0"}, log=lambda *a: None)
+    line = schedule_warning(hp, 3)
+    assert line.count("WARNING") == 1 and "\n" not in line and line.startswith("WARNING: schedule at 3 steps (ITERATIONS): ")
+    assert ("MUON_MOMENTUM_WARMUP_FRAC: a momentum warmup of 0.81 steps: Muon momentum jumps from 0.85 to 0.9500 after "
+            "step 0; QAT_START_FRAC=0.15: late QAT of 0 steps (never on; the export is not trained for); WARMDOWN_FRAC: "
+            "a warmdown of 0.60 steps (< 1): the learning rate never decays") in line
+    assert not any(qat_active(s / 3, hp.qat_start_frac) for s in range(3))  # what the loop would do
+    assert lr_multiplier(2 / 3, warmdown_frac_at(2, 2 / 3, hp)) == 1.0
+    # a step-form warmup longer than the run never reaches its target
+    hp = Hyperparameters.from_env({"ITERATIONS": "100", "MAX_WALLCLOCK_SECONDS": "0", "MUON_MOMENTUM_WARMUP_STEPS": "400"},
+                                  log=lambda *a: None)
+    assert schedule_warning(hp, 100).endswith("MUON_MOMENTUM_WARMUP_STEPS: a momentum warmup of 400 steps, longer than "
+                                              "the run: Muon momentum reaches 0.8750, never 0.9500")
+    # a wallclock run is judged at EXPECTED_STEPS, and says so
+    assert schedule_warning(smoke(EXPECTED_STEPS="10"), 10).startswith("WARNING: schedule at 10 steps (EXPECTED_STEPS): ")
+
+
+def test_the_trainer_logs_the_schedule_warning_once_before_the_clock(tiny_dataset, tmp_path):
+    import trainer.context as trainer_context
+    import trainer.loader as trainer_loader
+    import trainer.loop as trainer_loop
+    import trainer.model as trainer_model
+
+    hp = Hyperparameters.from_env({"PRESET": "smoke", "NUM_LAYERS": "1", "MODEL_DIM": "32", "NUM_HEADS": "2",
+                                   "NUM_KV_HEADS": "1", "ROPE_DIMS": "8", "XSA_LAST_N": "0", "TRAIN_SEQ_LEN": "32",
+                                   "EVAL_STRIDE": "16", "TRAIN_BATCH_TOKENS": "256", "ITERATIONS": "4",
+                                   "QUANT_GPTQ": "0", "DATA_PATH": str(tiny_dataset)}, log=lambda *a: None)
+    logs = []
+    ctx = trainer_context.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
+    ctx.log = lambda msg="", console=True: logs.append(msg)
+    model = trainer_model.GPT(**trainer_model.build_model_config(hp))
+    trainer_loop.train(ctx, hp, model, trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size),
+                       flops_per_token=0.0)
+    warnings = [i for i, m in enumerate(logs) if m.startswith("WARNING: schedule")]
+    first_step = next(i for i, m in enumerate(logs) if m.startswith("step:1/"))
+    assert len(warnings) == 1 and warnings[0] < first_step
+    assert "Muon momentum is 0.0 for the whole run" in logs[warnings[0]] and "QAT_START_FRAC=0.1: late QAT" in logs[warnings[0]]

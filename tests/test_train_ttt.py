@@ -119,3 +119,76 @@ def test_a_ttt_overrun_keeps_the_roundtrip_and_names_the_ttt_command(
     assert "val_bpb_roundtrip" in result and "val_bpb_ttt" not in result and "val_bpb_sliding" not in result
     assert re.search(r"EvalTimeError: run_ttt: projected \d+\.\ds for scoring alone after chunk 1/\d", result["error"])
     assert re.search(r"^next: python -m eval score .* --stride 32 .*--ttt 1 --ttt-epochs 2 ", out, re.M), out
+
+
+@pytest.mark.slow
+def test_eval_score_ttt_with_no_flags_is_the_runs_score(tiny_dataset, sp1024_model, tmp_path):
+    """The artifact records the TTT settings the run scored with: `python -m eval score --artifact A --ttt 1`
+    with no other setting (no TTT_* flag or variable) gives the run's logged TTT score exactly, and says so.
+    Before the settings were recorded it scored with the CLI defaults (chunks of 32,768: one chunk, 0
+    updates) and printed another number."""
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="ttt", VAL_MAX_TOKENS=0, TTT_ENABLED=1,
+                      TTT_CHUNK_TOKENS=2048, TTT_EPOCHS=1, TTT_LR=0.01)
+    proc = run_trainer(env)
+    result = read_result(tmp_path, "ttt")
+    logged = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", proc.stdout, re.M)
+    assert result["status"] == "ok" and result["ttt_epochs"] == 1 and result["ttt_updates"] > 0 and logged
+    artifact = tmp_path / "ttt" / "final_model.ptz"
+    cli_env = {k: v for k, v in env.items() if not k.startswith(("TTT_", "EVAL_", "VAL_"))}
+    score = subprocess.run([sys.executable, "-m", "eval", "score", "--artifact", str(artifact), "--data-path",
+                            str(tiny_dataset), "--tokenizer", str(sp1024_model), "--ttt", "1"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300, env=cli_env)
+    assert score.returncode == 0, score.stderr[-2000:]
+    assert ("ttt settings: from the artifact TTT_EPOCHS=1 TTT_CHUNK_TOKENS=2048 TTT_LR=0.01 TTT_MOMENTUM=0.9 "
+            "TTT_GRAD_CLIP=1.0 TTT_BATCH_SEQS=32 TTT_PARAMS=all EVAL_BATCH_SEQS=16; from flags none\n") in score.stdout
+    cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", score.stdout, re.M)
+    assert cli and cli.groups() == logged.groups(), score.stdout[-2000:]  # the same 8-decimal strings
+    # result.json's command is the exact one: the same numbers, whatever the environment says
+    command = result["score_command"]
+    assert command.startswith(f"python -m eval score --artifact {artifact} ") and " --ttt 1 --ttt-epochs 1 " in command
+    noisy = dict(cli_env, TTT_EPOCHS="3", TTT_CHUNK_TOKENS="32768", EVAL_BATCH_SEQS="7", VAL_MAX_TOKENS="100")
+    again = subprocess.run([sys.executable, *command.split()[1:]], cwd=REPO, capture_output=True, text=True,
+                           timeout=300, env=noisy)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", again.stdout,
+                     re.M).groups() == logged.groups()
+    # a flag overrides the artifact, and the line says which came from where
+    flagged = subprocess.run([sys.executable, "-m", "eval", "score", "--artifact", str(artifact), "--data-path",
+                              str(tiny_dataset), "--tokenizer", str(sp1024_model), "--ttt", "1", "--ttt-epochs", "0",
+                              "--stride", "0"], cwd=REPO, capture_output=True, text=True, timeout=300, env=cli_env)
+    assert "; from flags TTT_EPOCHS=0\n" in flagged.stdout and "TTT_CHUNK_TOKENS=2048" in flagged.stdout
+
+
+def test_one_chunk_of_val_plans_no_ttt_epochs_and_says_why(monkeypatch, tmp_path):
+    """4,096 targets in chunks of 4,096: one chunk, the last, never trained on. The plan said `epochs 3` and
+    the run reported 3 epochs with 0 updates; now it plans 0 and says why."""
+    from eval.ttt import plan_ttt
+
+    hp = Hyperparameters(num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1, rope_dims=8, xsa_last_n=0,
+                         train_seq_len=64, eval_stride=16, eval_batch_seqs=4, vocab_size=128, ttt_enabled=True,
+                         ttt_chunk_tokens=4096, ttt_batch_seqs=32, ttt_epochs=3, eval_auto_stride=False)
+    lines = []
+    ctx = RunContext(0, 1, 0, torch.device("cpu"), tmp_path)
+    ctx.log = lambda msg="", console=True: lines.append(msg)
+    monkeypatch.setattr(trainer_evaluate, "time_eval_forward", lambda *a: 1e-4)
+    monkeypatch.setattr(trainer_evaluate, "time_ttt_step", lambda *a: 1e-4)
+    assert plan_final_eval(ctx, build_model_config(hp), hp, 4097) == dict(stride=16, ttt_epochs=0)
+    assert re.search(r" stride 16 epochs 0 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\); TTT skipped: the "
+                     r"4096 val targets are one chunk of TTT_CHUNK_TOKENS=4096, the last one, which score-first TTT never "
+                     r"trains on: 0 updates \(the score is the sliding one\)$", lines[-1]), lines[-1]
+    # one target more: two chunks (if documents allow), and the epochs are kept
+    assert plan_final_eval(ctx, build_model_config(hp), hp, 4098) == dict(stride=16, ttt_epochs=3)
+    common = dict(forward_seconds=1e-4, train_seconds=1e-4, seq_len=64, strides=[16], chunk_tokens=4096,
+                  eval_batch_seqs=4, batch_seqs=32, max_seconds=600)
+    assert plan_ttt(num_val_tokens=100, epochs=0, **common)["reason"] is None  # TTT off: no reason to give
+
+
+@pytest.mark.slow
+def test_a_one_chunk_ttt_run_reports_what_happened(tiny_dataset, sp1024_model, tmp_path):
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="one", TTT_ENABLED=1, TTT_CHUNK_TOKENS=4096)
+    proc = run_trainer(env)  # VAL_MAX_TOKENS=4096: 4096 targets
+    result = read_result(tmp_path, "one")
+    assert re.search(r"^ttt_plan: .* epochs 0 .*; TTT skipped: the 4096 val targets are one chunk", proc.stdout, re.M)
+    assert result["status"] == "ok" and result["ttt_epochs"] == 0 and result["ttt_updates"] == 0
+    assert "val_bpb_sliding" in result and "val_bpb_ttt" not in result
+    assert " --ttt 0" in result["score_command"]

@@ -52,8 +52,9 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
         if hp.save_prequant:  # for tools/bench_quant.py
             kit_module("tools.checkpoint").save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
         # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
-        run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=hp.eval_stride,
-                   tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest())
+        run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
+                   tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest(),
+                   ttt=ttt_artifact_settings(hp, ttt_epochs))
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
         yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps")}
@@ -77,17 +78,25 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     if ttt_epochs:
         tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, epochs=ttt_epochs,
                           started=eval_start)
+        # epochs that updated nothing (one chunk: the last is never trained on) are not reported as TTT epochs
         yield lap("ttt", val_loss_ttt=tt["val_loss"], val_bpb_ttt=tt["val_bpb"], eval_stride=eval_stride,
-                  ttt_epochs=ttt_epochs, ttt_updates=tt["num_updates"],
+                  ttt_epochs=ttt_epochs * bool(tt["num_updates"]), ttt_epochs_planned=ttt_epochs,
+                  ttt_updates=tt["num_updates"], ttt_chunks=tt["num_chunks"],
                   ttt_updates_stopped_at_chunk=tt["updates_stopped_at_chunk"],
                   eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
-                  tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"])
+                  tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
+                  score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs))
         ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} chunks:{tt['num_chunks']} updates:{tt['num_updates']}")
+        if not tt["num_updates"]:
+            ctx.log(f"WARNING: TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} "
+                    "(the last chunk is never trained on): the TTT score is the plain sliding score")
         return
     sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
-              tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"])
+              tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"],
+              score_command=score_command(hp, artifact_path, sw["stride"]),
+              **(dict(ttt_epochs=0, ttt_updates=0) if hp.ttt_enabled else {}))  # TTT on, but the plan skipped it
     ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
             f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
 
@@ -106,15 +115,26 @@ def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, a
     return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
 
 
+def ttt_artifact_settings(hp: Hyperparameters, ttt_epochs: int) -> dict:
+    """The artifact header's run["ttt"]: the TTT settings the run scores with (`python -m eval score --ttt 1`
+    uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
+    chunk_tokens, lr, momentum, grad_clip, batch_seqs, params, eval_batch_seqs (the scoring batch); the
+    stride is the run's eval_stride (the plan's)."""
+    return dict(enabled=int(hp.ttt_enabled), epochs=ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens, lr=hp.ttt_lr,
+                momentum=hp.ttt_momentum, grad_clip=hp.ttt_grad_clip, batch_seqs=hp.ttt_batch_seqs,
+                params=hp.ttt_params, eval_batch_seqs=hp.eval_batch_seqs)
+
+
 def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epochs: int = 0) -> str:
-    """The command that scores a written artifact as the run would have (eval/__main__.py), with the
-    run's TTT settings when its plan kept TTT (ttt_epochs > 0)."""
+    """The command that scores a written artifact as the run did (eval/__main__.py): the run's stride and
+    scoring batch, and its TTT settings when its plan kept TTT (ttt_epochs > 0)."""
     ttt = (f" --ttt 1 --ttt-epochs {ttt_epochs} --ttt-chunk-tokens {hp.ttt_chunk_tokens} --ttt-lr {hp.ttt_lr} "
            f"--ttt-momentum {hp.ttt_momentum} --ttt-grad-clip {hp.ttt_grad_clip} --ttt-batch-seqs "
            f"{hp.ttt_batch_seqs} --ttt-params {shlex.quote(hp.ttt_params)}")
-    return (f"python -m eval score --artifact {artifact_path} --data-path {hp.data_path} --tokenizer "
-            f"{hp.tokenizer_path} --seq-len {hp.train_seq_len} --stride {stride}"
-            + f" --val-max-tokens {hp.val_max_tokens}" * bool(hp.val_max_tokens) + ttt * bool(ttt_epochs))
+    return (f"python -m eval score --artifact {shlex.quote(str(artifact_path))} --data-path "
+            f"{shlex.quote(hp.data_path)} --tokenizer {shlex.quote(hp.tokenizer_path)} --seq-len {hp.train_seq_len} "
+            f"--stride {stride} --batch-seqs {hp.eval_batch_seqs}"
+            + f" --val-max-tokens {hp.val_max_tokens}" + (ttt if ttt_epochs else " --ttt 0"))
 
 
 def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, train_files) -> None:

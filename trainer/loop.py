@@ -19,7 +19,7 @@ from trainer.model import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
     EMA, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active, run_progress, run_steps_estimate,
-    warmdown_frac_at)
+    schedule_warning, warmdown_frac_at)
 from trainer.settings import Hyperparameters
 
 
@@ -40,6 +40,17 @@ class TrainResult:
     train_seconds: float
     train_losses: list
     stop_signal: int = 0
+
+
+def time_calibration_batch(ctx: RunContext, model: GPT, hp: Hyperparameters, local_tokens: int) -> float:
+    """Seconds of one GPTQ calibration batch ([local_tokens / TRAIN_SEQ_LEN, TRAIN_SEQ_LEN] synthetic tokens
+    through collect_gptq_hessians: the forward with its hooks), before the clock; no train token is read."""
+    x = torch.zeros(max(1, local_tokens // hp.train_seq_len), hp.train_seq_len, dtype=torch.int64, device=ctx.device)
+    ctx.sync()
+    c0 = time.perf_counter()
+    collect_gptq_hessians(model, lambda: (x, x), 1, autocast=ctx.autocast)
+    ctx.sync()
+    return time.perf_counter() - c0
 
 
 def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, *, flops_per_token: float,
@@ -67,6 +78,18 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if gptq_reserve >= hp.max_wallclock_seconds > 0:  # (checked here: only QUANT_GPTQ=1 reserves time)
         raise ValueError(f"GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds}: expected < MAX_WALLCLOCK_SECONDS="
                          f"{hp.max_wallclock_seconds} with QUANT_GPTQ=1")
+    # the reserve holds at least two calibration batches, timed before the clock (a slow CPU or GPU
+    # must not push calibration past the cap; it also stops at the cap, collect_gptq_hessians)
+    timed = model.gptq_hessians is not None and hp.max_wallclock_seconds > 0
+    calib_seconds = time_calibration_batch(ctx, model, hp, local_tokens) if timed else 0.0
+    if 2 * calib_seconds > gptq_reserve:
+        gptq_reserve = math.ceil(20 * calib_seconds) / 10
+        if gptq_reserve >= hp.max_wallclock_seconds:
+            raise ValueError(f"GPTQ calibration: one batch of {local_tokens} tokens takes {calib_seconds:.1f}s (timed "
+                             f"before the clock), two leave no training time under MAX_WALLCLOCK_SECONDS="
+                             f"{hp.max_wallclock_seconds}; expected a longer cap, or QUANT_GPTQ=0")
+        ctx.log(f"gptq_reserve: GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds} raised to {gptq_reserve}s: one calibration "
+                f"batch takes {calib_seconds:.2f}s (timed before the clock), the reserve holds two")
     cap_ms = 1000.0 * (hp.max_wallclock_seconds - gptq_reserve)
     if gptq_reserve:
         ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
@@ -128,6 +151,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = False
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
+    warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
+    if warning and not hp.resume:
+        ctx.log(warning)
     with contextlib.nullcontext() if stop is not None else SignalGuard() as guard:
         stop = stop if stop is not None else guard.flag
         ctx.sync()
@@ -179,13 +205,22 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         model.set_qat(False)
         if model.gptq_hessians is not None and not signum:
             c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
-            hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
-                                          hp.gptq_calib_batches, deadline=t0 + (hp.max_wallclock_seconds or math.inf)
-                                          - train_ms / 1000, autocast=ctx.autocast)
-            model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
-            ctx.sync()
-            ctx.log(f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
-                    f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms")
+            deadline = t0 + (hp.max_wallclock_seconds or math.inf) - train_ms / 1000
+            fits = torch.tensor(float(c0 + calib_seconds <= deadline), device=ctx.device)
+            if ctx.mean_over_ranks(fits).item() == 1.0:  # every rank has time for one batch (each needs every H)
+                hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
+                                              hp.gptq_calib_batches, deadline=deadline, autocast=ctx.autocast,
+                                              batch_seconds=calib_seconds, clock=time.perf_counter)
+                model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
+                ctx.sync()
+                ctx.log(f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
+                        f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms"
+                        + f" (of GPTQ_CALIB_BATCHES={hp.gptq_calib_batches}: stopped at MAX_WALLCLOCK_SECONDS="
+                          f"{hp.max_wallclock_seconds:g})" * (n < hp.gptq_calib_batches))
+            else:
+                model.gptq_hessians = {}  # the export quantizes every matrix with GPTQ-lite
+                ctx.log(f"WARNING: gptq_calibration skipped: {max(0.0, deadline - c0):.1f}s left of MAX_WALLCLOCK_SECONDS="
+                        f"{hp.max_wallclock_seconds:g}, one batch takes {calib_seconds:.1f}s: the export uses GPTQ-lite")
         ctx.sync()
         train_ms += 1000 * (time.perf_counter() - t0)
     if signum:

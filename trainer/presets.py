@@ -31,7 +31,8 @@ Evidence, per preset:
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
   Muon's momentum (0.99 remembers ~100 steps, two thirds of the run). So smoke takes the baseline's
   length-dependent knobs relative to the run: momentum 0.85 rising over the whole run to a time
-  constant of 1/18 of the run (0.88 at 150 steps), LR decaying over the whole run, the baseline's
+  constant of 1/18 of the run (0.88 at 150 steps; below ~120 steps that target is under 0.85 and is
+  used from step 0, and at 18 steps or fewer it is 0.0: the trainer warns), LR decaying over the whole run, the baseline's
   LRs, MLP 2x. Measured alone at this length (proxy, 2 seeds, README "CPU / laptop"): grad clip 0.3
   (-0.014) and WD 0.02/0.04 (-0.004) pay and are on; late QAT is neutral and on (it trains for the
   int8 export); LeakyReLU(0.5)^2 is neutral and 5% slower per CPU step: off; partial RoPE 32/64

@@ -89,6 +89,40 @@ def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
             + f" muon_momentum:{min(hp.muon_momentum_warmup_start, momentum):.4f}->{momentum:.4f} ema_decay:{ema:.5f}")
 
 
+def schedule_warning(hp: Hyperparameters, run_steps: float) -> str | None:
+    """One `WARNING:` line naming every schedule knob that degenerates in a run of `run_steps` steps (the
+    start-of-run estimate: ITERATIONS, or EXPECTED_STEPS for a wallclock run), and what happens; None if none.
+
+    Checked: Muon momentum 0 for the whole run (MUON_MOMENTUM_HORIZON_FRAC x steps <= 1), a momentum
+    warmup of under one step or longer than the run, late QAT of 0 steps, a warmdown of under one step.
+    The step counts are those of a step-bounded run (progress = step / run_steps), as the loop computes them.
+    """
+    n = max(1, int(run_steps))
+    target, start, found = muon_momentum_target(hp, n), hp.muon_momentum_warmup_start, []
+    if target <= 0:
+        found.append(f"MUON_MOMENTUM_HORIZON_FRAC={hp.muon_momentum_horizon_frac:.4g} is a time constant of "
+                     f"{hp.muon_momentum_horizon_frac * n:.2f} steps (<= 1): Muon momentum is 0.0 for the whole run, "
+                     f"not MUON_MOMENTUM_WARMUP_START={start:g} rising (set MUON_MOMENTUM for a fixed target)")
+    elif target > start:  # a warmup happens only toward a target above its start
+        warmup = hp.muon_momentum_warmup_steps or hp.muon_momentum_warmup_frac * n
+        name = ("MUON_MOMENTUM_WARMUP_STEPS" if hp.muon_momentum_warmup_steps else "MUON_MOMENTUM_WARMUP_FRAC")
+        if warmup < 1:
+            found.append(f"{name}: a momentum warmup of {warmup:.2f} steps: Muon momentum jumps from {start:g} to "
+                         f"{target:.4f} after step 0")
+        elif warmup > n:
+            found.append(f"{name}: a momentum warmup of {warmup:.0f} steps, longer than the run: Muon momentum "
+                         f"reaches {(1 - min(1.0, n / warmup)) * start + min(1.0, n / warmup) * target:.4f}, "
+                         f"never {target:.4f}")
+    if hp.qat_start_frac > 0 and not any(qat_active(s / n, hp.qat_start_frac) for s in range(n)):
+        found.append(f"QAT_START_FRAC={hp.qat_start_frac:g}: late QAT of 0 steps (never on; the export is not trained for)")
+    warmdown = warmdown_frac_at(0, 0.0, hp)
+    if warmdown > 0 and lr_multiplier((n - 1) / n, warmdown) >= 1:
+        name = "WARMDOWN_ITERS" if hp.warmdown_iters else "WARMDOWN_FRAC"
+        found.append(f"{name}: a warmdown of {warmdown * n:.2f} steps (< 1): the learning rate never decays")
+    basis = "ITERATIONS" if hp.max_wallclock_seconds <= 0 or hp.iterations <= hp.expected_steps else "EXPECTED_STEPS"
+    return f"WARNING: schedule at {n} steps ({basis}): " + "; ".join(found) if found else None
+
+
 class EMA:
     """Exponential moving average of the weights in float32: ema <- d * ema + (1 - d) * w.
 
