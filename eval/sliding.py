@@ -1,7 +1,7 @@
 """The one window-scoring engine: sliding-window eval with the exact window set, batched,
 distributed and time-guarded (the roundtrip eval, eval/roundtrip.py, is one window set of it).
 
-Window set (design §4; fixes the seed PR's formula, which re-scored the tail): with
+Window set (the challenge's exact set; fixes the seed PR's formula, which re-scored the tail): with
 context = seq_len - stride, windows start at 0, stride, 2*stride, ... while start + context <
 num_targets (= N - 1); the first window is always present and scores all its positions, every
 later window scores only its last `stride` positions. A window covers up to min(seq_len,

@@ -151,7 +151,7 @@ def bench_projection(args):
 # Val split tokens per vocabulary: sp1024 the official export; sp4096 and sp8192 the
 # kevclark/parameter-golf exports of the same 50,000 documents (PR #1617's logs, val_loader tokens).
 VAL_TOKENS_BY_VOCAB = {1024: OFFICIAL_VAL_TOKENS, 4096: 45_508_608, 8192: 40_540_160}
-PRESET_EVAL_MFU = 0.3  # issue 15: each GPU preset's default stride must fit at this MFU
+PRESET_EVAL_MFU = 0.3  # each GPU preset's default stride must fit at this MFU
 
 
 def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):

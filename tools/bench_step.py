@@ -2,7 +2,7 @@
 
     python tools/bench_step.py                                   # the default preset, synthetic tokens
     NUM_LAYERS=9 MLP_MULT=2 TRAIN_SEQ_LEN=1024 XSA_LAST_N=0 ROPE_DIMS=64 DATA_PATH=... TOKENIZER_PATH=... \
-        python tools/bench_step.py --reference ../shared/gpu/reference/official_baseline_train_gpt.py --profile
+        python tools/bench_step.py --reference PATH/official_train_gpt.py --profile
     python tools/bench_step.py --cpu-twin                        # no GPU: the step's generated CUDA code
 
 The kit runs in this process through trainer_loop.train (its compiled model, Muon, AdamW, EMA), with the

@@ -1,4 +1,4 @@
-"""Turn 1-3 finished seed runs into a record folder laid out like the official repo (design §4).
+"""Turn 1-3 finished seed runs into a record folder laid out like the official repo.
 
     python tools/make_record.py --runs runs/A runs/B runs/C --name MyIdea --author "Jane Doe" \
         --github-id janedoe [--track track_non_record_16mb] [--blurb TEXT] [--force] [--skip-smoke]

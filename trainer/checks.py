@@ -17,7 +17,7 @@ from trainer.shards import SHARD_HEADER_BYTES, check_data_manifest, list_shards,
 
 def max_shard_id(path, num_tokens: int) -> int:
     """The largest token id of a shard (-1 when empty): one vectorized max over a memory map, so a
-    100M-token shard is read once, never held in memory (README "Reliability" has its cost)."""
+    100M-token shard is read once, never held in memory (docs/reliability.md has its cost)."""
     return int(np.memmap(path, "<u2", "r", SHARD_HEADER_BYTES, (num_tokens,)).max()) if num_tokens else -1
 
 
