@@ -46,11 +46,35 @@ import time
 import zlib
 from pathlib import Path
 
-import torch
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    from quant.policy import QUANT_COMPRESSORS  # no torch
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", nargs="?")
+    parser.add_argument("--data-path")
+    parser.add_argument("--tokenizer")
+    parser.add_argument("--val-tokens", type=int, default=65_536)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--calib-batches", type=int, default=64)
+    parser.add_argument("--calib-tokens", type=int, default=8192, help="train tokens per calibration batch")
+    parser.add_argument("--bits", default="8,6,5,4", help="comma-separated block-matrix bit widths")
+    parser.add_argument("--compressor", default="auto", choices=("auto",) + QUANT_COMPRESSORS)
+    parser.add_argument("--out", help="also write the table to this file")
+    parser.add_argument("--calibrate", action="store_true")
+    return parser
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
+
 
 from quant.artifact import (  # noqa: E402
 
@@ -245,18 +269,7 @@ def run_calibration() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", nargs="?")
-    parser.add_argument("--data-path")
-    parser.add_argument("--tokenizer")
-    parser.add_argument("--val-tokens", type=int, default=65_536)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--calib-batches", type=int, default=64)
-    parser.add_argument("--calib-tokens", type=int, default=8192, help="train tokens per calibration batch")
-    parser.add_argument("--bits", default="8,6,5,4", help="comma-separated block-matrix bit widths")
-    parser.add_argument("--compressor", default="auto", choices=("auto",) + QUANT_COMPRESSORS)
-    parser.add_argument("--out", help="also write the table to this file")
-    parser.add_argument("--calibrate", action="store_true")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.calibrate:
         text = run_calibration()

@@ -25,7 +25,33 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+DEFAULT_SETTINGS = (
+    "all_lr002_e3:params=all,lr=0.002,epochs=3,chunk=8192",
+    "all_lr01_e3:params=all,lr=0.01,epochs=3,chunk=8192",
+    "all_lr01_e1:params=all,lr=0.01,epochs=1,chunk=8192",
+    "scalars_lr01_e3:params=scalars,lr=0.01,epochs=3,chunk=8192",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", nargs="*", default=[])
+    p.add_argument("--data-path")
+    p.add_argument("--tokenizer")
+    p.add_argument("--val-max-tokens", type=int, default=65536)
+    p.add_argument("--stride", type=int, default=0, help="default: the artifact's")
+    p.add_argument("--setting", action="append",
+                   help=f"NAME:params=...,lr=...,epochs=...,chunk=...,batch=... (default {DEFAULT_SETTINGS})")
+    p.add_argument("--out", default="ttt_bench.jsonl")
+    p.add_argument("--project", action="store_true", help="print the H100 projection of each setting")
+    return p
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -38,12 +64,6 @@ H100_SLIDING_SECONDS = 320.0  # stride 64, 40.5 M sp8192 val tokens, 1xh100-sp81
 H100_TRAIN_TOKENS_PER_SECOND = 1.27e6
 H100_VAL_TOKENS = 40_500_000
 H100_CHUNK_TOKENS = 32768  # the records' chunk (PR #549, #1493)
-DEFAULT_SETTINGS = (
-    "all_lr002_e3:params=all,lr=0.002,epochs=3,chunk=8192",
-    "all_lr01_e3:params=all,lr=0.01,epochs=3,chunk=8192",
-    "all_lr01_e1:params=all,lr=0.01,epochs=1,chunk=8192",
-    "scalars_lr01_e3:params=scalars,lr=0.01,epochs=3,chunk=8192",
-)
 
 
 def parse_setting(text: str) -> tuple:
@@ -111,16 +131,7 @@ def project_h100(settings: list, log=print) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", nargs="*", default=[])
-    p.add_argument("--data-path")
-    p.add_argument("--tokenizer")
-    p.add_argument("--val-max-tokens", type=int, default=65536)
-    p.add_argument("--stride", type=int, default=0, help="default: the artifact's")
-    p.add_argument("--setting", action="append",
-                   help=f"NAME:params=...,lr=...,epochs=...,chunk=...,batch=... (default {DEFAULT_SETTINGS})")
-    p.add_argument("--out", default="ttt_bench.jsonl")
-    p.add_argument("--project", action="store_true", help="print the H100 projection of each setting")
+    p = build_parser()
     args = p.parse_args(argv)
     settings = [parse_setting(s) for s in args.setting or DEFAULT_SETTINGS]
     quiet = lambda m: None
