@@ -73,6 +73,7 @@ from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 from trainer.files import atomic_write_bytes
+from trainer.progress import Progress
 
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
 
@@ -139,6 +140,7 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
     ValueError for a non-finite float tensor.
     """
     entries, err, norm, cache = {}, 0.0, 1e-30, {} if cache is None else cache
+    bar = Progress("quant export", len(state_dict), "tensors")  # GPTQ solves here, one matrix per tensor
     for name, t in state_dict.items():
         t = t.detach()
         shape, fp = tuple(t.shape), t.is_floating_point()
@@ -147,10 +149,13 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
         bits = fp and t.numel() and policy.bits_for(name, shape)
         if not bits:
             entries[name] = shape, None, t.cpu().to(getattr(torch, policy.float_dtype)) if fp else t.cpu(), None, None
+            bar.update()
             continue
         q, s, c, _, e, n = quantize_matrix(cache, name, t, bits, policy, hessians)
         entries[name] = shape, bits, q, s, c
         err, norm = err + e, norm + n
+        bar.update()
+    bar.close()
     return entries, err / norm
 
 

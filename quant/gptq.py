@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from quant.core import QUANT_CLIP_QUANTILES, quantize_per_row
+from trainer.progress import Progress
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES) -> tuple:
@@ -84,10 +85,13 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
         sums[mod] = last[1] + h, c + last[2]
 
     hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    bar = Progress("gptq calibration", num_batches, "batches")
     while n < num_batches and (n == 0 or time.perf_counter() < deadline):
         with autocast():
             model(*next_batch())
         n += 1
+        bar.update()
+    bar.close()
     for x in hooks:
         x.remove()
     names = {m: k + ".weight" for k, m in model.named_modules()}
