@@ -142,6 +142,8 @@ def eval_rows() -> list:
         BadInput(e, "--seq-len -1", SCORE + ("--seq-len", "-1"), r"--seq-len=-1: expected an integer >= 1", setup=WITH_PTZ),
         BadInput(e, "--batch-seqs 0", SCORE + ("--batch-seqs", "0"), r"--batch-seqs=0: expected an integer >= 1",
                  setup=WITH_PTZ),
+        BadInput(e, "--code missing", SCORE + ("--code", "{d}/train_gpt.py"),
+                 r"--code \S+/train_gpt.py: no such file; expected the shipped train_gpt.py", setup=WITH_PTZ),
         BadInput(e, "--max-seconds 0", SCORE + ("--max-seconds", "0"), r"--max-seconds=0.0: expected a finite number > 0",
                  setup=WITH_PTZ),
         BadInput(e, "--val-max-tokens 1", SCORE + ("--val-max-tokens", "1"), r"--val-max-tokens 1 \(VAL_MAX_TOKENS\): "
