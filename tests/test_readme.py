@@ -75,3 +75,9 @@ def test_no_internal_references_where_users_read():
             if hit and not (path.suffix == ".yaml" and hit.group(0) == "../shared/"):  # a sweep's data path
                 found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_every_relative_link_of_the_docs_resolves():
+    for page in sorted((REPO / "docs").glob("*.md")):
+        for link in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            assert (page.parent / link).exists(), f"{page.name}: {link}"
