@@ -228,7 +228,9 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
         with ThreadPoolExecutor(len(jobs)) as pool:
             payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict())
             blobs = pool.map(lambda j, build=payload: quant_wrap_container(build(*j[:2], run), j[2]), jobs)
-            blob, job = min(zip(blobs, jobs), key=lambda bj: len(bj[0]))
+            bar = Progress("quant export: compressing", len(jobs), "candidates")
+            blob, job = min(zip(map(lambda b: bar.update() or b, blobs), jobs), key=lambda bj: len(bj[0]))
+            bar.close()
         jobs, total = [job], len(blob) + code_bytes
         log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = {total} bytes "
             f"(budget {byte_budget}) rel_mse {rel_mse:.3e}")

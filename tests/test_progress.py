@@ -78,6 +78,8 @@ def test_export_reports_each_tensor_and_keeps_it_out_of_the_log(every_update, tm
     err = capsys.readouterr().err
     counts = _lines(err, "quant export", "tensors")
     assert [c[0] for c in counts] == list(range(1, len(state) + 1)) and {c[1] for c in counts} == {len(state)}
+    compressing = _lines(err, "quant export: compressing", "candidates")
+    assert compressing and compressing[-1][0] == compressing[-1][1] > 1  # every packing x compressor candidate
     assert logged and not [m for m in logged if "tensors" in m or "ETA" in m]
 
 
