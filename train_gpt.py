@@ -4,7 +4,7 @@
 Muon + AdamW -> timed training loop (warmdown, late QAT, EMA) -> pre-quant eval -> `quant` export
 -> re-read the artifact from disk -> roundtrip eval -> sliding-window eval (or legal score-first TTT)
 -> `result.json`.
-Each step lives in the `trainer/` package (README "Layout" lists its modules).
+Each step lives in the `trainer/` package (docs/layout.md lists its modules).
 
 Runs unchanged on one H100 (`python train_gpt.py`), on N GPUs
 (`torchrun --standalone --nproc_per_node=N train_gpt.py`) and on CPU (`PRESET=smoke`). Every setting

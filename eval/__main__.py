@@ -4,7 +4,9 @@
       Rebuilds the model from the artifact alone (quant.artifact.load_artifact + train_gpt.GPT),
       runs the roundtrip and sliding evals and prints the official-style lines
       `final_roundtrip_exact val_loss:... val_bpb:...` and
-      `final_sliding_window_exact val_loss:... val_bpb:... stride:S eval_time:Nms`.
+      `final_sliding_window_exact val_loss:... val_bpb:... stride:S eval_time:Nms`, then the bytes:
+      model (the artifact) + code (--code, a train_gpt.py beside the artifact, or result.json's
+      bytes_code) against the 16,000,000-byte budget.
       The artifact (format 3) says how to score it: the sequence length (the run's TRAIN_SEQ_LEN),
       the stride (its EVAL_STRIDE) and the vocabulary come from it, flags override. A tokenizer
       whose sha256 differs from the one the run trained with is refused (exit 2, both named)
@@ -148,6 +150,8 @@ def check_score_inputs(args, environ=None) -> None:
             raise ValueError(f"--artifact {args.artifact}: is a folder; expected an artifact file"
                              + (f" (did you mean {inside}?)" if inside.is_file() else " (.ptz)"))
         check_file("--artifact", args.artifact, "an artifact file (.ptz)")
+        if args.code is not None:
+            check_file("--code", args.code, "the shipped train_gpt.py")
     check_dir("--data-path", args.data_path, "a dataset folder with fineweb_val_*.bin shards (tools/prepare_data.py)")
     if not any(Path(args.data_path).glob("fineweb_val_*.bin")):
         raise ValueError(f"--data-path {args.data_path}: no fineweb_val_*.bin; expected a dataset folder with the val "
@@ -258,7 +262,7 @@ def cmd_score(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from eval.offline import load_sentencepiece_luts
+    from eval.offline import load_sentencepiece_luts, submission_bytes_line
     from trainer.shards import check_data_manifest, load_validation_tokens
 
     _import_evals()
@@ -317,6 +321,7 @@ def cmd_score(args) -> None:
             log("sliding eval skipped: stride 0")
         log(f"eval_total_time:{1000 * (time.perf_counter() - t_start):.0f}ms seq_len:{seq_len} "
             f"val_tokens:{val_tokens.numel()}")
+        log(submission_bytes_line(args.artifact, args.code))
     finally:
         if world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -371,6 +376,9 @@ def main(argv=None) -> int:
     score.add_argument("--ttt-batch-seqs", type=int, default=None, help="default TTT_BATCH_SEQS or 32")
     score.add_argument("--ttt-params", default=None,
                        help="all | scalars | a regex of parameter names (default TTT_PARAMS or all)")
+    score.add_argument("--code", metavar="FILE", default=None,
+                       help="the shipped train_gpt.py, for the bytes line (default: one beside the artifact, else "
+                            "result.json's bytes_code)")
     score.set_defaults(func=cmd_score)
     count = sub.add_parser("bytes", help="count tokens and bytes of the val split")
     count.add_argument("--data-path", required=True)

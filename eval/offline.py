@@ -51,3 +51,37 @@ def count_stream_bytes(tokens: torch.Tensor, luts) -> int:
 
     tokens = tokens.to(torch.int64)
     return int(count_target_bytes(tokens[:-1], tokens[1:], luts).sum(dtype=torch.int64))
+
+
+SUBMISSION_BYTE_BUDGET = 16_000_000  # the challenge's cap on code + compressed model bytes (decimal)
+
+
+def submission_bytes_line(artifact_path, code_path=None) -> str:
+    """`bytes: model M + code C (<where>) = T of 16,000,000 (margin K)` for `python -m eval score`.
+
+    model: the artifact file's size. code: `code_path`'s size, else a train_gpt.py beside the
+    artifact, else result.json's `bytes_code` beside it (the run's measured shipped file); without
+    any of them the total is printed as unverified (`--code train_gpt.py` gives it)."""
+    artifact = Path(artifact_path)
+    model_bytes = artifact.stat().st_size
+    code_bytes, where = None, ""
+    beside = artifact.parent / "train_gpt.py"
+    if code_path is not None or beside.is_file():
+        path = Path(code_path) if code_path is not None else beside
+        code_bytes, where = path.stat().st_size, str(path)
+    else:
+        import json
+
+        try:
+            code_bytes = int(json.loads((artifact.parent / "result.json").read_text(encoding="utf-8"))["bytes_code"])
+            where = f"{artifact.parent / 'result.json'} bytes_code"
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    if code_bytes is None:
+        return (f"bytes: model {model_bytes:,} + code unknown = total unverified of {SUBMISSION_BYTE_BUDGET:,} "
+                f"(--code train_gpt.py counts the shipped script)")
+    total = model_bytes + code_bytes
+    verdict = f"margin {SUBMISSION_BYTE_BUDGET - total:,}" if total <= SUBMISSION_BYTE_BUDGET else \
+        f"OVER by {total - SUBMISSION_BYTE_BUDGET:,}"
+    return (f"bytes: model {model_bytes:,} + code {code_bytes:,} ({where}) = {total:,} of "
+            f"{SUBMISSION_BYTE_BUDGET:,} ({verdict})")

@@ -1,7 +1,7 @@
 """The one window-scoring engine: sliding-window eval with the exact window set, batched,
 distributed and time-guarded (the roundtrip eval, eval/roundtrip.py, is one window set of it).
 
-Window set (design §4; fixes the seed PR's formula, which re-scored the tail): with
+Window set (the challenge's exact set; fixes the seed PR's formula, which re-scored the tail): with
 context = seq_len - stride, windows start at 0, stride, 2*stride, ... while start + context <
 num_targets (= N - 1); the first window is always present and scores all its positions, every
 later window scores only its last `stride` positions. A window covers up to min(seq_len,
@@ -20,7 +20,6 @@ fast (or, with EVAL_AUTO_STRIDE=1, restart at the smallest stride that fits).
 """
 
 import math
-import sys
 import time
 
 import torch
@@ -28,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from eval.bpb import count_target_bytes
+from trainer.progress import Progress
 
 
 class EvalTimeError(ValueError):
@@ -144,13 +144,13 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
         # earlier if some rank has fewer batches: every rank must reach it (stats are all-reduced).
         probe = min(3, -(-num_windows // batch_seqs) // world_size - 1)
         sums = torch.zeros(3, dtype=torch.float64, device=device)
+        bar = Progress(f"eval_sliding stride {stride}", num_batches(stride), "batches")
         # Batch k holds windows k*B .. k*B+B-1 and goes to rank k % world_size. Only the last batch
         # runs past the last window; the plan masks such windows, so every batch has one shape.
         for batch_index, first in enumerate(range(rank * batch_seqs, num_windows, world_size * batch_seqs)):
             sums += score_window_batch(forward, tokens, luts, first, batch_seqs, seq_len=seq_len, stride=stride,
                                        autocast_dtype=autocast_dtype)
-            if rank == 0 and sys.stderr.isatty():
-                print(f"eval_sliding window {first}/{num_windows}", end="\r", file=sys.stderr)
+            bar.update()
             if batch_index == 0:
                 float(sums[0])  # host sync: the clock then sees the finished device work
                 t_warm = clock()
@@ -178,6 +178,7 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
                     stride = new_stride
                     break
         else:
+            bar.close()
             break  # every batch done without a restart
     if dist.is_initialized():
         dist.all_reduce(sums)

@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from eval.sliding import EvalTimeError, count_sliding_windows, first_sliding_window, score_window_batch
+from trainer.progress import Progress
 
 
 def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:
@@ -158,6 +159,10 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
     step, stopped = 0, None
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     seconds = [0.0, 0.0]  # scoring, updating (chunks past the first)
+    window_ranges = [range(first_sliding_window(bounds[c], seq_len, stride) + rank * eval_batch_seqs,
+                           first_sliding_window(bounds[c + 1] - 1, seq_len, stride) + 1, world_size * eval_batch_seqs)
+                     for c in range(num_chunks)]
+    bar = Progress(f"ttt eval stride {stride}", sum(map(len, window_ranges)), "window batches")
     try:
         for p in model.parameters():
             p.requires_grad_(False)
@@ -167,12 +172,12 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
             lo, hi = bounds[c], bounds[c + 1]
             t0 = clock()
             sums = torch.zeros(3, dtype=torch.float64, device=device)
-            w0, w1 = first_sliding_window(lo, seq_len, stride), first_sliding_window(hi - 1, seq_len, stride)
             with torch.inference_mode():
-                for first in range(w0 + rank * eval_batch_seqs, w1 + 1, world_size * eval_batch_seqs):
+                for first in window_ranges[c]:
                     sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len,
                                                stride=stride, autocast_dtype=autocast_dtype, target_lo=lo,
                                                target_hi=hi)
+                    bar.update()
             if distributed:
                 dist.all_reduce(sums)
             nll, num_scored, num_bytes = sums.tolist()
@@ -240,6 +245,7 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
         optimizer.zero_grad(set_to_none=True)
         for p, flag in saved_flags:
             p.requires_grad_(flag)
+    bar.close()
     check_ttt_legality(records)
     nll, num_scored, num_bytes = totals.tolist()
     if num_scored != len(tokens) - 1:

@@ -75,6 +75,7 @@ from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 from trainer.files import atomic_write_bytes
+from trainer.progress import Progress
 
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
 
@@ -141,6 +142,7 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
     ValueError for a non-finite float tensor.
     """
     entries, err, norm, cache = {}, 0.0, 1e-30, {} if cache is None else cache
+    bar = Progress("quant export", len(state_dict), "tensors")  # GPTQ solves here, one matrix per tensor
     for name, t in state_dict.items():
         t = t.detach()
         shape, fp = tuple(t.shape), t.is_floating_point()
@@ -149,10 +151,13 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
         bits = fp and t.numel() and policy.bits_for(name, shape)
         if not bits:
             entries[name] = shape, None, t.cpu().to(getattr(torch, policy.float_dtype)) if fp else t.cpu(), None, None
+            bar.update()
             continue
         q, s, c, _, e, n = quantize_matrix(cache, name, t, bits, policy, hessians)
         entries[name] = shape, bits, q, s, c
         err, norm = err + e, norm + n
+        bar.update()
+    bar.close()
     return entries, err / norm
 
 
@@ -225,7 +230,9 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
         with ThreadPoolExecutor(len(jobs)) as pool:
             payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict())
             blobs = pool.map(lambda j, build=payload: quant_wrap_container(build(*j[:2], run), j[2]), jobs)
-            blob, job = min(zip(blobs, jobs), key=lambda bj: len(bj[0]))
+            bar = Progress("quant export: compressing", len(jobs), "candidates")
+            blob, job = min(zip(map(lambda b: bar.update() or b, blobs), jobs), key=lambda bj: len(bj[0]))
+            bar.close()
         jobs, total = [job], len(blob) + code_bytes
         log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = {total} bytes "
             f"(budget {byte_budget}) rel_mse {rel_mse:.3e}")

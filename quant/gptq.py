@@ -27,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from quant.core import QUANT_CLIP_QUANTILES, quantize_per_row
+from trainer.progress import Progress
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES) -> tuple:
@@ -88,10 +89,13 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
 
     hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
     start = clock()
+    bar = Progress("gptq calibration", num_batches, "batches")
     while n < num_batches and (n == 0 or clock() + max(batch_seconds, (clock() - start) / n) <= deadline):
         with autocast():
             model(*next_batch())
         n += 1
+        bar.update()
+    bar.close()
     for x in hooks:
         x.remove()
     names = {m: k + ".weight" for k, m in model.named_modules()}

@@ -8,9 +8,9 @@ what is on disk afterwards (nothing already written lost, nothing half-written).
 
 Add a row to extend it (the trainer's rows go in the same list). Most rows fail before torch is
 imported (a fraction of a second each); all run in parallel once per session (`outcomes`).
-The README's reliability table is rendered from these rows:
+The bad-input table of docs/reliability.md is rendered from these rows:
 
-    python tests/test_bad_inputs.py --write README.md     # re-run every case, rewrite the table
+    python tests/test_bad_inputs.py --write     # re-run every case, rewrite the table in docs/reliability.md
 """
 
 import dataclasses
@@ -30,6 +30,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PY = "python"  # shown in the table; the tests run sys.executable
 TABLE_START, TABLE_END = "<!-- bad-inputs:start -->", "<!-- bad-inputs:end -->"
+TABLE_PAGE = REPO / "docs" / "reliability.md"  # the page that holds the table
 # settings of the caller's shell that would change what a case sees
 # (and every trainer setting: the trainer's cases set what they need)
 TRAINER_SETTINGS = {"PRESET", "RESUME", "RUN_ID", "OUT_DIR", "DATA_PATH", "TOKENIZER_PATH", "VOCAB_SIZE", "SEED",
@@ -154,6 +155,8 @@ def eval_rows() -> list:
         BadInput(e, "--seq-len -1", SCORE + ("--seq-len", "-1"), r"--seq-len=-1: expected an integer >= 1", setup=WITH_PTZ),
         BadInput(e, "--batch-seqs 0", SCORE + ("--batch-seqs", "0"), r"--batch-seqs=0: expected an integer >= 1",
                  setup=WITH_PTZ),
+        BadInput(e, "--code missing", SCORE + ("--code", "{d}/train_gpt.py"),
+                 r"--code \S+/train_gpt.py: no such file; expected the shipped train_gpt.py", setup=WITH_PTZ),
         BadInput(e, "--max-seconds 0", SCORE + ("--max-seconds", "0"), r"--max-seconds=0.0: expected a finite number > 0",
                  setup=WITH_PTZ),
         BadInput(e, "--val-max-tokens 1", SCORE + ("--val-max-tokens", "1"), r"--val-max-tokens 1 \(VAL_MAX_TOKENS\): "
@@ -549,16 +552,19 @@ def test_bad_input_is_one_line_and_exit_2(case, outcomes):
         case.after(case_dir)
 
 
-def test_readme_table_lists_every_case():
-    """The README's reliability table is rendered from CASES (`python tests/test_bad_inputs.py --write README.md`)."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+def test_docs_table_lists_every_case():
+    """docs/reliability.md's table is rendered from CASES (`python tests/test_bad_inputs.py --write`);
+    the README links to it and holds no copy."""
+    text = TABLE_PAGE.read_text(encoding="utf-8")
     assert TABLE_START in text and TABLE_END in text
     table = text[text.index(TABLE_START):text.index(TABLE_END)]
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| CLI")]
-    assert len(rows) == len(CASES), "re-render: python tests/test_bad_inputs.py --write README.md"
+    assert len(rows) == len(CASES), "re-render: python tests/test_bad_inputs.py --write"
+    assert [line.split(" | ")[1] for line in rows] == [case.what.replace("|", "/") for case in CASES]
+    assert TABLE_START not in (REPO / "README.md").read_text(encoding="utf-8")
 
 
-# ----------------------------------------------------------------------------- the README table
+# ----------------------------------------------------------------------------- the docs table
 
 
 def render_table(results: dict, values: dict) -> str:
@@ -580,17 +586,17 @@ def render_table(results: dict, values: dict) -> str:
     return "\n".join(lines + ["", TABLE_END])
 
 
-def write_readme_table(readme: Path) -> None:
+def write_table(page: Path) -> None:
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         values = table_inputs(tmp)
         table = render_table(run_all(tmp / "cases", values), values)
-    text = readme.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
     start, end = text.index(TABLE_START), text.index(TABLE_END) + len(TABLE_END)
-    readme.write_text(text[:start] + table + text[end:], encoding="utf-8")
-    print(f"wrote {len(CASES)} rows into {readme}")
+    page.write_text(text[:start] + table + text[end:], encoding="utf-8")
+    print(f"wrote {len(CASES)} rows into {page}")
 
 
 def table_inputs(tmp: Path) -> dict:
@@ -603,6 +609,6 @@ def table_inputs(tmp: Path) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--write"] or len(sys.argv) != 3:
-        sys.exit("usage: python tests/test_bad_inputs.py --write README.md")
-    write_readme_table(Path(sys.argv[2]))
+    if sys.argv[1:2] != ["--write"] or len(sys.argv) > 3:
+        sys.exit("usage: python tests/test_bad_inputs.py --write [PAGE]   (default: docs/reliability.md)")
+    write_table(Path(sys.argv[2]) if len(sys.argv) == 3 else TABLE_PAGE)

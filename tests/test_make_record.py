@@ -24,6 +24,7 @@ from tools.runs import RecordError, load_run, parse_train_log
 
 REPO = Path(__file__).resolve().parents[1]
 DATE = "2026-01-02"
+APPROACH = "Two tiny fabricated seeds of the smoke preset: the approach section's test text."
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +131,7 @@ def fabricate_ttt_run(base: Path, run_id: str, seed: int, src, *, result=None, h
 def cli(src, tmp_path, runs, *extra):
     return make_record.main(["--runs", *map(str, runs), "--name", "Tiny", "--author", "A. Person", "--github-id",
                              "aperson", "--records-dir", str(tmp_path / "records"), "--root", str(src[0]),
-                             "--date", DATE, "--skip-smoke", *extra])
+                             "--date", DATE, "--skip-smoke", "--approach", APPROACH, *extra])
 
 
 def test_parse_train_log_ignores_the_format_strings_in_the_logged_code():
@@ -308,7 +309,8 @@ def test_a_packed_file_that_fails_its_smoke_run_is_refused(tmp_path, capsys, tra
     src = root, bundle.build_human_source(root), bundle.build_packed_bytes(root)
     runs = [fabricate_run(tmp_path, "a", 1, src)]
     assert make_record.main(["--runs", str(runs[0]), "--name", "Tiny", "--author", "A", "--github-id", "a",
-                             "--records-dir", str(tmp_path / "records"), "--root", str(root), "--date", DATE]) == 2
+                             "--records-dir", str(tmp_path / "records"), "--root", str(root), "--date", DATE,
+                             "--approach", APPROACH]) == 2
     err = capsys.readouterr().err
     assert re.search(message, err, re.S), err
     assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]
@@ -319,7 +321,7 @@ def test_refuses_when_the_current_source_is_not_the_code_of_the_runs(fake_src, t
     changed = write_tree(tmp_path / "changed", {"quant/core.py": bundle_src_with_extra_function()})
     assert make_record.main(["--runs", str(runs[0]), "--name", "T", "--author", "x", "--github-id", "y",
                              "--records-dir", str(tmp_path / "records"), "--root", str(changed),
-                             "--skip-smoke"]) == 2
+                             "--skip-smoke", "--approach", APPROACH]) == 2
     assert "current source packs to" in capsys.readouterr().err
 
 
@@ -415,12 +417,14 @@ def test_a_packed_run_that_logged_its_bundle_source_is_accepted(fake_src, fake_s
 def test_a_name_that_is_not_a_folder_name_is_refused_before_anything_is_written(fake_src, tmp_path, capsys, name):
     runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
     argv = ["--runs", str(runs[0]), "--name", name, "--author", "x", "--github-id", "y",
-            "--records-dir", str(tmp_path / "records"), "--root", str(fake_src[0]), "--date", DATE, "--skip-smoke"]
+            "--records-dir", str(tmp_path / "records"), "--root", str(fake_src[0]), "--date", DATE, "--skip-smoke",
+            "--approach", APPROACH]
     assert make_record.main(argv) == 2
     assert f"--name {name!r}: expected letters, digits" in capsys.readouterr().err
     assert not (tmp_path / "records").exists() and not (tmp_path / "escaped").exists()
     with pytest.raises(RecordError, match="--name '': expected"):  # (the CLI already requires a value)
-        make_record.make_record(runs, name="", author="x", github_id="y", records_dir=tmp_path / "records")
+        make_record.make_record(runs, name="", author="x", github_id="y", approach=APPROACH,
+                                records_dir=tmp_path / "records")
 
 
 # -----------------------------------------------------------------------------------------------
@@ -507,8 +511,8 @@ def test_the_smoke_run_env_gets_no_ttt_setting_from_the_run_or_the_shell(fake_sr
         seen.update(env)
         raise subprocess.TimeoutExpired(cmd, 1)
 
-    monkeypatch.setattr(record_smoke.subprocess, "run", fake_run)
-    with pytest.raises(RecordError, match="timed out"):
+    monkeypatch.setattr(record_smoke, "_run_live", fake_run)
+    with pytest.raises(RecordError, match="did not finish within --smoke-timeout-seconds"):
         record_smoke.smoke_run(folder, run, log=lambda *a: None)
     assert seen["PRESET"] == "smoke" and seen["SEED"] == "1"
     assert not [k for k in seen if k.startswith("TTT_")], sorted(seen)
@@ -531,7 +535,7 @@ def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset,
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(tmp_path / "runs" / f"seed{seed}")
     folder = make_record.make_record(runs, name="RealTiny", author="A", github_id="a", records_dir=tmp_path / "records",
-                                     date=DATE, log=print)
+                                     date=DATE, log=print, approach=APPROACH)
     out = capsys.readouterr().out
     # the packed file ran from inside the folder (before it was renamed into place): trained, exported,
     # evaluated on a few val tokens (a smoke check), and reported its own size

@@ -162,7 +162,7 @@ def test_smoke_momentum_is_a_fraction_of_the_run_and_matches_the_baseline_at_150
     for step in range(151):
         assert muon_momentum_at(step, hp, step / 150) == pytest.approx(baseline_momentum(step), abs=1e-12), step
     assert "muon_momentum_warmup_steps:150 warmdown_steps:150 " in describe_schedule(hp, 150)
-    # EMA is off in smoke: at 150 steps EMA 0.997 cost +0.005 (README "CPU / laptop")
+    # EMA is off in smoke: at 150 steps EMA 0.997 cost +0.005 (docs/presets.md)
     assert describe_schedule(hp, 150).endswith("muon_momentum:0.8500->0.8800 ema_decay:0.00000")
     # twice the run: the memory doubles, 1/(1-m) = 16.7 steps; a wallclock run uses its measured length
     assert muon_momentum_at(300, env_hp(PRESET="smoke", MAX_WALLCLOCK_SECONDS=0, ITERATIONS=300), 1.0) == \

@@ -210,7 +210,9 @@ def test_only_runs_the_named_configs_in_that_order_and_the_table_lists_all(fake_
             "--config", "a", "--config", "b", "MATRIX_LR=0.02", "--config", "c", "MATRIX_LR=0.03"]
     proc = run_cli([*base, "--only", "c", "a"], timeout=120)
     assert proc.returncode == 0 and "0 finished, 2 to run (--only c a)" in proc.stdout, proc.stderr
-    ran = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("[")]
+    ran = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("[") and ": running" not in line]
+    started = [line.split(":")[0] for line in proc.stdout.splitlines() if ": running (output: " in line]
+    assert started == ["[3/3] c seed 1", "[1/3] a seed 1"]  # each run says it started, and where its output goes
     assert ran == ["[3/3] c seed 1", "[1/3] a seed 1"]
     rows = read_csv(tmp_path / "o" / "results.csv")
     assert [(r["config"], r["status"]) for r in rows] == [("a", "ok"), ("b", "missing"), ("c", "ok")]
@@ -308,7 +310,11 @@ def test_summary_sorts_by_mean_and_marks_configs_without_results():
     assert b["vs"] == pytest.approx(-0.08) and summary[1]["ms_per_step"] == 1650
     table = sweep_report.format_table(summary, metric="sliding", baseline="a", title="t")
     assert "| b | 2.23000 | 0.04243 | 2/2 | 2.20000 | 2.26000 | -0.08000 | 150 | 1500 | 10 |  |" in table
-    assert "| c | - | - | 0/1 | - | - | - | 150 | - | 10 |  |" in table
+    # a config with no finished run shows no steps, ms/step or bytes (its run's steps are not a result)
+    assert "| c | - | - | 0/1 | - | - | - | - | - | - |  |" in table
+    rows[0]["val_bpb"] = None  # a's first run did not finish: a's steps and ms/step are its finished run's
+    a = next(s for s in sweep_report.summarize(rows) if s["config"] == "a")
+    assert (a["n"], a["runs"], a["ms_per_step"]) == (1, 2, 1700)
 
 
 def test_result_rows_read_a_status_less_result_json_as_ok_like_the_resume_check(tmp_path):

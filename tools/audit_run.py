@@ -4,7 +4,7 @@ result.json's own `compliance` flags are never trusted: a run that trained on a 
 100 val tokens and set every flag true is refused all the same. Each rule gives (ok, evidence):
 ok is True / False / None (not checkable here, e.g. no manifest for document disjointness).
 
-Evidence per rule (sources: the official README; design §4):
+Evidence per rule (source: the official README):
   train_time_ok            result.json train_seconds <= 600
   eval_time_ok             result.json eval_seconds (+ the TTT pass's eval_time when logged apart) <= 600
   bytes_ok                 bytes_total <= 16,000,000 (decimal)

@@ -20,10 +20,25 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-tokens", type=int, default=4096)
+    parser.add_argument("--batch-seqs", type=int, default=32)
+    parser.add_argument("--stride", type=int, default=64)
+    parser.add_argument("--mfu", type=float, default=0.4)
+    parser.add_argument("--skip-cpu", action="store_true")
+    return parser
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -151,7 +166,7 @@ def bench_projection(args):
 # Val split tokens per vocabulary: sp1024 the official export; sp4096 and sp8192 the
 # kevclark/parameter-golf exports of the same 50,000 documents (PR #1617's logs, val_loader tokens).
 VAL_TOKENS_BY_VOCAB = {1024: OFFICIAL_VAL_TOKENS, 4096: 45_508_608, 8192: 40_540_160}
-PRESET_EVAL_MFU = 0.3  # issue 15: each GPU preset's default stride must fit at this MFU
+PRESET_EVAL_MFU = 0.3  # each GPU preset's default stride must fit at this MFU
 
 
 def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
@@ -191,12 +206,7 @@ def bench_presets(mfu=PRESET_EVAL_MFU, budget_s=600.0):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-tokens", type=int, default=4096)
-    parser.add_argument("--batch-seqs", type=int, default=32)
-    parser.add_argument("--stride", type=int, default=64)
-    parser.add_argument("--mfu", type=float, default=0.4)
-    parser.add_argument("--skip-cpu", action="store_true")
+    parser = build_parser()
     args = parser.parse_args()
     # Byte LUT of a 1-byte-per-token vocabulary: the benchmark measures speed, not bytes.
     luts = (torch.ones(1024, dtype=torch.int16), torch.zeros(1024, dtype=torch.bool), torch.zeros(1024, dtype=torch.bool))

@@ -19,14 +19,29 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-from torch.profiler import ProfilerActivity, profile
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="1xh100")
+    parser.add_argument("--layers", type=int, default=0, help="override NUM_LAYERS (0: the preset's)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--scale", type=int, default=1, help="divide every matrix dimension by this")
+    return parser
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.model import GPT, build_model_config
+from trainer.model import GPT, build_model_config  # noqa: E402
 
-from trainer.optim import Muon, split_params
+from trainer.optim import Muon, split_params  # noqa: E402
 
 from trainer.settings import Hyperparameters  # noqa: E402
 
@@ -64,12 +79,7 @@ def count_compute_ops(step) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="1xh100")
-    parser.add_argument("--layers", type=int, default=0, help="override NUM_LAYERS (0: the preset's)")
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--scale", type=int, default=1, help="divide every matrix dimension by this")
+    parser = build_parser()
     args = parser.parse_args(argv)
     shapes = [(r // args.scale, c // args.scale) for r, c in block_matrices(args.preset, args.layers)]
     torch.manual_seed(0)

@@ -7,16 +7,16 @@ GPTQ-lite and full GPTQ at int8/6/5/4, and the table of entropy coders.
   python tools/bench_quant.py --calibrate      # Gaussian bits/value table behind quant/estimate.py
 
 Checkpoint: a .safetensors state dict whose metadata "model_config" holds the GPT config JSON (the
-trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The checkpoint of the
-issue-10 note: config B of tools/sweeps/proxy_ablation.yaml (the CPU proxy: 4 layers, d 256, MLP 2x,
+trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The reference checkpoint
+(docs/quantization.md): config B of tools/sweeps/proxy_ablation.yaml (the CPU proxy: 4 layers, d 256, MLP 2x,
 sp1024, 2.1 M params, the official baseline's knobs, no QAT so that no bit width is favoured), seed
-1337, 150 Muon steps of 8,192 tokens of web text from ../shared, prequant val_bpb 2.31089 on the
+1337, 150 Muon steps of 8,192 tokens of local web text, prequant val_bpb 2.31089 on the
 first 65,536 tokens of the proxy's tune split; the script's defaults otherwise:
 
   python tools/sweeps/proxy_data.py
   python tools/sweep.py --file tools/sweeps/proxy_ablation.yaml --only B --seeds 1337   # SAVE_PREQUANT=1
   python tools/bench_quant.py runs/proxy_ablation_t1/B/seed1337/prequant.safetensors \
-      --data-path data/datasets/proxy_tune_sp1024 --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model \
+      --data-path data/datasets/proxy_tune_sp1024 --tokenizer data/tokenizers/fineweb_1024_bpe.model \
       --compressor brotli
 
 (about 10 minutes on 2 shared cores, 5 of them the 64 x 8,192-token Hessian collection; rows print
@@ -28,7 +28,7 @@ control tensors, QUANT_FIT off; per method the artifact is exported with every e
 first --val-tokens of the val split, GPT(**config) from train_gpt, float32 on CPU. Full GPTQ uses
 Hessians collected by quant.gptq.collect_gptq_hessians from --calib-batches batches of
 --calib-tokens TRAIN tokens (read through train_gpt.DistributedTokenLoader, as the trainer does).
-The int5 line checks the issue's target: full GPTQ's val_bpb cost <= 70% of GPTQ-lite's.
+The int5 line checks the target: full GPTQ's val_bpb cost <= 70% of GPTQ-lite's.
 
 Compressors: one payload (the int6-blocks / int8-embedding policy of the records, GPTQ-lite) under
 every packing x byte-shuffle x compressor, with compression seconds (on whatever the machine is
@@ -46,11 +46,35 @@ import time
 import zlib
 from pathlib import Path
 
-import torch
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    from quant.policy import QUANT_COMPRESSORS  # no torch
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", nargs="?")
+    parser.add_argument("--data-path")
+    parser.add_argument("--tokenizer")
+    parser.add_argument("--val-tokens", type=int, default=65_536)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--calib-batches", type=int, default=64)
+    parser.add_argument("--calib-tokens", type=int, default=8192, help="train tokens per calibration batch")
+    parser.add_argument("--bits", default="8,6,5,4", help="comma-separated block-matrix bit widths")
+    parser.add_argument("--compressor", default="auto", choices=("auto",) + QUANT_COMPRESSORS)
+    parser.add_argument("--out", help="also write the table to this file")
+    parser.add_argument("--calibrate", action="store_true")
+    return parser
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
+
 
 from quant.artifact import (  # noqa: E402
 
@@ -245,18 +269,7 @@ def run_calibration() -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", nargs="?")
-    parser.add_argument("--data-path")
-    parser.add_argument("--tokenizer")
-    parser.add_argument("--val-tokens", type=int, default=65_536)
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--calib-batches", type=int, default=64)
-    parser.add_argument("--calib-tokens", type=int, default=8192, help="train tokens per calibration batch")
-    parser.add_argument("--bits", default="8,6,5,4", help="comma-separated block-matrix bit widths")
-    parser.add_argument("--compressor", default="auto", choices=("auto",) + QUANT_COMPRESSORS)
-    parser.add_argument("--out", help="also write the table to this file")
-    parser.add_argument("--calibrate", action="store_true")
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.calibrate:
         text = run_calibration()

@@ -19,16 +19,30 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=8, help="timed steps per config (default 8)")
+    p.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE", help="env vars of every config")
+    p.add_argument("--config", nargs="+", action="append", required=True, metavar=("NAME", "NAME=VALUE"),
+                   help="a configuration: its name, then its env vars (repeat for each)")
+    return p
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quant.policy import QuantPolicy  # noqa: E402
 from tools.sweep_spec import parse_assignments  # noqa: E402
-from trainer.settings import warn_unknown_settings
-from trainer.model import GPT, build_model_config
-from trainer.optim import build_optimizers
-from trainer.schedule import EMA
+from trainer.settings import warn_unknown_settings  # noqa: E402
+from trainer.model import GPT, build_model_config  # noqa: E402
+from trainer.optim import build_optimizers  # noqa: E402
+from trainer.schedule import EMA  # noqa: E402
 from trainer.settings import Hyperparameters  # noqa: E402
 
 
@@ -66,11 +80,7 @@ class Recipe:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=8, help="timed steps per config (default 8)")
-    p.add_argument("--set", nargs="+", default=[], metavar="NAME=VALUE", help="env vars of every config")
-    p.add_argument("--config", nargs="+", action="append", required=True, metavar=("NAME", "NAME=VALUE"),
-                   help="a configuration: its name, then its env vars (repeat for each)")
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         if args.steps < 1:

@@ -2,7 +2,7 @@
 
     python tools/bench_step.py                                   # the default preset, synthetic tokens
     NUM_LAYERS=9 MLP_MULT=2 TRAIN_SEQ_LEN=1024 XSA_LAST_N=0 ROPE_DIMS=64 DATA_PATH=... TOKENIZER_PATH=... \
-        python tools/bench_step.py --reference ../shared/gpu/reference/official_baseline_train_gpt.py --profile
+        python tools/bench_step.py --reference PATH/official_train_gpt.py --profile
     python tools/bench_step.py --cpu-twin                        # no GPU: the step's generated CUDA code
 
 The kit runs in this process through trainer_loop.train (its compiled model, Muon, AdamW, EMA), with the
@@ -30,7 +30,23 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per side after warmup (default 50)")
+    parser.add_argument("--reference", metavar="PATH", help="a train_gpt.py to time beside the kit (own process)")
+    parser.add_argument("--profile", nargs="?", const=25, type=int, metavar="ROWS",
+                        help="add each side's top CUDA kernels (default 25 rows)")
+    parser.add_argument("--cpu-twin", action="store_true", help="no GPU: the step's generated CUDA code, on the CPU")
+    parser.add_argument("--out-dir", default="runs/bench_step_twin", help="--cpu-twin: where the generated code goes")
+    return parser
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -166,13 +182,7 @@ def print_table(sides: list, flops_per_token: float, peak_flops: float) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per side after warmup (default 50)")
-    parser.add_argument("--reference", metavar="PATH", help="a train_gpt.py to time beside the kit (own process)")
-    parser.add_argument("--profile", nargs="?", const=25, type=int, metavar="ROWS",
-                        help="add each side's top CUDA kernels (default 25 rows)")
-    parser.add_argument("--cpu-twin", action="store_true", help="no GPU: the step's generated CUDA code, on the CPU")
-    parser.add_argument("--out-dir", default="runs/bench_step_twin", help="--cpu-twin: where the generated code goes")
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         hp = trainer_settings.Hyperparameters.from_env(log=lambda msg: None)

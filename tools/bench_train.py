@@ -12,19 +12,31 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="timed CPU steps for the smoke config")
+    parser.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilization on H100")
+    return parser
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.loop import H100_BF16_PEAK_FLOPS
+from trainer.loop import H100_BF16_PEAK_FLOPS  # noqa: E402
 
-from trainer.model import GPT, build_model_config, count_train_flops_per_token
+from trainer.model import GPT, build_model_config, count_train_flops_per_token  # noqa: E402
 
-from trainer.optim import build_optimizers
+from trainer.optim import build_optimizers  # noqa: E402
 
-from trainer.presets import PRESETS
+from trainer.presets import PRESETS  # noqa: E402
 
-from trainer.settings import Hyperparameters
+from trainer.settings import Hyperparameters  # noqa: E402
 
 
 def measure_cpu_tokens_per_second(hp: Hyperparameters, steps: int) -> float:
@@ -46,9 +58,7 @@ def measure_cpu_tokens_per_second(hp: Hyperparameters, steps: int) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed CPU steps for the smoke config")
-    parser.add_argument("--mfu", type=float, default=0.4, help="assumed model FLOPs utilization on H100")
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     rows = []

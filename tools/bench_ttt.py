@@ -2,7 +2,7 @@
 projected time of each setting on one H100 for the full sp8192 val split.
 
   python tools/bench_ttt.py --runs runs/A runs/B --data-path data/datasets/proxy_tune_sp1024 \
-      --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model [--val-max-tokens 65536] \
+      --tokenizer data/tokenizers/fineweb_1024_bpe.model [--val-max-tokens 65536] \
       [--setting NAME:params=all,lr=0.002,epochs=3,chunk=8192 ...] [--out ttt_bench.jsonl]
 
 1. For each run folder (a trainer run: runs/<RUN_ID>/final_model.ptz), the artifact is rebuilt
@@ -11,7 +11,7 @@ projected time of each setting on one H100 for the full sp8192 val split.
    weights. One JSON line per (run, setting) is appended to --out as soon as it is measured
    (bpb, delta to the sliding score, CPU wall seconds, updates, per-chunk bpb).
 2. H100 projection (`--project`, printed after the table): the `1xh100-sp8192` preset's model
-   over 40.5 M val tokens, from the measurements quoted in issue 24 (one H100, 2026-11-25): the
+   over 40.5 M val tokens, from the kit's measurements on one H100 (2026-11-25): the
    sliding eval at stride 64 projects to 320 s (gpu_check), training runs at 1.27 M tokens/s
    fwd+bwd. eval.ttt.project_ttt_seconds turns them into scoring batches and update steps; an
    update that adapts only some parameters costs the fwd+bwd FLOPs with only those requiring grad
@@ -25,7 +25,33 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+DEFAULT_SETTINGS = (
+    "all_lr002_e3:params=all,lr=0.002,epochs=3,chunk=8192",
+    "all_lr01_e3:params=all,lr=0.01,epochs=3,chunk=8192",
+    "all_lr01_e1:params=all,lr=0.01,epochs=1,chunk=8192",
+    "scalars_lr01_e3:params=scalars,lr=0.01,epochs=3,chunk=8192",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", nargs="*", default=[])
+    p.add_argument("--data-path")
+    p.add_argument("--tokenizer")
+    p.add_argument("--val-max-tokens", type=int, default=65536)
+    p.add_argument("--stride", type=int, default=0, help="default: the artifact's")
+    p.add_argument("--setting", action="append",
+                   help=f"NAME:params=...,lr=...,epochs=...,chunk=...,batch=... (default {DEFAULT_SETTINGS})")
+    p.add_argument("--out", default="ttt_bench.jsonl")
+    p.add_argument("--project", action="store_true", help="print the H100 projection of each setting")
+    return p
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,16 +60,10 @@ from trainer.shards import load_validation_tokens  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from eval.ttt import project_ttt_seconds, run_ttt, select_ttt_params  # noqa: E402
 
-H100_SLIDING_SECONDS = 320.0  # stride 64, 40.5 M sp8192 val tokens, 1xh100-sp8192 (issue 24, gpu_check)
+H100_SLIDING_SECONDS = 320.0  # stride 64, 40.5 M sp8192 val tokens, 1xh100-sp8192 (one H100, gpu_check)
 H100_TRAIN_TOKENS_PER_SECOND = 1.27e6
 H100_VAL_TOKENS = 40_500_000
 H100_CHUNK_TOKENS = 32768  # the records' chunk (PR #549, #1493)
-DEFAULT_SETTINGS = (
-    "all_lr002_e3:params=all,lr=0.002,epochs=3,chunk=8192",
-    "all_lr01_e3:params=all,lr=0.01,epochs=3,chunk=8192",
-    "all_lr01_e1:params=all,lr=0.01,epochs=1,chunk=8192",
-    "scalars_lr01_e3:params=scalars,lr=0.01,epochs=3,chunk=8192",
-)
 
 
 def parse_setting(text: str) -> tuple:
@@ -111,16 +131,7 @@ def project_h100(settings: list, log=print) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", nargs="*", default=[])
-    p.add_argument("--data-path")
-    p.add_argument("--tokenizer")
-    p.add_argument("--val-max-tokens", type=int, default=65536)
-    p.add_argument("--stride", type=int, default=0, help="default: the artifact's")
-    p.add_argument("--setting", action="append",
-                   help=f"NAME:params=...,lr=...,epochs=...,chunk=...,batch=... (default {DEFAULT_SETTINGS})")
-    p.add_argument("--out", default="ttt_bench.jsonl")
-    p.add_argument("--project", action="store_true", help="print the H100 projection of each setting")
+    p = build_parser()
     args = p.parse_args(argv)
     settings = [parse_setting(s) for s in args.setting or DEFAULT_SETTINGS]
     quiet = lambda m: None

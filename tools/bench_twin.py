@@ -15,7 +15,7 @@ import torch
 
 from tools.step_twin import generate_cuda_step, kernel_stats, ptxas_spills, saved_activation_census, triton_status
 
-H100_BYTES_PER_S = 3.0e12  # the round figure for an H100 SXM's HBM3 (datasheet: 3.35 TB/s)
+H100_BYTES_PER_S = 3.0e12  # a round figure for an H100 SXM's HBM3 (datasheet: 3.35 TB/s)
 
 
 def twin_rows(paths: dict, num_tokens: int, model_dim: int, work_dir, spills: bool = True) -> list:

@@ -1,4 +1,4 @@
-"""Generate the record's single-file `train_gpt.py` from the readable package (design §6).
+"""Generate the record's single-file `train_gpt.py` from the readable package.
 
 The challenge counts every byte of `train_gpt.py` and wants all counted code in that one file, run
 from inside its record folder. Our source is a package (`train_gpt.py` + `trainer/` + `quant/` + `eval/`), so:
@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     parser.add_argument("--encoding", choices=BUNDLE_ENCODING_CHOICES, default=None,
                         help="payload encoding of train_gpt.py: ascii (default, or env BUNDLE_ENCODING) keeps the "
                              "smaller of base93 and base85, a plain ASCII file; latin1 is ~18%% smaller but the file "
-                             "is valid Python that is not UTF-8 (see the README)")
+                             "is valid Python that is not UTF-8 (see docs/bundle.md)")
     parser.add_argument("--quiet", action="store_true", help="no size report")
     args = parser.parse_args(argv)
     try:

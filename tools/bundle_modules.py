@@ -200,9 +200,9 @@ def _reexported_names(module: SourceModule) -> dict:
 
 
 def _module_rank(relpath: str) -> int:
-    """Pipeline order of design §1: files, settings and data, quantization, evaluation, then the trainer."""
-    if relpath in ("trainer/files.py", "trainer/env.py", "trainer/presets.py", "trainer/settings.py",
-                   "trainer/shards.py", "eval/shards.py"):
+    """Pipeline order: files, settings and data, quantization, evaluation, then the trainer."""
+    if relpath in ("trainer/files.py", "trainer/env.py", "trainer/progress.py", "trainer/presets.py",
+                   "trainer/settings.py", "trainer/shards.py", "eval/shards.py"):
         return 0
     if relpath.startswith("quant/"):
         return 1

@@ -1,4 +1,4 @@
-"""CPU twins of the CUDA-only behaviours the trainer meets on an H100 (design §5).
+"""CPU twins of the CUDA-only behaviours the trainer meets on an H100.
 
 A CPU never shows how flash-attn or CUDA autocast behave, so tests (and `tools/gpu_check.py --cpu-twin`)
 plug in stand-ins that fail the way the GPU would:
@@ -14,7 +14,7 @@ plug in stand-ins that fail the way the GPU would:
   refuses the meta device, as FA3's does (it calls `torch.cuda.get_device_capability(q.device)`,
   which raises on a meta tensor): so a FLOP count on meta that reaches the kernel fails here too.
 - `cuda_autocast_rms_norm()`: a context manager that registers, for the AutocastCPU dispatch key,
-  the float32 policy CUDA autocast has for `rms_norm` from torch 2.12 (pytorch issue 188955): inputs
+  the float32 policy CUDA autocast has for `rms_norm` from torch 2.12 (pytorch/pytorch#188955): inputs
   cast to float32, float32 out. With it, CPU bf16 autocast hands attention float32 q/k and a
   bfloat16 v, as an H100 does.
 """
@@ -137,7 +137,7 @@ def _rms_norm_fp32(input, normalized_shape, weight=None, eps=None):
 @contextlib.contextmanager
 def cuda_autocast_rms_norm():
     """While active, CPU autocast runs aten::rms_norm in float32 and returns float32, as CUDA autocast
-    does from torch 2.12 (the `AutocastCUDA` fp32 policy; pytorch issue 188955)."""
+    does from torch 2.12 (the `AutocastCUDA` fp32 policy; pytorch/pytorch#188955)."""
     lib = torch.library.Library("aten", "IMPL")
     lib.impl("rms_norm", _rms_norm_fp32, "AutocastCPU")
     try:

@@ -95,7 +95,7 @@ class GraphCountingLoader:
         return self.inner.next_batch(local_tokens, seq_len)
 
 
-# Measured on one H100 SXM, torch 2.11 (../shared/gpu/README.md): attention fwd+bwd at the default
+# Measured on one H100 SXM, torch 2.11 (the kit's run of 2026-11-25): attention fwd+bwd at the default
 # preset's shape per SDPA backend, ms; and the step of PR #1617's log with FA3 vs ours on SDPA (cuDNN).
 SDPA_MEASURED_MS = {"cudnn_attention": 1.75, "flash_attention": 2.62, "efficient_attention": 5.23}
 FA3_STEP_MS, SDPA_STEP_MS = 326, 414

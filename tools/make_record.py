@@ -1,10 +1,12 @@
-"""Turn 1-3 finished seed runs into a record folder laid out like the official repo (design §4).
+"""Turn 1-3 finished seed runs into a record folder laid out like the official repo.
 
     python tools/make_record.py --runs runs/A runs/B runs/C --name MyIdea --author "Jane Doe" \
-        --github-id janedoe [--track track_non_record_16mb] [--blurb TEXT] [--force] [--skip-smoke]
+        --github-id janedoe --approach-file approach.md [--track track_non_record_16mb] [--blurb TEXT] \
+        [--force] [--smoke-timeout-seconds S | --skip-smoke]
 
-writes `records/<track>/<YYYY-MM-DD>_<NAME>/` with README.md (what the run is, per-seed table, mean
-and std, the command that reproduces it, compliance, loss curve), submission.json (the official
+writes `records/<track>/<YYYY-MM-DD>_<NAME>/` with README.md (the author's Approach, given by --approach or
+--approach-file and required, what the run is, per-seed table, mean
+and std, the command that reproduces it with the official data command, compliance, loss curve), submission.json (the official
 fields plus track, seeds, seed_results, val_bpb_std, hardware, pytorch_version), the logs as
 train_seed<SEED>.log, the packed train_gpt.py (plain ASCII by default; latin-1 only when the runs
 measured that opt-in, BUNDLE_ENCODING=latin1, see tools/bundle.py; copied as bytes) and
@@ -28,8 +30,10 @@ The folder is written to a temp dir next to its destination, checked (`check_rec
 (tools/audit.py: a failed check refuses the record, except three_seeds / significance, which are
 flagged; the result goes into submission.json as its `compliance` block), smoke-run
 (the packed train_gpt.py from inside the folder, nothing else on sys.path: 2 CPU steps, export and
-the final evals on the first SMOKE_VAL_MAX_TOKENS val tokens; a smoke check, never a score), then
-renamed into place: a refused or failed record leaves nothing behind.
+the final evals on the first SMOKE_VAL_MAX_TOKENS val tokens; a smoke check, never a score; its output
+shown live, stopped after --smoke-timeout-seconds, by default twice the runs' own train + export + eval
+seconds), then renamed into place: a refused or failed record leaves nothing behind. --skip-smoke
+builds it without the smoke run and says so in its README and submission.json ("smoke_run": "skipped").
 
 The run checks are tools/record_checks.py, the folder's contents tools/record_readme.py, the smoke
 run tools/record_smoke.py; this module is the CLI, the flow, and the check and audit of the folder.
@@ -57,7 +61,7 @@ from tools.record_checks import (RECORD_BYTE_BUDGET, RECORD_TRACKS, check_code_i
                                  check_runs_agree, choose_track, resolve_run_path)
 from tools.record_readme import (SCORE_LABELS, build_readme, build_requirements, build_submission, hardware_of,
                                  mean_std, plot_loss_curves, reproduce_command)
-from tools.record_smoke import smoke_run
+from tools.record_smoke import default_smoke_timeout_seconds, runs_measured_seconds, smoke_run
 from tools.runs import FINAL_LINES, RecordError, final_score_key, load_run, parse_train_log
 
 
@@ -192,9 +196,34 @@ def audit_record(folder: Path, runs: list, submission: dict, log=print) -> dict:
 # -----------------------------------------------------------------------------------------------
 
 
-def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, force=False, skip_smoke=False,
-                records_dir=None, root=None, date=None, log=print) -> Path:
-    """Build and check the record folder; returns its path. Raises RecordError when refused."""
+def read_approach(text=None, path=None) -> str:
+    """The author's Approach for the record README, from --approach TEXT or --approach-file PATH
+    (UTF-8); RecordError when neither gives non-empty text."""
+    if text is not None and path is not None:
+        raise RecordError("--approach and --approach-file: give one of them, not both")
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise RecordError(f"--approach-file {path}: cannot read it as UTF-8 text "
+                              f"({getattr(e, 'strerror', None) or e}); expected a text file") from e
+    if not (text or "").strip():
+        where = f"--approach-file {path}: is empty" if path is not None else (
+            "--approach: is empty" if text is not None else "no --approach or --approach-file")
+        raise RecordError(f"{where}; expected the record's approach (what you changed and why, for its README's "
+                          f"\"Approach\" section: --approach \"TEXT\" or --approach-file FILE)")
+    return text.strip()
+
+
+def make_record(run_paths, *, name, author, github_id, approach=None, track=None, blurb=None, force=False,
+                skip_smoke=False, smoke_timeout_seconds=None, records_dir=None, root=None, date=None,
+                log=print) -> Path:
+    """Build and check the record folder; returns its path. Raises RecordError when refused.
+    `approach`: the author's text for the README (required); `smoke_timeout_seconds`: the smoke
+    run's limit (None: default_smoke_timeout_seconds of the runs)."""
+    approach = read_approach(approach)
+    if smoke_timeout_seconds is not None and not (smoke_timeout_seconds > 0 and smoke_timeout_seconds < 1e7):
+        raise RecordError(f"--smoke-timeout-seconds={smoke_timeout_seconds}: expected a number of seconds > 0")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name or ""):
         raise RecordError(f"--name {name!r}: expected letters, digits, '.', '_' or '-' (it names the folder)")
     if not run_paths:
@@ -236,6 +265,8 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
     submission = build_submission(runs, name=name, author=author, github_id=github_id, blurb=blurb,
                                   date_iso=date_iso, track=track_name, bytes_code=len(packed))
     submission["rules_not_met"] = rules_not_met  # {seed: {flag: evidence}}; {} when every run meets every rule
+    if skip_smoke:
+        submission["smoke_run"] = "skipped"  # the folder's train_gpt.py was never run (the auditor warns)
     tmp = Path(tempfile.mkdtemp(prefix=f".{day}_{name}.tmp", dir=final_dir.parent))
     try:
         (tmp / BUNDLE_HUMAN_NAME).write_bytes(human.encode("utf-8"))
@@ -249,14 +280,16 @@ def make_record(run_paths, *, name, author, github_id, track=None, blurb=None, f
             else str(final_dir)
         command = reproduce_command(runs, final_dir, name, root)
         (tmp / "README.md").write_text(build_readme(runs, submission, track_reason=reason, command=command,
-                                                    folder_rel=folder_rel, code_encoding=packed_encoding(packed)),
+                                                    folder_rel=folder_rel, code_encoding=packed_encoding(packed),
+                                                    approach=approach, smoke_skipped=skip_smoke),
                                        encoding="utf-8")
         check_record(tmp)
         audit_record(tmp, runs, submission, log=log)
         if skip_smoke:
-            log("smoke run skipped (--skip-smoke)")
+            log("smoke run skipped (--skip-smoke): the folder's README and submission.json say so")
         else:
-            smoke_run(tmp, runs[0], log=log)
+            limit = smoke_timeout_seconds or default_smoke_timeout_seconds(runs)
+            smoke_run(tmp, runs[0], log=log, timeout_seconds=limit, runs_seconds=runs_measured_seconds(runs))
         os.chmod(tmp, 0o755)
         if final_dir.exists():  # --force: swap, then delete the old folder
             old = final_dir.with_name(f".{final_dir.name}.old{os.getpid()}")
@@ -293,7 +326,14 @@ def main(argv=None) -> int:
     parser.add_argument("--track", help=f"one of {', '.join(RECORD_TRACKS)} (default: from the hardware)")
     parser.add_argument("--blurb", help="one-line description (default: generated)")
     parser.add_argument("--force", action="store_true", help="replace an existing record folder")
-    parser.add_argument("--skip-smoke", action="store_true", help="do not run the packed script from the folder")
+    parser.add_argument("--approach", metavar="TEXT", help="the record README's Approach: what you changed and "
+                        "why (required, or --approach-file)")
+    parser.add_argument("--approach-file", metavar="FILE", help="the Approach as a UTF-8 text/Markdown file")
+    parser.add_argument("--skip-smoke", action="store_true", help="do not run the packed script from the folder "
+                        "(the README and submission.json then say so)")
+    parser.add_argument("--smoke-timeout-seconds", type=float, metavar="S",
+                        help="limit of the smoke run (default: twice the runs' own train + export + eval "
+                             "seconds, at least 600)")
     parser.add_argument("--records-dir", help="default: <repo>/records")
     parser.add_argument("--date", help="YYYY-MM-DD for the folder name (default: today, UTC)")
     parser.add_argument("--check", metavar="FOLDER", help="only check an existing record folder")
@@ -307,14 +347,16 @@ def main(argv=None) -> int:
         for flag in ("runs", "name", "author", "github_id"):
             if not getattr(args, flag):
                 parser.error(f"--{flag.replace('_', '-')} is required")
-        if args.date is not None:  # a bad input: one `error:` line before any run is read
-            try:
+        try:
+            if args.date is not None:  # a bad input: one `error:` line before any run is read
                 check_date(args.date)
-            except RecordError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
-        make_record(args.runs, name=args.name, author=args.author, github_id=args.github_id, track=args.track,
-                    blurb=args.blurb, force=args.force, skip_smoke=args.skip_smoke, records_dir=args.records_dir,
+            approach = read_approach(args.approach, args.approach_file)
+        except RecordError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        make_record(args.runs, name=args.name, author=args.author, github_id=args.github_id, approach=approach,
+                    track=args.track, blurb=args.blurb, force=args.force, skip_smoke=args.skip_smoke,
+                    smoke_timeout_seconds=args.smoke_timeout_seconds, records_dir=args.records_dir,
                     root=args.root, date=args.date)
     except RecordError as e:
         print(f"refused: {e}", file=sys.stderr)

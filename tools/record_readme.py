@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -19,6 +20,9 @@ from tools.record_checks import (RECORD_BYTE_BUDGET, RECORD_EVAL_LIMIT_SECONDS, 
 from tools.runs import FINAL_LINES, Run, final_score_key
 
 RECORD_RUNTIME_PACKAGES = ("torch", "numpy", "sentencepiece", "zstandard", "brotli", "safetensors")
+SMOKE_SKIPPED_LINE = (f"**Not run from this folder:** built with `make_record --skip-smoke`, so this folder's "
+                      f"`{BUNDLE_PACKED_NAME}` was never executed before submission (`submission.json`: "
+                      '`"smoke_run": "skipped"`).')
 SCORE_LABELS = {"sliding": "sliding window", "ttt": "legal score-first TTT"}  # final_score_key -> words
 
 
@@ -147,19 +151,57 @@ def preset_defaults(preset: str, root: Path) -> dict | None:
         return None
 
 
+OFFICIAL_DATA_SCRIPT = "data/cached_challenge_fineweb.py"  # the official repository's downloader
+OFFICIAL_DATA_REPO_ID = "willdepueoai/parameter-golf"  # its default dataset repo (sp1024)
+RECORD_DEPTH_FROM_ROOT = "../../.."  # records/<track>/<folder> -> the repository root
+
+
+def official_data(run: Run) -> dict | None:
+    """How a reviewer gets the run's data with the official repository's downloader, or None when the
+    run's tokenizer or data is not an official export. A `fineweb_<V>_bpe.model` tokenizer is the
+    sp<V> export; the data folder's manifest.json (tools/prepare_data.py) must say it was downloaded
+    (`source.command == "fineweb"`), not made from other text. Returns {"command", "data_path",
+    "tokenizer_path"} with the paths relative to a record folder in the official layout."""
+    tokenizer = Path(str(run.result["hyperparameters"].get("tokenizer_path", "")))
+    m = re.fullmatch(r"fineweb_(\d+)_bpe\.model", tokenizer.name)
+    if not m:
+        return None
+    variant = f"sp{m.group(1)}"
+    data = resolve_run_path(run, "data_path")
+    source = {}
+    try:
+        source = json.loads((data / "manifest.json").read_text(encoding="utf-8")).get("source") or {}
+    except (OSError, ValueError, AttributeError):
+        pass
+    if source and (source.get("command") != "fineweb" or source.get("variant", variant) != variant):
+        return None
+    repo_id = source.get("repo_id") or (OFFICIAL_DATA_REPO_ID if variant == "sp1024" else "kevclark/parameter-golf")
+    shards = sorted(data.glob("fineweb_train_*.bin")) if data.is_dir() else []
+    num_shards = len(shards) or len(run.result.get("train_shards") or [])
+    env = "" if repo_id == OFFICIAL_DATA_REPO_ID else f"MATCHED_FINEWEB_REPO_ID={repo_id} "
+    command = f"{env}python3 {OFFICIAL_DATA_SCRIPT} --variant {variant}" + (
+        f" --train-shards {num_shards}" if num_shards else "")
+    return {"command": command, "data_path": f"{RECORD_DEPTH_FROM_ROOT}/data/datasets/fineweb10B_{variant}",
+            "tokenizer_path": f"{RECORD_DEPTH_FROM_ROOT}/data/tokenizers/{tokenizer.name}"}
+
+
 def reproduce_command(runs: list, record_dir: Path, name: str, root: Path) -> str:
-    """The command that reruns seed 1 from inside the record folder: PRESET, the paths, the seed and
-    every hyperparameter that differs from the preset's default."""
+    """The command that reruns seed 1 from inside the record folder: PRESET, the paths (the official
+    layout's when the data is an official export: official_data), the seed and every hyperparameter
+    that differs from the preset's default."""
     r = runs[0].result
     hp = r["hyperparameters"]
     defaults = preset_defaults(hp.get("preset", "1xh100"), root) or {}
     env = {"PRESET": hp.get("preset", "1xh100")}
+    official = official_data(runs[0])
     for key in ("data_path", "tokenizer_path"):
         path = resolve_run_path(runs[0], key)
         try:
             env[key.upper()] = os.path.relpath(path, record_dir) if path.is_relative_to(REPO_ROOT) else str(path)
         except ValueError:
             env[key.upper()] = str(path)
+        if official:
+            env[key.upper()] = official[key]
     skip = set(RECORD_IGNORED_HYPERPARAMETERS) | {"preset", "data_path", "tokenizer_path"}
     for key in sorted(hp):
         if key not in skip and (key not in defaults or defaults[key] != hp[key]):
@@ -178,7 +220,10 @@ def _fmt_bpb(x) -> str:
 
 
 def build_readme(runs: list, submission: dict, *, track_reason: str, command: str, folder_rel: str,
-                 code_encoding: str = "base93") -> str:
+                 code_encoding: str = "base93", approach: str = "", smoke_skipped: bool = False) -> str:
+    """The record's README.md: headline, the author's Approach, what the run is, per-seed results,
+    how to reproduce it (the official data command when the data is an official export), the
+    compliance table and the files. `approach` must be non-empty (make_record checks it)."""
     r0 = runs[0].result
     hp = r0["hyperparameters"]
     per = submission["seed_results"]
@@ -206,6 +251,11 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         f"stride {per[0].get('eval_stride')}, std {submission['val_bpb_std']:.8f}; val_loss "
         f"{submission['val_loss']:.8f} nats) · artifact at most {max_total:,} bytes · "
         f"track `{submission['track']}` · {submission['hardware']}",
+        "",
+        *([SMOKE_SKIPPED_LINE, ""] if smoke_skipped else []),
+        "## Approach",
+        "",
+        approach.strip(),
         "",
         "## What this is",
         "",
@@ -242,14 +292,17 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         "",
         "## Reproduce",
         "",
-        "From the repository root, with the dataset and tokenizer in place:",
-        "",
-        "```bash",
-        f"cd {folder_rel}",
-        command,
-        "```",
-        "",
     ]
+    official = official_data(runs[0])
+    if official:
+        lines += ["From the root of the official repository (this folder at "
+                  f"`{folder_rel}`), download the data and the tokenizer, then run:", "",
+                  "```bash", official["command"], f"cd {folder_rel}", command, "```", ""]
+    else:
+        lines += [f"From the repository root (this folder at `{folder_rel}`). The run's tokenizer "
+                  f"`{tok}` and its data are not an official FineWeb export: the author provides them "
+                  "(they were made with the kit's `tools/prepare_data.py`; their `manifest.json` records how).", "",
+                  "```bash", f"cd {folder_rel}", command, "```", ""]
     if n > 1:
         others = ", ".join(str(s["seed"]) for s in per[1:])
         lines += [f"The other seeds: the same command with SEED={others} (and a matching RUN_ID).", ""]

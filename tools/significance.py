@@ -1,4 +1,4 @@
-"""Is a multi-seed result a significant improvement? (the challenge's record rule, design §4)
+"""Is a multi-seed result a significant improvement? (the challenge's record rule)
 
     python tools/significance.py --runs runs/A runs/B runs/C --baseline-bpb 1.2244
     python tools/significance.py --runs runs/A runs/B --baseline-runs runs/X runs/Y [--metric sliding]

@@ -1,4 +1,4 @@
-"""CPU twins of the training step's memory traffic on an H100 (issue 25; design section 5).
+"""CPU twins of the training step's memory traffic on an H100.
 
 Two views of one micro-batch (forward + backward of `GPT(**config)(x, y)` under bf16 autocast),
 both computed on a CPU:
@@ -12,8 +12,8 @@ both computed on a CPU:
   float32 full-row loads; with Triton's bundled ptxas, `ptxas_spills` compiles the fused
   reductions for sm_90a and reads registers and spill bytes.
 
-Method: `../shared/gpu/codegen/README.md` (how the kit's float32 residual stream was found to
-cost ~65 ms/step on torch 2.11); this module is the project's own implementation of it.
+Method: how the kit's float32 residual stream was found to cost ~65 ms/step on torch 2.11 (an
+H100 profile, then the step's generated code on a CPU); this module is the project's implementation of it.
 """
 
 import contextlib
@@ -266,7 +266,7 @@ def _fake_on_cuda(value):
 
 def _twin_rms_norm(fp32_rule: bool):
     """F.rms_norm as CUDA runs it: aten._fused_rms_norm (CUDA's kernel, decomposed by Inductor), with CUDA
-    autocast's float32 policy for rms_norm from torch 2.12 when fp32_rule (pytorch issue 188955)."""
+    autocast's float32 policy for rms_norm from torch 2.12 when fp32_rule (pytorch/pytorch#188955)."""
     def rms_norm(x, normalized_shape, weight=None, eps=None):
         if fp32_rule and torch.is_autocast_enabled("cpu"):
             x, weight = x.float(), None if weight is None else weight.float()
@@ -280,7 +280,7 @@ def generate_cuda_step(config: dict, batch: int, seq_len: int, out_dir, inductor
     """Write Inductor's CUDA code for one micro-batch (forward + backward of GPT(**config)(x, y), x and y
     [batch, seq_len] int64) under bf16 autocast, for a pretended H100, without a GPU (nothing runs).
 
-    Method (../shared/gpu/codegen/README.md): dynamo captures the step on the CPU; AOTAutograd traces it on
+    Method: dynamo captures the step on the CPU; AOTAutograd traces it on
     fake CPU tensors under CPU bf16 autocast, with F.rms_norm routed to CUDA's fused kernel and, on torch >=
     2.12, CUDA autocast's float32 rms_norm rule; each forward/backward graph is then moved to fake `cuda`
     tensors and handed to Inductor's CUDA codegen. Attention is an opaque op (cuDNN/flash are not

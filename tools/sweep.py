@@ -295,10 +295,15 @@ def main(argv=None) -> int:
                   + (f", ~{_duration(eta)} to go" if left else ""), flush=True)
         collect(runs, sweep_dir, metric=metric, baseline=baseline, title=title)
 
+    def announce(run, slot):  # a run can take minutes: say which one is running, and where its output goes
+        print(f"[{index[id(run)] + 1}/{len(runs)}] {run.config} seed {run.seed}: running"
+              f"{'' if slot is None else ' on GPU ' + slot} (output: {run.run_dir / 'console.txt'})", flush=True)
+        return run
+
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        execute(todo, slots, lambda run, slot: launch_run(run, slot, script, args.gpus_per_run), on_done,
-                on_interrupt=stop_trainers)
+        execute(todo, slots, lambda run, slot: launch_run(announce(run, slot), slot, script, args.gpus_per_run),
+                on_done, on_interrupt=stop_trainers)
     except OSError as e:
         print(f"error: could not start {script}: {e}", file=sys.stderr)
         return 2

@@ -76,20 +76,22 @@ def _mean(values):
 
 
 def summarize(rows: list, baseline: str | None = None) -> list:
-    """Per config: n, mean, std, min, max of val_bpb, mean steps, ms per step and bytes; sorted by mean
-    val_bpb (configs with no result last). `vs` = mean - the baseline config's mean."""
+    """Per config: n, mean, std, min, max of val_bpb, mean steps, ms per step and bytes of the runs that
+    finished (those with a val_bpb, as n counts them: a failed or unfinished run's steps are not a
+    result); sorted by mean val_bpb (configs with no result last). `vs` = mean - the baseline config's mean."""
     groups = {}
     for row in rows:
         groups.setdefault(row["config"], []).append(row)
     out = []
     for config, group in groups.items():
-        values = [r["val_bpb"] for r in group if r["val_bpb"] is not None]
+        done = [r for r in group if r["val_bpb"] is not None]
+        values = [r["val_bpb"] for r in done]
         out.append({"config": config, "n": len(values), "runs": len(group),
                     "mean": statistics.fmean(values) if values else None,
                     "std": statistics.stdev(values) if len(values) > 1 else None,
                     "min": min(values, default=None), "max": max(values, default=None),
-                    "steps": _mean([r["steps"] for r in group]), "ms_per_step": _mean([r["ms_per_step"] for r in group]),
-                    "bytes_total": _mean([r["bytes_total"] for r in group]), "settings": group[0]["settings"]})
+                    "steps": _mean([r["steps"] for r in done]), "ms_per_step": _mean([r["ms_per_step"] for r in done]),
+                    "bytes_total": _mean([r["bytes_total"] for r in done]), "settings": group[0]["settings"]})
     base = next((s["mean"] for s in out if s["config"] == baseline), None)
     for s in out:
         s["vs"] = s["mean"] - base if s["mean"] is not None and base is not None else None
@@ -106,7 +108,7 @@ def format_table(summary: list, *, metric: str, baseline: str | None, title: str
     which = "headline (TTT or sliding)" if metric == "final" else metric
     lines = [f"# {title}", "",
              f"val_bpb = final {which} val_bpb; mean and std over seeds (n finished of runs); steps and ms per "
-             "step are means.", "",
+             "step are means over the finished runs.", "",
              f"| config | val_bpb mean | std | n | min | max{vs} | steps | ms/step | bytes_total | settings |",
              "|---|---:|---:|---:|---:|---:" + "|---:" * bool(baseline) + "|---:|---:|---:|---|"]
     for s in summary:

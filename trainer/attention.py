@@ -94,7 +94,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     The one device-specific dispatch point: flash-attn 3/2 on CUDA, PyTorch SDPA elsewhere (the CPU
     twin every test exercises). Query head h reads KV head h // (H // Hkv) in all backends.
     flash-attn takes one fp16/bf16 dtype only, so q, k, v are cast to the autocast dtype (bf16 when
-    not autocasting): from torch 2.12 CUDA autocast runs rms_norm in float32 (pytorch issue 188955),
+    not autocasting): from torch 2.12 CUDA autocast runs rms_norm in float32 (pytorch/pytorch#188955),
     so the rms-normed q/k arrive as float32 beside a bf16 v. SDPA casts its own inputs. On the meta
     device (FLOP counting) SDPA always runs: flash-attn's fake kernels query the CUDA device there.
     """

@@ -1,5 +1,6 @@
 """Input checks before the clock starts, and the compliance flags of a finished run."""
 
+import json
 import math
 import os
 from pathlib import Path
@@ -17,14 +18,23 @@ from trainer.shards import SHARD_HEADER_BYTES, check_data_manifest, list_shards,
 
 def max_shard_id(path, num_tokens: int) -> int:
     """The largest token id of a shard (-1 when empty): one vectorized max over a memory map, so a
-    100M-token shard is read once, never held in memory (README "Reliability" has its cost)."""
+    100M-token shard is read once, never held in memory (docs/reliability.md has its cost)."""
     return int(np.memmap(path, "<u2", "r", SHARD_HEADER_BYTES, (num_tokens,)).max()) if num_tokens else -1
+
+
+def dataset_command(data_path) -> str | None:
+    """The tools/prepare_data.py command that made the dataset (its manifest.json's source), if known."""
+    try:
+        return json.loads((Path(data_path) / "manifest.json").read_text(encoding="utf-8"))["source"]["command"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
     """(tokens in the train shards, tokens the run will read: EXPECTED_STEPS, or ITERATIONS without a
     wallclock cap, x TRAIN_BATCH_TOKENS); logs a WARNING when the shards hold fewer, since the loader
-    then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same budget). Raises
+    then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same budget); a note instead
+    for the offline sample (tools/prepare_data.py sample), which is small by design. Raises
     ValueError naming DATA_PATH and the shard when any train shard holds an id >= VOCAB_SIZE: every
     shard is checked here, before the clock, not when the loader reaches it."""
     held = 0
@@ -37,7 +47,11 @@ def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
         held += num_tokens
     steps = run_steps_estimate(0, 0.0, hp)
     needed = int(steps * hp.train_batch_tokens)
-    if held < needed:
+    if held < needed and dataset_command(hp.data_path) == "sample":
+        log(f"note: DATA_PATH={hp.data_path} is the offline sample ({held:,} train tokens); this run reads about "
+            f"{needed:,} and repeats it, as expected: its scores only show that the pipeline works (real data: "
+            f"docs/data.md)")
+    elif held < needed:
         log(f"WARNING: the train shards of DATA_PATH={hp.data_path} hold {held:,} tokens; this run reads about "
             f"{needed:,} ({steps:.0f} steps x TRAIN_BATCH_TOKENS={hp.train_batch_tokens:,}) and will repeat data, "
             f"which costs bpb; `tools/prepare_data.py fineweb --train-shards {math.ceil(1.2 * needed / 1e8)}` "

@@ -14,6 +14,7 @@ from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
 from trainer.context import RunContext
 from trainer.model import GPT
+from trainer.progress import Progress
 from trainer.settings import Hyperparameters
 
 
@@ -65,14 +66,18 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
                    max_seconds=max(left, 1e-9), log=ctx.log, **eval_device_args(ctx))
 
 
-def seconds_per_call(ctx: RunContext, call, repeats: int = 3) -> float:
+def seconds_per_call(ctx: RunContext, call, repeats: int = 3, label: str = "timing") -> float:
     """Mean seconds of `call()` over `repeats` calls after one warm-up (compilation), synchronized."""
+    bar = Progress(label, repeats + 1, "calls")
     call()
     ctx.sync()
+    bar.update()
     t0 = time.perf_counter()
     for _ in range(repeats):
         call()
+        bar.update()
     ctx.sync()
+    bar.close()
     return (time.perf_counter() - t0) / repeats
 
 
@@ -86,7 +91,7 @@ def time_eval_forward(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float
         with torch.inference_mode(), ctx.autocast():
             forward(x)
 
-    return seconds_per_call(ctx, call)
+    return seconds_per_call(ctx, call, label="eval plan: timing the eval forward")
 
 
 def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
@@ -109,7 +114,7 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    seconds = seconds_per_call(ctx, call)
+    seconds = seconds_per_call(ctx, call, label="ttt plan: timing a TTT step")
     for p in model.parameters():
         p.requires_grad_(True)
     return seconds

@@ -23,7 +23,7 @@ def residual_dtype(x: torch.Tensor) -> torch.dtype:
 
     The official script keeps its embedding table, hence its residual stream, in bf16 on CUDA; ours is
     float32, so without this cast every block's residual math and the fused RMSNorm-backward reductions
-    ran float32 under autocast (~65 ms of a 426 ms H100 step on torch 2.11, issue 25). fp32 runs
+    ran float32 under autocast (~65 ms of a 426 ms H100 step on torch 2.11). fp32 runs
     (no autocast) are unchanged, bit for bit.
     """
     dev = x.device.type  # meta (FLOP counting) has no autocast state
@@ -89,7 +89,7 @@ class CausalSelfAttention(nn.Module):
         k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim)
         # rms_norm returns float32 under CUDA autocast from torch 2.12: back to the projections' dtype (bf16),
-        # as on torch <= 2.11, so RoPE and the q gain do not run on float32 [B, T, H, D] copies (issue 25)
+        # as on torch <= 2.11, so RoPE and the q gain do not run on float32 [B, T, H, D] copies
         q = apply_partial_rope(F.rms_norm(q, (self.head_dim,)).to(q.dtype), cos, sin)
         k = apply_partial_rope(F.rms_norm(k, (self.head_dim,)).to(k.dtype), cos, sin)
         q = q * self.q_gain.to(q.dtype)[None, None, :, None]

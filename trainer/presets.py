@@ -8,7 +8,7 @@ warmup in an 1,843-step run is MUON_MOMENTUM_WARMUP_FRAC = 500/1843). The record
 (MUON_MOMENTUM_WARMUP_STEPS, WARMDOWN_ITERS, EMA_DECAY) still work and, when set, replace the fraction.
 
 Evidence, per preset:
-- 1xh100-sp8192 (the default, issue 15; the class defaults): PR #1617's single-H100 sp8192 run,
+- 1xh100-sp8192 (the default; the class defaults): PR #1617's single-H100 sp8192 run,
   values from its log (records/track_non_record_16mb/2026-04-14_Single_H100_8L_int6attn_int8mlp_3mlp_
   GQA_QAT015_1.21): 7 layers x 512, GQA 8/4, MLP 3x relu^2, partial RoPE 32/64, XSA on all 7 layers,
   QK gain 4, seq 2048, 524,288 tokens/step, Muon lr 0.025 momentum 0.85 -> 0.95 over 500 of 1,843
@@ -27,13 +27,13 @@ Evidence, per preset:
   333 steps = 1/6 of the run), warmdown 50%, QAT 10%, 1.2498.
 - 8xh100: the 8xH100 records of 2026-03-20/21/22 (11 layers, 786,432 tokens/step, XSA on the last
   4, 7,051-7,103 steps: momentum warmup 1,500/7,000 and EMA 0.997 as 333/7,000 of the run).
-- smoke (issue 13): ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
+- smoke: ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
   Muon's momentum (0.99 remembers ~100 steps, two thirds of the run). So smoke takes the baseline's
   length-dependent knobs relative to the run: momentum 0.85 rising over the whole run to a time
   constant of 1/18 of the run (0.88 at 150 steps; below ~120 steps that target is under 0.85 and is
   used from step 0, and at 18 steps or fewer it is 0.0: the trainer warns), LR decaying over the whole run, the baseline's
-  LRs, MLP 2x. Measured alone at this length (proxy, 2 seeds, README "CPU / laptop"): grad clip 0.3
+  LRs, MLP 2x. Measured alone at this length (proxy, 2 seeds, docs/presets.md): grad clip 0.3
   (-0.014) and WD 0.02/0.04 (-0.004) pay and are on; late QAT is neutral and on (it trains for the
   int8 export); LeakyReLU(0.5)^2 is neutral and 5% slower per CPU step: off; partial RoPE 32/64
   (+0.034), EMA 0.997 (+0.004) and XSA on the last layer (+0.003) cost at 150 steps: off.

@@ -1,4 +1,4 @@
-"""The CPU proxy's data (issue 13): web text from ../shared, two val splits, one train stream.
+"""The CPU proxy's data: web text from local files (--shared), two val splits, one train stream.
 
     python tools/sweeps/proxy_data.py [--shared ../shared] [--out data]
 

@@ -1,0 +1,44 @@
+"""Progress of a long phase (export, GPTQ, eval, TTT, the plan's timings) on stderr, never in
+train.log: the log's lines are parsed by records and the auditor, so progress stays out of them.
+
+On a terminal the line is rewritten in place; otherwise one line every PROGRESS_EVERY_SECONDS:
+`<label>: <done>/<total> <unit> (<percent>%) <elapsed>s elapsed, ETA <seconds>s`. Only the process
+of rank 0 (torchrun's RANK) reports. Primitives layer: standard library only.
+"""
+
+import os
+import sys
+import time
+
+PROGRESS_EVERY_SECONDS = 10.0  # a line at most this often when stderr is not a terminal
+
+
+class Progress:
+    """Progress(label, total, unit): `update(n)` after each n units of work, `close()` at the end
+    (a final line only when a line was already shown). total: the units expected (int >= 0)."""
+
+    def __init__(self, label: str, total: int, unit: str):
+        self.label, self.total, self.unit, self.done = label, max(int(total), 0), unit, 0
+        self.start = self.last = time.perf_counter()
+        self.shown_done = None  # `done` when a line was last shown
+        self.on = os.environ.get("RANK", "0") == "0"
+        self.tty = self.on and sys.stderr.isatty()
+
+    def line(self) -> str:
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+        return (f"{self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done / max(self.total, 1):.0f}%) "
+                f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if self.on and (self.tty or now - self.last >= PROGRESS_EVERY_SECONDS):
+            print(("\r" if self.tty else "") + self.line(), end="" if self.tty else "\n", file=sys.stderr, flush=True)
+            self.last, self.shown_done = now, self.done
+
+    def close(self) -> None:
+        if self.shown_done is not None and self.tty:
+            print(file=sys.stderr, flush=True)
+        elif self.shown_done not in (None, self.done):
+            print(self.line(), file=sys.stderr, flush=True)
