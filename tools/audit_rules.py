@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from tools.audit_checks import Check
+from tools.audit_parse import parse_any
 
 _OPT_STEP = {"step"}
 _NO_GRAD = ("no_grad", "inference_mode")
@@ -81,6 +82,17 @@ def _trains_before_scoring(fn: ast.FunctionDef) -> bool:
     return not any(line < min(backward) for line in scoring)
 
 
+def code_tree(rec):
+    """The parsed code that runs (unpacked, any Python version's f-strings), cached on `rec`; None when
+    there is no code or it does not parse."""
+    if getattr(rec, "_tree", None) is None and rec.script is not None and rec.script.source:
+        try:
+            rec._tree = parse_any(rec.script.source)[0]
+        except (SyntaxError, ValueError, RecursionError):
+            rec._tree = False
+    return getattr(rec, "_tree", None) or None
+
+
 def check_val_training(rec) -> Check:
     name = "val_not_trained"
     log_hits = [(lg.name, n, op) for lg in rec.seed_logs for op, _, n in lg.facts.eval_ops
@@ -91,9 +103,8 @@ def check_val_training(rec) -> Check:
             return Check(name, "fail", f"{lg}:{n} `{op}`: test-time training on val before quantization and scoring "
                                        f"(PR #1376 ruling, issue #677)")
         return Check(name, "n/a", "no readable code")
-    try:
-        tree = ast.parse(rec.script.source)
-    except SyntaxError:
+    tree = code_tree(rec)
+    if tree is None:
         return Check(name, "n/a", "the code does not parse here")
     funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     trainers = {k for k, fn in funcs.items() if _trains_before_scoring(fn)}
@@ -118,9 +129,8 @@ def check_network(rec) -> Check:
     name = "no_network"
     if rec.script is None or not rec.script.source:
         return Check(name, "n/a", "no readable code")
-    try:
-        tree = ast.parse(rec.script.source)
-    except SyntaxError:
+    tree = code_tree(rec)
+    if tree is None:
         return Check(name, "n/a", "the code does not parse here")
     hits = []
     for node in ast.walk(tree):
@@ -157,9 +167,8 @@ def check_outside_code(rec) -> Check:
     name = "code_inside_folder"
     if rec.script is None or not rec.script.source:
         return Check(name, "n/a", "no readable code")
-    try:
-        tree = ast.parse(rec.script.source)
-    except SyntaxError:
+    tree = code_tree(rec)
+    if tree is None:
         return Check(name, "n/a", "the code does not parse here")
     hits = []
     for node in ast.walk(tree):
