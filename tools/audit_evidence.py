@@ -30,7 +30,7 @@ _RE_TIMER_START = re.compile(r"(?i)^beginning\b.*\btimer\b|^timer[_ ]start")
 _RE_PRECOMPUTE_OUTSIDE = re.compile(r"^\s*(\w*precompute_outside\w*):\s*(\S+)")
 _RE_SKIP_SMOKE = re.compile(r"(?i)smoke[ _-]?(?:run|test)?\b.{0,40}\b(?:skipped|not run|never run)|--skip-smoke")
 HEADER_LINES = 400
-_RE_METRICS = re.compile(r"\b(?:val_loss|val_bpb|train_loss)[:=]\s*\d|^tt\w*:")
+_RE_METRICS = re.compile(r"\b(?:val_loss|val_bpb|train_loss)[:=]\s*\d|^tt\w*:|\bstep[:=]\s*\d|\btrain_time[:=]")
 EVAL_KEYS = re.compile(r"(?i)ttt|eval|sliding|ngram|stride")  # settings that act only after training
 
 
