@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tools.audit_checks import Check
 from tools.audit_parse import parse_any
+from tools.audit_valtrain import inline_findings, log_findings
 
 _OPT_STEP = {"step"}
 _NO_GRAD = ("no_grad", "inference_mode")
@@ -121,6 +122,12 @@ def check_val_training(rec) -> Check:
     if log_hits:
         lg, n, op = log_hits[0]
         return Check(name, "fail", f"{lg}:{n} `{op}`: test-time training on val before scoring (issue #677)")
+    found = inline_findings(tree) + log_findings(rec.seed_logs)
+    for status in ("fail", "n/a"):
+        hits = [t for s, t in found if s == status]
+        if hits:
+            return Check(name, status, "; ".join(hits[:2]) + (" (not checkable: the reading stops here; never a "
+                                                              "pass)" if status == "n/a" else ""))
     return Check(name, "pass", f"no optimizer step on val tokens before they are scored ({len(trainers)} training "
                                f"routine(s), none given val data without a score-first pass)")
 
