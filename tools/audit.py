@@ -4,33 +4,37 @@
                           [--baseline-bpb X | --baseline FOLDER] [--python EXE] [--json]
 
 FOLDER is laid out like `records/<track>/<date>_<name>/` of the official repository. Per folder it
-prints a table of checks (pass / fail / n/a = not checkable, with the evidence: file, line, value)
-and exits 1 if any check fails, 2 for unusable input. Nothing is trained, run or executed: packed
-scripts are decoded by tools/audit_code.py, logs read by tools/audit_logs.py; seconds per folder
-(torch is imported only for --data-path or a manifest.json in the folder).
+prints a table of checks, each with its verdict and the evidence lines (file:line value) that decided
+it, lists every file it did not read and why, and exits 1 if any check fails, 2 for unusable input.
+Nothing is trained, run or executed: packed scripts are decoded by tools/audit_code.py, logs read by
+tools/audit_logs.py and tools/audit_evidence.py; seconds per folder (torch is imported only for
+--data-path or a manifest.json in the folder).
 
-Status per check: pass, warn (our reading is stricter than what the organizers merged: says why),
-fail (what got folders rejected, with the source), n/a. Exit 1 on any fail.
+Verdicts: pass (the evidence was read and satisfies the rule), warn (our reading is stricter than what
+the organizers merged: says why), fail (what got folders rejected, with the source), not checkable
+(the evidence is not in the folder or cannot be read statically: never a pass). Exit 1 on any fail.
 
-checks (tools/audit_checks.py, tools/audit_limits.py, tools/audit_rules.py):
-  files               README.md, submission.json, train_gpt.py and a train log (warn when some are missing)
+checks (tools/audit_checks.py, audit_limits.py, audit_config.py, audit_rules.py, audit_valtrain.py):
+  files               README.md, submission.json, train_gpt.py and a train log (no submission.json or train log: fail)
   submission_fields   author, github_id, name, blurb, date, val_loss, val_bpb, bytes_total, bytes_code (warn)
   code_size           the real bytes of train_gpt.py (+ files it execs) = bytes_code = the logged code size (warn)
-  code_parses         the script (unpacked when packed) parses as Python (newer interpreters tried)
+  code_parses         the script (unpacked when packed) parses; newer-Python f-strings read as strings
   requirements        imports beyond the official environment are named in requirements.txt or README.md (warn)
   train_under_600s    per seed: the logged train clock <= 600 s (GPTQ calibration after the clock: warn)
-  eval_under_600s     per seed: every eval-phase operation after training, summed; submission/README claims
-  artifact_under_16mb max of the logged totals and compressed model + shipped code <= 16,000,000 bytes
+  eval_under_600s     per seed: every eval-phase operation after training, summed, timers nested in a pass read once
+  artifact_under_16mb max of the logged totals and compressed model + shipped code <= 16,000,000 bytes, every track
   claims_match_logs   submission.json val_bpb = mean over the seed logs at its printed precision (warn)
-  byte_accounting     each final line's implied tokens/byte = the canonical ratio (tools/audit_bytes.py)
+  byte_accounting     each final line's implied tokens/byte = the canonical ratio, or the val split's byte count
   three_seeds         record track: at least 3 seeds (warn)
+  same_config         the seed logs ran one configuration; no headline mean over a reference run
   significance        with a baseline: tools/significance.py's test (0.005 nats, p < 0.01)
-  data_disjoint       train/val documents disjoint, from a manifest or shard names when available
-  val_not_trained     no optimizer step on val tokens before they are scored (issue #677, PR #1376)
+  data_disjoint       a manifest's document hashes, or the logs' train shard / val token counts vs the canonical export
+  val_not_trained     no optimizer step on val tokens before they are scored (functions, inline loops, epochs, logs)
   no_network          no downloads or pip installs at run time
   code_inside_folder  no code run from outside the folder (runpy, importlib, sys.path)
   full_val_split      no log says only part of the val split was scored
   file_safety         symlinks (outside the folder: fail), undecodable log bytes, oversized files
+  smoke_run           a folder built with make_record --skip-smoke says so (warn)
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ AUDIT_CHECKS = ("files", "submission_fields", "code_size", "code_parses", "requi
                 "eval_under_600s", "artifact_under_16mb", "claims_match_logs", "byte_accounting", "three_seeds",
                 "same_config", "significance", "data_disjoint", "val_not_trained", "no_network", "code_inside_folder",
                 "full_val_split", "file_safety", "smoke_run")
+# the words a check prints (JSON keeps the short status: "n/a" for not checkable)
+VERDICT_WORDS = {"pass": "pass", "warn": "warn", "fail": "fail", "n/a": "not checkable"}
 LOG_MAX_BYTES = 1 << 30  # logs are read whole; a 219 MB log is read, a 1 GiB one listed as skipped
 _RE_FILE_SEED = re.compile(r"seed[_-]?(\d+)", re.I)
 
@@ -369,11 +375,11 @@ def format_table(result: FolderAudit, width: int = 120) -> str:
     import textwrap
 
     name_w = max(len(n) for n in AUDIT_CHECKS)
-    lines = [f"audit {result.folder}", f"  {'check':<{name_w}}  status  evidence"]
+    lines = [f"audit {result.folder}", f"  {'check':<{name_w}}  {'verdict':<13}  evidence"]
     for c in result.checks:
-        wrapped = textwrap.wrap(c.evidence, width - name_w - 12) or [""]
-        lines.append(f"  {c.name:<{name_w}}  {c.status:<6}  {wrapped[0]}")
-        lines += [f"  {'':<{name_w}}          {w}" for w in wrapped[1:]]
+        wrapped = textwrap.wrap(c.evidence, width - name_w - 19) or [""]
+        lines.append(f"  {c.name:<{name_w}}  {VERDICT_WORDS[c.status]:<13}  {wrapped[0]}")
+        lines += [f"  {'':<{name_w}}  {'':<13}  {w}" for w in wrapped[1:]]
     na = [c.name for c in result.checks if c.status == "n/a"]
     verdict = f"FAIL ({', '.join(result.failed)})" if result.failed else "PASS"
     lines += [f"  skipped {path}: {why}" for path, why in result.skipped]
