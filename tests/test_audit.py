@@ -154,9 +154,11 @@ def test_the_failures_name_file_line_and_value(tmp_path):
 
 def test_one_step_over_the_cap_passes_but_two_steps_do_not(tmp_path):
     """The official loop stops at the first step past the cap: 600.038 s with 43.54 ms steps passes
-    (the naive baseline record), 600.2 s does not."""
+    (the naive baseline record), 600.2 s warns (the organizers accepted PR #1120 at 600.365 s), 600.6 s
+    fails (PR #1945 had to re-run a 602.048 s seed)."""
     assert statuses(make_official_folder(tmp_path / "a", train_ms=600_038))["train_under_600s"] == "pass"
-    assert statuses(make_official_folder(tmp_path / "b", train_ms=600_200))["train_under_600s"] == "fail"
+    assert statuses(make_official_folder(tmp_path / "b", train_ms=600_200))["train_under_600s"] == "warn"
+    assert statuses(make_official_folder(tmp_path / "c", train_ms=600_600))["train_under_600s"] == "fail"
 
 
 def test_gptq_calibration_after_the_clock_warns_as_the_merged_records_show(tmp_path):

@@ -15,6 +15,7 @@ BYTE_BUDGET = 16_000_000
 TRAIN_LIMIT_SECONDS = 600.0
 EVAL_LIMIT_SECONDS = 600.0
 OVERSHOOT_STEPS = 2
+SMALL_OVERSHOOT_S = 0.5  # over the cap by more than the step in flight but under this: warn (PR #1120 accepted)
 SAME_PASS_RELATIVE = 0.02  # `ttt_sliding:done ... elapsed=293.2s` then `legal_ttt_exact ... eval_time:293400ms`: one pass
 # README claims such as "Total eval time: ~560s" or "eval took ~688 s"
 _RE_README_EVAL = re.compile(r"\beval(?:uation)?(?:[ _]ops)?(?: time| took| takes| wall(?:clock)?)?\b[^0-9\n]{0,24}?~?"
@@ -68,6 +69,12 @@ def check_train_time(rec) -> Check:
                     f"budget scaled (merged precedent 2026-03-17_LoRA_TTT)")
             rows.append((0.0, text, False, note, True))
             continue
+        if limit < train_s <= TRAIN_LIMIT_SECONDS + SMALL_OVERSHOOT_S:
+            # accepted row PR #1120 (Rascal): 600.365 s; PR #1945's 602.048 s seed was re-run strictly under 600 s
+            note = (f"{text}: {train_s - TRAIN_LIMIT_SECONDS:.3f} s over the 600 s cap, more than the step in flight "
+                    f"(accepted: PR #1120 at 600.365 s; a seed at 602.048 s had to be re-run, PR #1945)")
+            rows.append((0.0, text, False, note, True))
+            continue
         rows.append((train_s - limit, text, train_s > limit, note, bool(calib_s) and train_s + calib_s > limit))
     if not rows:
         return Check("train_under_600s", "n/a", "no training time logged (no step/stopping_early train_time)")
@@ -77,7 +84,7 @@ def check_train_time(rec) -> Check:
     worst = max(rows)
     warned = [r for r in rows if r[4]]
     if warned:
-        if "world_size" in warned[0][3]:
+        if "world_size" in warned[0][3] or "over the 600 s cap" in warned[0][3]:
             return Check("train_under_600s", "warn", warned[0][3])
         return Check("train_under_600s", "warn", f"{worst[1]} <= {TRAIN_LIMIT_SECONDS:.0f} s; but {warned[0][3]} > "
                                                  f"{TRAIN_LIMIT_SECONDS:.0f} s (issue #1017 reading; merged precedents "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 from tools.audit_checks import Check
@@ -149,7 +150,8 @@ def check_network(rec) -> Check:
             text = " ".join(a.value for a in ast.walk(node) if isinstance(a, ast.Constant) and isinstance(a.value, str))
             if target in _NET_CALLS:
                 hits.append((node.lineno, f"{target}(...)"))
-            elif "pip install" in text or ("pip" in text.split() and "install" in text.split()):
+            elif ("pip install" in text or ("pip" in text.split() and "install" in text.split())) and re.search(
+                    r"(?i)subprocess|system|popen|check_call|check_output|\brun$|\bcall$|spawn|exec", _name(node.func)):
                 hits.append((node.lineno, f"{_name(node.func)}(... pip install ...)"))
     if hits:
         return Check(name, "fail", "train_gpt.py " + "; ".join(f"line {n}: {w}" for n, w in hits[:3])
