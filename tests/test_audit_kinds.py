@@ -249,3 +249,30 @@ def test_every_skipped_file_is_listed_with_its_reason(tmp_path, capsys):
 
 def test_the_official_style_script_still_passes(tmp_path):
     assert not audited(make_official_folder(tmp_path, source=SCRIPT_SOURCE))[0].failed
+
+
+def test_a_shipped_byte_table_is_recomputed_from_the_shipped_tokenizer(tmp_path, real_text_docs):
+    """A byte table counting byte-fallback ids as 3 bytes (the U+FFFD length) fails; the same table with
+    1 byte per byte-fallback id passes."""
+    import numpy as np
+    import sentencepiece as spm
+
+    from tools.audit_bytes import expected_base_bytes
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(real_text_docs[:200]))
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(tmp_path / "cand"), vocab_size=400,
+                                   byte_fallback=True, model_type="bpe", minloglevel=2)
+    want = expected_base_bytes(tmp_path / "cand.model")
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "cand.model"))
+    byte_ids = [i for i in range(sp.vocab_size()) if sp.is_byte(i)]
+    assert len(byte_ids) == 256 and {want[i] for i in byte_ids} == {1}
+    for name, fallback_bytes, status in (("good", 1, "pass"), ("bad", 3, "fail")):
+        folder = make_official_folder(tmp_path / name)
+        shutil.copy(tmp_path / "cand.model", folder / "cand.model")
+        table = np.array([fallback_bytes if i in byte_ids else w for i, w in enumerate(want)], dtype=np.int16)
+        np.savez(folder / "cand.meta.npz", base_bytes=table)
+        result, checks = audited(folder)
+        assert checks["byte_accounting"].status == status, checks["byte_accounting"].evidence
+        if status == "fail":
+            assert result.failed == ["byte_accounting"] and "256 of 400 ids" in checks["byte_accounting"].evidence

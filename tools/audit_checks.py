@@ -306,6 +306,18 @@ def _log_candidates(rec, lg):
 
 
 def check_byte_accounting(rec) -> Check:
+    from tools.audit_bytes import shipped_byte_tables
+
+    tables = shipped_byte_tables(rec.folder)
+    if any(s == "fail" for s, _ in tables):
+        return Check("byte_accounting", "fail", "; ".join(t for s, t in tables if s == "fail")[:600])
+    check = _check_lines_bytes(rec)
+    if tables:
+        check.evidence += "; " + "; ".join(t for _, t in tables[:2])
+    return check
+
+
+def _check_lines_bytes(rec) -> Check:
     rows, unknown = [], []
     for lg in rec.seed_logs:
         finals = [m for m in lg.facts.metrics if m.tokens_per_byte]
