@@ -276,3 +276,21 @@ def test_a_shipped_byte_table_is_recomputed_from_the_shipped_tokenizer(tmp_path,
         assert checks["byte_accounting"].status == status, checks["byte_accounting"].evidence
         if status == "fail":
             assert result.failed == ["byte_accounting"] and "256 of 400 ids" in checks["byte_accounting"].evidence
+
+
+def test_logs_are_streamed_with_the_same_reading_and_an_oversized_one_is_listed(tmp_path, monkeypatch, capsys):
+    from tools.audit_logs import read_log_bytes, read_log_file
+
+    folder = make_official_folder(tmp_path)
+    log = folder / "train_seed42.log"
+    data = log.read_bytes().replace(b"peak memory", b"progress 10%\rprogress 90%\r\npeak \xff memory")
+    log.write_bytes(data)
+    whole, streamed = read_log_bytes(data), read_log_file(log)
+    assert streamed.metrics and streamed.bad_bytes[0] == whole.bad_bytes[0]  # same byte offset
+    assert streamed.bad_bytes[1] == 15  # numbered as the metric lines are (the \r splits a line)
+    streamed.bad_bytes = whole.bad_bytes
+    assert streamed == whole
+    monkeypatch.setattr(audit, "LOG_MAX_BYTES", len(data) - 1)
+    assert audit.main([str(folder)]) == 0
+    assert f"skipped train_seed42.log: {len(data):,} bytes, over the {len(data) - 1:,}-byte reading limit" in \
+        capsys.readouterr().out

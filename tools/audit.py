@@ -56,7 +56,7 @@ from tools import audit_limits as L
 from tools import audit_rules as R
 from tools.audit_code import unpack_script
 from tools.audit_evidence import read_evidence
-from tools.audit_logs import read_log_bytes
+from tools.audit_logs import read_log_file
 
 AUDIT_CHECKS = ("files", "submission_fields", "code_size", "code_parses", "requirements", "train_under_600s",
                 "eval_under_600s", "artifact_under_16mb", "claims_match_logs", "byte_accounting", "three_seeds",
@@ -64,7 +64,7 @@ AUDIT_CHECKS = ("files", "submission_fields", "code_size", "code_parses", "requi
                 "full_val_split", "file_safety", "smoke_run")
 # the words a check prints (JSON keeps the short status: "n/a" for not checkable)
 VERDICT_WORDS = {"pass": "pass", "warn": "warn", "fail": "fail", "n/a": "not checkable"}
-LOG_MAX_BYTES = 1 << 30  # logs are read whole; a 219 MB log is read, a 1 GiB one listed as skipped
+LOG_MAX_BYTES = 4 << 30  # logs are streamed (a 219 MB log is read); one over 4 GiB is listed as skipped
 _RE_FILE_SEED = re.compile(r"seed[_-]?(\d+)", re.I)
 
 
@@ -178,9 +178,7 @@ def _find_logs(folder: Path, skipped: list) -> list:
         if path.stat().st_size > LOG_MAX_BYTES:
             skipped.append((str(rel), f"{path.stat().st_size:,} bytes, over the {LOG_MAX_BYTES:,}-byte reading limit"))
             continue
-        data = path.read_bytes()
-        facts = read_log_bytes(data)
-        del data
+        facts = read_log_file(path)
         if not facts.is_train_log:
             skipped.append((str(rel), "no training steps or final scores in it: not a train log"))
             continue
