@@ -19,9 +19,11 @@ from pathlib import Path
 # settings that differ between the seeds of one configuration by design
 PER_RUN_KEYS = re.compile(r"(?i)^(seed|run_id|logfile|log_file|rank|local_rank|is_main_process|output_dir|out_dir|"
                           r"artifact_dir|model_path|quantized_model_path|checkpoint.*|.*_path|.*_dir|.*_files|"
-                          r"data_dir|date|time|timestamp|host.*|git.*|.*_seed|.*_every|.*log_every.*|.*_batches_to_log)$")
+                          r"data_dir|date|time|timestamp|host.*|git.*|.*_seed|.*_every|.*log_every.*|.*_batches_to_log|"
+                          r"python|torch|numpy|sentencepiece|zstandard|brotli|safetensors|triton|flash.*|.*version.*|"
+                          r"device|cuda.*|driver.*|gpu.*|nvidia.*|world_size|local_world_size|grad_accum_steps|nproc.*|.*wallclock.*)$")
 _RE_SETTING = re.compile(r"^ {1,4}([a-z][a-z0-9_]*):\s?(\S.*)?$")
-_RE_HEADER_PAIR = re.compile(r"(?:^|\s)([a-z][a-z0-9_]*):([-+\w.]+)(?=\s|$)")
+_RE_HEADER_PAIR = re.compile(r"(?:^|\s)([a-zA-Z][a-zA-Z0-9_]*):([-+\w.]+)(?=\s|$)")
 _RE_FIRST_STEP = re.compile(r"^(?:step:\s*)?0/\d+\s|^step:1/|^warmup_step")
 _RE_TRAIN_SHARDS = re.compile(r"\btrain_shards[:=]\s*(\d+)\b")
 _RE_VAL_TOKENS = re.compile(r"^val_tokens[:=]\s*(\d+)\s*$|^val_loader:.*\btokens:(\d+)\s*$")
@@ -29,7 +31,6 @@ _RE_PATH = re.compile(r"(?:^|\s)(?:datasets_dir|data_path|DATA_PATH|train_files|
 _RE_TIMER_START = re.compile(r"(?i)^beginning\b.*\btimer\b|^timer[_ ]start")
 _RE_PRECOMPUTE_OUTSIDE = re.compile(r"^\s*(\w*precompute_outside\w*):\s*(\S+)")
 _RE_SKIP_SMOKE = re.compile(r"(?i)smoke[ _-]?(?:run|test)?\b.{0,40}\b(?:skipped|not run|never run)|--skip-smoke")
-HEADER_LINES = 400
 _RE_METRICS = re.compile(r"\b(?:val_loss|val_bpb|train_loss)[:=]\s*\d|^tt\w*:|\bstep[:=]\s*\d|\btrain_time[:=]")
 EVAL_KEYS = re.compile(r"(?i)ttt|eval|sliding|ngram|stride")  # settings that act only after training
 
@@ -84,7 +85,8 @@ def read_evidence(path: Path) -> LogEvidence:
         for n, raw in enumerate(fh, 1):
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
             stripped = line.strip()
-            if not started and (_RE_FIRST_STEP.match(stripped) or _RE_METRICS.search(stripped)):
+            code = line.startswith((" ", "\t")) or "{" in line
+            if not started and not code and (_RE_FIRST_STEP.match(stripped) or _RE_METRICS.search(stripped)):
                 started = True
             if not started:
                 if stripped == "Hyperparameters:" or stripped.startswith("hyperparameters"):
@@ -95,9 +97,9 @@ def read_evidence(path: Path) -> LogEvidence:
                     ev.settings.setdefault(m.group(1), ((m.group(2) or "").strip(), n))
                 elif in_block and line and not line.startswith(" "):
                     in_block = False
-                if not in_block and n <= HEADER_LINES and not line.startswith((" ", "\t")) and "{" not in line:
+                if not in_block and not code:
                     for k, v in _RE_HEADER_PAIR.findall(line):
-                        ev.settings.setdefault(k, (v, n))
+                        ev.settings.setdefault(k.lower(), (v, n))
             if line.startswith((" ", "\t")) and not _RE_SETTING.match(line):
                 continue  # source code printed into the log
             m = _RE_PRECOMPUTE_OUTSIDE.match(line)
