@@ -165,3 +165,64 @@ def measure_tokens_per_byte(tokenizer_path, data_path) -> dict:
 
 def implied_ratio(val_loss: float, val_bpb: float) -> float | None:
     return val_bpb * math.log(2) / val_loss if val_loss > 0 else None
+
+
+def expected_base_bytes(model_path) -> list:
+    """Per-id byte count of the official LUT for a SentencePiece model: 0 for control / unknown / unused
+    ids, 1 for a byte-fallback id (`<0xE2>` is one byte of text), else the UTF-8 bytes of the piece
+    without its leading `▁` (that space is counted separately)."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    out = []
+    for i in range(sp.vocab_size()):
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i):
+            out.append(0)
+        elif sp.is_byte(i):
+            out.append(1)
+        else:
+            out.append(len(sp.id_to_piece(i).removeprefix("\u2581").encode("utf-8")))
+    return out
+
+
+def shipped_byte_tables(folder: Path) -> list:
+    """[(status, text)] for each byte table a folder ships (`*.npz` with a `base_bytes` array): "fail" when
+    a SentencePiece model shipped beside it gives other byte counts (byte-fallback ids counted as 3
+    bytes, the U+FFFD length: the Scylla rows removed from the leaderboard, PR #1289 / #1806), "pass"
+    when they agree, "n/a" when no shipped tokenizer lets it be recomputed."""
+    import numpy as np
+
+    out = []
+    models = sorted(folder.glob("*.model")) + sorted(folder.glob("*/*.model"))
+    for table in sorted(folder.glob("*.npz")) + sorted(folder.glob("*/*.npz")):
+        try:
+            with np.load(table, allow_pickle=False) as z:
+                if "base_bytes" not in z.files:
+                    continue
+                base = [int(v) for v in z["base_bytes"]]
+        except (OSError, ValueError) as e:
+            out.append(("n/a", f"{table.name}: not readable ({e})"))
+            continue
+        rel = table.relative_to(folder)
+        fitting = []
+        for model in models:
+            try:
+                want = expected_base_bytes(model)
+            except (OSError, RuntimeError) as e:
+                out.append(("n/a", f"{model.name}: not a readable SentencePiece model ({e})"))
+                continue
+            if len(want) <= len(base):
+                fitting.append((model, want))
+        if not fitting:
+            out.append(("n/a", f"{rel} ships a byte table of {len(base):,} ids; no SentencePiece model in the folder "
+                               f"recomputes it"))
+            continue
+        model, want = fitting[0]
+        bad = [i for i, w in enumerate(want) if base[i] != w]
+        if bad:
+            ex = ", ".join(f"id {i}: {base[i]} not {want[i]}" for i in bad[:3])
+            out.append(("fail", f"{rel}: {len(bad):,} of {len(want):,} ids count other bytes than {model.name} gives "
+                                f"({ex}; byte-fallback ids count 1 byte)"))
+        else:
+            out.append(("pass", f"{rel}: all {len(want):,} ids match the bytes recomputed from {model.name}"))
+    return out

@@ -39,7 +39,7 @@ import lzma
 import zlib
 from pathlib import Path
 
-from tools.audit_parse import imported_modules
+from tools.audit_parse import imported_modules, parse_any
 from tools.bundle import BUNDLE_BASE93_DECODER, base93_value
 
 MAX_UNPACKED_BYTES = 64 << 20  # a record's source is < 1 MB; anything near this is a bomb
@@ -284,7 +284,7 @@ def unpack_script(data: bytes, folder=None, name: str = "train_gpt.py") -> Scrip
         files += reader.files
         source = "\n".join(parts)
         try:
-            tree = ast.parse(source)
+            tree = parse_any(source)[0]
         except SyntaxError:  # maybe newer syntax, maybe damaged: the caller's parse check tells (parse_imports)
             break
     return Script("packed", source, layers, files)

@@ -15,6 +15,7 @@ BYTE_BUDGET = 16_000_000
 TRAIN_LIMIT_SECONDS = 600.0
 EVAL_LIMIT_SECONDS = 600.0
 OVERSHOOT_STEPS = 2
+SMALL_OVERSHOOT_S = 0.5  # over the cap by more than the step in flight but under this: warn (PR #1120 accepted)
 SAME_PASS_RELATIVE = 0.02  # `ttt_sliding:done ... elapsed=293.2s` then `legal_ttt_exact ... eval_time:293400ms`: one pass
 # README claims such as "Total eval time: ~560s" or "eval took ~688 s"
 _RE_README_EVAL = re.compile(r"\beval(?:uation)?(?:[ _]ops)?(?: time| took| takes| wall(?:clock)?)?\b[^0-9\n]{0,24}?~?"
@@ -68,6 +69,12 @@ def check_train_time(rec) -> Check:
                     f"budget scaled (merged precedent 2026-03-17_LoRA_TTT)")
             rows.append((0.0, text, False, note, True))
             continue
+        if limit < train_s <= TRAIN_LIMIT_SECONDS + SMALL_OVERSHOOT_S:
+            # accepted row PR #1120 (Rascal): 600.365 s; PR #1945's 602.048 s seed was re-run strictly under 600 s
+            note = (f"{text}: {train_s - TRAIN_LIMIT_SECONDS:.3f} s over the 600 s cap, more than the step in flight "
+                    f"(accepted: PR #1120 at 600.365 s; a seed at 602.048 s had to be re-run, PR #1945)")
+            rows.append((0.0, text, False, note, True))
+            continue
         rows.append((train_s - limit, text, train_s > limit, note, bool(calib_s) and train_s + calib_s > limit))
     if not rows:
         return Check("train_under_600s", "n/a", "no training time logged (no step/stopping_early train_time)")
@@ -77,7 +84,7 @@ def check_train_time(rec) -> Check:
     worst = max(rows)
     warned = [r for r in rows if r[4]]
     if warned:
-        if "world_size" in warned[0][3]:
+        if "world_size" in warned[0][3] or "over the 600 s cap" in warned[0][3]:
             return Check("train_under_600s", "warn", warned[0][3])
         return Check("train_under_600s", "warn", f"{worst[1]} <= {TRAIN_LIMIT_SECONDS:.0f} s; but {warned[0][3]} > "
                                                  f"{TRAIN_LIMIT_SECONDS:.0f} s (issue #1017 reading; merged precedents "
@@ -87,10 +94,39 @@ def check_train_time(rec) -> Check:
                  + (f"; {worst[3]}" if worst[3] else ""))
 
 
-def eval_passes(facts) -> list:
+def _stem_words(name: str) -> set:
+    return {w for w in re.split(r"[^a-z]+", name.lower()) if len(w) >= 3} - {"done", "val", "exact", "eval", "time"}
+
+
+def _drop_nested(ops, timer_starts, nested) -> list:
+    """Timed operations logged inside a scored pass's own timer are read once, as part of it: those
+    after a `beginning ... timer` line and before the score line that closes it, and sub-phases named
+    like the pass (`ttt_short:done`, `ttt_long:done` before `final_ttt_exact ... eval_time`) that sum
+    to no more than its eval_time. The dropped ones are appended to `nested` as (name, s, line, into)."""
+    out, pending, prev = [], [], 0
+    for op in ops:
+        name, s, n, bpb = op
+        if bpb is None:
+            pending.append(op)
+            continue
+        started = [t for t in timer_starts if prev < t < n]
+        inside = [p for p in pending if started and p[2] > started[0]]
+        rest = [p for p in pending if p not in inside]
+        related = [p for p in rest if _stem_words(p[0]) & _stem_words(name)]
+        if related and sum(p[1] for p in related) <= s * (1 + SAME_PASS_RELATIVE):
+            inside += related
+            rest = [p for p in rest if p not in related]
+        nested += [(p[0], p[1], p[2], f"{name} (line {n})") for p in inside]
+        out += rest + [op]
+        pending, prev = [], n
+    return out + pending
+
+
+def eval_passes(facts, timer_starts=(), nested=None) -> list:
     """[(name, seconds, line)] of every timed eval-phase operation after training (scored passes,
     TTT, warm-ups, unscored passes on val), one entry per pass: a `...:done elapsed=` line and the
-    score line that reports the same pass are merged."""
+    score line that reports the same pass are merged; timers nested in a scored pass are read once
+    (`_drop_nested`; the dropped ones go to `nested`)."""
     end = max([facts.train_ms[1] if facts.train_ms else 0] + list(facts.stops))
     ops = [(m.name, m.eval_seconds, m.line, m.val_bpb) for m in facts.metrics if m.eval_seconds is not None and m.line > end]
     timers = []  # progress lines of one op (`prequant_ttt:epoch 3/10 elapsed=51.8s`) are cumulative: keep the last
@@ -101,7 +137,7 @@ def eval_passes(facts) -> list:
             timers[-1] = (timers[-1][0].split(":")[0], s, n, None)
         else:
             timers.append((name, s, n, None))
-    ops = sorted(ops + timers, key=lambda o: o[2])
+    ops = _drop_nested(sorted(ops + timers, key=lambda o: o[2]), timer_starts, [] if nested is None else nested)
     out = []
     for name, s, n, bpb in ops:
         prev = out[-1] if out else None
@@ -131,12 +167,19 @@ def check_eval_time(rec) -> Check:
     sub = rec.submission
     for lg in rec.seed_logs:
         f = lg.facts
-        passes = eval_passes(f)
+        nested = []
+        ev = getattr(lg, "evidence", None)
+        passes = eval_passes(f, ev.timer_starts if ev else (), nested)
         value, text = None, ""
         if passes:
             value = sum(s for _, s, _ in passes)
             each = ", ".join(f"{name} {s:.1f} s (line {n})" for name, s, n in passes[:6])
             text = f"{lg.name}: {len(passes)} eval-phase operation(s) after training sum to {_fmt_s(value)} ({each})"
+            if nested:
+                flag = f"; the log's own {ev.precompute_outside[0]}: {ev.precompute_outside[1]} (line " \
+                       f"{ev.precompute_outside[2]})" if ev and ev.precompute_outside else ""
+                text += "; read once, inside their pass: " + ", ".join(
+                    f"{name} {s:.1f} s (line {n}, inside {into})" for name, s, n, into in nested[:3]) + flag
             diag = sum(s for name, s, _ in passes if name.lower().startswith("diagnostic"))
             if diag and value > EVAL_LIMIT_SECONDS >= value - diag:
                 # merged 2026-04-29_SmearGateBOSFix_3Seed: 525.6 s of scoring + 83.4 s of passes its log calls diagnostic

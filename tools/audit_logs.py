@@ -155,8 +155,13 @@ def _decimals(group) -> int:
 
 def parse_log(text: str) -> LogFacts:
     """Parse one log (see the module docstring). Never raises on odd input."""
+    return parse_lines(text.splitlines())
+
+
+def parse_lines(lines) -> LogFacts:
+    """parse_log over an iterable of lines (numbered from 1 as str.splitlines numbers them)."""
     f = LogFacts()
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(lines, 1):
         line = raw.rstrip()
         if not line.strip() or "{" in line:  # blank, or code (f-strings) / a dict dump
             continue
@@ -208,6 +213,32 @@ def read_log_bytes(data: bytes) -> LogFacts:
         f = parse_log(data.decode("utf-8", errors="replace"))
         f.bad_bytes = (e.start, data.count(b"\n", 0, e.start) + 1)
         return f
+
+
+def read_log_file(path) -> LogFacts:
+    """read_log_bytes of a file, streamed line by line (a log of any size in constant memory); the
+    first byte that is not UTF-8 is kept as `bad_bytes` (offset, line)."""
+    bad = []
+
+    def lines():
+        offset, lineno = 0, 0
+        with open(path, "rb") as fh:
+            for raw in fh:
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    if not bad:
+                        bad.append((offset + e.start, lineno + 1))
+                    text = raw.decode("utf-8", errors="replace")
+                parts = text.splitlines() or [""]
+                lineno += len(parts)
+                offset += len(raw)
+                yield from parts
+
+    f = parse_lines(lines())
+    if bad:
+        f.bad_bytes = bad[0]
+    return f
 
 
 def _stop(f, m, n):

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 from pathlib import Path
 
 from tools.audit_checks import Check
+from tools.audit_parse import parse_any
+from tools.audit_valtrain import inline_findings, log_findings
 
 _OPT_STEP = {"step"}
 _NO_GRAD = ("no_grad", "inference_mode")
@@ -81,6 +84,17 @@ def _trains_before_scoring(fn: ast.FunctionDef) -> bool:
     return not any(line < min(backward) for line in scoring)
 
 
+def code_tree(rec):
+    """The parsed code that runs (unpacked, any Python version's f-strings), cached on `rec`; None when
+    there is no code or it does not parse."""
+    if getattr(rec, "_tree", None) is None and rec.script is not None and rec.script.source:
+        try:
+            rec._tree = parse_any(rec.script.source)[0]
+        except (SyntaxError, ValueError, RecursionError):
+            rec._tree = False
+    return getattr(rec, "_tree", None) or None
+
+
 def check_val_training(rec) -> Check:
     name = "val_not_trained"
     log_hits = [(lg.name, n, op) for lg in rec.seed_logs for op, _, n in lg.facts.eval_ops
@@ -91,9 +105,8 @@ def check_val_training(rec) -> Check:
             return Check(name, "fail", f"{lg}:{n} `{op}`: test-time training on val before quantization and scoring "
                                        f"(PR #1376 ruling, issue #677)")
         return Check(name, "n/a", "no readable code")
-    try:
-        tree = ast.parse(rec.script.source)
-    except SyntaxError:
+    tree = code_tree(rec)
+    if tree is None:
         return Check(name, "n/a", "the code does not parse here")
     funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     trainers = {k for k, fn in funcs.items() if _trains_before_scoring(fn)}
@@ -110,6 +123,12 @@ def check_val_training(rec) -> Check:
     if log_hits:
         lg, n, op = log_hits[0]
         return Check(name, "fail", f"{lg}:{n} `{op}`: test-time training on val before scoring (issue #677)")
+    found = inline_findings(tree) + log_findings(rec.seed_logs)
+    for status in ("fail", "n/a"):
+        hits = [t for s, t in found if s == status]
+        if hits:
+            return Check(name, status, "; ".join(hits[:2]) + (" (not checkable: the reading stops here; never a "
+                                                              "pass)" if status == "n/a" else ""))
     return Check(name, "pass", f"no optimizer step on val tokens before they are scored ({len(trainers)} training "
                                f"routine(s), none given val data without a score-first pass)")
 
@@ -118,9 +137,8 @@ def check_network(rec) -> Check:
     name = "no_network"
     if rec.script is None or not rec.script.source:
         return Check(name, "n/a", "no readable code")
-    try:
-        tree = ast.parse(rec.script.source)
-    except SyntaxError:
+    tree = code_tree(rec)
+    if tree is None:
         return Check(name, "n/a", "the code does not parse here")
     hits = []
     for node in ast.walk(tree):
@@ -132,7 +150,8 @@ def check_network(rec) -> Check:
             text = " ".join(a.value for a in ast.walk(node) if isinstance(a, ast.Constant) and isinstance(a.value, str))
             if target in _NET_CALLS:
                 hits.append((node.lineno, f"{target}(...)"))
-            elif "pip install" in text or ("pip" in text.split() and "install" in text.split()):
+            elif ("pip install" in text or ("pip" in text.split() and "install" in text.split())) and re.search(
+                    r"(?i)subprocess|system|popen|check_call|check_output|\brun$|\bcall$|spawn|exec", _name(node.func)):
                 hits.append((node.lineno, f"{_name(node.func)}(... pip install ...)"))
     if hits:
         return Check(name, "fail", "train_gpt.py " + "; ".join(f"line {n}: {w}" for n, w in hits[:3])
@@ -157,9 +176,8 @@ def check_outside_code(rec) -> Check:
     name = "code_inside_folder"
     if rec.script is None or not rec.script.source:
         return Check(name, "n/a", "no readable code")
-    try:
-        tree = ast.parse(rec.script.source)
-    except SyntaxError:
+    tree = code_tree(rec)
+    if tree is None:
         return Check(name, "n/a", "the code does not parse here")
     hits = []
     for node in ast.walk(tree):
