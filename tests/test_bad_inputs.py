@@ -392,6 +392,10 @@ def train_rows() -> list:
                  r"regular expression", env=train_env(TTT_ENABLED=1, TTT_PARAMS="blocks.["), after=nothing),
         BadInput(t, "TTT_PARAMS matching no parameter", TRAIN, r"TTT_PARAMS='lora' matches no parameter",
                  env=train_env(TTT_ENABLED=1, TTT_PARAMS="lora"), after=nothing),
+        BadInput(t, "MUON_NS_COEFFS=cubic", TRAIN, r"MUON_NS_COEFFS='cubic': expected jordan or polar_express",
+                 env=train_env(MUON_NS_COEFFS="cubic"), after=nothing),
+        BadInput(t, "MIN_LR=2", TRAIN, r"MIN_LR=2.0: expected a fraction in \[0, 1\]", env=train_env(MIN_LR=2),
+                 after=nothing),
         BadInput(t, "PRESET=2xh100", TRAIN, r"PRESET='2xh100': expected one of", env=train_env(PRESET="2xh100"),
                  after=nothing),
     ]

@@ -18,8 +18,8 @@ from trainer.loader import DistributedTokenLoader
 from trainer.model import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
-    EMA, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active, run_progress, run_steps_estimate,
-    warmdown_frac_at)
+    EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,
+    run_steps_estimate, warmdown_frac_at, wd_taper_multiplier)
 from trainer.settings import Hyperparameters
 
 
@@ -77,9 +77,12 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     def one_step(step: int, progress: float) -> torch.Tensor:
         for opt in optimizers.all:
             for group in opt.param_groups:
-                group["lr"] = group["base_lr"] * lr_multiplier(progress, warmdown_frac_at(step, progress, hp))
+                group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp),
+                                                                        hp.min_lr)
         for group in optimizers.muon.param_groups:
             group["momentum"] = muon_momentum_at(step, hp, progress)
+            group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac,
+                                                                     hp.wd_taper_final_mult)
         total = torch.zeros((), device=ctx.device)
         for micro in range(accum):
             x, y = loader.next_batch(local_tokens, hp.train_seq_len)
