@@ -217,3 +217,26 @@ def test_smoke_preset_runs_with_every_switch_on(tiny_dataset, sp1024_model, tmp_
     assert math.isfinite(result["val_bpb_sliding"]) and result["val_bpb_roundtrip"] < 20
     hp = result["hyperparameters"]
     assert (hp["muon_ns_coeffs"], hp["smear_gate_enabled"], hp["min_lr"]) == ("polar_express", True, 0.1)
+
+
+@pytest.mark.slow
+def test_packed_train_gpt_runs_with_every_switch_on(tiny_dataset, sp1024_model, tmp_path):
+    """The packed train_gpt.py (tools/bundle.py), run from its own folder without PYTHONPATH, as a record's
+    smoke run does: every switch on, 3 steps, the export and the final evals; its losses equal the package's."""
+    import subprocess
+
+    from tools.bundle import write_bundle
+
+    folder = tmp_path / "record"
+    write_bundle(folder)
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path / "runs", RUN_ID="packed", ITERATIONS=3, **ALL_SWITCHES)
+    env.pop("PYTHONPATH")
+    proc = subprocess.run([sys.executable, "train_gpt.py"], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    packed = read_result(tmp_path / "runs", "packed")
+    assert packed["bytes_code"] == (folder / "train_gpt.py").stat().st_size
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path / "pkg", RUN_ID="packed", ITERATIONS=3, **ALL_SWITCHES))
+    package = read_result(tmp_path / "pkg", "packed")
+    assert packed["train_losses"] == package["train_losses"] and len(packed["train_losses"]) == 3
+    assert packed["val_bpb_sliding"] == package["val_bpb_sliding"] and math.isfinite(packed["val_bpb_sliding"])
