@@ -396,6 +396,8 @@ def train_rows() -> list:
                  env=train_env(MUON_NS_COEFFS="cubic"), after=nothing),
         BadInput(t, "MIN_LR=2", TRAIN, r"MIN_LR=2.0: expected a fraction in \[0, 1\]", env=train_env(MIN_LR=2),
                  after=nothing),
+        BadInput(t, "NUM_LOOPS=1 LOOP_END=9 with 4 layers", TRAIN, r"LOOP_END=9: expected LOOP_START=3\.\.NUM_LAYERS-1=3 "
+                 r"\(NUM_LOOPS=1\)", env=train_env(NUM_LOOPS=1, LOOP_END=9), after=nothing),
         BadInput(t, "PRESET=2xh100", TRAIN, r"PRESET='2xh100': expected one of", env=train_env(PRESET="2xh100"),
                  after=nothing),
     ]

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from quant.policy import QuantPolicy
 from trainer.model import (
-    BOS_TOKEN_ID, GATE_CONFIG, GPT, build_model_config, smear_previous_token, sparse_head_gate)
+    BOS_TOKEN_ID, GPT, SWITCH_CONFIG, build_model_config, looped_layer_order, smear_previous_token, sparse_head_gate)
 from trainer.optim import NS_COEFFS, Muon, build_optimizers, newton_schulz, split_params
 from trainer.schedule import lr_multiplier, lr_multiplier_floored, wd_taper_multiplier
 from trainer.settings import Hyperparameters
@@ -23,7 +24,8 @@ from test_train import read_result, run_trainer, trainer_env  # noqa: E402
 
 ALL_SWITCHES = {"MUON_NS_COEFFS": "polar_express", "MUON_ROW_NORMALIZE": "1", "MIN_LR": "0.1",
                 "WD_TAPER_START_FRAC": "0.7", "WD_TAPER_FINAL_MULT": "0.5", "SMEAR_GATE_ENABLED": "1",
-                "SPARSE_ATTN_GATE_ENABLED": "1", "GATE_WINDOW": "8"}
+                "SPARSE_ATTN_GATE_ENABLED": "1", "GATE_WINDOW": "8", "NUM_LOOPS": "1", "LOOP_START": "1", "LOOP_END": "1",
+                "ENABLE_LOOPING_AT": "0.5"}
 TINY = dict(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=4,
             xsa_last_n=1)
 
@@ -161,7 +163,7 @@ def test_sparse_head_gate_matches_loops():
 def test_switches_off_leave_the_model_config_and_parameters_as_today():
     hp = Hyperparameters(run_id="x")
     config = build_model_config(hp)
-    assert not set(GATE_CONFIG) & set(config)
+    assert not set(SWITCH_CONFIG) & set(config)
     model = GPT(**config)
     assert not [n for n, _ in model.named_parameters() if "gate" in n or "smear" in n]
     assert build_optimizers(model, hp, is_cuda=False).muon.ns_coeffs == NS_COEFFS["jordan"]
@@ -171,8 +173,8 @@ def test_gates_reach_the_model_adamw_and_float_storage():
     hp = dataclasses.replace(Hyperparameters(run_id="x", **{k: v for k, v in TINY.items() if k != "vocab_size"}),
                              smear_gate_enabled=True, sparse_attn_gate_enabled=True, gate_window=8)
     config = build_model_config(hp)
-    assert {k: config[k] for k in GATE_CONFIG} == dict(smear_gate_enabled=True, sparse_attn_gate_enabled=True,
-                                                        sparse_attn_gate_scale=1.0, gate_window=8)
+    assert {k: config[k] for k in SWITCH_CONFIG if k in config} == dict(  # the scale is GPT's default: left out
+        smear_gate_enabled=True, sparse_attn_gate_enabled=True, gate_window=8)
     model = GPT(**config)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters() if "gate" in n or "smear" in n}
     assert shapes == {"smear_gate_w": (1, 8), "smear_lambda": (1,), **{f"blocks.{i}.attn.attn_gate_w": (4, 8)
@@ -217,6 +219,7 @@ def test_smoke_preset_runs_with_every_switch_on(tiny_dataset, sp1024_model, tmp_
     assert math.isfinite(result["val_bpb_sliding"]) and result["val_bpb_roundtrip"] < 20
     hp = result["hyperparameters"]
     assert (hp["muon_ns_coeffs"], hp["smear_gate_enabled"], hp["min_lr"]) == ("polar_express", True, 0.1)
+    assert "layer_loop:on step:4 progress:0.500 order:0,1,1" in (tmp_path / "switches" / "train.log").read_text()
 
 
 @pytest.mark.slow
@@ -240,3 +243,55 @@ def test_packed_train_gpt_runs_with_every_switch_on(tiny_dataset, sp1024_model, 
     package = read_result(tmp_path / "pkg", "packed")
     assert packed["train_losses"] == package["train_losses"] and len(packed["train_losses"]) == 3
     assert packed["val_bpb_sliding"] == package["val_bpb_sliding"] and math.isfinite(packed["val_bpb_sliding"])
+
+
+def test_looped_layer_order_is_the_records_layout():
+    assert looped_layer_order(11, 2, 3, 5) == [0, 1, 2, 3, 4, 5, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert looped_layer_order(7, 0, 3, 5) == list(range(7)) and looped_layer_order(4, 1, 1, 2) == [0, 1, 2, 1, 2, 3]
+
+
+def looped_reference(model, ids, order):
+    """The U-Net over a block sequence, written plainly: the first half's outputs are kept, the second half
+    adds them back last-in first-out, each scaled by its skip weight, before running its block."""
+    t = ids.size(1)
+    freqs = torch.outer(torch.arange(t, dtype=torch.float32), model.rope_inv_freq)
+    x = x0 = F.rms_norm(model.tok_emb(ids), (model.tok_emb.weight.size(1),))
+    half, kept = len(order) // 2, []
+    for i in order[:half]:
+        x = model.blocks[i](x, x0, freqs.cos(), freqs.sin())
+        kept.append(x)
+    for j, i in enumerate(order[half:]):
+        if j < len(order[:half]):
+            x = x + model.skip_weights[j] * kept[half - 1 - j]
+        x = model.blocks[i](x, x0, freqs.cos(), freqs.sin())
+    x = F.rms_norm(x, (x.size(-1),))
+    return model.logit_softcap * torch.tanh(F.linear(x, model.tok_emb.weight) / model.logit_softcap)
+
+
+def test_depth_recurrence_reuses_the_blocks_and_follows_the_flag_under_compile():
+    torch.manual_seed(6)
+    plain = GPT(**{**TINY, "num_layers": 5})
+    model = GPT(**{**TINY, "num_layers": 5}, num_loops=2, loop_start=1, loop_end=2)
+    plain.init_weights()
+    model.init_weights()
+    # the same matrices; only the skip weights grow (order 0 1 2 1 2 1 2 3 4: 4 encoder outputs, 5 decoder blocks)
+    assert model.skip_weights.shape == (4, 32) and plain.skip_weights.shape == (2, 32)
+    assert {n for n, _ in model.named_parameters()} == {n for n, _ in plain.named_parameters()}
+    with torch.no_grad():
+        model.skip_weights.uniform_(0.5, 1.5)
+    ids = torch.randint(0, 64, (2, 12))
+    assert model.looping_active  # built from a config (the artifact's evaluation): looped
+    with torch.no_grad():
+        looped = model.forward_logits(ids)
+        torch.testing.assert_close(looped, looped_reference(model, ids, [0, 1, 2, 1, 2, 1, 2, 3, 4]))
+        model.looping_active = False
+        unlooped = model.forward_logits(ids)
+        torch.testing.assert_close(unlooped, looped_reference(model, ids, [0, 1, 2, 3, 4]))
+        targets = torch.roll(ids, -1, 1)
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)  # compiles forward(ids, targets)
+        eager_unlooped = model(targets, ids)
+        torch.testing.assert_close(compiled(targets, ids), eager_unlooped, rtol=1e-5, atol=1e-5)
+        model.looping_active = True  # a Python attribute: torch.compile must re-trace, not keep the first graph
+        eager_looped = model(targets, ids)
+        torch.testing.assert_close(compiled(targets, ids), eager_looped, rtol=1e-5, atol=1e-5)
+    assert (looped - unlooped).abs().max() > 1e-3 and abs(eager_looped - eager_unlooped) > 1e-4

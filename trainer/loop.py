@@ -105,8 +105,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
         initial = copy.deepcopy([model.state_dict(), [o.state_dict() for o in optimizers.all],
                                  (loader.shard_index, loader.offset)])
-        for i in range(hp.warmup_steps):
-            one_step(i, 0.0)
+        for i in range(hp.warmup_steps):  # with depth recurrence, the second half primes the looped graph
+            model.looping_active = bool(hp.num_loops) and i >= hp.warmup_steps // 2
+            one_step(i, hp.enable_looping_at * model.looping_active)
         model.load_state_dict(initial[0])
         for opt, sd in zip(optimizers.all, initial[1]):
             opt.load_state_dict(sd)
@@ -129,7 +130,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         step, train_seconds, losses = ckpt.load_checkpoint(ckpt_path, model, optimizers.all, ema, loader)
         train_ms = 1000.0 * train_seconds
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
-    qat_on = False
+    qat_on = model.looping_active = False
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
     with contextlib.nullcontext() if stop is not None else SignalGuard() as guard:
         stop = stop if stop is not None else guard.flag
@@ -158,6 +159,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 model.set_qat(True)
                 qat_on = True
                 ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
+            if hp.num_loops and not model.looping_active and progress >= hp.enable_looping_at:
+                model.looping_active = True
+                ctx.log(f"layer_loop:on step:{step} progress:{progress:.3f} order:{','.join(map(str, model.loop_order))}")
             loss = one_step(step, progress)
             losses.append(loss)
             step += 1
@@ -180,6 +184,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         if ema and not signum:  # the swap counts as training time
             ema.copy_to_model()
         model.set_qat(False)
+        model.looping_active = bool(hp.num_loops)  # the artifact is evaluated looped (GPT(**config))
         if model.gptq_hessians is not None and not signum:
             c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
             hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),

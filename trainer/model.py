@@ -166,6 +166,15 @@ class Block(nn.Module):
         return x + self.mlp_scale.to(x.dtype) * self.mlp(F.rms_norm(x, (x.size(-1),)))
 
 
+def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:
+    """Depth recurrence (PR #1204, #1285, #1493): the blocks run in order with blocks loop_start..loop_end
+    (inclusive) run 1 + num_loops times in a row, e.g. 11 layers, 3..5, 2 loops -> 0 1 2 3 4 5 3 4 5 3 4 5 6 .. 10.
+    The first half of the sequence is the U-Net's encoder (its outputs feed the skips), the rest its decoder."""
+    if not num_loops:
+        return list(range(num_layers))
+    return [*range(loop_start), *list(range(loop_start, loop_end + 1)) * (num_loops + 1), *range(loop_end + 1, num_layers)]
+
+
 class GPT(nn.Module):
     """The challenge GPT: GQA, partial RoPE, XSA on the last layers, U-Net skips, tied embeddings,
     parallel residuals from layer `parallel_residual_start` on (-1 = none); optional SmearGate on the
@@ -178,7 +187,8 @@ class GPT(nn.Module):
     def __init__(self, *, vocab_size, num_layers, model_dim, num_heads, num_kv_heads, mlp_mult,
                  mlp_activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
                  logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0, parallel_residual_start=-1,
-                 smear_gate_enabled=False, sparse_attn_gate_enabled=False, sparse_attn_gate_scale=1.0, gate_window=12):
+                 smear_gate_enabled=False, sparse_attn_gate_enabled=False, sparse_attn_gate_scale=1.0, gate_window=12,
+                 num_loops=0, loop_start=3, loop_end=5):
         super().__init__()
         activation = mlp_activation
         self.logit_softcap, self.gptq_hessians = logit_softcap, None
@@ -194,6 +204,11 @@ class GPT(nn.Module):
             self.smear_lambda = nn.Parameter(torch.zeros(1))
         self.num_encoder_layers = num_layers // 2
         num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)
+        # depth recurrence: `looping_active` runs `loop_order` (built from these layers' blocks, no new matrices);
+        # on from the start in a model built for evaluation, the trainer switches it on at ENABLE_LOOPING_AT
+        self.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
+        self.looping_active = num_loops > 0
+        num_skips = max(num_skips, min(len(self.loop_order) // 2, len(self.loop_order) - len(self.loop_order) // 2))
         self.skip_weights = nn.Parameter(torch.ones(num_skips, model_dim))
         self.lm_head = None if tie_embeddings else CastedLinear(model_dim, vocab_size)
         self.register_buffer("rope_inv_freq", 1.0 / rope_base ** (torch.arange(0, rope_dims, 2) / rope_dims),
@@ -243,12 +258,14 @@ class GPT(nn.Module):
         dt = residual_dtype(x)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12): cast after it
         x = x0 = F.rms_norm(x.to(dt), (x.size(-1),)).to(dt)
         skips = []
-        for i, block in enumerate(self.blocks):
-            j = i - self.num_encoder_layers
-            if 0 <= j < self.skip_weights.size(0):
+        order = self.loop_order if self.looping_active else range(len(self.blocks))
+        num_encoder = len(order) // 2 if self.looping_active else self.num_encoder_layers
+        for k, i in enumerate(order):
+            j = k - num_encoder
+            if 0 <= j < self.skip_weights.size(0) and skips:
                 x = x + self.skip_weights[j].to(x.dtype) * skips.pop()
-            x = block(x, x0, cos, sin)
-            if i < self.num_encoder_layers:
+            x = self.blocks[i](x, x0, cos, sin)
+            if k < num_encoder:
                 skips.append(x)
         x = F.rms_norm(x, (x.size(-1),))
         head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
@@ -260,16 +277,17 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
 
 
-# GPT arguments written to the config only when a switch is on: an artifact without them is byte-identical
-# to one made before they existed
-GATE_CONFIG = ("smear_gate_enabled", "sparse_attn_gate_enabled", "sparse_attn_gate_scale", "gate_window")
+# GPT arguments of the switches, written to the config only when they differ from GPT's default: an
+# artifact without a switch on is byte-identical to one made before the switches existed
+SWITCH_CONFIG = ("smear_gate_enabled", "sparse_attn_gate_enabled", "sparse_attn_gate_scale", "gate_window", "num_loops",
+                 "loop_start", "loop_end")
 
 
 def build_model_config(hp: Hyperparameters) -> dict:
-    """The JSON model config (`GPT(**config)`) from the hyperparameters of the same names (the gates'
-    arguments only when SMEAR_GATE_ENABLED or SPARSE_ATTN_GATE_ENABLED is on)."""
-    gates = hp.smear_gate_enabled or hp.sparse_attn_gate_enabled
-    return {k: getattr(hp, k) for k in inspect.signature(GPT).parameters if gates or k not in GATE_CONFIG}
+    """The JSON model config (`GPT(**config)`) from the hyperparameters of the same names (SWITCH_CONFIG's
+    only where they differ from GPT's defaults)."""
+    params = inspect.signature(GPT).parameters
+    return {k: getattr(hp, k) for k in params if k not in SWITCH_CONFIG or getattr(hp, k) != params[k].default}
 
 
 def count_train_flops_per_token(config: dict, seq_len: int) -> float:
