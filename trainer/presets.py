@@ -33,8 +33,10 @@ Evidence, per preset:
   longer memory), QK gain 5.25 (PR #1413, #1493: monotonic gains from 4 to 5.25, -0.0008 for 4 -> 5),
   Polar Express Newton-Schulz and MIN_LR 0.10 (PR #1787: -0.0004 with its fused CE), MuonEq-R
   (PR #1285: ~-0.001), the Muon WD taper 1 -> 0.5x over the last 30% (PR #1729: -0.0041 together with
-  its CaseOps tokenizer), SmearGate with the BOS fix and the sparse head-output gate at scale 0.5
-  (PR #1787, #1855: -0.002 together with LQER). None costs a step; none is measured on one GPU yet.
+  its CaseOps tokenizer), the sparse head-output gate at scale 0.5 (PR #1787: replaced a dense gate at no
+  measurable cost; #1855's greedy pick of the scale) and SmearGate with the BOS fix (with LQER on #1787's
+  base: -0.0021 in PR #1851, but +0.0008 in PR #1797's rebanked 3 seeds: unsettled). None costs a step;
+  none is measured on one GPU yet. Depth recurrence (NUM_LOOPS) costs steps: left off.
 - smoke (issue 13): ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
   Muon's momentum (0.99 remembers ~100 steps, two thirds of the run). So smoke takes the baseline's
