@@ -93,8 +93,8 @@ class Hyperparameters:
     min_lr: float = 0.0  # the warmdown's LR floor, a fraction of the peak LR (PR #1787: 0.10)
     wd_taper_start_frac: float = 0.7  # Muon WD tapers linearly from this fraction of the run ... (PR #1729)
     wd_taper_final_mult: float = 1.0  # ... to this multiple of MUON_WD at the end; 1 = off (PR #1729: 0.5, -0.004 with CaseOps)
-    smear_gate_enabled: bool = False  # SmearGate: previous token's embedding mixed in, not across BOS (PR #1667, #1855)
-    sparse_attn_gate_enabled: bool = False  # per-head sigmoid gate on the attention output (PR #1787; with #1855 -0.002)
+    smear_gate_enabled: bool = False  # SmearGate: previous token mixed in, not across BOS (PR #1667, #1851: -0.002 with LQER)
+    sparse_attn_gate_enabled: bool = False  # per-head sigmoid gate on the attention output (PR #1787)
     sparse_attn_gate_scale: float = 1.0  # the gate's logit scale (PR #1787: 1.0, PR #1855: 0.5)
     gate_window: int = 12  # leading residual dims the gates read (PR #1667, #1787)
     # depth recurrence: blocks LOOP_START..LOOP_END run 1 + NUM_LOOPS times from ENABLE_LOOPING_AT of the run; costs
