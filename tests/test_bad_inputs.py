@@ -444,6 +444,12 @@ def train_rows() -> list:
                  r"regular expression", env=train_env(TTT_ENABLED=1, TTT_PARAMS="blocks.["), after=nothing),
         BadInput(t, "TTT_PARAMS matching no parameter", TRAIN, r"TTT_PARAMS='lora' matches no parameter",
                  env=train_env(TTT_ENABLED=1, TTT_PARAMS="lora"), after=nothing),
+        BadInput(t, "MUON_NS_COEFFS=cubic", TRAIN, r"MUON_NS_COEFFS='cubic': expected jordan or polar_express",
+                 env=train_env(MUON_NS_COEFFS="cubic"), after=nothing),
+        BadInput(t, "MIN_LR=2", TRAIN, r"MIN_LR=2.0: expected a fraction in \[0, 1\]", env=train_env(MIN_LR=2),
+                 after=nothing),
+        BadInput(t, "NUM_LOOPS=1 LOOP_END=9 with 4 layers", TRAIN, r"LOOP_END=9: expected LOOP_START=3\.\.NUM_LAYERS-1=3 "
+                 r"\(NUM_LOOPS=1\)", env=train_env(NUM_LOOPS=1, LOOP_END=9), after=nothing),
         BadInput(t, "PRESET=2xh100", TRAIN, r"PRESET='2xh100': expected one of", env=train_env(PRESET="2xh100"),
                  after=nothing),
     ]

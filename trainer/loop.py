@@ -18,8 +18,8 @@ from trainer.loader import DistributedTokenLoader
 from trainer.model import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
-    EMA, describe_schedule, ema_decay_at, lr_multiplier, muon_momentum_at, qat_active, run_progress, run_steps_estimate,
-    schedule_warning, warmdown_frac_at)
+    EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,
+    run_steps_estimate, schedule_warning, warmdown_frac_at, wd_taper_multiplier)
 from trainer.settings import Hyperparameters
 
 
@@ -100,9 +100,12 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     def one_step(step: int, progress: float) -> torch.Tensor:
         for opt in optimizers.all:
             for group in opt.param_groups:
-                group["lr"] = group["base_lr"] * lr_multiplier(progress, warmdown_frac_at(step, progress, hp))
+                group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp),
+                                                                        hp.min_lr)
         for group in optimizers.muon.param_groups:
             group["momentum"] = muon_momentum_at(step, hp, progress)
+            group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac,
+                                                                     hp.wd_taper_final_mult)
         total = torch.zeros((), device=ctx.device)
         for micro in range(accum):
             x, y = loader.next_batch(local_tokens, hp.train_seq_len)
@@ -125,8 +128,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
         initial = copy.deepcopy([model.state_dict(), [o.state_dict() for o in optimizers.all],
                                  (loader.shard_index, loader.offset)])
-        for i in range(hp.warmup_steps):
-            one_step(i, 0.0)
+        for i in range(hp.warmup_steps):  # with depth recurrence, the second half primes the looped graph
+            model.looping_active = bool(hp.num_loops) and i >= hp.warmup_steps // 2
+            one_step(i, hp.enable_looping_at * model.looping_active)
         model.load_state_dict(initial[0])
         for opt, sd in zip(optimizers.all, initial[1]):
             opt.load_state_dict(sd)
@@ -149,7 +153,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         step, train_seconds, losses = ckpt.load_checkpoint(ckpt_path, model, optimizers.all, ema, loader)
         train_ms = 1000.0 * train_seconds
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
-    qat_on = False
+    qat_on = model.looping_active = False
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
     warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
     if warning and not hp.resume:
@@ -181,6 +185,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 model.set_qat(True)
                 qat_on = True
                 ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
+            if hp.num_loops and not model.looping_active and progress >= hp.enable_looping_at:
+                model.looping_active = True
+                ctx.log(f"layer_loop:on step:{step} progress:{progress:.3f} order:{','.join(map(str, model.loop_order))}")
             loss = one_step(step, progress)
             losses.append(loss)
             step += 1
@@ -203,6 +210,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         if ema and not signum:  # the swap counts as training time
             ema.copy_to_model()
         model.set_qat(False)
+        model.looping_active = bool(hp.num_loops)  # the artifact is evaluated looped (GPT(**config))
         if model.gptq_hessians is not None and not signum:
             c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
             deadline = t0 + (hp.max_wallclock_seconds or math.inf) - train_ms / 1000

@@ -53,6 +53,28 @@ def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (y - (y * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
 
 
+BOS_TOKEN_ID = 1  # every document starts with it (the shard format)
+
+
+def smear_previous_token(x: torch.Tensor, input_ids: torch.Tensor, gate_w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """SmearGate with the BOS fix (PR #1667's gate, PR #1855's fix): x_t + lam * sigmoid(gate_w . x_t[:W]) * x_{t-1}
+    for t >= 1, where the previous-token term is dropped at BOS positions, so no document reads the last
+    token of the one before it. x [B, T, D] token embeddings; input_ids [B, T]; gate_w [1, W]; lam [1].
+    """
+    g = lam.to(x.dtype) * torch.sigmoid(F.linear(x[:, 1:, :gate_w.size(1)], gate_w.to(x.dtype)))
+    keep = (input_ids[:, 1:] != BOS_TOKEN_ID).unsqueeze(-1).to(x.dtype)
+    return torch.cat((x[:, :1], x[:, 1:] + g * x[:, :-1] * keep), dim=1)
+
+
+def sparse_head_gate(y: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, scale: float) -> torch.Tensor:
+    """The sparse attention head-output gate (PR #1787): y[b, t, h] * sigmoid(scale * gate_w[h] . x[b, t, :W]).
+
+    y [B, T, H, Dh] attention output (after XSA); x [B, T, D] the attention's normalized input; gate_w [H, W].
+    """
+    g = torch.sigmoid(scale * F.linear(x[..., :gate_w.size(1)], gate_w.to(x.dtype)))
+    return y * g.unsqueeze(-1).to(y.dtype)
+
+
 class CastedLinear(nn.Linear):
     """Bias-free linear with optional late-QAT fake quantization of its weight.
 
@@ -74,10 +96,13 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, rope_dims: int, qk_gain_init: float, use_xsa: bool):
+    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, rope_dims: int, qk_gain_init: float, use_xsa: bool,
+                 gate_window: int = 0, gate_scale: float = 1.0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
-        self.use_xsa = use_xsa
+        self.use_xsa, self.gate_scale = use_xsa, gate_scale
+        if gate_window:  # sparse head-output gate, zero-initialized as in PR #1787 (sigmoid(0) = 0.5)
+            self.attn_gate_w = nn.Parameter(torch.zeros(num_heads, gate_window))
         kv_dim = num_kv_heads * self.head_dim
         self.c_q, self.c_k, self.c_v = CastedLinear(dim, dim), CastedLinear(dim, kv_dim), CastedLinear(dim, kv_dim)
         self.proj = CastedLinear(dim, dim)
@@ -96,6 +121,8 @@ class CausalSelfAttention(nn.Module):
         y = attention(q, k, v)
         if self.use_xsa:
             y = exclusive_self_attention(y, v)
+        if hasattr(self, "attn_gate_w"):
+            y = sparse_head_gate(y, x, self.attn_gate_w, self.gate_scale)
         return self.proj(y.reshape(b, t, d))
 
 
@@ -118,11 +145,12 @@ class Block(nn.Module):
     both add to the residual: x + attn(norm(x)) + mlp(norm(x)), one norm and no serial dependency."""
 
     def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, mlp_mult: float, activation: str, rope_dims: int,
-                 qk_gain_init: float, use_xsa: bool, parallel: bool = False):
+                 qk_gain_init: float, use_xsa: bool, parallel: bool = False, gate_window: int = 0, gate_scale: float = 1.0):
         super().__init__()
         self.parallel = parallel
         self.attn = CausalSelfAttention(dim, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_dims=rope_dims,
-                                        qk_gain_init=qk_gain_init, use_xsa=use_xsa)
+                                        qk_gain_init=qk_gain_init, use_xsa=use_xsa, gate_window=gate_window,
+                                        gate_scale=gate_scale)
         self.mlp = MLP(dim, mlp_mult, activation)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
@@ -138,9 +166,19 @@ class Block(nn.Module):
         return x + self.mlp_scale.to(x.dtype) * self.mlp(F.rms_norm(x, (x.size(-1),)))
 
 
+def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:
+    """Depth recurrence (PR #1204, #1285, #1493): the blocks run in order with blocks loop_start..loop_end
+    (inclusive) run 1 + num_loops times in a row, e.g. 11 layers, 3..5, 2 loops -> 0 1 2 3 4 5 3 4 5 3 4 5 6 .. 10.
+    The first half of the sequence is the U-Net's encoder (its outputs feed the skips), the rest its decoder."""
+    if not num_loops:
+        return list(range(num_layers))
+    return [*range(loop_start), *list(range(loop_start, loop_end + 1)) * (num_loops + 1), *range(loop_end + 1, num_layers)]
+
+
 class GPT(nn.Module):
     """The challenge GPT: GQA, partial RoPE, XSA on the last layers, U-Net skips, tied embeddings,
-    parallel residuals from layer `parallel_residual_start` on (-1 = none).
+    parallel residuals from layer `parallel_residual_start` on (-1 = none); optional SmearGate on the
+    embeddings and sparse head-output gates in every attention (GATE_WINDOW dims feed both).
 
     `GPT(**config)` with `config` a JSON dict (stored in the artifact). `forward(x, y)` -> mean
     cross-entropy in nats; `forward_logits(x)` -> softcapped logits [B, T, vocab_size].
@@ -148,7 +186,9 @@ class GPT(nn.Module):
 
     def __init__(self, *, vocab_size, num_layers, model_dim, num_heads, num_kv_heads, mlp_mult,
                  mlp_activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
-                 logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0, parallel_residual_start=-1):
+                 logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0, parallel_residual_start=-1,
+                 smear_gate_enabled=False, sparse_attn_gate_enabled=False, sparse_attn_gate_scale=1.0, gate_window=12,
+                 num_loops=0, loop_start=3, loop_end=5):
         super().__init__()
         activation = mlp_activation
         self.logit_softcap, self.gptq_hessians = logit_softcap, None
@@ -156,10 +196,19 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(
             Block(model_dim, num_heads=num_heads, num_kv_heads=num_kv_heads, mlp_mult=mlp_mult, activation=activation,
                   rope_dims=rope_dims, qk_gain_init=qk_gain_init, use_xsa=i >= num_layers - xsa_last_n,
-                  parallel=0 <= parallel_residual_start <= i)
+                  parallel=0 <= parallel_residual_start <= i, gate_window=gate_window * sparse_attn_gate_enabled,
+                  gate_scale=sparse_attn_gate_scale)
             for i in range(num_layers))
+        if smear_gate_enabled:  # zero-initialized: the identity at init (PR #1667)
+            self.smear_gate_w = nn.Parameter(torch.zeros(1, gate_window))
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
         self.num_encoder_layers = num_layers // 2
         num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)
+        # depth recurrence: `looping_active` runs `loop_order` (built from these layers' blocks, no new matrices);
+        # on from the start in a model built for evaluation, the trainer switches it on at ENABLE_LOOPING_AT
+        self.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
+        self.looping_active = num_loops > 0
+        num_skips = max(num_skips, min(len(self.loop_order) // 2, len(self.loop_order) - len(self.loop_order) // 2))
         self.skip_weights = nn.Parameter(torch.ones(num_skips, model_dim))
         self.lm_head = None if tie_embeddings else CastedLinear(model_dim, vocab_size)
         self.register_buffer("rope_inv_freq", 1.0 / rope_base ** (torch.arange(0, rope_dims, 2) / rope_dims),
@@ -204,15 +253,19 @@ class GPT(nn.Module):
         freqs = torch.outer(torch.arange(t, device=input_ids.device, dtype=torch.float32), self.rope_inv_freq)
         cos, sin = freqs.cos(), freqs.sin()
         x = self.tok_emb(input_ids)
+        if hasattr(self, "smear_gate_w"):
+            x = smear_previous_token(x, input_ids, self.smear_gate_w, self.smear_lambda)
         dt = residual_dtype(x)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12): cast after it
         x = x0 = F.rms_norm(x.to(dt), (x.size(-1),)).to(dt)
         skips = []
-        for i, block in enumerate(self.blocks):
-            j = i - self.num_encoder_layers
-            if 0 <= j < self.skip_weights.size(0):
+        order = self.loop_order if self.looping_active else range(len(self.blocks))
+        num_encoder = len(order) // 2 if self.looping_active else self.num_encoder_layers
+        for k, i in enumerate(order):
+            j = k - num_encoder
+            if 0 <= j < self.skip_weights.size(0) and skips:
                 x = x + self.skip_weights[j].to(x.dtype) * skips.pop()
-            x = block(x, x0, cos, sin)
-            if i < self.num_encoder_layers:
+            x = self.blocks[i](x, x0, cos, sin)
+            if k < num_encoder:
                 skips.append(x)
         x = F.rms_norm(x, (x.size(-1),))
         head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
@@ -224,9 +277,17 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
 
 
+# GPT arguments of the switches, written to the config only when they differ from GPT's default: an
+# artifact without a switch on is byte-identical to one made before the switches existed
+SWITCH_CONFIG = ("smear_gate_enabled", "sparse_attn_gate_enabled", "sparse_attn_gate_scale", "gate_window", "num_loops",
+                 "loop_start", "loop_end")
+
+
 def build_model_config(hp: Hyperparameters) -> dict:
-    """The JSON model config (`GPT(**config)`) from the hyperparameters of the same names."""
-    return {k: getattr(hp, k) for k in inspect.signature(GPT).parameters}
+    """The JSON model config (`GPT(**config)`) from the hyperparameters of the same names (SWITCH_CONFIG's
+    only where they differ from GPT's defaults)."""
+    params = inspect.signature(GPT).parameters
+    return {k: getattr(hp, k) for k in params if k not in SWITCH_CONFIG or getattr(hp, k) != params[k].default}
 
 
 def count_train_flops_per_token(config: dict, seq_len: int) -> float:

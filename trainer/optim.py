@@ -11,20 +11,40 @@ from trainer.model import GPT
 from trainer.settings import Hyperparameters
 
 
+# 2-D block parameters that are not weight matrices: AdamW with the scalars (the records' control tensors)
+SCALAR_MATRICES = ("resid_mix", "attn_gate_w")
+# Newton-Schulz quintic coefficients (a, b, c) per iteration, MUON_NS_COEFFS; past the end of a table the
+# last triple repeats. jordan: Keller Jordan's fixed triple (torch.optim.Muon). polar_express: Amsel et al.
+# 2025 ("The Polar Express", arXiv 2505.16932), the 5-step minimax schedule with its safety margin baked in
+# as modded-nanogpt and PR #1787 use it; later steps run the converged Newton-Schulz quintic (15/8, -10/8, 3/8).
+NS_COEFFS = {
+    "jordan": ((3.4445, -4.7750, 2.0315),),
+    "polar_express": ((8.156554524902461, -22.48329292557795, 15.878769915207462),
+                      (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+                      (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+                      (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+                      (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+                      (1.875, -1.25, 0.375)),
+}
+
+
 def split_params(model: GPT) -> dict:
-    """Muon gets the 2-D matrices inside blocks; AdamW gets embeddings/head and every scalar/vector."""
+    """Muon gets the 2-D matrices inside blocks; AdamW gets embeddings/head and every scalar/vector
+    (and the 2-D control tensors of SCALAR_MATRICES: residual mixes, attention output gates)."""
     groups = {"muon": [], "scalar": [], "embed": [], "head": []}
     for name, p in model.named_parameters():
         groups["embed" if name == "tok_emb.weight" else "head" if name.startswith("lm_head.") else
-               "muon" if name.startswith("blocks.") and p.ndim == 2 and "resid_mix" not in name else "scalar"].append(name)
+               "muon" if name.startswith("blocks.") and p.ndim == 2 and not any(k in name for k in SCALAR_MATRICES)
+               else "scalar"].append(name)
     return groups
 
 
-def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7) -> torch.Tensor:
+def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = NS_COEFFS["jordan"]) -> torch.Tensor:
     """Batched quintic Newton-Schulz orthogonalization: g [N, R, C] (any float) -> bfloat16 [N, R, C].
 
-    torch.optim.Muon's iteration (Keller Jordan's coefficients 3.4445, -4.7750, 2.0315, bf16, each
-    matrix scaled to unit Frobenius norm, tall matrices transposed), run on a stack of same-shape
+    torch.optim.Muon's iteration (bf16, each matrix scaled to unit Frobenius norm, tall matrices
+    transposed; step i runs x <- a x + (b G + c G^2) x, G = x x^T, with coeffs[i], the last triple
+    repeating: Keller Jordan's 3.4445, -4.7750, 2.0315 by default), run on a stack of same-shape
     matrices with batched matmuls: one launch per matmul for the whole stack instead of one per
     matrix (the 8xH100 records' batched Muon).
     """
@@ -33,9 +53,10 @@ def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7) -> torch.Tenso
     if tall:
         x = x.mT
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
-    for _ in range(steps):
+    for i in range(steps):
+        a, b, c = coeffs[min(i, len(coeffs) - 1)]
         gram = x @ x.mT
-        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=-4.7750, alpha=2.0315), x, beta=3.4445)
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.mT if tall else x
 
 
@@ -48,12 +69,15 @@ class Muon(torch.optim.Optimizer):
     world_size > 1 each rank orthogonalizes a contiguous share of every shape group and the updates
     are all-gathered (gradients are already all-reduced by DDP), so no rank repeats another's work
     (as the 8xH100 records do). Param groups take lr, momentum, weight_decay (changeable per step).
+    ns_coeffs: a key of NS_COEFFS. row_normalize: MuonEq-R (PR #1285), each row of the momentum update
+    divided by its L2 norm (clamped at 1e-7, float32) before Newton-Schulz; the rest unchanged.
     """
 
     def __init__(self, params, *, lr: float, momentum: float, weight_decay: float, ns_steps: int = 5, rank: int = 0,
-                 world_size: int = 1, compile: bool = False):
+                 world_size: int = 1, compile: bool = False, ns_coeffs: str = "jordan", row_normalize: bool = False):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         self.ns_steps, self.rank, self.world_size = ns_steps, rank, world_size
+        self.ns_coeffs, self.row_normalize = NS_COEFFS[ns_coeffs], row_normalize
         self.ns = torch.compile(newton_schulz, fullgraph=True, dynamic=False) if compile else newton_schulz
 
     @torch.no_grad()
@@ -71,15 +95,18 @@ class Muon(torch.optim.Optimizer):
                 bufs = [self.state[p]["momentum_buffer"] for p in ps]
                 torch._foreach_lerp_(bufs, grads, 1 - momentum)
                 u = torch.stack(grads).lerp_(torch.stack(bufs), momentum)
+                if self.row_normalize:
+                    u = u / u.float().norm(dim=-1, keepdim=True).clamp_min(1e-7).to(u.dtype)
                 n, w = len(ps), self.world_size
                 share = -(-n // w)
                 if w > 1:  # pad to w equal shares, orthogonalize ours, gather everyone's
                     u = torch.cat([u, u.new_zeros(share * w - n, rows, cols)])
                     parts = [u.new_empty(share, rows, cols) for _ in range(w)]
-                    dist.all_gather(parts, self.ns(u[self.rank * share:(self.rank + 1) * share], self.ns_steps).float())
+                    dist.all_gather(parts, self.ns(u[self.rank * share:(self.rank + 1) * share], self.ns_steps,
+                                                coeffs=self.ns_coeffs).float())
                     u = torch.cat(parts)[:n]
                 else:
-                    u = self.ns(u, self.ns_steps).float()
+                    u = self.ns(u, self.ns_steps, coeffs=self.ns_coeffs).float()
                 torch._foreach_mul_(ps, 1 - lr * group["weight_decay"])
                 torch._foreach_add_(ps, list(u.unbind(0)), alpha=-lr * max(1, rows / cols) ** 0.5)
 
@@ -110,7 +137,8 @@ def build_optimizers(model: GPT, hp: Hyperparameters, *, is_cuda: bool, rank: in
                    {"params": g["scalar"], "lr": hp.scalar_lr}] + [{"params": g["head"], "lr": hp.head_lr}] * bool(g["head"])
     optimizers = Optimizers(
         muon=Muon(g["muon"], lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd,
-                  ns_steps=hp.muon_backend_steps, rank=rank, world_size=world_size, compile=compile),
+                  ns_steps=hp.muon_backend_steps, rank=rank, world_size=world_size, compile=compile,
+                  ns_coeffs=hp.muon_ns_coeffs, row_normalize=hp.muon_row_normalize),
         adamw=torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
                                 fused=is_cuda))
     for opt in optimizers.all:

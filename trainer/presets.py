@@ -27,6 +27,16 @@ Evidence, per preset:
   333 steps = 1/6 of the run), warmdown 50%, QAT 10%, 1.2498.
 - 8xh100: the 8xH100 records of 2026-03-20/21/22 (11 layers, 786,432 tokens/step, XSA on the last
   4, 7,051-7,103 steps: momentum warmup 1,500/7,000 and EMA 0.997 as 333/7,000 of the run).
+- 1xh100-frontier: a CANDIDATE until an H100 run measures it. The default plus the zero-cost switches of
+  the 8xH100 records after PR #1617 (gains as reported there, 8xH100, about 4,900 steps): Muon momentum
+  0.97 (PR #1514: -0.0005 against 0.99; on one GPU the default is 0.95, so this is a step towards a
+  longer memory), QK gain 5.25 (PR #1413, #1493: monotonic gains from 4 to 5.25, -0.0008 for 4 -> 5),
+  Polar Express Newton-Schulz and MIN_LR 0.10 (PR #1787: -0.0004 with its fused CE), MuonEq-R
+  (PR #1285: ~-0.001), the Muon WD taper 1 -> 0.5x over the last 30% (PR #1729: -0.0041 together with
+  its CaseOps tokenizer), the sparse head-output gate at scale 0.5 (PR #1787: replaced a dense gate at no
+  measurable cost; #1855's greedy pick of the scale) and SmearGate with the BOS fix (with LQER on #1787's
+  base: -0.0021 in PR #1851, but +0.0008 in PR #1797's rebanked 3 seeds: unsettled). None costs a step;
+  none is measured on one GPU yet. Depth recurrence (NUM_LOOPS) costs steps: left off.
 - smoke: ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
   Muon's momentum (0.99 remembers ~100 steps, two thirds of the run). So smoke takes the baseline's
@@ -55,6 +65,9 @@ PRESETS = {
         "vocab_size": 4096, "num_layers": 8, "xsa_last_n": 2, "qk_gain_init": 3.0, "matrix_lr": 0.032, "scalar_lr": 0.032,
         "expected_steps": 1772, "muon_momentum_warmup_frac": 500 / 1772, "quant_estimate_scale": 0.89},
     "1xh100": PR1559_1XH100,
+    "1xh100-frontier": {"muon_momentum": 0.97, "qk_gain_init": 5.25, "muon_ns_coeffs": "polar_express",
+                        "muon_row_normalize": True, "min_lr": 0.1, "wd_taper_final_mult": 0.5, "smear_gate_enabled": True,
+                        "sparse_attn_gate_enabled": True, "sparse_attn_gate_scale": 0.5},
     "8xh100": {**PR1559_1XH100, "num_layers": 11, "train_batch_tokens": 786_432, "xsa_last_n": 4, "expected_steps": 7000,
                "muon_momentum_warmup_frac": 1500 / 7000, "ema_horizon_frac": (1 / 0.003) / 7000},
     "smoke": {

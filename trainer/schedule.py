@@ -146,3 +146,17 @@ class EMA:
     def copy_to_model(self) -> None:
         for p, s in zip(self.params, self.shadow):
             p.copy_(s.to(p.dtype))
+
+
+def lr_multiplier_floored(progress: float, warmdown_frac: float, min_lr: float) -> float:
+    """lr_multiplier with the warmdown floored at MIN_LR, a fraction of the peak LR (PR #1787:
+    max((1 - progress) / warmdown_frac, 0.10) in the warmdown). min_lr = 0: lr_multiplier exactly."""
+    return max(lr_multiplier(progress, warmdown_frac), min_lr)
+
+
+def wd_taper_multiplier(progress: float, start_frac: float, final_mult: float) -> float:
+    """The Muon weight decay's multiplier (PR #1729): 1.0 until `start_frac` of the run, then linear to
+    `final_mult` at its end (0.70 -> 0.5x in the record). final_mult = 1: 1.0 throughout (off)."""
+    if final_mult == 1.0 or progress <= start_frac or start_frac >= 1.0:
+        return 1.0
+    return 1.0 + (final_mult - 1.0) * min(1.0, (progress - start_frac) / (1.0 - start_frac))

@@ -18,7 +18,7 @@ SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"), (
                   ("ema_decay", "ema_horizon_frac"), ("muon_momentum", "muon_momentum_horizon_frac"))
 # prefixes of our names: an unknown variable starting with one is probably a typo
 SETTINGS_PREFIXES = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_",
-                     "TTT_")
+                     "TTT_", "WD_TAPER_", "SMEAR_", "SPARSE_ATTN_", "LOOP_")
 MAX_SECONDS = 1e7  # the largest time setting accepted
 # standard variables near ours (NUM_THREADS): not typos
 SETTINGS_FOREIGN = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -86,6 +86,23 @@ class Hyperparameters:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip_norm: float = 0.0  # 0 = off
+    # zero-cost switches of the 8xH100 records after PR #1617 (names and values theirs; gains as they report
+    # them on 8xH100). All off by default: off, the model, optimizer and artifact are today's, bit for bit.
+    muon_ns_coeffs: str = "jordan"  # jordan | polar_express: Polar Express Newton-Schulz steps (PR #1787: -0.0004 with MIN_LR)
+    muon_row_normalize: bool = False  # MuonEq-R: rows of the update normalized before Newton-Schulz (PR #1285: ~-0.001)
+    min_lr: float = 0.0  # the warmdown's LR floor, a fraction of the peak LR (PR #1787: 0.10)
+    wd_taper_start_frac: float = 0.7  # Muon WD tapers linearly from this fraction of the run ... (PR #1729)
+    wd_taper_final_mult: float = 1.0  # ... to this multiple of MUON_WD at the end; 1 = off (PR #1729: 0.5, -0.004 with CaseOps)
+    smear_gate_enabled: bool = False  # SmearGate: previous token mixed in, not across BOS (PR #1667, #1851: -0.002 with LQER)
+    sparse_attn_gate_enabled: bool = False  # per-head sigmoid gate on the attention output (PR #1787)
+    sparse_attn_gate_scale: float = 1.0  # the gate's logit scale (PR #1787: 1.0, PR #1855: 0.5)
+    gate_window: int = 12  # leading residual dims the gates read (PR #1667, #1787)
+    # depth recurrence: blocks LOOP_START..LOOP_END run 1 + NUM_LOOPS times from ENABLE_LOOPING_AT of the run; costs
+    # steps (PR #1204, #1285, #1493; #1855: 3..5 of 11 layers, 2 loops, from 0.35: -0.002..-0.003 on 8 GPUs)
+    num_loops: int = 0  # 0 = off
+    loop_start: int = 3
+    loop_end: int = 5
+    enable_looping_at: float = 0.35
     # late QAT and EMA
     qat_start_frac: float = 0.15  # fake-quant switches on for the last fraction of the budget
     ema_decay: float = 0.0  # records' step form: a fixed per-step decay (0.997); 0 = EMA_HORIZON_FRAC
@@ -181,7 +198,12 @@ class Hyperparameters:
              f"-1 (off) or a layer index 0..{self.num_layers - 1}"),
             ("AUTOCAST", self.autocast in ("auto", "bf16", "none"), "auto, bf16 or none"),
             *((n, getattr(self, n.lower()) <= 1, "a fraction in [0, 1]") for n in (
-                "WARMDOWN_FRAC", "QAT_START_FRAC", "MUON_MOMENTUM_WARMUP_FRAC", "EMA_START_FRAC")),
+                "WARMDOWN_FRAC", "QAT_START_FRAC", "MUON_MOMENTUM_WARMUP_FRAC", "EMA_START_FRAC", "MIN_LR",
+                "WD_TAPER_START_FRAC", "ENABLE_LOOPING_AT")),
+            ("LOOP_END", not self.num_loops or self.loop_start <= self.loop_end < self.num_layers,
+             f"LOOP_START={self.loop_start}..NUM_LAYERS-1={self.num_layers - 1} (NUM_LOOPS={self.num_loops})"),
+            ("MUON_NS_COEFFS", self.muon_ns_coeffs in ("jordan", "polar_express"), "jordan or polar_express"),
+            ("GATE_WINDOW", 0 < self.gate_window <= self.model_dim, f"1..MODEL_DIM={self.model_dim}"),
             ("EMA_DECAY", self.ema_decay < 1, "< 1"),
             ("QUANT_ESTIMATE_SCALE", self.quant_estimate_scale > 0, "> 0"),
             *((a.upper(), not (getattr(self, a) and getattr(self, b)), f"0 when {b.upper()} is set") for a, b in SCHEDULE_PAIRS),
