@@ -83,8 +83,8 @@ def main() -> int:
     hp = Hyperparameters.from_env()
     ctx = setup_distributed(hp)
     resume = check_run_folder(hp)  # a finished run's folder is refused before anything is written
-    sp, manifest, num_val_tokens = check_inputs(hp, ctx)
-    open_run_log(ctx, hp)
+    sp, manifest, num_val_tokens, inputs = check_inputs(hp, ctx)
+    open_run_log(ctx, hp, inputs)  # one writer per folder (a lock); RESUME=1: the same settings and inputs
     code_bytes = measure_code_bytes()
     torch.manual_seed(hp.seed)
 
@@ -103,7 +103,7 @@ def main() -> int:
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    summary["phase"] = "train"
+    summary.update(phase="train", inputs=inputs)
     record = functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
     with SignalGuard() as guard:
         try:
