@@ -153,6 +153,10 @@ def test_a_finished_run_folder_is_refused_and_resume_needs_something_to_resume(u
         "(or RESUME=1 to finish an interrupted run)"], proc.stderr
     assert (run_dir / "train.log").read_text() == log
     proc = run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="done", RESUME=1), check=False)
+    assert proc.returncode == 2 and f"{run_dir} holds a run that finished (result.json status ok)" in proc.stderr
+    assert (run_dir / "train.log").read_text() == log
+    (run_dir / "result.json").unlink()  # no result: RESUME=1 needs something to resume
+    proc = run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="done", RESUME=1), check=False)
     assert proc.returncode == 2 and "has no trained.safetensors or checkpoint.pt" in proc.stderr
     assert (run_dir / "train.log").read_text() == log
 
@@ -216,4 +220,5 @@ def test_sighup_in_training_stops_after_the_step_and_says_so(tiny_dataset, sp102
     result = read_result(tmp_path, "hup")
     assert result["status"] == "stopped_by_signal" and result["phase"] == "train" and result["signal"] == "SIGHUP"
     assert 2 <= result["steps"] < 200 and "next_command" not in result
-    assert sorted(p.name for p in (tmp_path / "hup").iterdir()) == ["result.json", "train.log"]
+    assert sorted(p.name for p in (tmp_path / "hup").iterdir()) == ["result.json", "run.lock", "run_settings.json",
+                                                                    "train.log"]
