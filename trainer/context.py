@@ -50,6 +50,8 @@ class RunContext:
             self.log_file.write(msg + "\n")
             self.log_file.flush()
         except OSError as err:  # the run goes on, logging to the console: its numbers still reach result.json
+            with contextlib.suppress(OSError):  # closed now: its unwritten buffer is not flushed again at exit
+                self.log_file.close()
             self.log_file, self.log_error = None, err
             if self.log_opened:
                 print(f"WARNING: train.log: cannot write ({err.strerror or err}): the rest of the log is on the console "
