@@ -29,12 +29,12 @@ from trainer.checks import check_inputs
 from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
 from trainer.finish import after_training_error, finish_run, score_command, write_result
-from trainer.interrupt import (TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training, load_trained,
-                               stopped_in_training, training_failed)
+from trainer.interrupt import (NO_ROOM_ERRNOS, TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training,
+                               load_trained, no_room, no_room_after_training, stopped_in_training, training_failed)
 from trainer.loader import DistributedTokenLoader
 from trainer.loop import TrainResult, train
 from trainer.model import GPT, build_model_config, count_train_flops_per_token
-from trainer.runfolder import check_run_folder, open_run_log
+from trainer.runfolder import check_run_folder, open_run_log, release_run_folders
 from trainer.settings import Hyperparameters
 from trainer.shards import load_validation_tokens
 
@@ -73,6 +73,14 @@ def run_summary(ctx: RunContext, hp: Hyperparameters, *, model: GPT, policy: Qua
 
 
 def main() -> int:
+    """train_and_score() in a process that then gives its run folder back (its lock), whatever it did."""
+    try:
+        return train_and_score()
+    finally:
+        release_run_folders()
+
+
+def train_and_score() -> int:
     """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json.
 
     Every input is checked before anything is written. A run whose training finished always writes
@@ -138,6 +146,8 @@ def main() -> int:
                                               trained=trained, score=score_command(hp, artifact_path, eval_stride, ttt_epochs))
         except Exception as err:  # training finished: keep every number measured so far
             guard.hold()
+            if no_room(err):  # a full disk or a file-size limit: the weights where they fit, and how to finish
+                return no_room_after_training(ctx, hp, err, summary, record, model=model, config=config, trained=trained)
             summary["status"] = after_training_error(ctx, hp, err, artifact_path, ttt_epochs=ttt_epochs)
             summary["error"] = f"{type(err).__name__}: {err}"
             rc = 1
@@ -155,6 +165,12 @@ if __name__ == "__main__":
     except ValueError as err:  # a user mistake: say what and where, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:
+        if err.errno not in NO_ROOM_ERRNOS:
+            raise
+        print(f"error: no room to write {err.filename or 'a file'} ({err.strerror}); expected free space and no file-size "
+              "limit (ulimit -f) below the run's files", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C before training: nothing to save (from the first step on, SignalGuard)
         print("interrupted before training: nothing written to keep", file=sys.stderr)
         sys.exit(128 + 2)

@@ -222,3 +222,106 @@ def test_sighup_in_training_stops_after_the_step_and_says_so(tiny_dataset, sp102
     assert 2 <= result["steps"] < 200 and "next_command" not in result
     assert sorted(p.name for p in (tmp_path / "hup").iterdir()) == ["result.json", "run.lock", "run_settings.json",
                                                                     "train.log"]
+
+
+def no_room_in(folder: Path, real, names=("final_model.ptz", "trained.safetensors", "result.json")):
+    """A stand-in for an atomic writer that fails with ENOSPC (disk full) for the files `names` under `folder`."""
+    import errno
+
+    def write(path, *args, **kwargs):
+        if Path(path).resolve().is_relative_to(folder.resolve()) and Path(path).name in names:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+    return write
+
+
+def finish_with(command: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], env=settings_free_env(env), cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_disk_full_in_the_export_keeps_the_weights_and_says_how_to_finish(monkeypatch, tiny_dataset, sp1024_model,
+                                                                         tmp_path, capsys):
+    """Before: exit 1 with a traceback, no next command in result.json, and the trained weights lost."""
+    import quant.artifact
+    from tests.test_after_training import run_main_in_process
+    from trainer.files import atomic_write_bytes
+
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train_gpt.py")])  # next_command names the entry point it ran
+    monkeypatch.setattr(quant.artifact, "atomic_write_bytes", no_room_in(tmp_path / "full", atomic_write_bytes))
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path / "full", "full") == 1
+    run_dir = tmp_path / "full" / "full"
+    result = read_result(tmp_path / "full", "full")
+    assert result["status"] == "no_room" and result["phase"] == "export" and "val_bpb_prequant" in result
+    assert result["error"] == f"OSError: [Errno 28] No space left on device: '{run_dir / 'final_model.ptz'}'"
+    assert result["trained_path"] == str(run_dir / "trained.safetensors") and not (run_dir / "final_model.ptz").exists()
+    err = capsys.readouterr().err
+    assert f"trained weights kept in {run_dir / 'trained.safetensors'}; result: {run_dir / 'result.json'}" in err
+    assert f"then finish with: {result['next_command']}" in err and "Traceback" not in err
+    no_temp_files(run_dir)
+    monkeypatch.undo()
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path / "full", RUN_ID="full", ITERATIONS=4, **SIGNAL_ENV)
+    proc = finish_with(result["next_command"], env)
+    assert proc.returncode == 0 and "resumed after training from" in proc.stdout, proc.stderr[-3000:]
+    done = read_result(tmp_path / "full", "full")
+    assert done["status"] == "ok" and done["resumed_after_training"] and done["steps"] == result["steps"] == 4
+    assert done["train_losses"] == result["train_losses"] and done["val_bpb_prequant"] == result["val_bpb_prequant"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_a_run_folder_with_no_room_keeps_the_weights_in_the_temp_dir(monkeypatch, tiny_dataset, sp1024_model, tmp_path,
+                                                                     capsys):
+    import tempfile
+
+    import quant.artifact
+    import trainer.files
+    import trainer.interrupt
+    from tests.test_after_training import run_main_in_process
+    from trainer.files import atomic_write_bytes, atomic_write_json
+
+    out, spare = tmp_path / "out", tmp_path / "tmp"
+    monkeypatch.setattr(tempfile, "tempdir", str(spare))
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train_gpt.py")])
+    full = no_room_in(out, atomic_write_bytes)
+    monkeypatch.setattr(quant.artifact, "atomic_write_bytes", full)
+    monkeypatch.setattr(trainer.interrupt, "atomic_write_bytes", full)  # trained.safetensors
+    monkeypatch.setattr(trainer.files, "atomic_write_bytes", full)  # result.json (atomic_write_json)
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, out, "r") == 1
+    kept = spare / "parameter-golf" / "r"
+    result = json.loads((kept / "result.json").read_text())
+    assert not (out / "r" / "result.json").exists() and not (out / "r" / "trained.safetensors").exists()
+    assert result["status"] == "no_room" and result["trained_path"] == str(kept / "trained.safetensors")
+    assert result["next_command"].startswith(f"mv {kept / 'trained.safetensors'} {out / 'r' / 'trained.safetensors'} && ")
+    err = capsys.readouterr().err
+    assert f"trained weights kept in {kept / 'trained.safetensors'}; result: {kept / 'result.json'}" in err
+    monkeypatch.undo()
+    assert atomic_write_json is trainer.files.atomic_write_json
+    env = trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="r", ITERATIONS=4, **SIGNAL_ENV)
+    proc = finish_with(result["next_command"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_result(out, "r")["status"] == "ok" and (out / "r" / "final_model.ptz").is_file()
+
+
+@pytest.mark.slow
+def test_a_real_file_size_limit_after_training_ends_in_result_json_not_a_traceback(tiny_dataset, sp1024_model, tmp_path):
+    """`ulimit -f` below the artifact but above train.log: the export fails with EFBIG; the weights (larger still)
+    fit nowhere under that limit, and result.json (small) says so and why."""
+    import resource
+
+    limit = 600_000  # train.log ~0.25 MB fits; a 256-wide model's artifact and weights do not
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="big", MODEL_DIM=256, NUM_HEADS=4, NUM_KV_HEADS=2,
+                      ITERATIONS=2, TMPDIR=tmp_path / "tmp", **SIGNAL_ENV)
+    (tmp_path / "tmp").mkdir()
+    proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    result = read_result(tmp_path, "big")
+    assert result["status"] == "no_room" and result["phase"] == "export" and "val_bpb_prequant" in result
+    assert result["error"].startswith("OSError: [Errno 27] File too large") and "could not be kept either" in result["error"]
+    assert "next_command" not in result and not (tmp_path / "big" / "final_model.ptz").exists()
+    assert "ERROR: no room to write after training ([Errno 27] File too large" in proc.stderr
+    no_temp_files(tmp_path / "big")

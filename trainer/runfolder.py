@@ -25,6 +25,7 @@ from trainer.settings import Hyperparameters
 FINISHED_MARKS = ("result.json", "final_model.ptz")
 LOCK_FILE = "run.lock"
 SETTINGS_FILE = "run_settings.json"
+HELD_LOCKS = []  # the run folders' lock files this process holds open (lock_run_folder)
 # settings that change only how a run runs, never its weights or its score: RESUME=1 may change them
 RUN_ONLY_SETTINGS = ("run_id", "out_dir", "resume", "num_threads", "train_log_every", "val_loss_every",
                      "checkpoint_every", "save_prequant")
@@ -126,6 +127,13 @@ def check_resume_binding(run_dir: Path, binding: dict) -> None:
                                  "with it: its result.json's next_command has every setting)")
 
 
+def release_run_folders() -> None:
+    """Close the lock files this process holds (the OS releases them at exit anyway): for a caller
+    that runs main() in-process and then another run of the same RUN_ID."""
+    while HELD_LOCKS:
+        HELD_LOCKS.pop().close()
+
+
 def lock_run_folder(ctx: RunContext, hp: Hyperparameters):
     """Make the run folder and take its lock (rank 0): an exclusive flock on `run.lock`, held by the
     open file until the process ends. ValueError naming RUN_ID and the holder (pid, host, start)
@@ -143,6 +151,7 @@ def lock_run_folder(ctx: RunContext, hp: Hyperparameters):
                              "expected a run folder on a file system with locks") from None
         raise ValueError(f"RUN_ID={hp.run_id!r}: {ctx.run_dir} is being written by another run ({holder}); expected "
                          "a RUN_ID no running process uses") from None
+    HELD_LOCKS.append(handle)
     handle.seek(0)
     handle.truncate()
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
