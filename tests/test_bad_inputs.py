@@ -423,9 +423,9 @@ def train_rows() -> list:
                  r"\(result.json status ok\); nothing to resume", env=train_env(RESUME=1, MAX_WALLCLOCK_SECONDS=0),
                  setup=both(finished_run, write("runs/r/checkpoint.pt", b"ckpt")),
                  after=unchanged("runs/r/result.json", '{"status": "ok"}\n')),
-        BadInput(t, "a file-size limit (ulimit -f) while writing train.log", FSIZE_LIMITED, r"RUN_ID='r': cannot write "
-                 r"\S+/runs/r/train.log \(File too large\); expected a writable run folder with space",
-                 env=train_env()),
+        BadInput(t, "a file-size limit (ulimit -f) below the run's files", FSIZE_LIMITED, r"ulimit -f: files are limited "
+                 r"to 20,000 bytes; this run's trained weights take [\d,]+ bytes \(kept as trained.safetensors",
+                 env=train_env(), after=nothing),
         BadInput(t, "ITERATIONS=inf", TRAIN, r"ITERATIONS='inf': expected a whole number", env=train_env(ITERATIONS="inf"),
                  after=nothing),
         BadInput(t, "ITERATIONS=1e400", TRAIN, r"ITERATIONS='1e400': expected a whole number",

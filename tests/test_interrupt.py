@@ -305,23 +305,22 @@ def test_a_run_folder_with_no_room_keeps_the_weights_in_the_temp_dir(monkeypatch
     assert read_result(out, "r")["status"] == "ok" and (out / "r" / "final_model.ptz").is_file()
 
 
-@pytest.mark.slow
-def test_a_real_file_size_limit_after_training_ends_in_result_json_not_a_traceback(tiny_dataset, sp1024_model, tmp_path):
-    """`ulimit -f` below the artifact but above train.log: the export fails with EFBIG; the weights (larger still)
-    fit nowhere under that limit, and result.json (small) says so and why."""
+def test_a_file_size_limit_below_the_weights_is_refused_before_anything_is_written(tiny_dataset, sp1024_model,
+                                                                                     tmp_path):
+    """A real `ulimit -f`: train.log would fit, the trained weights would not; refused before the run folder exists
+    (before: the run trained, then lost everything with a traceback)."""
     import resource
 
-    limit = 600_000  # train.log ~0.25 MB fits; a 256-wide model's artifact and weights do not
+    limit = 600_000  # train.log ~0.25 MB fits; the 256-wide model's float32 weights do not
     env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="big", MODEL_DIM=256, NUM_HEADS=4, NUM_KV_HEADS=2,
-                      ITERATIONS=2, TMPDIR=tmp_path / "tmp", **SIGNAL_ENV)
-    (tmp_path / "tmp").mkdir()
+                      ITERATIONS=2, **SIGNAL_ENV)
     proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=300,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    result = read_result(tmp_path, "big")
-    assert result["status"] == "no_room" and result["phase"] == "export" and "val_bpb_prequant" in result
-    assert result["error"].startswith("OSError: [Errno 27] File too large") and "could not be kept either" in result["error"]
-    assert "next_command" not in result and not (tmp_path / "big" / "final_model.ptz").exists()
-    assert "ERROR: no room to write after training ([Errno 27] File too large" in proc.stderr
-    no_temp_files(tmp_path / "big")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    m = re.fullmatch(rf"error: ulimit -f: files are limited to {limit:,} bytes; this run's trained weights take ([\d,]+) "
+                     r"bytes \(kept as trained.safetensors so that a failed export can be finished\); expected a larger "
+                     r"file-size limit \(ulimit -f unlimited\)", lines[0])
+    assert m and int(m.group(1).replace(",", "")) > 2 * limit, lines
+    assert not (tmp_path / "big").exists()

@@ -170,3 +170,57 @@ def test_two_trainers_with_one_run_id_at_once_one_refuses_and_the_other_result_s
     log = (tmp_path / "same" / "train.log").read_text()
     assert log.count("SEED:7") == 1 and "SEED:99" not in log and "final_sliding_window_exact" in log
     assert result["bytes_model"] == (tmp_path / "same" / "final_model.ptz").stat().st_size
+
+
+def test_a_train_log_that_cannot_be_written_is_one_line_before_the_clock(tmp_path, monkeypatch):
+    """A full disk as train.log's header is written (before: a traceback)."""
+    import errno
+
+    import trainer.runfolder as runfolder
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self):
+            pass
+
+    hp = Hyperparameters.from_env({"PRESET": "smoke", "RUN_ID": "r", "OUT_DIR": str(tmp_path)}, log=lambda *_: None)
+    run = ctx(tmp_path / "r")
+    run.log("a line logged by the input checks")
+    real_open = open
+    monkeypatch.setattr(runfolder, "open", lambda path, *args, **kwargs: FullDisk() if Path(path).name == "train.log"
+                        else real_open(path, *args, **kwargs), raising=False)
+    monkeypatch.setattr(runfolder, "log_run_header", lambda ctx, hp: ctx.log("the header"))
+    with pytest.raises(ValueError, match=rf"^RUN_ID='r': cannot write {tmp_path}/r/train.log \(No space left on device\); "
+                                         r"expected a writable run folder with space"):
+        runfolder.open_run_log(run, hp, {})
+    assert run.log_file is None and not run.log_opened
+
+
+def test_a_train_log_that_stops_being_writable_mid_run_only_warns(tmp_path, capsys):
+    import errno
+
+    class FillsUp:
+        def __init__(self):
+            self.lines, self.closed = [], False
+
+        def write(self, text):
+            if len(self.lines) == 2:
+                raise OSError(errno.EFBIG, "File too large")
+            self.lines.append(text)
+
+        def flush(self):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    run, log = ctx(tmp_path), FillsUp()
+    run.log_file, run.log_opened = log, True
+    for i in range(4):
+        run.log(f"step:{i}")
+    out, err = capsys.readouterr()
+    assert log.lines == ["step:0\n", "step:1\n"] and log.closed and run.log_file is None
+    assert out.splitlines() == ["step:0", "step:1", "step:2", "step:3"]  # the console keeps every line
+    assert err == "WARNING: train.log: cannot write (File too large): the rest of the log is on the console only\n"

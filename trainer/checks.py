@@ -87,12 +87,31 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
             select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
     if hp.checkpoint_every or hp.resume:
         kit_module("tools.checkpoint")
+    check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)
     num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
                          f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
     return sp, manifest, min(num_val, hp.val_max_tokens + 1) if hp.val_max_tokens else num_val, inputs
+
+
+def check_file_size_limit(hp: Hyperparameters) -> None:
+    """ValueError when the process's file-size limit (`ulimit -f`, RLIMIT_FSIZE) is below the bytes of
+    the model's weights (float32 state dict, from the settings on the meta device: nothing
+    allocated): the run could not keep its trained weights (trained.safetensors) when the export
+    fails, so it would train for nothing."""
+    import resource
+
+    limit_bytes = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit_bytes == resource.RLIM_INFINITY:
+        return
+    with torch.device("meta"):
+        weight_bytes = sum(4 * t.numel() for t in GPT(**build_model_config(hp)).state_dict().values())
+    if limit_bytes < weight_bytes:
+        raise ValueError(f"ulimit -f: files are limited to {limit_bytes:,} bytes; this run's trained weights take "
+                         f"{weight_bytes:,} bytes (kept as trained.safetensors so that a failed export can be finished); "
+                         "expected a larger file-size limit (ulimit -f unlimited)")
 
 
 def run_inputs(hp: Hyperparameters) -> dict:
