@@ -13,6 +13,7 @@ is an environment variable with the official name (see trainer/settings.py).
 
 import dataclasses
 import functools
+import os
 import platform
 import sys
 from pathlib import Path
@@ -161,7 +162,12 @@ def train_and_score() -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
+        if code >= 128:  # stopped by a signal, all written: exit now, not after seconds of the interpreter's teardown
+            sys.stdout.flush()  # (whose default handlers would let a second signal kill it without its exit code)
+            sys.stderr.flush()
+            os._exit(code)
+        sys.exit(code)
     except ValueError as err:  # a user mistake: say what and where, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
