@@ -13,6 +13,7 @@ is an environment variable with the official name (see trainer/settings.py).
 
 import dataclasses
 import functools
+import os
 import platform
 import sys
 from pathlib import Path
@@ -29,12 +30,12 @@ from trainer.checks import check_inputs
 from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
 from trainer.finish import after_training_error, finish_run, score_command, write_result
-from trainer.interrupt import (TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training, load_trained,
-                               stopped_in_training, training_failed)
+from trainer.interrupt import (NO_ROOM_ERRNOS, TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training,
+                               load_trained, no_room, no_room_after_training, stopped_in_training, training_failed)
 from trainer.loader import DistributedTokenLoader
 from trainer.loop import TrainResult, train
 from trainer.model import GPT, build_model_config, count_train_flops_per_token
-from trainer.runfolder import check_run_folder, open_run_log
+from trainer.runfolder import check_run_folder, open_run_log, release_run_folders
 from trainer.settings import Hyperparameters
 from trainer.shards import load_validation_tokens
 
@@ -73,6 +74,14 @@ def run_summary(ctx: RunContext, hp: Hyperparameters, *, model: GPT, policy: Qua
 
 
 def main() -> int:
+    """train_and_score() in a process that then gives its run folder back (its lock), whatever it did."""
+    try:
+        return train_and_score()
+    finally:
+        release_run_folders()
+
+
+def train_and_score() -> int:
     """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json.
 
     Every input is checked before anything is written. A run whose training finished always writes
@@ -83,8 +92,8 @@ def main() -> int:
     hp = Hyperparameters.from_env()
     ctx = setup_distributed(hp)
     resume = check_run_folder(hp)  # a finished run's folder is refused before anything is written
-    sp, manifest, num_val_tokens = check_inputs(hp, ctx)
-    open_run_log(ctx, hp)
+    sp, manifest, num_val_tokens, inputs = check_inputs(hp, ctx)
+    open_run_log(ctx, hp, inputs)  # one writer per folder (a lock); RESUME=1: the same settings and inputs
     code_bytes = measure_code_bytes()
     torch.manual_seed(hp.seed)
 
@@ -103,7 +112,7 @@ def main() -> int:
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    summary["phase"] = "train"
+    summary.update(phase="train", inputs=inputs)
     record = functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
     with SignalGuard() as guard:
         try:
@@ -138,6 +147,8 @@ def main() -> int:
                                               trained=trained, score=score_command(hp, artifact_path, eval_stride, ttt_epochs))
         except Exception as err:  # training finished: keep every number measured so far
             guard.hold()
+            if no_room(err):  # a full disk or a file-size limit: the weights where they fit, and how to finish
+                return no_room_after_training(ctx, hp, err, summary, record, model=model, config=config, trained=trained)
             summary["status"] = after_training_error(ctx, hp, err, artifact_path, ttt_epochs=ttt_epochs)
             summary["error"] = f"{type(err).__name__}: {err}"
             rc = 1
@@ -151,10 +162,21 @@ def main() -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
+        if code >= 128:  # stopped by a signal, all written: exit now, not after seconds of the interpreter's teardown
+            sys.stdout.flush()  # (whose default handlers would let a second signal kill it without its exit code)
+            sys.stderr.flush()
+            os._exit(code)
+        sys.exit(code)
     except ValueError as err:  # a user mistake: say what and where, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:
+        if err.errno not in NO_ROOM_ERRNOS:
+            raise
+        print(f"error: no room to write {err.filename or 'a file'} ({err.strerror}); expected free space and no file-size "
+              "limit (ulimit -f) below the run's files", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt:  # Ctrl-C before training: nothing to save (from the first step on, SignalGuard)
         print("interrupted before training: nothing written to keep", file=sys.stderr)
         sys.exit(128 + 2)

@@ -388,9 +388,96 @@ def finished_run(d: Path) -> None:
     write("runs/r/result.json", '{"status": "ok"}\n')(d)
 
 
+HELD_LOCKS = []  # lock files held by this process while a case runs (a trainer of the same RUN_ID)
+
+
+def running_run(d: Path) -> None:
+    """setup: runs/r locked by a live process (this one), as a running trainer holds it."""
+    import fcntl
+
+    (d / "runs" / "r").mkdir(parents=True)
+    lock = open(d / "runs" / "r" / "run.lock", "a+")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lock.write(f"pid {os.getpid()} on testhost since 2026-01-01T00:00:00Z\n")
+    lock.flush()
+    HELD_LOCKS.append(lock)
+
+
+def replace_shard(name: str, how: str) -> Callable:
+    """setup: in {d}/data, shard `name` replaced by a folder, a dangling symlink or a copy of the val shard."""
+    def setup(d: Path):
+        import shutil
+
+        path = d / "data" / name
+        path.unlink()
+        if how == "folder":
+            path.mkdir()
+        elif how == "dangling":
+            os.symlink("missing.bin", path)
+        else:
+            shutil.copyfile(d / "data" / "fineweb_val_000000.bin", path)
+    return setup
+
+
+def small_manifest(tokenizer_sha256: str = None, train_tokens: int = 1803) -> Callable:
+    """setup: a manifest.json for small_dataset (no document hashes), with these tokenizer sha256 and train count."""
+    def setup(d: Path):
+        splits = dict(val=dict(shards=["fineweb_val_000000.bin"], num_tokens=600),
+                      train=dict(shards=[f"fineweb_train_{i:06d}.bin" for i in range(3)], num_tokens=train_tokens))
+        manifest = dict(format="parameter-golf-shards", vocab_size=1024, tokenizer="other_1024.model", splits=splits)
+        if tokenizer_sha256:
+            manifest["tokenizer_sha256"] = tokenizer_sha256
+        (d / "data" / "manifest.json").write_text(json.dumps(manifest))
+    return setup
+
+
+def no_tilde_folder(d: Path) -> None:
+    assert not (REPO / "~nosuchuser_pg").exists() and not (d / "~nosuchuser_pg").exists(), "a literal ~ folder was made"
+
+
+FSIZE_LIMITED = ("-c", "import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000)); "
+                 "sys.argv = ['train_gpt.py']; runpy.run_path('train_gpt.py', run_name='__main__')")
+
+
 def train_rows() -> list:
     t, nothing = "train", absent("runs")
     return [
+        BadInput(t, "RUN_ID of 300 characters", TRAIN, r"RUN_ID='r{300}': expected a folder name of at most 200 bytes",
+                 env=train_env(RUN_ID="r" * 300), after=nothing),
+        BadInput(t, "OUT_DIR is a symlink loop", TRAIN, r"OUT_DIR='\S+/loop': \S+/loop: Too many levels of symbolic links; "
+                 r"expected a folder for the run folders", env=train_env(OUT_DIR="{d}/loop"),
+                 setup=lambda d: os.symlink("loop", d / "loop")),
+        BadInput(t, "OUT_DIR='~nosuchuser/runs' (~ that cannot be expanded)", TRAIN, r"OUT_DIR='~nosuchuser_pg/runs': '~' "
+                 r"cannot be expanded here \(no such user, or HOME unset\); expected a path",
+                 env=train_env(OUT_DIR="~nosuchuser_pg/runs"), after=no_tilde_folder),
+        BadInput(t, "a folder named like a train shard", TRAIN, r"DATA_PATH=\S+/data: fineweb_train_000001.bin is a folder; "
+                 r"expected a shard file", env=train_env(DATA_PATH="{d}/data"),
+                 setup=both(small_dataset(), replace_shard("fineweb_train_000001.bin", "folder")), after=nothing),
+        BadInput(t, "a dangling symlink as a train shard", TRAIN, r"DATA_PATH=\S+/data: fineweb_train_000001.bin is a "
+                 r"dangling symlink \(to missing.bin\); expected a shard file", env=train_env(DATA_PATH="{d}/data"),
+                 setup=both(small_dataset(), replace_shard("fineweb_train_000001.bin", "dangling")), after=nothing),
+        BadInput(t, "a val shard copied over a train shard (no manifest)", TRAIN, r"DATA_PATH='\S+/data': train shard "
+                 r"fineweb_train_000001.bin is the val shard fineweb_val_000000.bin \(same bytes\); expected train shards "
+                 r"disjoint from the val split", env=train_env(DATA_PATH="{d}/data"),
+                 setup=both(small_dataset(), replace_shard("fineweb_train_000001.bin", "copy")), after=nothing),
+        BadInput(t, "a train shard whose count is not the manifest's", TRAIN, r"manifest \S+/data/manifest.json: the train "
+                 r"shards hold 1,803 tokens; the manifest says 1,802: a shard was replaced or changed",
+                 env=train_env(DATA_PATH="{d}/data"), setup=both(small_dataset(), small_manifest(train_tokens=1802)),
+                 after=nothing),
+        BadInput(t, "TOKENIZER_PATH not the tokenizer of the data's manifest", TRAIN, r"TOKENIZER_PATH='\S+': sha256 "
+                 r"[0-9a-f]{16}\.\.\. is not the tokenizer_sha256 0{16}\.\.\. of \S+/data/manifest.json; expected the "
+                 r"tokenizer the data was made with \(other_1024.model\)", env=train_env(DATA_PATH="{d}/data"),
+                 setup=both(small_dataset(), small_manifest("0" * 64)), after=nothing),
+        BadInput(t, "RUN_ID of a trainer still running", TRAIN, r"RUN_ID='r': \S+/runs/r is being written by another run "
+                 r"\(pid \d+ on testhost since 2026-01-01T00:00:00Z\); expected a RUN_ID no running process uses",
+                 env=train_env(), setup=running_run, after=absent("runs/r/train.log")),
+        BadInput(t, "RESUME=1 on a run that finished", TRAIN, r"RESUME=True: \S+/runs/r holds a run that finished "
+                 r"\(result.json status ok\); nothing to resume", env=train_env(RESUME=1, MAX_WALLCLOCK_SECONDS=0),
+                 setup=both(finished_run, write("runs/r/checkpoint.pt", b"ckpt")),
+                 after=unchanged("runs/r/result.json", '{"status": "ok"}\n')),
+        BadInput(t, "a file-size limit (ulimit -f) below the run's files", FSIZE_LIMITED, r"ulimit -f: files are limited "
+                 r"to 20,000 bytes; this run's trained weights take [\d,]+ bytes \(kept as trained.safetensors",
+                 env=train_env(), after=nothing),
         BadInput(t, "ITERATIONS=inf", TRAIN, r"ITERATIONS='inf': expected a whole number", env=train_env(ITERATIONS="inf"),
                  after=nothing),
         BadInput(t, "ITERATIONS=1e400", TRAIN, r"ITERATIONS='1e400': expected a whole number",

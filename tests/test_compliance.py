@@ -5,6 +5,7 @@ Unit tests drive `check_compliance` with the real training loader on copies of t
 leaky dataset shows the flag reaching result.json and the log.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -91,7 +92,10 @@ def test_a_train_shard_that_is_a_val_shard_fails_val_not_seen_in_training(data, 
     assert flags["val_not_seen_in_training"] is False and flags["splits_disjoint"] is None
     # the evidence is the opened files: without the linked one the flag holds
     others = {p for p in opened_by_the_loader(data, 1) if p != train0}
-    assert others and check_compliance(good_summary(data), str(data), None, others)["val_not_seen_in_training"] is True
+    # without a manifest of document hashes a clean set of opened shards proves nothing: unverified, never True
+    flags = check_compliance(good_summary(data), str(data), None, others)
+    assert others and flags["val_not_seen_in_training"] is None and flags["splits_disjoint"] is None
+    assert "val_not_seen_in_training and splits_disjoint not checked" in flags["unverified"]
 
 
 def test_a_shard_the_manifest_lists_as_val_fails_val_not_seen_in_training(data):
@@ -119,22 +123,90 @@ def test_no_shard_opened_is_no_evidence(data):
     assert check_compliance(good_summary(data), str(data), None, set())["val_not_seen_in_training"] is False
 
 
+def set_env(monkeypatch, env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+@pytest.mark.parametrize("how", ["symlink", "copy"])
+@pytest.mark.parametrize("manifest", ["manifest", "manifest with counts that add up", "no manifest"])
+def test_a_val_contaminated_shard_set_is_refused_before_anything_is_written(tiny_dataset, sp1024_model, tmp_path,
+                                                                            monkeypatch, manifest, how):
+    """Before: a val shard copied over a train shard trained on val, and both flags said True."""
+    from test_train import trainer_env
+
+    data = copy_dataset(tiny_dataset, tmp_path / "data", manifest=manifest != "no manifest")
+    train0, val = data / "fineweb_train_000000.bin", list_shards(data, "val")[0]
+    train0.unlink()
+    os.symlink(val, train0) if how == "symlink" else shutil.copyfile(val, train0)
+    if manifest == "manifest with counts that add up":  # e.g. shards of equal size: the bytes give it away
+        info = json.loads((data / "manifest.json").read_text())
+        info["splits"]["train"]["num_tokens"] = sum(read_shard_header(data / n) for n in info["splits"]["train"]["shards"])
+        info.pop("shard_tokens")
+        (data / "manifest.json").write_text(json.dumps(info))
+    set_env(monkeypatch, trainer_env(data, sp1024_model, tmp_path / "runs", RUN_ID="leaky", ITERATIONS=2,
+                                     SKIP_FINAL_EVAL=1))
+    if manifest == "manifest":  # the count of the train split no longer adds up
+        message = (rf"manifest {data}/manifest.json: the train shards hold [\d,]+ tokens \(fineweb_train_000000.bin holds "
+                   r"[\d,]+, expected 65,536\); the manifest says [\d,]+: a shard was replaced")
+    else:
+        message = (rf"DATA_PATH='{data}': train shard fineweb_train_000000.bin is the val shard {val.name} \(same bytes\)"
+                   "; expected train shards disjoint from the val split")
+    with pytest.raises(ValueError, match=message):
+        train_gpt.main()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_manifest_whose_counts_do_not_add_up_is_refused(data):
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["splits"]["val"]["num_tokens"] += 1
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r"the val shards hold [\d,]+ tokens; the manifest says [\d,]+: a shard was"):
+        check_data_manifest(data, vocab_size=1024, **QUIET)
+
+
 @pytest.mark.slow
-def test_a_run_on_a_leaky_dataset_reports_it_in_result_json(tiny_dataset, sp1024_model, tmp_path, monkeypatch, capsys):
-    """Before: val_not_seen_in_training was the constant True."""
+def test_a_clean_run_without_manifest_says_the_split_flags_are_unverified(tiny_dataset, sp1024_model, tmp_path,
+                                                                         monkeypatch, capsys):
+    """Before: without a manifest val_not_seen_in_training said True from file names alone."""
     from test_train import trainer_env
 
     data = copy_dataset(tiny_dataset, tmp_path / "data", manifest=False)
-    train0 = data / "fineweb_train_000000.bin"
-    train0.unlink()
-    os.symlink(list_shards(data, "val")[0], train0)
-    env = trainer_env(data, sp1024_model, tmp_path / "runs", RUN_ID="leaky", ITERATIONS=2, SKIP_FINAL_EVAL=1)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    set_env(monkeypatch, trainer_env(data, sp1024_model, tmp_path / "runs", RUN_ID="plain", ITERATIONS=2,
+                                     SKIP_FINAL_EVAL=1))
     assert train_gpt.main() == 0
-    result = json.loads((tmp_path / "runs" / "leaky" / "result.json").read_text())
+    result = json.loads((tmp_path / "runs" / "plain" / "result.json").read_text())
     assert result["train_shards"] == ["fineweb_train_000000.bin"]
-    assert result["compliance"] == dict(train_time_ok=True, eval_time_ok=False, bytes_ok=True, full_val_split=False,
-                                        val_not_seen_in_training=False, splits_disjoint=None)
-    assert ("compliance: train_time_ok:True eval_time_ok:False bytes_ok:True full_val_split:False "
-            "val_not_seen_in_training:False splits_disjoint:None") in capsys.readouterr().out
+    flags = result["compliance"]
+    assert {k: flags[k] for k in ("val_not_seen_in_training", "splits_disjoint", "bytes_ok")} == dict(
+        val_not_seen_in_training=None, splits_disjoint=None, bytes_ok=True)
+    assert flags["unverified"].startswith(f"no manifest.json with the document hashes of both splits in DATA_PATH={data}")
+    out = capsys.readouterr().out
+    assert "val_not_seen_in_training:unverified splits_disjoint:unverified" in out and "compliance unverified: " in out
+    # the run is bound to its inputs: the tokenizer's sha256, no manifest
+    assert result["inputs"] == dict(tokenizer_sha256=hashlib.sha256(sp1024_model.read_bytes()).hexdigest(),
+                                    manifest_sha256=None)
+
+
+def other_tokenizer(docs, path, vocab_size=1024):
+    """A SentencePiece model with the same number of ids as sp1024, trained on other text: not the data's."""
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(docs), model_prefix=str(path.with_suffix("")),
+                                   vocab_size=vocab_size, model_type="bpe", byte_fallback=True, minloglevel=2)
+    return path
+
+
+def test_a_tokenizer_that_is_not_the_manifests_is_refused(tiny_dataset, sp1024_model, real_text_docs, tmp_path,
+                                                          monkeypatch):
+    """Before: val_bpb 5.82 instead of 3.69 with status ok: the manifest's tokenizer_sha256 was never compared."""
+    from test_train import trainer_env
+
+    tok = other_tokenizer([d[::-1] for d in real_text_docs], tmp_path / "other.model")
+    set_env(monkeypatch, trainer_env(tiny_dataset, tok, tmp_path / "runs", RUN_ID="tok"))
+    want = json.loads((tiny_dataset / "manifest.json").read_text())["tokenizer_sha256"]
+    with pytest.raises(ValueError, match=rf"TOKENIZER_PATH='{tok}': sha256 [0-9a-f]{{16}}\.\.\. is not the "
+                                         rf"tokenizer_sha256 {want[:16]}\.\.\. of {tiny_dataset}/manifest.json; expected "
+                                         rf"the tokenizer the data was made with \({sp1024_model.name}\)"):
+        train_gpt.main()
+    assert not (tmp_path / "runs").exists()

@@ -260,3 +260,13 @@ def test_escaping_run_id_writes_nothing(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "error: RUN_ID='../../escaped_run': expected a folder name" in proc.stderr
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["a", "a/b"]
+
+
+def test_a_path_setting_starting_with_tilde_is_expanded(monkeypatch, tmp_path):
+    """Before: OUT_DIR="~/runs" (quoted: the shell leaves ~ alone) made a literal `~` folder in the repo."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    hp = Hyperparameters.from_env({"OUT_DIR": "~/runs", "DATA_PATH": "~/data", "TOKENIZER_PATH": "~/t.model",
+                                   "RUN_ID": "r"}, log=lambda *_: None)
+    assert (hp.out_dir, hp.data_path, hp.tokenizer_path) == (f"{tmp_path}/runs", f"{tmp_path}/data", f"{tmp_path}/t.model")
+    with pytest.raises(ValueError, match=r"^OUT_DIR='~nosuchuser_pg/x': '~' cannot be expanded here"):
+        Hyperparameters.from_env({"OUT_DIR": "~nosuchuser_pg/x"}, log=lambda *_: None)

@@ -122,7 +122,7 @@ def test_a_second_signal_exits_at_once_and_leaves_nothing_half_written(tiny_data
 
     rc, out, err = signal_at(env, "^final_prequant_exact", (signal.SIGTERM, signal.SIGTERM),
                              gap_seconds=SECOND_SIGNAL_AFTER_SECONDS + 0.5)
-    assert rc == 128 + signal.SIGTERM and "Traceback" not in err, err[-2000:]
+    assert rc == 128 + signal.SIGTERM and "Traceback" not in err, out[-1500:] + err[-2000:]
     run_dir = tmp_path / "twice"
     # whatever made it to disk is whole: files appear by rename only
     for name in ("result.json", "trained.safetensors", "final_model.ptz"):
@@ -152,6 +152,10 @@ def test_a_finished_run_folder_is_refused_and_resume_needs_something_to_resume(u
         f"error: RUN_ID='done': {run_dir} holds a finished run (result.json, final_model.ptz); expected a new RUN_ID "
         "(or RESUME=1 to finish an interrupted run)"], proc.stderr
     assert (run_dir / "train.log").read_text() == log
+    proc = run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="done", RESUME=1), check=False)
+    assert proc.returncode == 2 and f"{run_dir} holds a run that finished (result.json status ok)" in proc.stderr
+    assert (run_dir / "train.log").read_text() == log
+    (run_dir / "result.json").unlink()  # no result: RESUME=1 needs something to resume
     proc = run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="done", RESUME=1), check=False)
     assert proc.returncode == 2 and "has no trained.safetensors or checkpoint.pt" in proc.stderr
     assert (run_dir / "train.log").read_text() == log
@@ -216,4 +220,107 @@ def test_sighup_in_training_stops_after_the_step_and_says_so(tiny_dataset, sp102
     result = read_result(tmp_path, "hup")
     assert result["status"] == "stopped_by_signal" and result["phase"] == "train" and result["signal"] == "SIGHUP"
     assert 2 <= result["steps"] < 200 and "next_command" not in result
-    assert sorted(p.name for p in (tmp_path / "hup").iterdir()) == ["result.json", "train.log"]
+    assert sorted(p.name for p in (tmp_path / "hup").iterdir()) == ["result.json", "run.lock", "run_settings.json",
+                                                                    "train.log"]
+
+
+def no_room_in(folder: Path, real, names=("final_model.ptz", "trained.safetensors", "result.json")):
+    """A stand-in for an atomic writer that fails with ENOSPC (disk full) for the files `names` under `folder`."""
+    import errno
+
+    def write(path, *args, **kwargs):
+        if Path(path).resolve().is_relative_to(folder.resolve()) and Path(path).name in names:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, *args, **kwargs)
+    return write
+
+
+def finish_with(command: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", command], env=settings_free_env(env), cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_disk_full_in_the_export_keeps_the_weights_and_says_how_to_finish(monkeypatch, tiny_dataset, sp1024_model,
+                                                                         tmp_path, capsys):
+    """Before: exit 1 with a traceback, no next command in result.json, and the trained weights lost."""
+    import quant.artifact
+    from tests.test_after_training import run_main_in_process
+    from trainer.files import atomic_write_bytes
+
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train_gpt.py")])  # next_command names the entry point it ran
+    monkeypatch.setattr(quant.artifact, "atomic_write_bytes", no_room_in(tmp_path / "full", atomic_write_bytes))
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path / "full", "full") == 1
+    run_dir = tmp_path / "full" / "full"
+    result = read_result(tmp_path / "full", "full")
+    assert result["status"] == "no_room" and result["phase"] == "export" and "val_bpb_prequant" in result
+    assert result["error"] == f"OSError: [Errno 28] No space left on device: '{run_dir / 'final_model.ptz'}'"
+    assert result["trained_path"] == str(run_dir / "trained.safetensors") and not (run_dir / "final_model.ptz").exists()
+    err = capsys.readouterr().err
+    assert f"trained weights kept in {run_dir / 'trained.safetensors'}; result: {run_dir / 'result.json'}" in err
+    assert f"then finish with: {result['next_command']}" in err and "Traceback" not in err
+    no_temp_files(run_dir)
+    monkeypatch.undo()
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path / "full", RUN_ID="full", ITERATIONS=4, **SIGNAL_ENV)
+    proc = finish_with(result["next_command"], env)
+    assert proc.returncode == 0 and "resumed after training from" in proc.stdout, proc.stderr[-3000:]
+    done = read_result(tmp_path / "full", "full")
+    assert done["status"] == "ok" and done["resumed_after_training"] and done["steps"] == result["steps"] == 4
+    assert done["train_losses"] == result["train_losses"] and done["val_bpb_prequant"] == result["val_bpb_prequant"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_a_run_folder_with_no_room_keeps_the_weights_in_the_temp_dir(monkeypatch, tiny_dataset, sp1024_model, tmp_path,
+                                                                     capsys):
+    import tempfile
+
+    import quant.artifact
+    import trainer.files
+    import trainer.interrupt
+    from tests.test_after_training import run_main_in_process
+    from trainer.files import atomic_write_bytes, atomic_write_json
+
+    out, spare = tmp_path / "out", tmp_path / "tmp"
+    monkeypatch.setattr(tempfile, "tempdir", str(spare))
+    monkeypatch.setattr(sys, "argv", [str(REPO / "train_gpt.py")])
+    full = no_room_in(out, atomic_write_bytes)
+    monkeypatch.setattr(quant.artifact, "atomic_write_bytes", full)
+    monkeypatch.setattr(trainer.interrupt, "atomic_write_bytes", full)  # trained.safetensors
+    monkeypatch.setattr(trainer.files, "atomic_write_bytes", full)  # result.json (atomic_write_json)
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, out, "r") == 1
+    kept = spare / "parameter-golf" / "r"
+    result = json.loads((kept / "result.json").read_text())
+    assert not (out / "r" / "result.json").exists() and not (out / "r" / "trained.safetensors").exists()
+    assert result["status"] == "no_room" and result["trained_path"] == str(kept / "trained.safetensors")
+    assert result["next_command"].startswith(f"mv {kept / 'trained.safetensors'} {out / 'r' / 'trained.safetensors'} && ")
+    err = capsys.readouterr().err
+    assert f"trained weights kept in {kept / 'trained.safetensors'}; result: {kept / 'result.json'}" in err
+    monkeypatch.undo()
+    assert atomic_write_json is trainer.files.atomic_write_json
+    env = trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="r", ITERATIONS=4, **SIGNAL_ENV)
+    proc = finish_with(result["next_command"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert read_result(out, "r")["status"] == "ok" and (out / "r" / "final_model.ptz").is_file()
+
+
+def test_a_file_size_limit_below_the_weights_is_refused_before_anything_is_written(tiny_dataset, sp1024_model,
+                                                                                     tmp_path):
+    """A real `ulimit -f`: train.log would fit, the trained weights would not; refused before the run folder exists
+    (before: the run trained, then lost everything with a traceback)."""
+    import resource
+
+    limit = 600_000  # train.log ~0.25 MB fits; the 256-wide model's float32 weights do not
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="big", MODEL_DIM=256, NUM_HEADS=4, NUM_KV_HEADS=2,
+                      ITERATIONS=2, **SIGNAL_ENV)
+    proc = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    m = re.fullmatch(rf"error: ulimit -f: files are limited to {limit:,} bytes; this run's trained weights take ([\d,]+) "
+                     r"bytes \(kept as trained.safetensors so that a failed export can be finished\); expected a larger "
+                     r"file-size limit \(ulimit -f unlimited\)", lines[0])
+    assert m and int(m.group(1).replace(",", "")) > 2 * limit, lines
+    assert not (tmp_path / "big").exists()

@@ -1,5 +1,7 @@
 """Input checks before the clock starts, and the compliance flags of a finished run."""
 
+import filecmp
+import hashlib
 import json
 import math
 import os
@@ -35,11 +37,18 @@ def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
     wallclock cap, x TRAIN_BATCH_TOKENS); logs a WARNING when the shards hold fewer, since the loader
     then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same budget); a note instead
     for the offline sample (tools/prepare_data.py sample), which is small by design. Raises
-    ValueError naming DATA_PATH and the shard when any train shard holds an id >= VOCAB_SIZE: every
-    shard is checked here, before the clock, not when the loader reaches it."""
+    ValueError naming DATA_PATH and the shard when any train shard holds an id >= VOCAB_SIZE or is a
+    val shard (the same file, or a copy: same bytes): every shard is checked here, before the clock,
+    not when the loader reaches it."""
     held = 0
+    val_files = [p for p in list_shards(hp.data_path, "val") if read_shard_header(p)]
     for path in list_shards(hp.data_path, "train"):
         num_tokens = read_shard_header(path)
+        same = [v for v in val_files if num_tokens and os.path.getsize(v) == os.path.getsize(path)
+                and filecmp.cmp(v, path, shallow=False)]  # stops at the first differing block
+        if same:
+            raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} is the val shard {same[0].name} (same "
+                             "bytes); expected train shards disjoint from the val split (training on val is not scored)")
         top_id = max_shard_id(path, num_tokens)
         if top_id >= hp.vocab_size:
             raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} holds token id {top_id}; expected ids "
@@ -77,7 +86,12 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
                          "expected a SentencePiece .model file") from None
     if sp.vocab_size() != hp.vocab_size:
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
-    manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log)
+    inputs = run_inputs(hp)
+    try:
+        manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log,
+                                       tokenizer_sha256=inputs["tokenizer_sha256"])
+    except ValueError as err:
+        raise ValueError(str(err).replace("TOKENIZER_PATH:", f"TOKENIZER_PATH={hp.tokenizer_path!r}:", 1)) from None
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
     if hp.ttt_enabled and hp.ttt_batch_seqs % ctx.world_size:
         raise ValueError(f"TTT_BATCH_SEQS={hp.ttt_batch_seqs}: expected a multiple of the world size {ctx.world_size} "
@@ -87,12 +101,39 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
             select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
     if hp.checkpoint_every or hp.resume:
         kit_module("tools.checkpoint")
+    check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)
     num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
                          f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
-    return sp, manifest, min(num_val, hp.val_max_tokens + 1) if hp.val_max_tokens else num_val
+    return sp, manifest, min(num_val, hp.val_max_tokens + 1) if hp.val_max_tokens else num_val, inputs
+
+
+def check_file_size_limit(hp: Hyperparameters) -> None:
+    """ValueError when the process's file-size limit (`ulimit -f`, RLIMIT_FSIZE) is below the bytes of
+    the model's weights (float32 state dict, from the settings on the meta device: nothing
+    allocated): the run could not keep its trained weights (trained.safetensors) when the export
+    fails, so it would train for nothing."""
+    import resource
+
+    limit_bytes = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit_bytes == resource.RLIM_INFINITY:
+        return
+    with torch.device("meta"):
+        weight_bytes = sum(4 * t.numel() for t in GPT(**build_model_config(hp)).state_dict().values())
+    if limit_bytes < weight_bytes:
+        raise ValueError(f"ulimit -f: files are limited to {limit_bytes:,} bytes; this run's trained weights take "
+                         f"{weight_bytes:,} bytes (kept as trained.safetensors so that a failed export can be finished); "
+                         "expected a larger file-size limit (ulimit -f unlimited)")
+
+
+def run_inputs(hp: Hyperparameters) -> dict:
+    """What the run's numbers are bound to besides its settings: the sha256 (hex) of TOKENIZER_PATH
+    and of DATA_PATH/manifest.json (None without one)."""
+    digest = lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest()  # noqa: E731
+    manifest = Path(hp.data_path) / "manifest.json"
+    return dict(tokenizer_sha256=digest(hp.tokenizer_path), manifest_sha256=digest(manifest) if manifest.is_file() else None)
 
 
 def check_compliance(summary: dict, data_path: str, manifest, train_files) -> dict:
@@ -102,21 +143,28 @@ def check_compliance(summary: dict, data_path: str, manifest, train_files) -> di
     eval_time_ok: eval_seconds (artifact load + roundtrip + sliding) <= 600; bytes_ok: bytes_total
     (shipped code + artifact) <= 16,000,000 (the challenge's, whatever BYTE_BUDGET was; the export
     enforces BYTE_BUDGET itself); full_val_split: the score covered every token of the val shards
-    (their headers' counts); val_not_seen_in_training: none of `train_files` (the shards the training
-    loader opened) is a val shard: the same file (device and inode, so links count) as a
-    fineweb_val_*.bin or, with a manifest, as a shard its val split lists; splits_disjoint: the
-    manifest's train and val document hashes are disjoint (check_data_manifest), none of its train
-    shards is a val shard and the loader opened only shards its train split lists (None without a
-    manifest that has document hashes).
+    (their headers' counts); val_not_seen_in_training: False when one of `train_files` (the shards
+    the training loader opened) is a val shard: the same file (device and inode, so links count) as
+    a fineweb_val_*.bin or, with a manifest, as a shard its val split lists; True only with a
+    manifest whose document hashes prove the splits disjoint (`manifest` not None), else None:
+    unverified (a val document inside a train shard cannot be seen without them), and the entry
+    `unverified` says why; splits_disjoint: the manifest's train and val document hashes are
+    disjoint (check_data_manifest), none of its train shards is a val shard and the loader opened
+    only shards its train split lists (None without such a manifest).
     """
     ident = lambda path: os.stat(path)[1:3]  # (inode, device)
     listed = lambda split: {ident(Path(data_path) / n) for n in manifest["splits"][split]["shards"]} if manifest else set()
     val_files, opened = list_shards(data_path, "val"), {ident(p) for p in train_files}
     val = {ident(p) for p in val_files} | listed("val")
-    return dict(
+    seen = not opened or bool(opened & val)
+    flags = dict(
         train_time_ok=summary.get("train_seconds", math.inf) <= 600,
         eval_time_ok=summary.get("eval_seconds", math.inf) <= 600,
         bytes_ok=summary.get("bytes_total", math.inf) <= 16_000_000,
         full_val_split=summary.get("val_tokens") == sum(map(read_shard_header, val_files)),
-        val_not_seen_in_training=bool(opened) and not opened & val,
+        val_not_seen_in_training=False if seen else None if manifest is None else True,
         splits_disjoint=None if manifest is None else opened <= listed("train") and not listed("train") & val)
+    if manifest is None and not seen:
+        flags["unverified"] = (f"no manifest.json with the document hashes of both splits in DATA_PATH={data_path}: "
+                               "val_not_seen_in_training and splits_disjoint not checked (no val shard file was read)")
+    return flags

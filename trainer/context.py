@@ -6,6 +6,7 @@ import importlib
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,9 @@ class RunContext:
     compile: bool = False  # torch.compile the model, Muon's Newton-Schulz and the eval forward
     log_file: object = None
     pending: list = dataclasses.field(default_factory=list)  # lines logged before train.log is opened
+    lock: object = None  # the run folder's lock file, held open by rank 0 (trainer/runfolder.py)
+    log_error: object = None  # the OSError that stopped train.log (a full disk, a file-size limit)
+    log_opened: bool = False  # train.log's header is written: a later write error only warns
 
     @property
     def is_main(self) -> bool:
@@ -39,10 +43,19 @@ class RunContext:
         if console:
             print(msg, flush=True)
         if self.log_file is None:
-            self.pending.append(msg)
+            if self.log_error is None:
+                self.pending.append(msg)
             return
-        self.log_file.write(msg + "\n")
-        self.log_file.flush()
+        try:
+            self.log_file.write(msg + "\n")
+            self.log_file.flush()
+        except OSError as err:  # the run goes on, logging to the console: its numbers still reach result.json
+            with contextlib.suppress(OSError):  # closed now: its unwritten buffer is not flushed again at exit
+                self.log_file.close()
+            self.log_file, self.log_error = None, err
+            if self.log_opened:
+                print(f"WARNING: train.log: cannot write ({err.strerror or err}): the rest of the log is on the console "
+                      "only", file=sys.stderr, flush=True)
 
     def autocast(self):
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)

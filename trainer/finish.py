@@ -143,7 +143,10 @@ def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, tr
         return
     try:
         flags = check_compliance(summary, data_path, manifest, train_files)
-        ctx.log(f"compliance: {' '.join(f'{k}:{v}' for k, v in flags.items())}")
+        shown = {k: "unverified" if v is None and "unverified" in flags else v for k, v in flags.items()}
+        ctx.log(f"compliance: {' '.join(f'{k}:{v}' for k, v in shown.items() if k != 'unverified')}")
+        if "unverified" in flags:
+            ctx.log(f"compliance unverified: {flags['unverified']}")
     except OSError as err:  # the data changed under the run: no flags, and make_record refuses it
         flags = {"error": str(err)}
     atomic_write_json(ctx.run_dir / "result.json", {**summary, "compliance": flags})

@@ -14,11 +14,13 @@ uninterrupted run (tests/test_interrupt.py).
 """
 
 import contextlib
+import errno
 import json
 import os
 import shlex
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,6 +36,8 @@ HESSIAN_PREFIX = "gptq_hessian."
 # A repeat within this many seconds is the same stop, not a second one: Ctrl-C reaches every process of
 # the terminal's group and torchrun (or tools/sweep.py) then forwards a SIGTERM of its own at once.
 SECOND_SIGNAL_AFTER_SECONDS = 2.0
+# a write that failed for want of room: a full disk, a quota, a file-size limit (ulimit -f)
+NO_ROOM_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
 class RunInterrupted(BaseException):
@@ -129,6 +133,85 @@ def load_trained(path: Path, model, config: dict) -> dict:
     return json.loads(meta["trained"])
 
 
+def no_room(err: BaseException) -> bool:
+    """True for an OSError of a write that found no room (NO_ROOM_ERRNOS)."""
+    return isinstance(err, OSError) and err.errno in NO_ROOM_ERRNOS
+
+
+def fallback_dir(hp: Hyperparameters) -> Path:
+    """Where a run keeps what does not fit in its folder: the system temp dir (TMPDIR), per RUN_ID."""
+    return Path(tempfile.gettempdir()) / "parameter-golf" / hp.run_id
+
+
+def keep_trained(ctx, hp: Hyperparameters, model, *, config: dict, trained: dict, resumed: bool = False):
+    """Save the trained weights (save_trained) in the run folder, else in fallback_dir when the run
+    folder has no room; returns the path written (a resumed run's own file when it has one), or the
+    OSError of the last place tried."""
+    path = ctx.run_dir / TRAINED_FILE
+    if resumed and path.is_file():
+        return path
+    for place in (path, fallback_dir(hp) / TRAINED_FILE):
+        try:
+            place.parent.mkdir(parents=True, exist_ok=True)
+            save_trained(place, model, config=config, trained=trained)
+            return place
+        except OSError as err:
+            failed = err
+    return failed
+
+
+def finish_command(ctx, hp: Hyperparameters, kept: Path) -> str:
+    """The RESUME=1 command, moving the kept weights into the run folder first when they are elsewhere."""
+    command = resume_command(hp, ctx.world_size)
+    home = ctx.run_dir / TRAINED_FILE
+    return command if kept == home else f"mv {shlex.quote(str(kept))} {shlex.quote(str(home))} && {command}"
+
+
+def record_somewhere(ctx, hp: Hyperparameters, summary: dict, record) -> Path:
+    """result.json in the run folder, else (no room) beside the kept weights in fallback_dir; returns where."""
+    try:
+        record(summary)
+        return ctx.run_dir / "result.json"
+    except OSError as err:
+        if not no_room(err):
+            raise
+    from trainer.files import atomic_write_json
+
+    path = fallback_dir(hp) / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, summary)
+    return path
+
+
+def no_room_after_training(ctx, hp: Hyperparameters, err: OSError, summary: dict, record, *, model, config: dict,
+                           trained: dict) -> int:
+    """A write after training found no room (a full disk, a file-size limit): keep the trained weights
+    where they fit (keep_trained), result.json with status `no_room`, the error, where the weights
+    are and the command that finishes the run, on stderr too (train.log may be what filled up);
+    returns 1. Raises OSError (one line at the entry) when nothing could be written anywhere."""
+    kept = keep_trained(ctx, hp, model, config=config, trained=trained,
+                        resumed=summary.get("resumed_after_training", False)) if ctx.is_main else ctx.run_dir / TRAINED_FILE
+    summary.update(status="no_room", error=f"OSError: {err}")
+    if isinstance(kept, OSError):
+        summary["error"] += f"; the trained weights could not be kept either ({kept})"
+    else:
+        summary.update(trained_path=str(kept), next_command=finish_command(ctx, hp, kept))
+    if not ctx.is_main:
+        return 1
+    kept_where = f"not kept ({kept})" if isinstance(kept, OSError) else f"kept in {kept}"
+    try:
+        result = record_somewhere(ctx, hp, summary, record)
+    except OSError as again:
+        result = f"not written ({again})"
+    lines = [f"ERROR: no room to write after training ({err}); trained weights {kept_where}; result: {result}"]
+    if "next_command" in summary:
+        lines.append(f"free some space (or raise the file-size limit), then finish with: {summary['next_command']}")
+    for line in lines:
+        ctx.log(line, console=False)
+        print(line, file=sys.stderr, flush=True)
+    return 1
+
+
 def stopped_in_training(ctx, hp: Hyperparameters, signum: int, summary: dict, record) -> int:
     """A signal stopped the training loop (checkpointed with CHECKPOINT_EVERY): result.json says so,
     with the RESUME=1 command when the checkpoint can continue it; returns 128 + signum."""
@@ -151,11 +234,16 @@ def interrupted_after_training(ctx, hp: Hyperparameters, signum: int, summary: d
     if "bytes_model" in summary and Path(summary["artifact_path"]).is_file():
         summary["score_command"] = score
     if ctx.is_main:
-        if not summary.get("resumed_after_training"):
-            save_trained(path, model, config=config, trained=trained)
-        ctx.log(f"interrupted by {summary['signal']} in phase {summary['phase']}: trained weights in {path}; "
-                f"finish with: {summary['next_command']}")
-    record(summary)
+        kept = keep_trained(ctx, hp, model, config=config, trained=trained,
+                            resumed=summary.get("resumed_after_training", False))
+        if isinstance(kept, OSError):
+            summary.update(trained_path=None, error=f"the trained weights could not be kept ({kept})")
+            summary.pop("next_command")
+        elif kept != path:
+            summary.update(trained_path=str(kept), next_command=finish_command(ctx, hp, kept))
+        ctx.log(f"interrupted by {summary['signal']} in phase {summary['phase']}: trained weights in "
+                f"{summary['trained_path']}; finish with: {summary.get('next_command')}")
+    record_somewhere(ctx, hp, summary, record)
     return 128 + signum
 
 

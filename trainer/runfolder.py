@@ -2,22 +2,50 @@
 
 A finished run's folder (result.json or final_model.ptz in it) is never written into unless
 RESUME=1: a typo'd or reused RUN_ID would otherwise overwrite the train.log a record is built from.
+One process writes a run folder: rank 0 holds an OS lock on its `run.lock` (released by the OS when
+the process dies), and a second run with the same RUN_ID is refused, naming the holder. A run's
+settings and inputs are bound to its folder (`run_settings.json`): RESUME=1 refuses any change to
+a setting that decides the weights or the score, and a run that finished (status ok).
 """
 
+import dataclasses
+import datetime
+import errno
+import fcntl
+import json
 import os
+import socket
 from pathlib import Path
 
 from trainer.context import RunContext, log_run_header
+from trainer.files import atomic_write_json
 from trainer.interrupt import TRAINED_FILE
 from trainer.settings import Hyperparameters
 
 FINISHED_MARKS = ("result.json", "final_model.ptz")
+LOCK_FILE = "run.lock"
+SETTINGS_FILE = "run_settings.json"
+HELD_LOCKS = []  # the run folders' lock files this process holds open (lock_run_folder)
+# settings that change only how a run runs, never its weights or its score: RESUME=1 may change them
+RUN_ONLY_SETTINGS = ("run_id", "out_dir", "resume", "num_threads", "train_log_every", "val_loss_every",
+                     "checkpoint_every", "save_prequant")
 
 
 def check_out_dir(out_dir: str) -> None:
     """ValueError naming OUT_DIR unless it is (or can be made as) a writable folder."""
     path = Path(out_dir)
-    existing = next(p for p in (path, *path.parents) if p.exists())  # "." or "/" at the latest
+    for p in (path, *path.parents):  # the deepest part that exists: "." or "/" at the latest
+        try:
+            p.stat()
+            existing = p
+            break
+        except FileNotFoundError:
+            if p.is_symlink():
+                raise ValueError(f"OUT_DIR={out_dir!r}: {p} is a dangling symlink (to {os.readlink(p)}); expected a "
+                                 "folder for the run folders") from None
+        except OSError as err:  # a symlink loop, a name too long, no permission to look
+            raise ValueError(f"OUT_DIR={out_dir!r}: {p}: {err.strerror or err}; expected a folder for the run "
+                             "folders") from None
     if not existing.is_dir():
         where = "is a file" if existing == path else f"{existing} is a file"
         raise ValueError(f"OUT_DIR={out_dir!r}: {where}; expected a folder for the run folders")
@@ -42,6 +70,9 @@ def check_run_folder(hp: Hyperparameters) -> str:
                          "RUN_ID (or RESUME=1 to finish an interrupted run)")
     if not hp.resume:
         return ""
+    if read_json(run_dir / "result.json").get("status") == "ok":
+        raise ValueError(f"RESUME={hp.resume!r}: {run_dir} holds a run that finished (result.json status ok); nothing "
+                         "to resume, and its result is kept (expected the folder of an interrupted run)")
     if (run_dir / TRAINED_FILE).is_file():
         return "trained"
     if not (run_dir / "checkpoint.pt").is_file():
@@ -53,15 +84,107 @@ def check_run_folder(hp: Hyperparameters) -> str:
     return "checkpoint"
 
 
-def open_run_log(ctx: RunContext, hp: Hyperparameters) -> None:
-    """Make the run folder and open train.log (appended to when resuming): the header first, then
-    the lines logged by the input checks before it existed."""
+def read_json(path: Path) -> dict:
+    """The JSON object in `path`; {} when absent or unreadable (an interrupted write never leaves one:
+    files are renamed into place)."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def run_binding(hp: Hyperparameters, inputs: dict, environ=None) -> dict:
+    """What decides a run's weights and score: every setting but RUN_ONLY_SETTINGS, the QUANT_*
+    variables of `environ` (default os.environ) and `inputs` (tokenizer and manifest sha256)."""
+    environ = os.environ if environ is None else environ
+    settings = {k: v for k, v in dataclasses.asdict(hp).items() if k not in RUN_ONLY_SETTINGS}
+    quant = {k: v for k, v in sorted(environ.items()) if k.startswith("QUANT_")}
+    return json.loads(json.dumps(dict(settings=settings, quant_env=quant, inputs=inputs)))
+
+
+def check_resume_binding(run_dir: Path, binding: dict) -> None:
+    """ValueError naming the first setting (or input) whose value differs from the interrupted
+    run's, with both values: resuming would mix two recipes in one result."""
+    saved = read_json(run_dir / SETTINGS_FILE)
+    if not saved:  # a folder written before run_settings.json existed: its result.json's settings
+        saved = dict(settings=read_json(run_dir / "result.json").get("hyperparameters"))
+        if not saved["settings"]:
+            raise ValueError(f"RESUME=1: {run_dir} has no {SETTINGS_FILE} or result.json: the settings of the "
+                             "interrupted run are unknown; expected the folder of an interrupted run")
+        binding = dict(settings=binding["settings"])
+    for group in ("settings", "quant_env", "inputs"):
+        old, new = saved.get(group) or {}, binding.get(group) or {}
+        for key in sorted(set(old) | set(new)):
+            if group == "settings" and key in RUN_ONLY_SETTINGS:
+                continue
+            if old.get(key, "unset") != new.get(key, "unset"):
+                name = key if group == "quant_env" else key.upper() if group == "settings" else {
+                    "tokenizer_sha256": "TOKENIZER_PATH (its sha256)",
+                    "manifest_sha256": "DATA_PATH (its manifest.json's sha256)"}.get(key, key)
+                raise ValueError(f"RESUME=1: {name} is {new.get(key, 'unset')!r}; the interrupted run in {run_dir} "
+                                 f"had {old.get(key, 'unset')!r}; expected the same value (the weights were trained "
+                                 "with it: its result.json's next_command has every setting)")
+
+
+def release_run_folders() -> None:
+    """Close the lock files this process holds (the OS releases them at exit anyway): for a caller
+    that runs main() in-process and then another run of the same RUN_ID."""
+    while HELD_LOCKS:
+        HELD_LOCKS.pop().close()
+
+
+def lock_run_folder(ctx: RunContext, hp: Hyperparameters):
+    """Make the run folder and take its lock (rank 0): an exclusive flock on `run.lock`, held by the
+    open file until the process ends. ValueError naming RUN_ID and the holder (pid, host, start)
+    when another process holds it; the folder is then checked again under the lock."""
+    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(ctx.run_dir / LOCK_FILE, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        if err.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+            raise ValueError(f"RUN_ID={hp.run_id!r}: {ctx.run_dir / LOCK_FILE}: cannot lock ({err.strerror}); "
+                             "expected a run folder on a file system with locks") from None
+        raise ValueError(f"RUN_ID={hp.run_id!r}: {ctx.run_dir} is being written by another run ({holder}); expected "
+                         "a RUN_ID no running process uses") from None
+    HELD_LOCKS.append(handle)
+    handle.seek(0)
+    handle.truncate()
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {started}\n")
+    handle.flush()
+    return handle
+
+
+def open_run_log(ctx: RunContext, hp: Hyperparameters, inputs: dict = None) -> None:
+    """Lock the run folder (lock_run_folder), check it again under the lock, bind the run to its
+    settings and inputs (run_settings.json; RESUME=1: check_resume_binding), then open train.log
+    (appended to when resuming): the header first, then the lines logged by the input checks before
+    it existed. ValueError naming train.log when it cannot be written (a full disk, `ulimit -f`)."""
     if not ctx.is_main:
         return
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
+    ctx.lock = lock_run_folder(ctx, hp)
+    check_run_folder(hp)  # another run may have finished in this folder since the first check
+    binding = run_binding(hp, inputs or {})
+    if hp.resume:
+        check_resume_binding(ctx.run_dir, binding)
     pending, ctx.pending = ctx.pending, []
-    ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
-    log_run_header(ctx, hp)
-    for line in pending:
-        ctx.log_file.write(line + "\n")
-    ctx.log_file.flush()
+    try:
+        if not hp.resume:
+            atomic_write_json(ctx.run_dir / SETTINGS_FILE, binding)
+        ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
+        log_run_header(ctx, hp)
+        for line in pending:
+            ctx.log(line, console=False)
+        if ctx.log_error:
+            raise ctx.log_error
+        ctx.log_opened = True
+    except OSError as err:
+        ctx.log_file = None
+        where = err.filename or ctx.run_dir / "train.log"
+        raise ValueError(f"RUN_ID={hp.run_id!r}: cannot write {where} ({err.strerror or err}); "
+                         "expected a writable run folder with space (a full disk? a file-size limit, ulimit -f?)") from None

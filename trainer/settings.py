@@ -20,6 +20,9 @@ SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"), (
 SETTINGS_PREFIXES = ("MUON_", "ADAM_", "EVAL_", "QAT_", "EMA_", "TRAIN_", "VAL_", "ROPE_", "XSA_", "MLP_", "WARMDOWN_",
                      "TTT_", "WD_TAPER_", "SMEAR_", "SPARSE_ATTN_", "LOOP_")
 MAX_SECONDS = 1e7  # the largest time setting accepted
+PATH_SETTINGS = ("data_path", "tokenizer_path", "out_dir")
+# a folder name is at most 255 bytes on the usual file systems; the kit's own file names add to it
+MAX_RUN_ID_BYTES = 200
 # standard variables near ours (NUM_THREADS): not typos
 SETTINGS_FOREIGN = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -159,6 +162,12 @@ class Hyperparameters:
             given = [n for n in pair if n.upper() in environ]
             if len(given) == 1:
                 values[pair[pair.index(given[0]) - 1]] = 0
+        for name in PATH_SETTINGS:  # "~/runs" in quotes reaches us unexpanded: never a literal "~" folder
+            if name in values and str(values[name]).startswith("~"):
+                values[name] = os.path.expanduser(values[name])
+                if values[name].startswith("~"):
+                    raise ValueError(f"{name.upper()}={values[name]!r}: '~' cannot be expanded here (no such user, or "
+                                     "HOME unset); expected a path")
         warn_unknown_settings(environ, log)
         if "run_id" not in values:  # unset: a fresh id; set, it must be a folder name (validate)
             values["run_id"] = f"{preset}_{uuid.uuid4().hex[:8]}"
@@ -177,8 +186,10 @@ class Hyperparameters:
         for name, ok, expected in (
             ("VOCAB_SIZE", 0 < self.vocab_size <= 65536, "1..65536 (uint16 tokens)"),
             # RUN_ID names the run's folder under OUT_DIR: nothing may be written outside it
-            ("RUN_ID", self.run_id.strip(".") and not {"/", "\\"} & set(self.run_id),
+            ("RUN_ID", self.run_id.strip(".") and not {"/", "\\", "\0"} & set(self.run_id),
              "a folder name: no '/' or '\\', not empty or dots"),
+            ("RUN_ID", len(self.run_id.encode("utf-8", "surrogateescape")) <= MAX_RUN_ID_BYTES,
+             f"a folder name of at most {MAX_RUN_ID_BYTES} bytes"),
             *((n, getattr(self, n.lower()) > 0, "> 0") for n in (
                 "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_LAYERS", "NUM_HEADS", "NUM_KV_HEADS", "EVAL_STRIDE",
                 "EVAL_BATCH_SEQS", "TRAIN_LOG_EVERY", "EXPECTED_STEPS")),

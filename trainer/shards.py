@@ -75,6 +75,11 @@ def list_shards(data_path, split: str) -> list:
     files = sorted(Path(data_path).glob(f"fineweb_{split}_*.bin"))
     if not files:
         raise ValueError(f"DATA_PATH={data_path}: no fineweb_{split}_*.bin (the {split} split; tools/prepare_data.py makes it)")
+    for path in files:  # a folder or a dangling link named like a shard: one line, not a traceback
+        if not path.is_file():
+            what = ("is a folder" if path.is_dir() else f"is a dangling symlink (to {os.readlink(path)})"
+                    if path.is_symlink() else "is not a regular file")
+            raise ValueError(f"DATA_PATH={data_path}: {path.name} {what}; expected a shard file")
     return files
 
 
@@ -93,7 +98,7 @@ def load_validation_tokens(data_path, vocab_size=None):
     return tokens
 
 
-def check_data_manifest(data_path, vocab_size=None, log=print):
+def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_sha256=None):
     """Validate `data_path/manifest.json` and prove that its train and val documents are disjoint.
 
     Returns the manifest (dict) when the train and val document-hash files were compared and no
@@ -102,7 +107,10 @@ def check_data_manifest(data_path, vocab_size=None, log=print):
     `manifest is not None` means "splits verified disjoint". A hash file holds one 16-hex-char hash
     per line (fixed 17-byte records, compared by numpy without a Python loop). Raises ValueError
     naming the manifest for an unreadable or foreign manifest, a vocab_size other than VOCAB_SIZE,
-    a listed shard or hash file that is missing or malformed, or train/val documents that overlap.
+    a listed shard or hash file that is missing or malformed, a split whose listed shards' header
+    counts do not add up to its `num_tokens` (a shard replaced, e.g. a val shard copied over a train
+    shard), or train/val documents that overlap; and naming TOKENIZER_PATH when `tokenizer_sha256`
+    (the run's tokenizer) is not the manifest's (the data was made with another tokenizer).
     """
     path = Path(data_path) / "manifest.json"
     hashes = []
@@ -120,6 +128,12 @@ def check_data_manifest(data_path, vocab_size=None, log=print):
         except Exception as e:
             raise ValueError(f"manifest {path}: {e}; expected format {SHARD_MANIFEST_FORMAT}, vocab_size "
                              f"VOCAB_SIZE={vocab_size}, the listed files, lines of 16 hex chars") from e
+        want = manifest.get("tokenizer_sha256")
+        if tokenizer_sha256 and want and want != tokenizer_sha256:
+            raise ValueError(f"TOKENIZER_PATH: sha256 {tokenizer_sha256[:16]}... is not the tokenizer_sha256 "
+                             f"{want[:16]}... of {path}; expected the tokenizer the data was made with "
+                             f"({manifest.get('tokenizer', 'named in the manifest')})")
+        check_manifest_counts(path, manifest)
     if len(hashes) < 2:
         log(f"warning: no doc hashes of both splits in {path}: train/val overlap not checked")
         return None
@@ -127,3 +141,20 @@ def check_data_manifest(data_path, vocab_size=None, log=print):
     if len(common):
         raise ValueError(f"manifest {path}: {len(common)} documents in both train and val, e.g. hash {common[0][:16].decode()}")
     return manifest
+
+
+def check_manifest_counts(path: Path, manifest: dict) -> None:
+    """ValueError naming the manifest and a shard unless each split's listed shards hold (header
+    counts) its `num_tokens`, and every shard but a split's last holds `shard_tokens` when given."""
+    for split, info in manifest["splits"].items():
+        names = info["shards"]
+        counts = [read_shard_header(path.parent / n) for n in names]
+        per_shard = manifest.get("shard_tokens")
+        odd = [(n, c) for n, c in zip(names[:-1], counts) if per_shard and c != per_shard]
+        if names and per_shard and counts[-1] > per_shard:
+            odd.append((names[-1], counts[-1]))
+        if odd or ("num_tokens" in info and sum(counts) != info["num_tokens"]):
+            shard = f" ({odd[0][0]} holds {odd[0][1]:,}, expected {per_shard:,})" if odd else ""
+            raise ValueError(f"manifest {path}: the {split} shards hold {sum(counts):,} tokens{shard}; the manifest "
+                             f"says {info.get('num_tokens', sum(counts)):,}: a shard was replaced or changed (e.g. a val "
+                             f"shard copied over a train shard); expected the shards the manifest was written with")
