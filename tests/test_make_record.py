@@ -267,13 +267,83 @@ def test_a_10min_record_over_a_time_limit_is_refused_whatever_its_flag_says(fake
     assert f"{field}={value}" in capsys.readouterr().err
 
 
-def test_a_record_without_a_manifest_is_accepted_with_splits_disjoint_not_checkable(fake_src, tmp_path):
-    runs = [fabricate_run(tmp_path, f"r{s}", s, fake_src, **H100) for s in (1, 2, 3)]  # data/tiny: no manifest
+def test_a_record_whose_data_is_elsewhere_is_accepted_with_the_split_flags_unverified(fake_src, tmp_path):
+    runs = [fabricate_run(tmp_path, f"r{s}", s, fake_src, **H100) for s in (1, 2, 3)]  # data/tiny: not here
     assert cli(fake_src, tmp_path, runs) == 0
     folder = tmp_path / "records" / "track_10min_16mb" / f"{DATE}_Tiny"
     readme = (folder / "README.md").read_text()
-    assert "| train/val documents disjoint (manifest doc hashes) | no manifest: not checked | disjoint | n/a |" in readme
-    assert json.loads((folder / "submission.json").read_text())["rules_not_met"] == {}
+    why = "unverified: the run's data was not on the machine that built the record"
+    assert f"| train/val documents disjoint (manifest doc hashes) | not checked | disjoint | {why} |" in readme
+    assert f"| none (it opened train shards only) | none | {why} |" in readme
+    sub = json.loads((folder / "submission.json").read_text())
+    assert sub["rules_not_met"] == {}
+    flags = sub["seed_results"][0]["compliance"]
+    assert flags["val_not_seen_in_training"] is None and flags["splits_disjoint"] is None
+    assert set(flags["unverified"]) == {"val_not_seen_in_training", "splits_disjoint"}
+
+
+def data_run(tmp_path, src, data, seed, **kw):
+    """A fabricated run whose DATA_PATH is `data` (on this machine) and whose val_tokens are its val split's."""
+    from trainer.shards import list_shards, read_shard_header
+
+    val_tokens = sum(read_shard_header(p) for p in list_shards(data, "val"))
+    return fabricate_run(tmp_path, f"r{seed}", seed, src, hp={"data_path": str(data)},
+                         result={"val_tokens": val_tokens, **kw.pop("result", {})}, **kw)
+
+
+@pytest.mark.parametrize("how", ["copy", "symlink"])
+@pytest.mark.parametrize("manifest", [True, False])
+def test_a_val_shard_over_a_train_shard_is_refused_though_the_names_are_clean(fake_src, tiny_dataset, tmp_path,
+                                                                             capsys, how, manifest):
+    """Before: the rule looked at train_shards' names only, so a val shard copied (or linked) over
+    fineweb_train_000000.bin passed as val_not_seen_in_training: True, with a manifest or without."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_dataset, data)
+    if not manifest:
+        (data / "manifest.json").unlink()
+    train0, val0 = data / "fineweb_train_000000.bin", sorted(data.glob("fineweb_val_*.bin"))[0]
+    train0.unlink()
+    os.symlink(val0, train0) if how == "symlink" else shutil.copyfile(val0, train0)
+    runs = [data_run(tmp_path, fake_src, data, s, **H100) for s in (1, 2)]
+    assert cli(fake_src, tmp_path, runs) == 2
+    err = capsys.readouterr().err
+    same = "the same file" if how == "symlink" else "same bytes"
+    assert (f"run {runs[0]}: val_not_seen_in_training not met (no val shard read by the training loader: train shard "
+            f"{train0} is the val shard {val0.name} ({same}))") in err, err
+    assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_the_split_flags_are_true_only_with_a_manifest_of_document_hashes(fake_src, tiny_dataset, tmp_path, manifest):
+    """Before: without a manifest val_not_seen_in_training was True (from the names alone) and the
+    README said "yes"; now null in submission.json with why, and "unverified" in the README."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_dataset, data)
+    if not manifest:
+        (data / "manifest.json").unlink()
+    runs = [data_run(tmp_path, fake_src, data, s, **H100) for s in (1, 2)]
+    assert cli(fake_src, tmp_path, runs) == 0
+    folder = tmp_path / "records" / "track_10min_16mb" / f"{DATE}_Tiny"
+    sub = json.loads((folder / "submission.json").read_text())
+    readme = (folder / "README.md").read_text()
+    row = "| val shards read by the training loader | none (it opened train shards only) | none | "
+    for flags in (s["compliance"] for s in sub["seed_results"]):
+        assert flags["val_not_seen_in_training"] is (True if manifest else None)
+        assert flags["splits_disjoint"] is (True if manifest else None)
+        assert ("unverified" in flags) is not manifest
+    if manifest:
+        assert row + "yes |" in readme
+        assert "| train/val documents disjoint (manifest doc hashes) | checked | disjoint | yes |" in readme
+    else:
+        assert set(sub["seed_results"][0]["compliance"]["unverified"]) == {"val_not_seen_in_training", "splits_disjoint"}
+        assert "no manifest with document hashes in" in sub["seed_results"][0]["compliance"]["unverified"]["splits_disjoint"]
+        assert row + "unverified: no manifest with document hashes |" in readme
+        assert ("| train/val documents disjoint (manifest doc hashes) | not checked | disjoint | "
+                "unverified: no manifest with document hashes |") in readme
 
 
 def test_a_non_record_folder_states_the_rules_its_runs_do_not_meet(fake_src, tmp_path):

@@ -10,8 +10,11 @@ Evidence per rule (source: the official README):
   bytes_ok                 bytes_total <= 16,000,000 (decimal)
   full_val_split           VAL_MAX_TOKENS unset, and val_tokens = the val shards' token count (headers read
                            when the data is on this machine, else the official count for the vocabulary)
-  val_not_seen_in_training no train shard whose name is a val file
-  splits_disjoint          manifest.json document hashes (trainer.shards), when the data has one
+  val_not_seen_in_training false for a train shard that is a val shard by name, by identity (a link) or by
+                           content (same bytes); true only when, besides, the data's manifest.json has
+                           the document hashes of both splits and they are disjoint; else null (unverified)
+  splits_disjoint          manifest.json document hashes (trainer.shards) disjoint, and every train shard
+                           the run opened listed in its train split; null (unverified) without them
 """
 
 from __future__ import annotations
@@ -77,30 +80,53 @@ def run_rules(run, data_path=None) -> dict:
     if max_tokens:
         out["full_val_split"] = (False, f"VAL_MAX_TOKENS={max_tokens}: part of the val split")
     elif expected is None:
-        out["full_val_split"] = (None, f"val_tokens={val_tokens} (no val shards here, unknown vocabulary)")
+        out["full_val_split"] = (None, f"unverified: val_tokens={val_tokens} (no val shards here, unknown vocabulary)")
     else:
         ok = val_tokens + max(seq_len, 1) >= expected
         out["full_val_split"] = (ok, f"val_tokens={val_tokens}" + ("" if ok else f", {source} has {expected:,}"))
-    shards = r.get("train_shards")
-    if not isinstance(shards, list):
-        out["val_not_seen_in_training"] = (None, f"train_shards={shards!r} (not listed)")
-    else:
-        val = [s for s in shards if "val" in Path(str(s)).name]
-        out["val_not_seen_in_training"] = (not val, f"train_shards={shards}")
-    out["splits_disjoint"] = _disjoint(data_path, out["val_not_seen_in_training"])
+    out["val_not_seen_in_training"], out["splits_disjoint"] = split_rules(r.get("train_shards"), data_path)
     return out
 
 
-def _disjoint(data_path, seen) -> tuple:
-    if seen[0] is False:
-        return False, seen[1] + " (a val file among the train shards)"
-    manifest = Path(data_path) / "manifest.json" if data_path else None
-    if manifest is None or not manifest.is_file():
-        return None, "no manifest.json with document hashes: not checked"
-    from trainer.shards import check_data_manifest  # imports numpy: only when a manifest is there
+def split_rules(shards, data_path) -> tuple:
+    """(val_not_seen_in_training, splits_disjoint), each (ok, evidence), from the train shard names
+    the run opened (result.json train_shards) and its dataset dir on this machine (None: absent).
+    ok is None, and the evidence starts with "unverified: ", where the evidence cannot decide it."""
+    if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
+        reason = (f"unverified: train_shards={shards!r} (not listed)",) * 2
+        return (None, reason[0]), (None, reason[1])
+    named = [s for s in shards if "val" in Path(s).name]
+    if named:
+        seen = False, f"train_shards={shards} (a val file among the train shards)"
+        return seen, seen
+    if data_path is None:
+        unknown = None, f"unverified: the run's data is not on this machine (train_shards={shards})"
+        return unknown, unknown
+    from trainer.shards import check_data_manifest, val_shard_copy  # imports numpy: only when the data is here
 
+    data = Path(data_path)
+    val_files = sorted(p for p in data.glob("fineweb_val_*.bin") if p.is_file())
+    for name in shards:
+        path = data / name
+        same = val_shard_copy(path, val_files) if path.is_file() else None
+        if same is not None:
+            how = "the same file" if path.samefile(same) else "same bytes"
+            seen = False, f"train shard {path} is the val shard {same.name} ({how})"
+            return seen, seen
+    missing = [n for n in shards if not (data / n).is_file()]
+    if missing:
+        unknown = None, f"unverified: train shard {missing[0]} is not in {data} (its bytes were not compared)"
+        return unknown, unknown
     try:
-        check_data_manifest(manifest.parent, log=lambda *_: None)
+        manifest = check_data_manifest(data, log=lambda *_: None)
     except ValueError as e:
-        return False, str(e)
-    return True, f"{manifest}: train and val document hashes disjoint"
+        return (False, str(e)), (False, str(e))
+    if manifest is None:
+        unknown = None, f"unverified: no manifest with document hashes in {data} (train_shards={shards})"
+        return unknown, unknown
+    listed = set(manifest["splits"]["train"]["shards"])
+    seen = True, f"train_shards={shards}: no val shard by name or bytes; document hashes disjoint"
+    stray = [n for n in shards if n not in listed]
+    if stray:
+        return seen, (False, f"train shard {stray[0]} is not listed in the train split of {data / 'manifest.json'}")
+    return seen, (True, f"{data / 'manifest.json'}: train and val document hashes disjoint")

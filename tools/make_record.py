@@ -25,7 +25,10 @@ is not the current source (the shipped file must be the code that ran); a track_
 with any rule unmet (train_time_ok / eval_time_ok false or the seconds over 600 too), naming the
 flag and the run; an existing folder without --force; a track name that is not official or does
 not fit the hardware. The non-record track accepts longer runs: its README and submission.json
-(`rules_not_met`) state which rules each run does not meet.
+(`rules_not_met`) state which rules each run does not meet. A rule the evidence cannot decide (no
+manifest with document hashes, as in the official export: val_not_seen_in_training and
+splits_disjoint) is not refused but written as null with why (submission.json seed_results
+compliance.unverified) and "unverified: ..." in the README, never as met.
 The folder is written to a temp dir next to its destination, checked (`check_record`), audited
 (tools/audit.py: a failed check refuses the record, except three_seeds / significance, which are
 flagged; the result goes into submission.json as its `compliance` block), smoke-run

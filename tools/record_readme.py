@@ -47,9 +47,19 @@ def seed_results(runs: list) -> list:
             "val_loss_sliding": r.get("val_loss_sliding"), "val_bpb_sliding": r.get("val_bpb_sliding"), **ttt,
             "eval_stride": r.get("eval_stride"), "bytes_model": r["bytes_model"], "bytes_total": r["bytes_total"],
             "tokens_per_byte": r.get("tokens_per_byte"), "val_tokens": r.get("val_tokens"), "run_id": r.get("run_id"),
-            "compliance": {flag: ok for flag, (ok, _) in rules_of(run).items()},
+            "compliance": compliance_of(run),
         })
     return out
+
+
+def compliance_of(run: Run) -> dict:
+    """{flag: true / false / null} of the run's rules (tools/audit_run.py), plus `unverified`: {flag:
+    why} for each null one (not checkable from the evidence here, e.g. no manifest with document
+    hashes: not a failure, but not a fact either), when there is one."""
+    rules = rules_of(run)
+    out = {flag: ok for flag, (ok, _) in rules.items()}
+    unverified = {flag: evidence for flag, (ok, evidence) in rules.items() if ok is None}
+    return {**out, "unverified": unverified} if unverified else out
 
 
 def hardware_of(run: Run) -> str:
@@ -308,13 +318,17 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         lines += [f"The other seeds: the same command with SEED={others} (and a matching RUN_ID).", ""]
     flags = [s["compliance"] for s in per]
 
-    def met(flag) -> str:  # over all seeds: yes / NO (seeds) / n/a (not checkable)
+    def met(flag) -> str:  # over all seeds: yes / NO (seeds) / unverified: why (not checkable)
         bad = [str(s["seed"]) for s in per if s["compliance"].get(flag) is False]
         if bad:
             return f"NO (seed {', '.join(bad)})"
-        return "yes" if all(f.get(flag) is True for f in flags) else "n/a"
+        if all(f.get(flag) is True for f in flags):
+            return "yes"
+        why = {unverified_reason(flag, f) for f in flags if f.get(flag) is not True}
+        return "; ".join(sorted(why))
 
-    disjoint = {"yes": "checked", "n/a": "no manifest: not checked"}.get(met("splits_disjoint"), "OVERLAP")
+    disjoint = "checked" if met("splits_disjoint") == "yes" else "not checked" if flags and all(
+        f.get("splits_disjoint") is None for f in flags) else "OVERLAP"
     lines += [
         "## Compliance",
         "",
@@ -357,3 +371,14 @@ def build_readme(runs: list, submission: dict, *, track_reason: str, command: st
         "",
     ]
     return "\n".join(lines)
+
+
+def unverified_reason(flag: str, compliance: dict) -> str:
+    """The README's short word for a flag that is null in a seed's compliance: "unverified: " and
+    why, without the run's paths (submission.json's `unverified` has the full evidence)."""
+    evidence = str((compliance.get("unverified") or {}).get(flag, "unverified"))
+    if "no manifest with document hashes" in evidence:
+        return "unverified: no manifest with document hashes"
+    if "not on this machine" in evidence:
+        return "unverified: the run's data was not on the machine that built the record"
+    return "unverified"

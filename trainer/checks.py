@@ -1,6 +1,5 @@
 """Input checks before the clock starts, and the compliance flags of a finished run."""
 
-import filecmp
 import hashlib
 import json
 import math
@@ -15,7 +14,8 @@ from trainer.context import RunContext, kit_module
 from trainer.model import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from trainer.settings import Hyperparameters
-from trainer.shards import SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header
+from trainer.shards import (SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header,
+                            val_shard_copy)
 
 
 def max_shard_id(path, num_tokens: int) -> int:
@@ -44,10 +44,9 @@ def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
     val_files = [p for p in list_shards(hp.data_path, "val") if read_shard_header(p)]
     for path in list_shards(hp.data_path, "train"):
         num_tokens = read_shard_header(path)
-        same = [v for v in val_files if num_tokens and os.path.getsize(v) == os.path.getsize(path)
-                and filecmp.cmp(v, path, shallow=False)]  # stops at the first differing block
+        same = val_shard_copy(path, val_files)
         if same:
-            raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} is the val shard {same[0].name} (same "
+            raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} is the val shard {same.name} (same "
                              "bytes); expected train shards disjoint from the val split (training on val is not scored)")
         top_id = max_shard_id(path, num_tokens)
         if top_id >= hp.vocab_size:

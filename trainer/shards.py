@@ -83,6 +83,24 @@ def list_shards(data_path, split: str) -> list:
     return files
 
 
+def val_shard_copy(path, val_files):
+    """The first of `val_files` that the shard at `path` is: the same file (a link) or a copy (same
+    size and bytes, read up to the first differing block); None otherwise, or when it holds no tokens."""
+    size_bytes = os.path.getsize(path)
+    for val in val_files if size_bytes > SHARD_HEADER_BYTES else ():
+        if os.path.samefile(path, val) or (os.path.getsize(val) == size_bytes and _same_bytes(path, val)):
+            return val
+    return None
+
+
+def _same_bytes(path_a, path_b, block_bytes=1 << 22) -> bool:
+    with open(path_a, "rb") as a, open(path_b, "rb") as b:
+        while (block := a.read(block_bytes)) == b.read(block_bytes):
+            if not block:
+                return True
+    return False
+
+
 def load_validation_tokens(data_path, vocab_size=None):
     """All val shards of `data_path` concatenated in sorted order, an int64 torch tensor [N] (BOS kept).
 
