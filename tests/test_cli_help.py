@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# gpu_check's command line is being reworked with its --cpu-twin sizing; it joins this list then
-NOT_YET = {"tools/gpu_check.py"}
 SCRIPTS = sorted(str(p.relative_to(REPO)) for p in [*REPO.glob("tools/*.py"), *REPO.glob("tools/sweeps/*.py")]
                  if 'if __name__ == "__main__"' in p.read_text(encoding="utf-8")
                  and p.name != "audit_parse.py")  # a stdlib-only helper run by other interpreters, no --help
@@ -34,7 +32,7 @@ def _probe(run: str, target: str):
     return proc.stdout.split()
 
 
-@pytest.mark.parametrize("script", [s for s in SCRIPTS if s not in NOT_YET])
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_help_of_a_tool_does_not_import_torch(script):
     code, torch_imported, usage = _probe("runpy.run_path(sys.argv[0], run_name='__main__')", script)
     assert (code, usage) == ("0", "True"), script
@@ -50,3 +48,13 @@ def test_help_of_python_m_eval_and_quant_does_not_import_torch(module):
 def test_the_list_covers_the_benchmarks():
     assert {"tools/bench_step.py", "tools/bench_quant.py", "tools/make_record.py", "tools/sweep.py",
             "tools/prepare_data.py"} <= set(SCRIPTS)
+
+
+def test_gpu_check_help_states_the_cpu_twin_default_steps():
+    """gpu_check builds its parser before torch is imported, so its help's step count is a copy of
+    tools/cpu_twin_size.py's (which imports torch): the two must agree."""
+    from tools.cpu_twin_size import CPU_TWIN_STEPS
+    from tools.gpu_check import CPU_TWIN_STEPS_HELP, build_parser
+
+    assert CPU_TWIN_STEPS_HELP == CPU_TWIN_STEPS
+    assert f"{CPU_TWIN_STEPS} with --cpu-twin" in " ".join(build_parser().format_help().split())

@@ -38,7 +38,25 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+GPU_CHECK_STEPS = 20  # timed steps on a GPU, with QAT off, then as many with QAT on
+CPU_TWIN_STEPS_HELP = 3  # tools/cpu_twin_size.py CPU_TWIN_STEPS (imports torch); a test keeps them equal
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-twin", action="store_true",
+                        help="run on the CPU with the CUDA twins, at a small shape (about a minute)")
+    parser.add_argument("--preset-size", action="store_true",
+                        help="with --cpu-twin: the preset's own shape (refused when it does not fit in memory)")
+    parser.add_argument("--steps", type=int, help=f"timed steps with QAT off, then as many with QAT on (default "
+                                                  f"{GPU_CHECK_STEPS}; {CPU_TWIN_STEPS_HELP} with --cpu-twin)")
+    return parser
+
+
+if __name__ == "__main__":  # --help and usage errors answer before torch is imported
+    build_parser().parse_args()
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -343,16 +361,9 @@ def sdpa_kernel_for(hp, device) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cpu-twin", action="store_true",
-                        help="run on the CPU with the CUDA twins, at a small shape (about a minute)")
-    parser.add_argument("--preset-size", action="store_true",
-                        help="with --cpu-twin: the preset's own shape (refused when it does not fit in memory)")
-    parser.add_argument("--steps", type=int, help=f"timed steps with QAT off, then as many with QAT on (default 20; "
-                                                  f"{CPU_TWIN_STEPS} with --cpu-twin)")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.steps is None:
-        args.steps = CPU_TWIN_STEPS if args.cpu_twin else 20
+        args.steps = CPU_TWIN_STEPS if args.cpu_twin else GPU_CHECK_STEPS
     if not torch.cuda.is_available() and not args.cpu_twin:
         print(f"gpu_check: needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU, the same checks at a "
               "small shape (about a minute): `python tools/gpu_check.py --cpu-twin`", file=sys.stderr)
