@@ -266,3 +266,23 @@ def test_no_variance_is_never_significant_and_t_s_sign_is_stated(tmp_path, capsy
     res = analyse(values(NEW), baseline_bpb=1.12)
     report = significance.format_report(values(NEW), res)
     assert "t < 0 means the runs beat the baseline by more than the threshold" in report and res["t"] < 0
+
+
+@pytest.mark.parametrize("bpbs, verdict", [([1.10], "NOT SIGNIFICANT"), ([1.10, 1.10, 1.10], "UNVERIFIED")])
+def test_json_is_standard_json_with_null_for_numbers_that_are_not_finite(tmp_path, capsys, bpbs, verdict):
+    """Before: one seed printed "std": NaN, identical seeds "t": -Infinity: not JSON (a strict parser refuses)."""
+    for i, bpb in enumerate(bpbs):
+        _write_run(tmp_path / f"r{i}", 100 + i, bpb, bpb * LN2 / TPB)
+    runs = [str(tmp_path / f"r{i}") for i in range(len(bpbs))]
+    assert significance.main(["--runs", *runs, "--baseline-bpb", "1.12", "--json"]) == 0
+    text = capsys.readouterr().out
+
+    def refuse(constant):
+        raise ValueError(f"not standard JSON: {constant}")
+
+    res = json.loads(text, parse_constant=refuse)
+    assert res["p"] is None and res["significant"] is False and res["verdict"] == verdict
+    if len(bpbs) == 1:
+        assert res["std"] is None and res["t"] is None and res["seeds_needed"] is None
+    else:
+        assert res["t"] is None and res["std"] == 0.0 and res["mean"] == pytest.approx(1.10)

@@ -235,7 +235,19 @@ def analyse(values: list, *, baseline_bpb=None, baseline_values=None, tokens_per
         need = seeds_needed(improvement, delta_bpb, std, alpha) if n >= 2 else None
     out.update(improvement_bpb=improvement, improvement_nats=improvement * math.log(2) / tokens_per_byte,
                t=t, p=p, significant=bool(n >= 2 and math.isfinite(t) and p < alpha), seeds_needed=need)
+    out["verdict"] = ("UNVERIFIED" if n >= 2 and not math.isfinite(t) else
+                      "SIGNIFICANT" if out["significant"] else "NOT SIGNIFICANT")
     return out
+
+
+def json_safe(value):
+    """`value` (dicts, lists, numbers) with each non-finite float (t = -inf with no variance, the std
+    and p of one seed) as None: standard JSON has no Infinity or NaN."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _positive(what: str, value) -> None:
@@ -290,7 +302,8 @@ def main(argv=None) -> int:
     parser.add_argument("--min-improvement-nats", type=float, default=SIG_MIN_IMPROVEMENT_NATS)
     parser.add_argument("--alpha", type=float, default=SIG_ALPHA)
     parser.add_argument("--tokens-per-byte", type=float, help="override the runs' tokens_per_byte")
-    parser.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the analysis as JSON (null where a number is not finite: t, p, std)")
     args = parser.parse_args(argv)
     try:
         values = [v for p in args.runs for v in load_values(p, args.metric)]
@@ -308,7 +321,7 @@ def main(argv=None) -> int:
         return 2
     res["notes"] = [n for n in notes if n]
     if args.json:
-        print(json.dumps(res, indent=2, default=str))
+        print(json.dumps(json_safe(res), indent=2, default=str, allow_nan=False))
     else:
         print(format_report(values, res, baseline_values), end="")
         for note in res["notes"]:
