@@ -233,7 +233,7 @@ def test_refuses_with_the_run_and_the_field(fake_src, tmp_path, capsys, case):
     runs = [fabricate_run(tmp_path, "good", 1, fake_src), fabricate_run(tmp_path, "bad", seed, fake_src, **spec)]
     assert cli(fake_src, tmp_path, runs) == 2
     err = capsys.readouterr().err
-    assert "refused:" in err and message in err, err
+    assert err.startswith("error: ") and message in err, err
     assert str(runs[1]) in err, err
     assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]
 
@@ -649,7 +649,7 @@ def test_records_folder_documents_the_tracks_and_the_files_make_record_writes(fa
 
 
 def _one_line_refusal(err: str) -> str:
-    assert err.startswith("refused: ") and "Traceback" not in err, err
+    assert err.startswith("error: ") and "Traceback" not in err, err
     return err
 
 

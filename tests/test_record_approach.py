@@ -110,7 +110,7 @@ def test_a_smoke_run_over_its_limit_says_what_to_do_and_writes_nothing(tmp_path,
     assert time.monotonic() - started < 50
     err = capsys.readouterr().err
     assert "  smoke| step:1/2 started" in err  # shown live, before the limit
-    refusal = err[err.index("refused: "):]
+    refusal = err[err.index("error: "):]
     assert "did not finish within --smoke-timeout-seconds=4; the runs' own train + export + eval took up to" in refusal
     assert "--smoke-timeout-seconds 8" in refusal and "--skip-smoke" in refusal
     assert not [p for p in (tmp_path / "records").rglob("*") if p.is_file()]

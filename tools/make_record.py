@@ -15,7 +15,7 @@ requirements.txt (runtime deps at the run's versions) and loss_curve.png. The sc
 final sliding-window line, or its legal score-first TTT line when TTT ran in its place
 (tools/runs.py final_score_key); the seeds of one record share one of them.
 
-It refuses (exit 2, the message names the run and the field) runs that are over the byte budget,
+It refuses (exit 2, `error: ...` naming the run and the field) runs that are over the byte budget,
 did not finish (no final log lines, status not ok), hold a field that is not a number,
 break a challenge rule that every track keeps (bytes_ok, full_val_split, val_not_seen_in_training,
 splits_disjoint: decided from the evidence by tools/audit_run.py, never from result.json's own
@@ -224,6 +224,8 @@ def make_record(run_paths, *, name, author, github_id, approach=None, track=None
     """Build and check the record folder; returns its path. Raises RecordError when refused.
     `approach`: the author's text for the README (required); `smoke_timeout_seconds`: the smoke
     run's limit (None: default_smoke_timeout_seconds of the runs)."""
+    if date is not None:
+        check_date(date)
     approach = read_approach(approach)
     if smoke_timeout_seconds is not None and not (smoke_timeout_seconds > 0 and smoke_timeout_seconds < 1e7):
         raise RecordError(f"--smoke-timeout-seconds={smoke_timeout_seconds}: expected a number of seconds > 0")
@@ -231,8 +233,6 @@ def make_record(run_paths, *, name, author, github_id, approach=None, track=None
         raise RecordError(f"--name {name!r}: expected letters, digits, '.', '_' or '-' (it names the folder)")
     if not run_paths:
         raise RecordError("--runs: give at least one run folder")
-    if date is not None:
-        check_date(date)
     root = Path(root) if root is not None else REPO_ROOT
     records_dir = Path(records_dir) if records_dir is not None else root / "records"
     runs = [load_run(p) for p in run_paths]
@@ -362,7 +362,7 @@ def main(argv=None) -> int:
                     smoke_timeout_seconds=args.smoke_timeout_seconds, records_dir=args.records_dir,
                     root=args.root, date=args.date)
     except RecordError as e:
-        print(f"refused: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
 
