@@ -291,6 +291,28 @@ def data_run(tmp_path, src, data, seed, **kw):
                          result={"val_tokens": val_tokens, **kw.pop("result", {})}, **kw)
 
 
+def test_split_rules_true_only_from_the_bytes_and_the_manifest(tiny_dataset, tmp_path):
+    import shutil
+
+    from tools.audit_run import split_rules
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_dataset, data)
+    train = sorted(p.name for p in data.glob("fineweb_train_*.bin"))
+    assert [ok for ok, _ in split_rules(train, data)] == [True, True]
+    for shards in ([], None, [1]):  # nothing listed: nothing proves the run read no val
+        assert [ok for ok, _ in split_rules(shards, data)] == [None, None]
+    shutil.copyfile(data / train[0], data / "fineweb_train_999999.bin")  # a shard the manifest does not list
+    seen, disjoint = split_rules([*train, "fineweb_train_999999.bin"], data)
+    assert seen[0] is True and disjoint == (False, f"train shard fineweb_train_999999.bin is not listed in the train "
+                                                   f"split of {data / 'manifest.json'}")
+    from trainer.shards import load_data_shard, write_data_shard
+
+    write_data_shard(data / train[0], load_data_shard(data / train[0]).numpy()[:-1])  # replaced: counts do not add up
+    seen, disjoint = split_rules(train, data)
+    assert seen[0] is False and "a shard was replaced or changed" in seen[1]
+
+
 @pytest.mark.parametrize("how", ["copy", "symlink"])
 @pytest.mark.parametrize("manifest", [True, False])
 def test_a_val_shard_over_a_train_shard_is_refused_though_the_names_are_clean(fake_src, tiny_dataset, tmp_path,

@@ -92,7 +92,7 @@ def split_rules(shards, data_path) -> tuple:
     """(val_not_seen_in_training, splits_disjoint), each (ok, evidence), from the train shard names
     the run opened (result.json train_shards) and its dataset dir on this machine (None: absent).
     ok is None, and the evidence starts with "unverified: ", where the evidence cannot decide it."""
-    if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards):
+    if not isinstance(shards, list) or not shards or not all(isinstance(s, str) for s in shards):
         reason = (f"unverified: train_shards={shards!r} (not listed)",) * 2
         return (None, reason[0]), (None, reason[1])
     named = [s for s in shards if "val" in Path(s).name]
@@ -105,22 +105,25 @@ def split_rules(shards, data_path) -> tuple:
     from trainer.shards import check_data_manifest, val_shard_copy  # imports numpy: only when the data is here
 
     data = Path(data_path)
-    val_files = sorted(p for p in data.glob("fineweb_val_*.bin") if p.is_file())
-    for name in shards:
-        path = data / name
-        same = val_shard_copy(path, val_files) if path.is_file() else None
-        if same is not None:
-            how = "the same file" if path.samefile(same) else "same bytes"
-            seen = False, f"train shard {path} is the val shard {same.name} ({how})"
-            return seen, seen
-    missing = [n for n in shards if not (data / n).is_file()]
-    if missing:
-        unknown = None, f"unverified: train shard {missing[0]} is not in {data} (its bytes were not compared)"
-        return unknown, unknown
     try:
+        val_files = sorted(p for p in data.glob("fineweb_val_*.bin") if p.is_file())
+        for name in shards:
+            path = data / name
+            same = val_shard_copy(path, val_files) if path.is_file() else None
+            if same is not None:
+                how = "the same file" if path.samefile(same) else "same bytes"
+                seen = False, f"train shard {path} is the val shard {same.name} ({how})"
+                return seen, seen
+        missing = [n for n in shards if not (data / n).is_file()]
+        if missing:
+            unknown = None, f"unverified: train shard {missing[0]} is not in {data} (its bytes were not compared)"
+            return unknown, unknown
         manifest = check_data_manifest(data, log=lambda *_: None)
     except ValueError as e:
         return (False, str(e)), (False, str(e))
+    except OSError as e:
+        unknown = None, f"unverified: the shards of {data} could not be read ({e})"
+        return unknown, unknown
     if manifest is None:
         unknown = None, f"unverified: no manifest with document hashes in {data} (train_shards={shards})"
         return unknown, unknown
