@@ -39,7 +39,7 @@ def check_out_dir(out_dir: str) -> None:
             p.stat()
             existing = p
             break
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # f/runs with f a file: look at f
             if p.is_symlink():
                 raise ValueError(f"OUT_DIR={out_dir!r}: {p} is a dangling symlink (to {os.readlink(p)}); expected a "
                                  "folder for the run folders") from None
