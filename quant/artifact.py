@@ -72,6 +72,7 @@ from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
 from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
+from quant.sdclip import sdclip_k, sdclip_quantize
 from trainer.files import atomic_write_bytes
 
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
@@ -113,8 +114,12 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         k = int(policy.prune_fraction * w.numel())  # magnitude pruning: zero the k smallest |w|
         v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
         h = (hessians or {}).get(name) if policy.gptq else None
-        q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None
-                   else gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0))
+        if policy.sdclip:  # quant/sdclip.py: k * std(row) scales (GPTQ keeps them fixed)
+            q, s, c = sdclip_quantize(v, bits, sdclip_k(policy, name, tuple(t.shape)))
+            q, s, c = gptq_quantize(v, h, bits, (c,), s) if h is not None else (q, s, c)
+        else:
+            q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None
+                       else gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0))
         d = dequantize_per_row(q, s, torch.double) - w
         sq_err, sq_norm = float(d.square().sum()), float(w.square().sum())
         if h is None:  # H = I: the plain ratio (no [C, C] identity matmul)
