@@ -72,6 +72,7 @@ from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
 from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
+from quant.lqer import lqer_correction, lqer_factors, lqer_nbytes, lqer_pack, lqer_unpack
 from quant.sdclip import sdclip_k, sdclip_quantize
 from trainer.files import atomic_write_bytes
 
@@ -160,12 +161,13 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
 
 
 def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, packing: str, shuffle: bool = False,
-                        run: dict | None = None) -> bytes:
+                        run: dict | None = None, lqer: dict | None = None) -> bytes:
     """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
 
     packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)); shuffle:
     store the bytes of each multi-byte float/int tensor grouped by significance (byte-shuffle);
-    run: the header's run metadata (JSON-serializable dict; None stores {}).
+    run: the header's run metadata (JSON-serializable dict; None stores {}); lqer: LQER factors
+    (quant/lqer.py lqer_factors), stored after the other pieces and listed in the header's "lqer".
     """
     info, ints, rest = [], [], []
     for name, (shape, bits, t, s, clip) in entries.items():
@@ -176,9 +178,12 @@ def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, pa
         k = t.element_size()
         t = t.reshape(-1).view(torch.uint8)
         rest.append(t.view(-1, k).T if shuffle else t)
-    head = json.dumps(dict(config=model_config, packing=packing, shuffle=shuffle, policy=policy_dict,
-                           tensors=info, run=run or {})).encode()
-    return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + head + struct.pack("<I", len(head)))
+    head = dict(config=model_config, packing=packing, shuffle=shuffle, policy=policy_dict, tensors=info, run=run or {})
+    if lqer:  # (absent without LQER: the bytes of other artifacts do not change)
+        head["lqer"] = [[name, r] for name, (r, _) in lqer.items()]
+    head = json.dumps(head).encode()
+    return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + lqer_pack(lqer or {}) + head
+            + struct.pack("<I", len(head)))
 
 
 def quant_wrap_container(raw: bytes, compressor: str) -> bytes:
@@ -225,8 +230,9 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
 
     while True:
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
+        lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n) if policy.lqer else None
         with ThreadPoolExecutor(len(jobs)) as pool:
-            payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict())
+            payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict(), lqer=lqer)
             blobs = pool.map(lambda j, build=payload: quant_wrap_container(build(*j[:2], run), j[2]), jobs)
             blob, job = min(zip(blobs, jobs), key=lambda bj: len(bj[0]))
         jobs, total = [job], len(blob) + code_bytes
@@ -281,8 +287,12 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
         sizes = [-(-math.prod(shape) * (container or kind) // 8) for _, shape, kind, _ in tensors if type(kind) is int]
         sizes += [shape[0] * 2 if type(kind) is int else math.prod(shape) * getattr(torch, kind).itemsize
                   for _, shape, kind, _ in tensors]
+        lqer = head.get("lqer", [])  # LQER factors (quant/lqer.py): one more piece, after the others
+        shapes2d = {name: (shape[0], math.prod(shape[1:])) for name, shape, kind, _ in tensors if type(kind) is int}
+        sizes += [sum(lqer_nbytes(r, *shapes2d.get(name, (0, 0))) for name, r in lqer)] if lqer else []
         # split() raises unless the data is exactly these pieces: bounds every later allocation
         pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes)
+        lqer, pieces = (lqer_unpack(pieces[-1], lqer, shapes2d), pieces[:-1]) if lqer else ({}, pieces)
         q_pieces, state_dict = iter(pieces), {}
         for (name, shape, kind, _), t in zip(tensors, pieces[-len(tensors):]):  # (no tensors: zip is empty)
             dtype = getattr(torch, "float16" if type(kind) is int else kind)
@@ -290,6 +300,8 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
             if type(kind) is int:
                 t = dequantize_per_row(
                     unpack_bits(next(q_pieces), container or kind, math.prod(shape)).view(shape[0], -1), t)
+                if name in lqer:  # W' = deq(Q) + A'^T' @ B', as the export evaluated it
+                    t = t + lqer_correction(lqer[name][1], lqer[name][0], *shapes2d[name])
             state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
         return state_dict, head["config"], dict(head, compressor=QUANT_COMPRESSORS[cid - 1], format_version=prefix[4])
     except Exception as err:  # a damaged file must never surface as anything but a ValueError
