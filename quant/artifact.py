@@ -14,7 +14,8 @@ File layout (little-endian):
                         metadata key order changed from process to process, and is refused
     offset 5   1 byte   compressor id: 1 zlib (level 9), 2 zstd (level 22), 3 lzma (.lzma "alone" format,
                         preset 9|extreme), 4 brotli (quality 11, window 2**24; ~500 KB smaller than
-                        LZMA-9 with byte-shuffle on a record's checkpoint, PR #1218)
+                        LZMA-9 with byte-shuffle on a record's checkpoint, PR #1218), 5 grouped
+                        (quant/grouped.py: streams by role, sorted rows, a coder each; QUANT_GROUPED=1)
     offset 6   4 bytes  uint32 length L of the decompressed payload
     offset 10  4 bytes  uint32 CRC-32 of bytes 0..9 followed by the compressed payload
     offset 14  ...      compressed payload
@@ -72,6 +73,7 @@ from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
 from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
+from quant.grouped import GROUPED_ID, grouped_compress, grouped_inflate
 from quant.lqer import lqer_correction, lqer_factors, lqer_nbytes, lqer_pack, lqer_unpack
 from quant.sdclip import sdclip_k, sdclip_quantize
 from trainer.files import atomic_write_bytes
@@ -187,11 +189,13 @@ def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, pa
 
 
 def quant_wrap_container(raw: bytes, compressor: str) -> bytes:
-    """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli) and prepend the 14-byte header."""
-    data = (zlib.compress(raw, 9) if compressor == "zlib" else zstandard.ZstdCompressor(22).compress(raw)
+    """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli, or "grouped": quant/grouped.py)
+    and prepend the 14-byte header."""
+    data = (grouped_compress(raw) if compressor == "grouped" else zlib.compress(raw, 9) if compressor == "zlib"
+            else zstandard.ZstdCompressor(22).compress(raw)
             if compressor == "zstd" else brotli.compress(raw, quality=11, lgwin=24) if compressor == "brotli"
             else lzma.compress(raw, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME))
-    head = struct.pack("<5sBI", QUANT_PREFIX, QUANT_COMPRESSORS.index(compressor) + 1, len(raw))
+    head = struct.pack("<5sBI", QUANT_PREFIX, (*QUANT_COMPRESSORS, "grouped").index(compressor) + 1, len(raw))
     return head + struct.pack("<I", zlib.crc32(data, zlib.crc32(head))) + data
 
 
@@ -222,6 +226,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     jobs = [(p, b, c) for p in ("int8", "bits") for b in (False, True) for c in QUANT_COMPRESSORS
             if policy.packing in ("auto", p) and policy.shuffle in ("auto", "on" if b else "off")
             and policy.compressor in ("auto", c)]
+    jobs += [(p, b, "grouped") for p, b in dict.fromkeys(j[:2] for j in jobs)] if policy.grouped else []
     shapes = {k: tuple(v.shape) for k, v in state_dict.items() if v.is_floating_point() and v.numel()}
     cache, steps = {}, []
 
@@ -271,11 +276,12 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
             raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
         if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
             raise ValueError("checksum mismatch (truncated or corrupted)")
-        if not 0 < cid <= len(QUANT_COMPRESSORS):
+        if not 0 < cid <= GROUPED_ID:
             raise ValueError(f"unknown compressor id {cid}")
         data = data[14:]
         # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
-        raw = (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
+        raw, layout = grouped_inflate(data, n) if cid == GROUPED_ID else (None, None)
+        raw = raw if layout else (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
                brotli.Decompressor().process(data, output_buffer_limit=n + 1) if cid == 4 else
                (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))
         if len(raw) != n:
@@ -303,7 +309,8 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
                 if name in lqer:  # W' = deq(Q) + A'^T' @ B', as the export evaluated it
                     t = t + lqer_correction(lqer[name][1], lqer[name][0], *shapes2d[name])
             state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
-        return state_dict, head["config"], dict(head, compressor=QUANT_COMPRESSORS[cid - 1], format_version=prefix[4])
+        meta = dict(head, compressor=(*QUANT_COMPRESSORS, "grouped")[cid - 1], format_version=prefix[4])
+        return state_dict, head["config"], dict(meta, groups=layout) if layout else meta
     except Exception as err:  # a damaged file must never surface as anything but a ValueError
         raise ValueError(f"{label}: {err}") from None
 
