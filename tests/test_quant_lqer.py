@@ -100,3 +100,20 @@ def test_damaged_lqer_entries_are_refused():
     assert decode_artifact(good)[2]["lqer"] == [[n, 4] for n in factors]
     with pytest.raises(ValueError, match="checksum"):
         decode_artifact(good[:-100] + bytes(100))
+
+
+def test_inspect_shows_k_lqer_ranks_and_groups(tmp_path):
+    from quant.__main__ import _inspect
+
+    policy = QuantPolicy(sdclip=True, sdclip_k_mlp=10.5, lqer=True, lqer_top_n=2, grouped=True, compressor="zlib",
+                         attn_bits=6, mlp_bits=6, fit=False, gptq=False)
+    export_artifact(_state(), CONFIG, tmp_path / "a.ptz", code_bytes=0, policy=policy, **QUIET)
+    lines = []
+    assert _inspect(str(tmp_path / "a.ptz"), lines.append) == 0
+    text = "\n".join(lines)
+    assert "sdclip: k attn=13 mlp=10.5 embed=15 other=12.85" in text
+    assert text.count("+lqer r4") == 2 and text.count("(lqer)") == 2
+    assert "group q_mlp" in text and "rows sorted in 4 tensors" in text
+    raw = int(text.split("raw payload: ")[1].split(" bytes")[0].replace(",", ""))
+    meta = decode_artifact((tmp_path / "a.ptz").read_bytes())[2]
+    assert raw == sum(g[2] for g in meta["groups"][1:])  # rows + LQER + header add up to the payload
