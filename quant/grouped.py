@@ -43,7 +43,7 @@ GROUPED_MAX_SORT_ROWS = 4096
 GROUPED_CODERS = {0: "stored", 2: "zstd", 3: "lzma", 4: "brotli"}
 
 
-def _role(name: str) -> int:
+def _grouped_role(name: str) -> int:
     return 1 if "emb" in name or "lm_head" in name else 2 if ".attn." in name else 3 if ".mlp." in name else 4
 
 
@@ -59,12 +59,12 @@ def grouped_order(rows: torch.Tensor) -> torch.Tensor:
     return torch.tensor(order)
 
 
-def _pieces(raw: bytes) -> list:
+def _grouped_pieces(raw: bytes) -> list:
     """(stream id, bytes, rows) of each piece of a payload, in payload order."""
     k = int.from_bytes(raw[-4:], "little")
     head = json.loads(raw[-4 - k:-4])
     tensors, int8 = head["tensors"], head["packing"] == "int8"
-    out = [(_role(n), -(-math.prod(s) * (8 if int8 else kind) // 8), s[0] if int8 and len(s) > 1 else 0)
+    out = [(_grouped_role(n), -(-math.prod(s) * (8 if int8 else kind) // 8), s[0] if int8 and len(s) > 1 else 0)
            for n, s, kind, _ in tensors if type(kind) is int]
     out += [(5, s[0] * 2 if type(kind) is int else math.prod(s) * getattr(torch, kind).itemsize, 0)
             for _, s, kind, _ in tensors]
@@ -72,13 +72,13 @@ def _pieces(raw: bytes) -> list:
     return out + [(5, rest, 0)] * (rest > 0) + [(6, k + 4, 0)]
 
 
-def _compress(data: bytes, coder: int) -> bytes:
+def _grouped_pack(data: bytes, coder: int) -> bytes:
     return (data if coder == 0 else zstandard.ZstdCompressor(22).compress(data) if coder == 2
             else lzma.compress(data, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME) if coder == 3
             else brotli.compress(data, quality=11, lgwin=24))
 
 
-def _inflate(data: bytes, coder: int, n: int) -> bytes:
+def _grouped_unpack(data: bytes, coder: int, n: int) -> bytes:
     out = (data if coder == 0 else zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if coder == 2
            else lzma.LZMADecompressor(lzma.FORMAT_ALONE).decompress(data, n + 1) if coder == 3
            else brotli.Decompressor().process(data, output_buffer_limit=n + 1) if coder == 4 else None)
@@ -90,7 +90,7 @@ def _inflate(data: bytes, coder: int, n: int) -> bytes:
 def grouped_compress(raw: bytes) -> bytes:
     """The compressed section of a grouped container for payload `raw` (module docstring)."""
     streams, index, pos = [bytearray() for _ in GROUPED_STREAMS], bytearray(), 0
-    for sid, nbytes, rows in _pieces(raw):
+    for sid, nbytes, rows in _grouped_pieces(raw):
         piece = raw[pos:pos + nbytes]
         pos += nbytes
         rows = rows if 1 < rows <= GROUPED_MAX_SORT_ROWS else 0
@@ -105,7 +105,7 @@ def grouped_compress(raw: bytes) -> bytes:
     table, blobs = bytearray([len(streams)]), []
     for s in streams:
         s = bytes(s)
-        coder, blob = min(((c, _compress(s, c)) for c in (2, 3, 4, 0)), key=lambda cb: len(cb[1]))
+        coder, blob = min(((c, _grouped_pack(s, c)) for c in (2, 3, 4, 0)), key=lambda cb: len(cb[1]))
         table += struct.pack("<BII", coder, len(s), len(blob))
         blobs.append(blob)
     return bytes(table) + b"".join(blobs)
@@ -122,7 +122,7 @@ def grouped_inflate(data: bytes, n: int) -> tuple:
         raise ValueError(f"grouped stream table {table} does not describe a {n}-byte payload")
     pos, streams = 1 + 9 * count, []
     for coder, size, csize in table:
-        streams.append(_inflate(data[pos:pos + csize], coder, size))
+        streams.append(_grouped_unpack(data[pos:pos + csize], coder, size))
         pos += csize
     if pos != len(data):
         raise ValueError(f"grouped container has {len(data) - pos} trailing bytes")

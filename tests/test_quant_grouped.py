@@ -54,7 +54,7 @@ def test_grouped_decodes_to_the_same_weights_as_one_stream(packing, shuffle):
     sorted_pieces = [0] * 7
     for name, _, kind, _ in decode_artifact(quant_wrap_container(raw, "zlib"))[2]["tensors"]:
         if isinstance(kind, int) and packing == "int8":
-            sorted_pieces[grouped._role(name)] += 1
+            sorted_pieces[grouped._grouped_role(name)] += 1
     assert [g[4] for g in layout] == sorted_pieces and sorted_pieces[1] == (packing == "int8") and sum(sorted_pieces) in (0, 11)
     one = decode_artifact(quant_wrap_container(raw, "brotli"))
     sd, config, meta = decode_artifact(quant_wrap_container(raw, "grouped"))
