@@ -48,17 +48,25 @@ def read_shapes_file(path) -> dict:
 
 def _inspect(path: str, out=print) -> int:
     from quant.artifact import decode_artifact
+    from quant.lqer import lqer_nbytes
     from quant.offline import quant_piece_bytes
 
     data = Path(path).read_bytes()
     _, model_config, meta = decode_artifact(data, path)
     packing, rows = meta["packing"], []
     pieces = quant_piece_bytes(meta)
+    policy, lqer = meta["policy"], dict(meta.get("lqer", []))
+    clip_label = "k" if policy.get("sdclip") else "clip"  # SDClip stores each tensor's k where the clip quantile goes
     for name, shape, kind, clip in meta["tensors"]:
-        fmt = f"int{kind} {'packed' if packing == 'bits' else 'in bytes'} clip={clip:g}" if isinstance(kind, int) else kind
+        fmt = (f"int{kind} {'packed' if packing == 'bits' else 'in bytes'} {clip_label}={clip:g}"
+               + (f" +lqer r{lqer[name]}" if name in lqer else "")) if isinstance(kind, int) else kind
         rows.append((name, "x".join(map(str, shape)) or "scalar", fmt, pieces[name]))
-    data_bytes = sum(pieces.values())
-    header = {k: v for k, v in meta.items() if k not in ("compressor", "format_version")}
+    for name, shape, _, _ in meta["tensors"]:  # LQER factors: their own rows, after the tensors
+        if name in lqer:
+            rows.append((f"{name} (lqer)", f"r{lqer[name]}", "int4 asym g64 A^T,B",
+                         lqer_nbytes(lqer[name], shape[0], math.prod(shape[1:]))))
+    data_bytes = sum(r[3] for r in rows)
+    header = {k: v for k, v in meta.items() if k not in ("compressor", "format_version", "groups")}
     raw_bytes = data_bytes + len(json.dumps(header).encode()) + 4  # the payload's JSON header is re-serialized identically
     width = max([len(r[0]) for r in rows] + [4])
     out(f"{'name':<{width}}  {'shape':>11}  {'format':<24} {'bytes':>10}  {'share':>6}")
@@ -72,6 +80,12 @@ def _inspect(path: str, out=print) -> int:
     out(f"raw payload: {raw_bytes:,} bytes = tensor data {data_bytes:,} + JSON header {raw_bytes - data_bytes:,}")
     out(f"compressed payload: {comp_bytes:,} bytes ({meta['compressor']}, packing {packing}, "
         f"ratio {raw_bytes / max(comp_bytes, 1):.3f})")
+    if policy.get("sdclip"):
+        ks = {g: policy.get(f"sdclip_k_{g}", QuantPolicy.__dataclass_fields__[f"sdclip_k_{g}"].default)
+              for g in ("attn", "mlp", "embed", "other")}
+        out("sdclip: k " + " ".join(f"{g}={k:g}" for g, k in ks.items()))
+    for stream, coder, raw_n, comp_n, sorted_n in meta.get("groups") or []:
+        out(f"group {stream:<8} {coder:<6} raw {raw_n:>10,}  compressed {comp_n:>10,}  rows sorted in {sorted_n} tensors")
     out(f"file total: container header {QUANT_HEADER_BYTES} + compressed payload {comp_bytes:,} = {len(data):,} bytes"
         f" ({8 * len(data) / max(num_params, 1):.3f} bits/param)")
     return 0

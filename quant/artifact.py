@@ -14,7 +14,8 @@ File layout (little-endian):
                         metadata key order changed from process to process, and is refused
     offset 5   1 byte   compressor id: 1 zlib (level 9), 2 zstd (level 22), 3 lzma (.lzma "alone" format,
                         preset 9|extreme), 4 brotli (quality 11, window 2**24; ~500 KB smaller than
-                        LZMA-9 with byte-shuffle on a record's checkpoint, PR #1218)
+                        LZMA-9 with byte-shuffle on a record's checkpoint, PR #1218), 5 grouped
+                        (quant/grouped.py: streams by role, sorted rows, a coder each; QUANT_GROUPED=1)
     offset 6   4 bytes  uint32 length L of the decompressed payload
     offset 10  4 bytes  uint32 CRC-32 of bytes 0..9 followed by the compressed payload
     offset 14  ...      compressed payload
@@ -74,6 +75,9 @@ from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
 from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
+from quant.grouped import GROUPED_ID, grouped_compress, grouped_inflate
+from quant.lqer import lqer_correction, lqer_factors, lqer_nbytes, lqer_pack, lqer_unpack
+from quant.sdclip import sdclip_k, sdclip_quantize
 from trainer.files import atomic_write_bytes
 from trainer.progress import Progress
 
@@ -116,8 +120,12 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         k = int(policy.prune_fraction * w.numel())  # magnitude pruning: zero the k smallest |w|
         v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
         h = (hessians or {}).get(name) if policy.gptq else None
-        q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None
-                   else gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0))
+        if policy.sdclip:  # quant/sdclip.py: k * std(row) scales (GPTQ keeps them fixed)
+            q, s, c = sdclip_quantize(v, bits, sdclip_k(policy, name, tuple(t.shape)))
+            q, s, c = gptq_quantize(v, h, bits, (c,), s) if h is not None else (q, s, c)
+        else:
+            q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None
+                       else gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0))
         d = dequantize_per_row(q, s, torch.double) - w
         sq_err, sq_norm = float(d.square().sum()), float(w.square().sum())
         if h is None:  # H = I: the plain ratio (no [C, C] identity matmul)
@@ -162,12 +170,13 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
 
 
 def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, packing: str, shuffle: bool = False,
-                        run: dict | None = None) -> bytes:
+                        run: dict | None = None, lqer: dict | None = None) -> bytes:
     """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
 
     packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)); shuffle:
     store the bytes of each multi-byte float/int tensor grouped by significance (byte-shuffle);
-    run: the header's run metadata (JSON-serializable dict; None stores {}).
+    run: the header's run metadata (JSON-serializable dict; None stores {}); lqer: LQER factors
+    (quant/lqer.py lqer_factors), stored after the other pieces and listed in the header's "lqer".
     """
     info, ints, rest = [], [], []
     for name, (shape, bits, t, s, clip) in entries.items():
@@ -178,17 +187,22 @@ def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, pa
         k = t.element_size()
         t = t.reshape(-1).view(torch.uint8)
         rest.append(t.view(-1, k).T if shuffle else t)
-    head = json.dumps(dict(config=model_config, packing=packing, shuffle=shuffle, policy=policy_dict,
-                           tensors=info, run=run or {})).encode()
-    return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + head + struct.pack("<I", len(head)))
+    head = dict(config=model_config, packing=packing, shuffle=shuffle, policy=policy_dict, tensors=info, run=run or {})
+    if lqer:  # (absent without LQER: the bytes of other artifacts do not change)
+        head["lqer"] = [[name, r] for name, (r, _) in lqer.items()]
+    head = json.dumps(head).encode()
+    return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + lqer_pack(lqer or {}) + head
+            + struct.pack("<I", len(head)))
 
 
 def quant_wrap_container(raw: bytes, compressor: str) -> bytes:
-    """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli) and prepend the 14-byte header."""
-    data = (zlib.compress(raw, 9) if compressor == "zlib" else zstandard.ZstdCompressor(22).compress(raw)
+    """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli, or "grouped": quant/grouped.py)
+    and prepend the 14-byte header."""
+    data = (grouped_compress(raw) if compressor == "grouped" else zlib.compress(raw, 9) if compressor == "zlib"
+            else zstandard.ZstdCompressor(22).compress(raw)
             if compressor == "zstd" else brotli.compress(raw, quality=11, lgwin=24) if compressor == "brotli"
             else lzma.compress(raw, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME))
-    head = struct.pack("<5sBI", QUANT_PREFIX, QUANT_COMPRESSORS.index(compressor) + 1, len(raw))
+    head = struct.pack("<5sBI", QUANT_PREFIX, (*QUANT_COMPRESSORS, "grouped").index(compressor) + 1, len(raw))
     return head + struct.pack("<I", zlib.crc32(data, zlib.crc32(head))) + data
 
 
@@ -219,6 +233,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     jobs = [(p, b, c) for p in ("int8", "bits") for b in (False, True) for c in QUANT_COMPRESSORS
             if policy.packing in ("auto", p) and policy.shuffle in ("auto", "on" if b else "off")
             and policy.compressor in ("auto", c)]
+    jobs += [(p, b, "grouped") for p, b in dict.fromkeys(j[:2] for j in jobs)] if policy.grouped else []
     shapes = {k: tuple(v.shape) for k, v in state_dict.items() if v.is_floating_point() and v.numel()}
     cache, steps = {}, []
 
@@ -227,8 +242,9 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
 
     while True:
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
+        lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n) if policy.lqer else None
         with ThreadPoolExecutor(len(jobs)) as pool:
-            payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict())
+            payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict(), lqer=lqer)
             blobs = pool.map(lambda j, build=payload: quant_wrap_container(build(*j[:2], run), j[2]), jobs)
             bar = Progress("quant export: compressing", len(jobs), "candidates")
             blob, job = min(zip(map(lambda b: bar.update() or b, blobs), jobs), key=lambda bj: len(bj[0]))
@@ -269,11 +285,12 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
             raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
         if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
             raise ValueError("checksum mismatch (truncated or corrupted)")
-        if not 0 < cid <= len(QUANT_COMPRESSORS):
+        if not 0 < cid <= GROUPED_ID:
             raise ValueError(f"unknown compressor id {cid}")
         data = data[14:]
         # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
-        raw = (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
+        raw, layout = grouped_inflate(data, n) if cid == GROUPED_ID else (None, None)
+        raw = raw if layout else (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
                brotli.Decompressor().process(data, output_buffer_limit=n + 1) if cid == 4 else
                (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))
         if len(raw) != n:
@@ -285,8 +302,12 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
         sizes = [-(-math.prod(shape) * (container or kind) // 8) for _, shape, kind, _ in tensors if type(kind) is int]
         sizes += [shape[0] * 2 if type(kind) is int else math.prod(shape) * getattr(torch, kind).itemsize
                   for _, shape, kind, _ in tensors]
+        lqer = head.get("lqer", [])  # LQER factors (quant/lqer.py): one more piece, after the others
+        shapes2d = {name: (shape[0], math.prod(shape[1:])) for name, shape, kind, _ in tensors if type(kind) is int}
+        sizes += [sum(lqer_nbytes(r, *shapes2d.get(name, (0, 0))) for name, r in lqer)] if lqer else []
         # split() raises unless the data is exactly these pieces: bounds every later allocation
         pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes)
+        lqer, pieces = (lqer_unpack(pieces[-1], lqer, shapes2d), pieces[:-1]) if lqer else ({}, pieces)
         q_pieces, state_dict = iter(pieces), {}
         for (name, shape, kind, _), t in zip(tensors, pieces[-len(tensors):]):  # (no tensors: zip is empty)
             dtype = getattr(torch, "float16" if type(kind) is int else kind)
@@ -294,8 +315,11 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
             if type(kind) is int:
                 t = dequantize_per_row(
                     unpack_bits(next(q_pieces), container or kind, math.prod(shape)).view(shape[0], -1), t)
+                if name in lqer:  # W' = deq(Q) + A'^T' @ B', as the export evaluated it
+                    t = t + lqer_correction(lqer[name][1], lqer[name][0], *shapes2d[name])
             state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
-        return state_dict, head["config"], dict(head, compressor=QUANT_COMPRESSORS[cid - 1], format_version=prefix[4])
+        meta = dict(head, compressor=(*QUANT_COMPRESSORS, "grouped")[cid - 1], format_version=prefix[4])
+        return state_dict, head["config"], dict(meta, groups=layout) if layout else meta
     except Exception as err:  # a damaged file must never surface as anything but a ValueError
         raise ValueError(f"{label}: {err}") from None
 

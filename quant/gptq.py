@@ -30,7 +30,8 @@ from quant.core import QUANT_CLIP_QUANTILES, quantize_per_row
 from trainer.progress import Progress
 
 
-def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES) -> tuple:
+def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES,
+                  scale: torch.Tensor | None = None) -> tuple:
     """Full GPTQ of w [R, C] (float, CPU or CUDA) with input Hessian h [C, C] (X^T X, any positive scale).
 
     Returns (q int8 [R, C] in [-qmax, qmax], scale float16 [R], clip float): each row keeps the
@@ -38,11 +39,13 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QU
     (w - w') h (w - w')^T; clip is the mean chosen quantile (informational). Blocks of 128 columns,
     damping 1% of the mean diagonal (the factorization runs in float64: h + damping is positive
     definite even for inputs that never fire or fewer samples than columns). ValueError for bits
-    outside 2..8.
+    outside 2..8. scale: fixed float16 [R] row scales (quant/sdclip.py) instead of the clip
+    candidates; `clips` is then a 1-tuple whose value is returned as the clip.
     """
     m, (r, c), k = (1 << bits - 1) - 1, w.shape, len(clips)
     w = w.detach().float()
-    s = torch.cat([quantize_per_row(w, bits, p)[1].float() for p in clips])  # [K*R]: the candidates as extra rows
+    s = (torch.cat([quantize_per_row(w, bits, p)[1].float() for p in clips]) if scale is None  # [K*R]: the candidates
+         else scale.to(w.device).float())  # fixed scales [R] (SDClip; clips then holds its one k)
     h = h.to(w)
     o = torch.argsort(h.diagonal(), descending=True, stable=True)  # act-order
     g = h[o][:, o].double()

@@ -31,6 +31,11 @@ warning line, a bad value a ValueError naming the variable):
   QUANT_OVERRIDES="blocks.0.:8,lm_head:0"   substring:bits pairs, first match wins
   QUANT_FITTED="blocks.3.mlp.fc.weight:6"   name:bits pairs, normally written by the fit itself
   QUANT_CONTROL_PATTERNS="attn_scale,mlp_scale,..."  replaces the default control patterns
+  QUANT_SDCLIP=0              row scale k * std(row) / qmax instead of the clip search (quant/sdclip.py);
+                              k per group: QUANT_SDCLIP_K_ATTN=13 _MLP=11.5 _EMBED=15 _OTHER=12.85
+  QUANT_LQER=0                rank-QUANT_LQER_RANK (4) correction of the QUANT_LQER_TOP_N (3) tensors with the
+                              largest quantization error, int4 factors (quant/lqer.py)
+  QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
 from_env validates each variable on its own (a one-field policy) and prefixes the message with the
 variable and its raw value.
 """
@@ -44,6 +49,8 @@ from collections.abc import Callable
 from trainer.env import parse_env_value, warn_unknown_env
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
+QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
+                      "lqer_top_n", "grouped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +84,18 @@ class QuantPolicy:
     fitted: tuple = ()
     control_patterns: tuple = ("attn_scale", "mlp_scale", "resid_mix", "q_gain", "skip_weight", "smear", "gate",
                                "gain", "lambda", "norm")
+    # QUANT_SDCLIP (quant/sdclip.py, PR #1394): row scale k * std / qmax, k per group (PR #1855 / #1586)
+    sdclip: bool = False
+    sdclip_k_attn: float = 13.0
+    sdclip_k_mlp: float = 11.5
+    sdclip_k_embed: float = 15.0
+    sdclip_k_other: float = 12.85
+    # QUANT_LQER (quant/lqer.py, PR #1797 / #1855): rank-r correction of the top-N tensors' error
+    lqer: bool = False
+    lqer_rank: int = 4
+    lqer_top_n: int = 3
+    # QUANT_GROUPED (quant/grouped.py, PR #1855 / #1218): role groups, sorted rows, one coder each
+    grouped: bool = False
 
     def __post_init__(self) -> None:
         bits = (0, *range(2, 9))
@@ -89,6 +108,11 @@ class QuantPolicy:
                 or any(b == 0 for _, b in self.fitted):
             raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides} / fitted="
                              f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
+        for name in QUANT_NEWER_FIELDS[1:5]:
+            if not 0 < getattr(self, name) <= 1000:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected a number in (0, 1000]")
+        if not 1 <= self.lqer_rank <= 64 or not 0 <= self.lqer_top_n <= 10_000:
+            raise ValueError(f"lqer_rank={self.lqer_rank!r} / lqer_top_n={self.lqer_top_n!r}: expected 1..64 / 0..10000")
 
     @classmethod
     def from_env(cls, environ: dict | None = None, log: Callable = print) -> "QuantPolicy":
@@ -124,8 +148,11 @@ class QuantPolicy:
         return cls(**kwargs)
 
     def to_dict(self) -> dict:
-        """JSON-serializable dict of every field (tuples become lists, as after a JSON round trip)."""
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+        """JSON-serializable dict of every field (tuples become lists, as after a JSON round trip);
+        the SDClip / LQER / grouped fields only where they differ from their defaults (so that an
+        artifact written without them keeps its bytes)."""
+        d = json.loads(json.dumps(dataclasses.asdict(self)))
+        return {k: v for k, v in d.items() if k not in QUANT_NEWER_FIELDS or v != QuantPolicy.__dataclass_fields__[k].default}
 
     def group_of(self, name: str, shape: tuple) -> str:
         """'control', 'embed', 'attn', 'mlp' or 'other' (overrides and passthrough size not applied)."""

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tools.bench_quant import METHODS, main, official_int8_zlib, run_bench
+from tools.bench_quant import METHODS, TECHNIQUES, main, official_int8_zlib, run_bench
 
 
 def test_official_baseline_semantics():
@@ -50,4 +50,31 @@ def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
     assert any(r.startswith("| official torch.save int8") for r in rows)
     with pytest.raises(SystemExit) as exit_info:
         main([str(ckpt), "--data-path", str(tiny_dataset), "--tokenizer", str(sp1024_model), "--bits", "9"])
+    assert exit_info.value.code == 2
+
+
+def test_technique_table(tmp_path, tiny_dataset, sp1024_model):
+    import trainer.model as trainer_model
+    from safetensors.torch import save_file
+
+    from tests.test_quant_artifact import tiny_model_config
+
+    config = tiny_model_config(vocab_size=1024)
+    torch.manual_seed(0)
+    model = trainer_model.GPT(**config)
+    ckpt = tmp_path / "prequant.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(ckpt),
+              metadata={"model_config": json.dumps(config)})
+    args = SimpleNamespace(checkpoint=str(ckpt), data_path=str(tiny_dataset), tokenizer=str(sp1024_model),
+                           val_tokens=1024, seq_len=128, compressor="zlib", techniques="5/6")
+    table = run_bench(args)
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| blocks int5, embed int6")]
+    assert [r[1].strip() for r in rows] == list(TECHNIQUES)
+    assert rows[0][5].strip() == "+0" and rows[0][6].strip() == "+0.00000"
+    by = {r[1].strip(): r for r in rows}
+    assert by["SDClip"][2] != by["GPTQ-lite (today)"][2]  # a different quantizer, different bytes
+    assert all("+zlib" in r[7] or "+grouped" in r[7] for r in rows)
+    assert all("+grouped" not in r[7] for name, r in by.items() if "grouped" not in name)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(ckpt), "--data-path", str(tiny_dataset), "--tokenizer", str(sp1024_model), "--techniques", "5/9"])
     assert exit_info.value.code == 2

@@ -30,6 +30,12 @@ Hessians collected by quant.gptq.collect_gptq_hessians from --calib-batches batc
 --calib-tokens TRAIN tokens (read through train_gpt.DistributedTokenLoader, as the trainer does).
 The int5 line checks the target: full GPTQ's val_bpb cost <= 70% of GPTQ-lite's.
 
+Techniques (--techniques 5/6,6/8: block/embedding bit pairs): only this table, one row per
+technique and combination of tools/bench_quant.TECHNIQUES (SDClip with the records' k per group,
+LQER rank 4 on the top 3 tensors, the grouped container) at each pair, QUANT_FIT and full GPTQ off:
+bytes of the smallest encoding, bytes/param, d val_bpb (exact, decoded file through eval.roundtrip)
+and both against the row "GPTQ-lite (today)" of the same bits.
+
 Compressors: one payload (the int6-blocks / int8-embedding policy of the records, GPTQ-lite) under
 every packing x byte-shuffle x compressor, with compression seconds (on whatever the machine is
 doing: label timings as such), and the official baseline's torch.save + zlib-9 export of the same
@@ -65,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calib-tokens", type=int, default=8192, help="train tokens per calibration batch")
     parser.add_argument("--bits", default="8,6,5,4", help="comma-separated block-matrix bit widths")
     parser.add_argument("--compressor", default="auto", choices=("auto",) + QUANT_COMPRESSORS)
+    parser.add_argument("--techniques", help="only the technique table (SDClip, LQER, grouped and combinations) at "
+                        "these BLOCK/EMBED bit pairs, e.g. 5/6,6/8")
     parser.add_argument("--out", help="also write the table to this file")
     parser.add_argument("--calibrate", action="store_true")
     return parser
@@ -182,6 +190,51 @@ def frontier_rows(state, config, hessians, score, bits_list, compressor="auto") 
     return rows
 
 
+TECHNIQUES = {  # label -> policy fields on top of the technique table's bits (SDClip k: the records' per group)
+    "GPTQ-lite (today)": {},
+    "SDClip": dict(sdclip=True),
+    "GPTQ-lite + LQER": dict(lqer=True),
+    "SDClip + LQER": dict(sdclip=True, lqer=True),
+    "GPTQ-lite + grouped": dict(grouped=True),
+    "SDClip + grouped": dict(sdclip=True, grouped=True),
+    "SDClip + LQER + grouped": dict(sdclip=True, lqer=True, grouped=True),
+}
+
+
+def technique_rows(state, config, score, policies: dict, compressor="auto") -> list[dict]:
+    """One row per (bits label, technique): the export's bytes (every encoding candidate, or
+    --compressor, plus the grouped container where on), val_bpb of the decoded file, seconds.
+    policies: bits label -> QuantPolicy fields (bits, fit off); full GPTQ off (no Hessians)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for bits_label, base in policies.items():
+            for label, fields in TECHNIQUES.items():
+                policy = QuantPolicy(**{**base, **fields, "fit": False, "gptq": False})
+                t0 = time.perf_counter()
+                report = export_artifact(state, config, Path(tmp) / "m.ptz", code_bytes=0, byte_budget=10**12,
+                                         policy=policy, compressor=compressor, log=lambda msg: None)
+                seconds = time.perf_counter() - t0
+                loaded = load_artifact(Path(tmp) / "m.ptz")[0]
+                rows.append(dict(bits=bits_label, technique=label, bytes=report["bytes_model"], val_bpb=score(loaded),
+                                 seconds=seconds, encoding=f"{report['packing']}{'+shuffle' * report['shuffle']}"
+                                                           f"+{report['compressor']}"))
+                print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def technique_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
+    """Markdown lines of technique_rows: bytes, bytes/param, d val_bpb, bytes and d val_bpb vs the first row of its bits."""
+    lines = ["| bits | technique | bytes | bytes/param | d val_bpb | vs today: bytes | vs today: d val_bpb | encoding "
+             "| seconds |", "|---|---|---:|---:|---:|---:|---:|---|---:|"]
+    first = {}
+    for r in rows:
+        f = first.setdefault(r["bits"], r)
+        lines.append(f"| {r['bits']} | {r['technique']} | {r['bytes']:,} | {r['bytes'] / num_params:.4f} | "
+                     f"{r['val_bpb'] - base_bpb:+.5f} | {r['bytes'] - f['bytes']:+,} | {r['val_bpb'] - f['val_bpb']:+.5f} | "
+                     f"{r['encoding']} | {r['seconds']:.1f} |")
+    return lines
+
+
 def compressor_rows(state, config) -> list[dict]:
     """Every packing x shuffle x compressor on one payload (COMPRESSOR_POLICY)."""
     entries, _ = quantize_state_dict(state, COMPRESSOR_POLICY)
@@ -217,6 +270,15 @@ def run_bench(args) -> str:
 
     base_bpb = score(state)
     print(f"prequant val_bpb {base_bpb:.5f}", file=sys.stderr, flush=True)
+    if getattr(args, "techniques", None):  # the technique table alone (no Hessians: full GPTQ off in every row)
+        policies = {f"blocks int{b}, embed int{e}": dict(attn_bits=b, mlp_bits=b, embed_bits=e)
+                    for b, e in (p.split("/") for p in args.techniques.split(","))}
+        rows = technique_rows(state, config, score, {k: {f: int(v) for f, v in d.items()} for k, d in policies.items()},
+                              args.compressor)
+        return "\n".join([f"checkpoint {args.checkpoint}: {num_params:,} params, config {json.dumps(config)}",
+                          f"val: {val_tokens.numel() - 1:,} tokens, seq_len {args.seq_len}; prequant val_bpb {base_bpb:.5f}",
+                          "", "Techniques (QUANT_FIT off, full GPTQ off; d val_bpb = roundtrip - prequant):", ""]
+                         + technique_table(rows, num_params, base_bpb))
     hessians, calib_seconds = collect_hessians(config, state, args.data_path, args.calib_batches, args.calib_tokens,
                                                args.seq_len)
     lines = [
@@ -278,12 +340,15 @@ def main(argv=None) -> int:
             parser.error("checkpoint, --data-path and --tokenizer are required (or --calibrate)")
         try:
             args.bits = [int(b) for b in args.bits.split(",")]
+            pairs = [p.split("/") for p in (args.techniques or "8/8").split(",")]
+            if any(len(p) != 2 or not all(x.isdigit() and 2 <= int(x) <= 8 for x in p) for p in pairs):
+                raise ValueError
             if not all(2 <= b <= 8 for b in args.bits) or min(args.val_tokens, args.calib_batches, args.calib_tokens) < 1 \
                     or args.calib_tokens % args.seq_len:
                 raise ValueError
         except ValueError:
-            parser.error(f"--bits {args.bits!r}: expected integers in 2..8; counts >= 1; --calib-tokens a multiple of "
-                         "--seq-len")
+            parser.error(f"--bits {args.bits!r} / --techniques {args.techniques!r}: expected integers in 2..8 (--techniques:"
+                         " BLOCK/EMBED pairs); counts >= 1; --calib-tokens a multiple of --seq-len")
         text = run_bench(args)
     print(text)
     if args.out:

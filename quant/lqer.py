@@ -1,0 +1,110 @@
+"""LQER: a low-rank correction of the quantization error of the few tensors where it is largest (QUANT_LQER=1).
+
+For each of the QUANT_LQER_TOP_N quantized matrices with the largest squared error
+||W - deq(Q(W))||^2 (ties: state-dict order), with E = W - deq(Q(W)) (float64) and r =
+min(QUANT_LQER_RANK, R, C):
+    U, S, V^T = svd(E);  A^T = sqrt(S[:r]) * U[:, :r]^T  [r, R];  B = sqrt(S[:r]) * V^T[:r]  [r, C]
+Each factor is stored as asymmetric int4 in groups of LQER_GROUP = 64 consecutive values of its
+row-major flattening (the last group padded with the last value): per group
+    low = fp16(min), scale = fp16(clamp((max - low) / 15, 2**-24, 65504)) (quant_fp16_scale),
+    q = clamp(round_half_even((x - low) / scale), 0, 15),  x' = q * scale + low   (float32)
+and the decoder, like the export, computes the weight as (float32)
+    W' = deq(Q(W)) + A'^T' @ B'        (A'^T' = dequantized A^T, transposed: [R, r] @ [r, C])
+Stored bytes per factor of n values: G = ceil(n / 64) groups -> 32 G bytes of 4-bit codes (two per
+byte, the first in the low nibble) + 2 G float16 scales + 2 G float16 lows. The payload keeps them after every
+other piece, in the order of the header's "lqer" list [[name, r], ...] (absent without LQER).
+Source: LQER (Zhang et al. 2024, "LQER: Low-Rank Quantization Error Reconstruction for LLMs");
+in parameter golf PR #1797 and PR #1855 (rank 4 on the tensors with the largest error, factors
+asymmetric int4 in groups of 64).
+
+Size note: bundled into the counted train_gpt.py (export and decode call it).
+"""
+
+import math
+
+import torch
+
+from quant.core import dequantize_per_row, quant_fp16_scale
+
+LQER_GROUP = 64
+
+
+def lqer_int4(x: torch.Tensor) -> tuple:
+    """Asymmetric int4 of x (any shape, float) in groups of 64 -> (codes uint8 [G, 64] in 0..15,
+    scale float16 [G], low float16 [G])."""
+    f = x.detach().reshape(-1).float()
+    f = torch.cat([f, f[-1:].expand(-f.numel() % LQER_GROUP)]).view(-1, LQER_GROUP)
+    low = f.amin(1).half().float()
+    s = quant_fp16_scale(((f.amax(1) - low) / 15).clamp(2**-24, 65504))
+    return torch.round((f - low[:, None]) / s[:, None]).clamp(0, 15).to(torch.uint8), s.half(), low.half()
+
+
+def lqer_dequant(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """Inverse of lqer_int4 -> float32 tensor of `shape` (codes * scale + low, padding dropped)."""
+    x = codes.float() * scale.float()[:, None] + low.float()[:, None]
+    return x.reshape(-1)[:math.prod(shape)].view(shape)
+
+
+def lqer_correction(factors: tuple, r: int, rows: int, cols: int) -> torch.Tensor:
+    """float32 [rows, cols] correction A'^T' @ B' from the int4 factors ((A^T codes, scale, low),
+    (B codes, scale, low)) of rank r."""
+    a = lqer_dequant(*factors[0], (r, rows))
+    return a.T @ lqer_dequant(*factors[1], (r, cols))
+
+
+def lqer_factors(entries: dict, state_dict: dict, rank: int, top_n: int) -> dict:
+    """LQER factors of the top_n quantized entries (quantize_state_dict's) by squared error.
+
+    Returns {name: (r, ((A^T codes, scale, low), (B codes, scale, low)))} in state-dict order.
+    """
+    errs = []
+    for i, (name, (shape, bits, q, s, _)) in enumerate(entries.items()):
+        if bits:
+            e = state_dict[name].detach().cpu().double().reshape(shape[0], -1) - dequantize_per_row(q, s, torch.double)
+            errs.append((-float(e.square().sum()), i, name, e))
+    out = {}
+    for _, _, name, e in sorted(errs, key=lambda x: x[:2])[:top_n]:
+        r = min(rank, *e.shape)
+        u, sv, vh = torch.linalg.svd(e, full_matrices=False)
+        root = sv[:r].sqrt()
+        out[name] = r, (lqer_int4(root[:, None] * u[:, :r].T), lqer_int4(root[:, None] * vh[:r]))
+    return dict(sorted(out.items(), key=lambda kv: list(entries).index(kv[0])))
+
+
+def lqer_nbytes(r: int, rows: int, cols: int) -> int:
+    """Stored bytes of one tensor's two factors (module docstring)."""
+    return sum(36 * -(-r * n // LQER_GROUP) for n in (rows, cols))
+
+
+def lqer_pack(factors: dict) -> bytes:
+    """The payload's LQER piece: per tensor, per factor (A^T, B): 4-bit codes, scales, lows."""
+    out = []
+    for _, parts in factors.values():
+        for codes, s, low in parts:
+            c = codes.reshape(-1, 2)
+            out += [(c[:, 0] | c[:, 1] << 4).numpy().tobytes(), s.numpy().tobytes(), low.numpy().tobytes()]
+    return b"".join(out)
+
+
+def lqer_unpack(blob: torch.Tensor, specs: list, shapes: dict) -> dict:
+    """Inverse of lqer_pack: uint8 blob, header specs [[name, r], ...], name -> 2-D shape ->
+    {name: (r, factors)}. ValueError for a spec that does not name a distinct quantized tensor, a
+    rank outside 1..min(R, C) or a blob of the wrong size."""
+    if len({n for n, _ in specs}) != len(specs) or any(n not in shapes or type(r) is not int or not 0 < r <= min(shapes[n])
+                                                       for n, r in specs):
+        raise ValueError(f"lqer entries {specs!r} do not match the quantized tensors")
+    sizes, out = [], {}
+    for n, r in specs:
+        for m in shapes[n]:
+            g = -(-r * m // LQER_GROUP)
+            sizes += [32 * g, 2 * g, 2 * g]
+    pieces = iter(blob.split(sizes))  # raises unless the blob is exactly these pieces
+    for n, r in specs:
+        parts = []
+        for m in shapes[n]:
+            g = -(-r * m // LQER_GROUP)
+            b = next(pieces)
+            codes = torch.stack([b & 15, b >> 4], 1).view(g, LQER_GROUP)
+            parts.append((codes, next(pieces).clone().view(torch.float16), next(pieces).clone().view(torch.float16)))
+        out[n] = r, tuple(parts)
+    return out

@@ -1,0 +1,44 @@
+"""SDClip: per-row scale from the row's standard deviation instead of a clip search (QUANT_SDCLIP=1).
+
+Rule, per row r of w [R, C], bits N (qmax = 2**(N-1) - 1) and the group's k:
+    scale[r] = fp16(clamp(k * std(w[r, :]) / qmax, 2**-24, 65504))   (quant.core.quant_fp16_scale)
+    q[r, c]  = clamp(round_half_even(w[r, c] / scale[r]), -qmax, qmax)
+std is the sample standard deviation (Bessel's correction, torch.std's default). Values beyond
+k * std saturate; k is the size knob: a larger k spreads the same values over fewer levels, so
+the entropy and the compressed file shrink and the rounding error grows.
+k per group (attention / MLP / embedding / other matrices; QUANT_SDCLIP_K_ATTN, _MLP, _EMBED,
+_OTHER). Source: PR #1394 (SDClip, "clip_sigmas"); PR #1855 used MLP 11.5, attention 13.0 and
+12.85 for the other matrices at int6, PR #1586 the embedding at int7 with 15.0.
+With a calibration Hessian, full GPTQ runs with these scales fixed (quant.gptq.gptq_quantize).
+The stored format does not change: the decoder only sees q and the float16 scales.
+
+Size note: bundled into the counted train_gpt.py (the export calls it).
+"""
+
+import torch
+
+from quant.core import quant_fp16_scale
+
+
+def sdclip_scale(w: torch.Tensor, bits: int, k: float) -> torch.Tensor:
+    """float16 [R] SDClip scales of w [R, C] (C >= 2) at `bits` with clip k * std(row).
+
+    ValueError for bits outside 2..8 or k <= 0.
+    """
+    if type(bits) is not int or not 1 < bits < 9 or not k > 0:
+        raise ValueError(f"bits={bits!r}, k={k!r}: expected an int in 2..8 and k > 0")
+    std = w.detach().float().std(1)
+    return quant_fp16_scale((k * std / ((1 << bits - 1) - 1)).clamp(2**-24, 65504)).half()
+
+
+def sdclip_quantize(w: torch.Tensor, bits: int, k: float) -> tuple:
+    """SDClip quantization of w [R, C] -> (q int8 [R, C] in [-qmax, qmax], scale float16 [R], k)."""
+    m, s = (1 << bits - 1) - 1, sdclip_scale(w, bits, k)
+    return torch.round(w.detach().float() / s.float()[:, None]).clamp(-m, m).to(torch.int8), s, float(k)
+
+
+def sdclip_k(policy, name: str, shape: tuple) -> float:
+    """The policy's SDClip k for parameter `name` of `shape`: by its group (attn / mlp / embed;
+    anything else, an override-quantized control tensor included, uses sdclip_k_other)."""
+    group = policy.group_of(name, shape)
+    return getattr(policy, f"sdclip_k_{group}" if group in ("attn", "mlp", "embed") else "sdclip_k_other")
