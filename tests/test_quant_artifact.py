@@ -323,10 +323,10 @@ def test_random_and_foreign_bytes_raise(artifact_bytes):
     ]:
         with pytest.raises(ValueError, match=match):
             decode_artifact(data)
-    for cid in (0, 2, 3, 4, 9, 255):  # wrong / unknown compressor id with a valid checksum
+    for cid in (0, 2, 3, 4, 5, 9, 255):  # wrong / unknown compressor id with a valid checksum (5: grouped)
         _expect_value_error(_rewrap(payload, cid=cid))
-    with pytest.raises(ValueError, match="unknown compressor id 5"):
-        decode_artifact(_rewrap(payload, cid=5))
+    with pytest.raises(ValueError, match="unknown compressor id 6"):
+        decode_artifact(_rewrap(payload, cid=6))
 
 
 def test_valid_checksum_but_broken_content_raises(artifact_bytes):
