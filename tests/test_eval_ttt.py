@@ -127,7 +127,12 @@ def test_an_update_before_its_score_is_refused(stream, luts, monkeypatch):
 
 def test_legality_check_on_records():
     rec = dict(chunk=4, first_target=100, num_targets=50, scored_at_step=7, first_update_step=8, last_update_step=9)
-    check_ttt_legality([rec, {**rec, "first_update_step": None}, {**rec, "scored_at_step": None}])
+    check_ttt_legality([rec, {**rec, "chunk": 5, "first_target": 150, "first_update_step": None},
+                        {**rec, "chunk": 6, "first_target": 200, "scored_at_step": None}])
+    with pytest.raises(ValueError, match=r"chunk 4 \(targets from 100\) does not follow chunk 4 .*scored twice"):
+        check_ttt_legality([rec, rec])  # the same targets scored again (a rescore)
+    with pytest.raises(ValueError, match=r"chunk 6 \(targets from 200\) does not follow chunk 4"):
+        check_ttt_legality([rec, {**rec, "chunk": 6, "first_target": 200}])  # targets 150..199 never scored
     with pytest.raises(ValueError, match=r"chunk 4 \(targets 100\.\.149\) was scored after 7 updates, but update 7"):
         check_ttt_legality([{**rec, "first_update_step": 7}])
 
