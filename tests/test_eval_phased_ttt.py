@@ -125,3 +125,35 @@ def test_plan_cuts_epochs_then_phases_then_skips():
              phases=3, eval_batch_seqs=32, batch_seqs=32)
     assert project_phased_seconds(**p) < project_phased_seconds(**{**p, "phases": 4}) < project_phased_seconds(
         **{**p, "phases": 4, "epochs": 2})
+
+
+def _dist_worker(rank, world_size, init_file, tokens, luts, out):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        model = TTTLM(seed=6)
+        res = run_phased_ttt(model, tokens, luts, seq_len=32, stride=16, phases=3, epochs=2, lr=0.3, batch_seqs=4,
+                             eval_batch_seqs=3, rank=rank, world_size=world_size, **QUIET)
+        out[rank] = (res["val_loss"], res["val_bpb"], res["num_bytes"], res["num_updates"],
+                     [(c["scored_at_step"], c["first_update_step"]) for c in res["chunks"]], model.emb.detach().clone())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_match_one(stream, luts, tmp_path):
+    import torch.multiprocessing as mp
+
+    tokens = stream[:1200]
+    model = TTTLM(seed=6)
+    res = run_phased_ttt(model, tokens, luts, seq_len=32, stride=16, phases=3, epochs=2, lr=0.3, batch_seqs=4,
+                         eval_batch_seqs=3, **QUIET)
+    out = mp.Manager().dict()
+    mp.spawn(_dist_worker, args=(2, str(tmp_path / "init"), tokens, luts, out), nprocs=2, join=True)
+    for rank in (0, 1):
+        loss, bpb, num_bytes, num_updates, ledger, emb = out[rank]
+        assert (num_bytes, num_updates) == (res["num_bytes"], res["num_updates"]) and num_updates > 0
+        assert ledger == [(c["scored_at_step"], c["first_update_step"]) for c in res["chunks"]]
+        assert (loss, bpb) == pytest.approx((res["val_loss"], res["val_bpb"]), rel=1e-5)
+        torch.testing.assert_close(emb, model.emb.detach(), rtol=1e-4, atol=1e-5)
