@@ -63,7 +63,8 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
     TTT_MODE=phased: eval.phased_ttt.run_phased_ttt with `phases` (the plan's) instead."""
     left = hp.eval_max_seconds - (time.perf_counter() - started)
     if hp.ttt_mode == "phased":
-        return run_phased_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride, phases=phases,
+        return run_phased_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
+                              phases=phases or hp.ttt_phases,
                               epochs=epochs, lr=hp.ttt_lr, momentum=hp.ttt_momentum, params=hp.ttt_params,
                               batch_seqs=hp.ttt_batch_seqs, eval_batch_seqs=hp.eval_batch_seqs,
                               grad_clip=hp.ttt_grad_clip, max_seconds=max(left, 1e-9), log=ctx.log,
