@@ -102,9 +102,9 @@ def train_and_score() -> int:
     luts = build_sentencepiece_luts(sp, hp.vocab_size)
     saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
     # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
-    plan = dict(stride=saved["eval_stride"], ttt_epochs=saved.get("ttt_epochs", 0)) if saved else plan_final_eval(
-        ctx, config, hp, num_val_tokens)
-    eval_stride, ttt_epochs = plan["stride"], plan["ttt_epochs"]
+    plan = dict(stride=saved["eval_stride"], ttt_epochs=saved.get("ttt_epochs", 0), ttt_phases=saved.get(
+        "ttt_phases", 0)) if saved else plan_final_eval(ctx, config, hp, num_val_tokens)
+    eval_stride, ttt_epochs, ttt_phases = plan["stride"], plan["ttt_epochs"], plan.get("ttt_phases", 0)
 
     @functools.cache
     def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens
@@ -133,23 +133,25 @@ def train_and_score() -> int:
 
         summary["phase"], rc, artifact_path = "trained", 0, ctx.run_dir / "final_model.ptz"
         trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], eval_stride=eval_stride,
-                       ttt_epochs=ttt_epochs)
+                       ttt_epochs=ttt_epochs, ttt_phases=ttt_phases)
         try:
             guard.arm()  # from here a signal interrupts where the run is: it saves the weights and says how to finish
             for measured in finish_run(ctx, hp, model=model, config=config, policy=policy, code_bytes=code_bytes,
                                        artifact_path=artifact_path, val_tokens=val_tokens, luts=luts,
-                                       eval_stride=eval_stride, ttt_epochs=ttt_epochs):
+                                       eval_stride=eval_stride, ttt_epochs=ttt_epochs, ttt_phases=ttt_phases):
                 summary.update(measured)
             summary["phase"] = "done"
             record(summary)
         except RunInterrupted as stop:
             return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=model, config=config,
-                                              trained=trained, score=score_command(hp, artifact_path, eval_stride, ttt_epochs))
+                                              trained=trained, score=score_command(hp, artifact_path, eval_stride, ttt_epochs,
+                                                                                  ttt_phases))
         except Exception as err:  # training finished: keep every number measured so far
             guard.hold()
             if no_room(err):  # a full disk or a file-size limit: the weights where they fit, and how to finish
                 return no_room_after_training(ctx, hp, err, summary, record, model=model, config=config, trained=trained)
-            summary["status"] = after_training_error(ctx, hp, err, artifact_path, ttt_epochs=ttt_epochs)
+            summary["status"] = after_training_error(ctx, hp, err, artifact_path, ttt_epochs=ttt_epochs,
+                                                     ttt_phases=ttt_phases)
             summary["error"] = f"{type(err).__name__}: {err}"
             rc = 1
             record(summary)

@@ -30,6 +30,8 @@ TTT_BATCH_SEQS, TTT_PARAMS and its scoring batch), flags override; one line says
 An artifact that records none uses the flags, else the environment, else TTT_CHUNK_TOKENS (32768),
 TTT_EPOCHS (3), TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BATCH_SEQS (32), TTT_PARAMS
 (all), and the line says the score is the run's only if they match the run's.
+--ttt-mode phased (TTT_MODE; the artifact records it) scores with phased TTT (eval/phased_ttt.py):
+--ttt-phases phases (TTT_PHASES, 3), each scored, then SGD on every document scored so far.
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -49,18 +51,21 @@ from trainer.settings import valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
-eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = None
+eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = run_phased_ttt = None
 ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
+TTT_MODES = ("chunked", "phased")
 
 
 def _import_evals() -> None:
-    global eval_roundtrip, eval_sliding, run_ttt, ttt_log_line
+    global eval_roundtrip, eval_sliding, run_ttt, ttt_log_line, run_phased_ttt
     if eval_roundtrip is None:
         from eval.roundtrip import eval_roundtrip
     if eval_sliding is None:
         from eval.sliding import eval_sliding
     if run_ttt is None:
         from eval.ttt import run_ttt, ttt_log_line
+    if run_phased_ttt is None:
+        from eval.phased_ttt import run_phased_ttt
 
 
 def _load_model(artifact_path, device, log, attn_backend="auto"):
@@ -185,10 +190,14 @@ def check_score_inputs(args, environ=None) -> None:
            ("ttt_epochs", "TTT_EPOCHS", 3, int, dict(minimum=0)), ("ttt_lr", "TTT_LR", 0.002, float, dict(minimum=0)),
            ("ttt_momentum", "TTT_MOMENTUM", 0.9, float, dict(minimum=0)),
            ("ttt_grad_clip", "TTT_GRAD_CLIP", 1.0, float, dict(minimum=0)),
-           ("ttt_batch_seqs", "TTT_BATCH_SEQS", 32, int, dict(minimum=1)))
+           ("ttt_batch_seqs", "TTT_BATCH_SEQS", 32, int, dict(minimum=1)),
+           ("ttt_phases", "TTT_PHASES", 3, int, dict(minimum=1)))
     # which TTT settings the flags gave (they beat the artifact's; the environment does not)
     args.ttt_flags = [attr for attr, *_ in ttt if getattr(args, attr) is not None] + [
-        "ttt_params"] * (args.ttt_params is not None) + ["ttt_eval_batch_seqs"] * batch_seqs_flag
+        "ttt_params"] * (args.ttt_params is not None) + ["ttt_eval_batch_seqs"] * batch_seqs_flag + [
+        "ttt_mode"] * (args.ttt_mode is not None)
+    if args.ttt_mode is None:
+        args.ttt_mode = env_choice("TTT_MODE", "chunked", TTT_MODES, environ)
     for attr, var, default, kind, limits in ttt:
         if getattr(args, attr) is None:
             setattr(args, attr, (env_int if kind is int else env_float)(var, default, environ, **limits))
@@ -208,7 +217,8 @@ TTT_SETTINGS = {"ttt_epochs": ("epochs", "TTT_EPOCHS", int, 0), "ttt_chunk_token
                 "ttt_lr": ("lr", "TTT_LR", float, 0), "ttt_momentum": ("momentum", "TTT_MOMENTUM", float, 0),
                 "ttt_grad_clip": ("grad_clip", "TTT_GRAD_CLIP", float, 0),
                 "ttt_batch_seqs": ("batch_seqs", "TTT_BATCH_SEQS", int, 1), "ttt_params": ("params", "TTT_PARAMS", str, None),
-                "ttt_eval_batch_seqs": ("eval_batch_seqs", "EVAL_BATCH_SEQS", int, 1)}
+                "ttt_eval_batch_seqs": ("eval_batch_seqs", "EVAL_BATCH_SEQS", int, 1),
+                "ttt_mode": ("mode", "TTT_MODE", str, None), "ttt_phases": ("phases", "TTT_PHASES", int, 1)}
 
 
 def resolve_ttt_settings(args, meta: dict, log=print) -> None:
@@ -219,9 +229,12 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
     run's only if they match its TTT_* settings. Without --ttt, a run that scored with TTT gets a hint.
     ValueError naming the artifact for malformed settings."""
     ttt, name = (meta.get("run") or {}).get("ttt"), args.artifact
+    if isinstance(ttt, dict):  # artifacts written before the phased mode scored chunked
+        ttt = {"mode": "chunked", "phases": 1, **ttt}
     if ttt is not None:
         ok = isinstance(ttt, dict) and ttt.get("enabled") in (0, 1) and all(
-            (isinstance(ttt.get(key), str) and valid_ttt_params(ttt[key]) if kind is str else type(ttt.get(key)) in (int, kind)
+            (isinstance(ttt.get(key), str) and (ttt[key] in TTT_MODES if key == "mode" else valid_ttt_params(ttt[key]))
+             if kind is str else type(ttt.get(key)) in (int, kind)
              and ttt[key] >= minimum and ttt[key] == ttt[key] and ttt[key] != float("inf"))
             for key, _, kind, minimum in TTT_SETTINGS.values())
         if not ok:
@@ -231,7 +244,9 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
             log(f"artifact {name}: the run scored with TTT ({ttt['epochs']} epochs): this is the sliding score; "
                 f"pass --ttt 1 for the run's score")
         return
-    described = lambda attrs: " ".join(f"{TTT_SETTINGS[a][1]}={getattr(args, a)}" for a in attrs)
+    unused = {"chunked": "ttt_phases", "phased": "ttt_chunk_tokens"}  # the other mode's setting is not described
+    described = lambda attrs: " ".join(f"{TTT_SETTINGS[a][1]}={getattr(args, a)}" for a in attrs
+                                       if a != unused[args.ttt_mode])
     flags = [a for a in TTT_SETTINGS if a in args.ttt_flags]
     if ttt is None:
         log(f"ttt settings: artifact {name} records none (written before artifacts recorded them, or outside the "
@@ -296,7 +311,16 @@ def cmd_score(args) -> None:
                       autocast_dtype=autocast_dtype, compile_model=bool(args.compile) and device.type == "cuda")
         val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
         log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-        if stride > 0 and args.ttt:  # score-first TTT: its scoring pass is the sliding pass (eval/ttt.py)
+        phased = args.ttt_mode == "phased"
+        if stride > 0 and args.ttt and phased:  # phased score-first TTT (eval/phased_ttt.py)
+            result = run_phased_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, phases=args.ttt_phases,
+                                    epochs=args.ttt_epochs, lr=args.ttt_lr, momentum=args.ttt_momentum,
+                                    params=args.ttt_params, batch_seqs=args.ttt_batch_seqs,
+                                    eval_batch_seqs=args.ttt_eval_batch_seqs, grad_clip=args.ttt_grad_clip,
+                                    max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9), log=log,
+                                    **{k: v for k, v in common.items() if k != "batch_seqs"})
+            log(ttt_log_line(result) + f" stride:{stride} phases:{result['phases']} updates:{result['num_updates']}")
+        elif stride > 0 and args.ttt:  # score-first TTT: its scoring pass is the sliding pass (eval/ttt.py)
             result = run_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, chunk_tokens=args.ttt_chunk_tokens,
                              epochs=args.ttt_epochs, lr=args.ttt_lr, momentum=args.ttt_momentum, params=args.ttt_params,
                              batch_seqs=args.ttt_batch_seqs, eval_batch_seqs=args.ttt_eval_batch_seqs,
@@ -374,6 +398,10 @@ def main(argv=None) -> int:
     score.add_argument("--ttt-momentum", type=float, default=None, help="default TTT_MOMENTUM or 0.9")
     score.add_argument("--ttt-grad-clip", type=float, default=None, help="default TTT_GRAD_CLIP or 1.0")
     score.add_argument("--ttt-batch-seqs", type=int, default=None, help="default TTT_BATCH_SEQS or 32")
+    score.add_argument("--ttt-mode", choices=TTT_MODES, default=None,
+                       help="chunked: train on each scored chunk; phased: train on every scored document between "
+                            "phases (default TTT_MODE or chunked)")
+    score.add_argument("--ttt-phases", type=int, default=None, help="phases of --ttt-mode phased (default TTT_PHASES or 3)")
     score.add_argument("--ttt-params", default=None,
                        help="all | scalars | a regex of parameter names (default TTT_PARAMS or all)")
     score.add_argument("--code", metavar="FILE", default=None,

@@ -38,7 +38,8 @@ Payload (L bytes, decompressed):
           trainer writes it: {"train_seq_len": int (the eval window), "vocab_size": int,
           "tokenizer_sha256": hex str, "eval_stride": int (the stride the run's plan started its sliding
           or TTT eval with), "ttt": the TTT settings it scored with (trainer/finish.py
-          ttt_artifact_settings; absent in older files)}; {} when the writer had none (tests, benches).
+          ttt_artifact_settings; absent in older files; "mode": "phased" and "phases" only for phased TTT,
+          no "mode" = chunked)}; {} when the writer had none (tests, benches).
           `python -m eval score` reads it. Readers ignore keys they do not know (additions need no new version).
     4 bytes: uint32 length of the header.
 Decoding checks magic + version, the CRC and the compressor id before anything else, inflates with

@@ -199,6 +199,10 @@ def eval_rows() -> list:
         BadInput(e, "artifact with malformed TTT settings", SCORE + ("--ttt", "1", "--allow-tokenizer-mismatch"),
                  r"artifact \S+/final_model.ptz: malformed TTT settings \{.*'epochs': 'three'",
                  setup=lambda d: artifact_with_ttt(d, dict(enabled=1, epochs="three"))),
+        BadInput(e, "--ttt-phases 0", SCORE + ("--ttt", "1", "--ttt-mode", "phased", "--ttt-phases", "0"),
+                 r"--ttt-phases=0: expected an integer >= 1", setup=WITH_PTZ),
+        BadInput(e, "TTT_MODE=lora (not a TTT mode)", SCORE + ("--ttt", "1"),
+                 r"TTT_MODE='lora': expected one of chunked, phased", env={"TTT_MODE": "lora"}, setup=WITH_PTZ),
     ]
 
 
@@ -533,6 +537,10 @@ def train_rows() -> list:
                  env=train_env(TTT_ENABLED=1, TTT_CHUNK_TOKENS=100), after=nothing),
         BadInput(t, "TTT_PARAMS not a regular expression", TRAIN, r"TTT_PARAMS='blocks\.\[': expected all, scalars or a "
                  r"regular expression", env=train_env(TTT_ENABLED=1, TTT_PARAMS="blocks.["), after=nothing),
+        BadInput(t, "TTT_MODE=lora (not a TTT mode)", TRAIN, r"TTT_MODE='lora': expected chunked or phased",
+                 env=train_env(TTT_ENABLED=1, TTT_MODE="lora"), after=nothing),
+        BadInput(t, "TTT_PHASES=0", TRAIN, r"TTT_PHASES=0: expected >= 1",
+                 env=train_env(TTT_ENABLED=1, TTT_MODE="phased", TTT_PHASES=0), after=nothing),
         BadInput(t, "TTT_PARAMS matching no parameter", TRAIN, r"TTT_PARAMS='lora' matches no parameter",
                  env=train_env(TTT_ENABLED=1, TTT_PARAMS="lora"), after=nothing),
         BadInput(t, "MUON_NS_COEFFS=cubic", TRAIN, r"MUON_NS_COEFFS='cubic': expected jordan or polar_express",

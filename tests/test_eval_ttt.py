@@ -127,7 +127,12 @@ def test_an_update_before_its_score_is_refused(stream, luts, monkeypatch):
 
 def test_legality_check_on_records():
     rec = dict(chunk=4, first_target=100, num_targets=50, scored_at_step=7, first_update_step=8, last_update_step=9)
-    check_ttt_legality([rec, {**rec, "first_update_step": None}, {**rec, "scored_at_step": None}])
+    check_ttt_legality([rec, {**rec, "chunk": 5, "first_target": 150, "first_update_step": None},
+                        {**rec, "chunk": 6, "first_target": 200, "scored_at_step": None}])
+    with pytest.raises(ValueError, match=r"chunk 4 \(targets from 100\) does not follow chunk 4 .*scored twice"):
+        check_ttt_legality([rec, rec])  # the same targets scored again (a rescore)
+    with pytest.raises(ValueError, match=r"chunk 6 \(targets from 200\) does not follow chunk 4"):
+        check_ttt_legality([rec, {**rec, "chunk": 6, "first_target": 200}])  # targets 150..199 never scored
     with pytest.raises(ValueError, match=r"chunk 4 \(targets 100\.\.149\) was scored after 7 updates, but update 7"):
         check_ttt_legality([{**rec, "first_update_step": 7}])
 
@@ -275,7 +280,7 @@ def _score_args(**flags):
     import argparse
 
     defaults = dict(ttt_epochs=3, ttt_chunk_tokens=32768, ttt_lr=0.002, ttt_momentum=0.9, ttt_grad_clip=1.0,
-                    ttt_batch_seqs=32, ttt_params="all", ttt_eval_batch_seqs=32)
+                    ttt_batch_seqs=32, ttt_params="all", ttt_eval_batch_seqs=32, ttt_mode="chunked", ttt_phases=3)
     return argparse.Namespace(artifact="A.ptz", ttt=1, ttt_flags=list(flags), **{**defaults, **flags})
 
 
@@ -289,7 +294,13 @@ def test_score_takes_the_artifacts_ttt_settings_unless_a_flag_overrides():
     assert (args.ttt_epochs, args.ttt_chunk_tokens, args.ttt_lr, args.ttt_momentum, args.ttt_grad_clip,
             args.ttt_batch_seqs, args.ttt_params, args.ttt_eval_batch_seqs) == (1, 2048, 0.02, 0.5, 0.0, 8, "scalars", 16)
     assert logs == ["ttt settings: from the artifact TTT_EPOCHS=1 TTT_CHUNK_TOKENS=2048 TTT_MOMENTUM=0.5 "
-                    "TTT_GRAD_CLIP=0.0 TTT_BATCH_SEQS=8 TTT_PARAMS=scalars EVAL_BATCH_SEQS=16; from flags TTT_LR=0.02"]
+                    "TTT_GRAD_CLIP=0.0 TTT_BATCH_SEQS=8 TTT_PARAMS=scalars EVAL_BATCH_SEQS=16 TTT_MODE=chunked; "
+                    "from flags TTT_LR=0.02"]  # recorded before the phased mode: chunked
+    # a phased run's artifact: its mode and phases, not TTT_CHUNK_TOKENS (unused by phased TTT)
+    logs, args = [], _score_args()
+    resolve_ttt_settings(args, dict(run=dict(ttt=dict(recorded, mode="phased", phases=4))), log=logs.append)
+    assert (args.ttt_mode, args.ttt_phases) == ("phased", 4) and "TTT_CHUNK_TOKENS" not in logs[0]
+    assert logs[0].endswith("EVAL_BATCH_SEQS=16 TTT_MODE=phased TTT_PHASES=4; from flags none")
     # an older artifact (no settings recorded) still scores, with the CLI's, and says the score may not be the run's
     logs, args = [], _score_args()
     resolve_ttt_settings(args, dict(run=dict(train_seq_len=64)), log=logs.append)
@@ -308,6 +319,7 @@ def test_score_takes_the_artifacts_ttt_settings_unless_a_flag_overrides():
     resolve_ttt_settings(dict_args, dict(run=dict(ttt=recorded)), log=logs.append)
     assert logs[-1] == "artifact A.ptz: the run scored with TTT (1 epochs): this is the sliding score; pass --ttt 1 for the run's score"
     for bad in (dict(recorded, lr=-1.0), dict(recorded, epochs=True), dict(recorded, params="("), dict(recorded, lr=float("nan")),
-                {k: v for k, v in recorded.items() if k != "chunk_tokens"}, [1, 2]):
+                {k: v for k, v in recorded.items() if k != "chunk_tokens"}, [1, 2], dict(recorded, mode="lora"),
+                dict(recorded, mode="phased", phases=0)):
         with pytest.raises(ValueError, match=r"^artifact A\.ptz: malformed TTT settings "):
             resolve_ttt_settings(_score_args(), dict(run=dict(ttt=bad)), log=logs.append)

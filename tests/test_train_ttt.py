@@ -140,7 +140,7 @@ def test_eval_score_ttt_with_no_flags_is_the_runs_score(tiny_dataset, sp1024_mod
                            capture_output=True, text=True, timeout=300, env=cli_env)
     assert score.returncode == 0, score.stderr[-2000:]
     assert ("ttt settings: from the artifact TTT_EPOCHS=1 TTT_CHUNK_TOKENS=2048 TTT_LR=0.01 TTT_MOMENTUM=0.9 "
-            "TTT_GRAD_CLIP=1.0 TTT_BATCH_SEQS=32 TTT_PARAMS=all EVAL_BATCH_SEQS=16; from flags none\n") in score.stdout
+            "TTT_GRAD_CLIP=1.0 TTT_BATCH_SEQS=32 TTT_PARAMS=all EVAL_BATCH_SEQS=16 TTT_MODE=chunked; from flags none\n") in score.stdout
     cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", score.stdout, re.M)
     assert cli and cli.groups() == logged.groups(), score.stdout[-2000:]  # the same 8-decimal strings
     # result.json's command is the exact one: the same numbers, whatever the environment says

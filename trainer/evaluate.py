@@ -10,6 +10,7 @@ import time
 import torch
 
 from eval.roundtrip import eval_roundtrip
+from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
 from trainer.context import RunContext
@@ -54,12 +55,20 @@ def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_token
 
 
 def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, *, stride: int,
-                 epochs: int, started: float) -> dict:
+                 epochs: int, started: float, phases: int = 0) -> dict:
     """Legal score-first TTT in place of the sliding pass (eval.ttt.run_ttt's dict: val_loss, val_bpb,
     eval_seconds, num_scored_tokens, num_bytes, num_chunks, num_updates, updates_stopped_at_chunk, ...)
     with the TTT_* settings and `epochs` (the plan's); adapts `model` in place. Its time guard gets what
-    is left of EVAL_MAX_SECONDS since `started`. Raises EvalTimeError when scoring alone cannot fit."""
+    is left of EVAL_MAX_SECONDS since `started`. Raises EvalTimeError when scoring alone cannot fit.
+    TTT_MODE=phased: eval.phased_ttt.run_phased_ttt with `phases` (the plan's) instead."""
     left = hp.eval_max_seconds - (time.perf_counter() - started)
+    if hp.ttt_mode == "phased":
+        return run_phased_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
+                              phases=phases or hp.ttt_phases,
+                              epochs=epochs, lr=hp.ttt_lr, momentum=hp.ttt_momentum, params=hp.ttt_params,
+                              batch_seqs=hp.ttt_batch_seqs, eval_batch_seqs=hp.eval_batch_seqs,
+                              grad_clip=hp.ttt_grad_clip, max_seconds=max(left, 1e-9), log=ctx.log,
+                              **eval_device_args(ctx))
     return run_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride, chunk_tokens=hp.ttt_chunk_tokens,
                    epochs=epochs, lr=hp.ttt_lr, momentum=hp.ttt_momentum, params=hp.ttt_params,
                    batch_seqs=hp.ttt_batch_seqs, eval_batch_seqs=hp.eval_batch_seqs, grad_clip=hp.ttt_grad_clip,
@@ -98,7 +107,8 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     """Seconds of one TTT update as eval/ttt.py runs it: forward + backward of this rank's share of a
     TTT batch ([ttt_step_seqs / ranks, TRAIN_SEQ_LEN] synthetic tokens) with only TTT_PARAMS requiring
     grad, then SGD; compiled and autocast as the eval runs it. Changes `model`'s weights (a fresh model)."""
-    batch = ttt_step_seqs(hp.ttt_batch_seqs, hp.ttt_chunk_tokens, hp.train_seq_len, ctx.world_size) // ctx.world_size
+    cap_tokens = hp.ttt_chunk_tokens if hp.ttt_mode == "chunked" else hp.ttt_batch_seqs * hp.train_seq_len  # phased: uncapped
+    batch = ttt_step_seqs(hp.ttt_batch_seqs, cap_tokens, hp.train_seq_len, ctx.world_size) // ctx.world_size
     chosen = select_ttt_params(model, hp.ttt_params)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -125,10 +135,17 @@ def plan_ttt_from_timings(hp: Hyperparameters, *, forward_seconds: float, step_s
     """eval.ttt.plan_ttt for this run's settings from the measured seconds of one eval forward batch
     and one TTT step: strides >= EVAL_STRIDE with EVAL_AUTO_STRIDE, else EVAL_STRIDE; the roundtrip
     (windows of TRAIN_SEQ_LEN at the same speed) counted in. Returns plan_ttt's dict plus
-    roundtrip_seconds. Used by the trainer's plan and by tools/gpu_check.py."""
+    roundtrip_seconds. Used by the trainer's plan and by tools/gpu_check.py. TTT_MODE=phased:
+    eval.phased_ttt.plan_phased_ttt (TTT_PHASES; the dict adds phases)."""
     b, seq_len, n = hp.eval_batch_seqs, hp.train_seq_len, num_val_tokens - 1
     roundtrip = forward_seconds * count_sliding_windows(n, seq_len, seq_len) / (b * world_size)
     strides = list(range(hp.eval_stride, seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
+    if hp.ttt_mode == "phased":
+        plan = plan_phased_ttt(forward_seconds=forward_seconds, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
+                               seq_len=seq_len, strides=strides, epochs=hp.ttt_epochs, phases=hp.ttt_phases,
+                               eval_batch_seqs=b, batch_seqs=hp.ttt_batch_seqs, max_seconds=hp.eval_max_seconds,
+                               roundtrip_seconds=roundtrip, world_size=world_size)
+        return dict(plan, roundtrip_seconds=roundtrip)
     plan = plan_ttt(forward_seconds=forward_seconds, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
                     seq_len=seq_len, strides=strides, epochs=hp.ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens,
                     eval_batch_seqs=b, batch_seqs=hp.ttt_batch_seqs, max_seconds=hp.eval_max_seconds,
@@ -137,7 +154,8 @@ def plan_ttt_from_timings(hp: Hyperparameters, *, forward_seconds: float, step_s
 
 
 def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
-    """The final eval's plan before training: dict(stride, ttt_epochs) (ttt_epochs 0: the sliding pass).
+    """The final eval's plan before training: dict(stride, ttt_epochs) (ttt_epochs 0: the sliding pass), with
+    ttt_phases too when TTT_MODE=phased plans TTT (eval.phased_ttt.plan_phased_ttt).
 
     Without TTT: EVAL_STRIDE, or with EVAL_AUTO_STRIDE the smallest stride that fits (plan_eval_stride).
     With TTT_ENABLED: the forward and the TTT step are timed on a fresh model (time_eval_forward,
@@ -154,11 +172,12 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
     per_batch, step = time_eval_forward(ctx, model, hp), time_ttt_step(ctx, model, hp)
     plan = plan_ttt_from_timings(hp, forward_seconds=per_batch, step_seconds=step, num_val_tokens=num_val_tokens,
                                  world_size=ctx.world_size)
+    phases = f" phases {plan['phases']}" if "phases" in plan else ""
     ctx.log(f"ttt_plan: {1000 * per_batch:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
             f"{1000 * step:.1f}ms per TTT step, {num_val_tokens - 1} val targets: stride {plan['stride']} epochs "
-            f"{plan['epochs']} projected {plan['projected_seconds']:.0f}s with the roundtrip "
+            f"{plan['epochs']}{phases} projected {plan['projected_seconds']:.0f}s with the roundtrip "
             f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
-    return dict(stride=plan["stride"], ttt_epochs=plan["epochs"])
+    return dict(stride=plan["stride"], ttt_epochs=plan["epochs"], **({"ttt_phases": plan["phases"]} if phases else {}))
 
 
 def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:

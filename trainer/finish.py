@@ -22,9 +22,10 @@ from trainer.settings import Hyperparameters
 
 
 def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
-               artifact_path: Path, val_tokens, luts, eval_stride: int, ttt_epochs: int = 0):
+               artifact_path: Path, val_tokens, luts, eval_stride: int, ttt_epochs: int = 0, ttt_phases: int = 0):
     """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval (with ttt_epochs > 0,
-    the plan's: score-first TTT in its place, eval/ttt.py).
+    the plan's: score-first TTT in its place, eval/ttt.py; TTT_MODE=phased: eval/phased_ttt.py with the
+    plan's ttt_phases).
 
     A generator: yields a dict of result.json entries as soon as each group is measured, so that the
     caller keeps every number measured before a later step fails or a signal stops it: `phase`
@@ -54,7 +55,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
         # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
                    tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest(),
-                   ttt=ttt_artifact_settings(hp, ttt_epochs))
+                   ttt=ttt_artifact_settings(hp, ttt_epochs, ttt_phases))
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
         yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps")}
@@ -77,7 +78,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
     if ttt_epochs:
         tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, epochs=ttt_epochs,
-                          started=eval_start)
+                          started=eval_start, phases=ttt_phases)
         # epochs that updated nothing (one chunk: the last is never trained on) are not reported as TTT epochs
         yield lap("ttt", val_loss_ttt=tt["val_loss"], val_bpb_ttt=tt["val_bpb"], eval_stride=eval_stride,
                   ttt_epochs=ttt_epochs * bool(tt["num_updates"]), ttt_epochs_planned=ttt_epochs,
@@ -85,8 +86,10 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                   ttt_updates_stopped_at_chunk=tt["updates_stopped_at_chunk"],
                   eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
                   tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
-                  score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs))
-        ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} chunks:{tt['num_chunks']} updates:{tt['num_updates']}")
+                  score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs, ttt_phases),
+                  **(dict(ttt_mode="phased", ttt_phases=tt["phases"]) if hp.ttt_mode == "phased" else {}))
+        ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} " + (f"phases:{tt['phases']}" if hp.ttt_mode == "phased" else
+                                                                 f"chunks:{tt['num_chunks']}") + f" updates:{tt['num_updates']}")
         if not tt["num_updates"]:
             ctx.log(f"WARNING: TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} "
                     "(the last chunk is never trained on): the TTT score is the plain sliding score")
@@ -102,7 +105,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
 
 
 def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path, *,
-                         ttt_epochs: int = 0) -> str:
+                         ttt_epochs: int = 0, ttt_phases: int = 0) -> str:
     """The status for result.json of a run whose training finished but a later step failed; logs the
     one-line cause (for OOM: the knob that lowers memory) and what to run next."""
     if isinstance(err, torch.OutOfMemoryError):
@@ -111,26 +114,30 @@ def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, a
     else:
         ctx.log(f"ERROR: {type(err).__name__}: {err}")
     if artifact_path.is_file():
-        ctx.log(f"next: {score_command(hp, artifact_path, getattr(err, 'fit_stride', 0) or hp.eval_stride, ttt_epochs)}")
+        stride = getattr(err, 'fit_stride', 0) or hp.eval_stride
+        ctx.log(f"next: {score_command(hp, artifact_path, stride, ttt_epochs, ttt_phases)}")
     return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
 
 
-def ttt_artifact_settings(hp: Hyperparameters, ttt_epochs: int) -> dict:
+def ttt_artifact_settings(hp: Hyperparameters, ttt_epochs: int, ttt_phases: int = 0) -> dict:
     """The artifact header's run["ttt"]: the TTT settings the run scores with (`python -m eval score --ttt 1`
     uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
     chunk_tokens, lr, momentum, grad_clip, batch_seqs, params, eval_batch_seqs (the scoring batch); the
-    stride is the run's eval_stride (the plan's)."""
+    stride is the run's eval_stride (the plan's); with TTT_MODE=phased also mode and phases (the plan's, else
+    TTT_PHASES); without them the mode is chunked (older artifacts, and chunked ones stay byte-identical)."""
     return dict(enabled=int(hp.ttt_enabled), epochs=ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens, lr=hp.ttt_lr,
                 momentum=hp.ttt_momentum, grad_clip=hp.ttt_grad_clip, batch_seqs=hp.ttt_batch_seqs,
-                params=hp.ttt_params, eval_batch_seqs=hp.eval_batch_seqs)
+                params=hp.ttt_params, eval_batch_seqs=hp.eval_batch_seqs,
+                **(dict(mode="phased", phases=ttt_phases or hp.ttt_phases) if hp.ttt_mode == "phased" else {}))
 
 
-def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epochs: int = 0) -> str:
+def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epochs: int = 0, ttt_phases: int = 0) -> str:
     """The command that scores a written artifact as the run did (eval/__main__.py): the run's stride and
     scoring batch, and its TTT settings when its plan kept TTT (ttt_epochs > 0)."""
     ttt = (f" --ttt 1 --ttt-epochs {ttt_epochs} --ttt-chunk-tokens {hp.ttt_chunk_tokens} --ttt-lr {hp.ttt_lr} "
            f"--ttt-momentum {hp.ttt_momentum} --ttt-grad-clip {hp.ttt_grad_clip} --ttt-batch-seqs "
-           f"{hp.ttt_batch_seqs} --ttt-params {shlex.quote(hp.ttt_params)}")
+           f"{hp.ttt_batch_seqs} --ttt-params {shlex.quote(hp.ttt_params)} --ttt-mode {hp.ttt_mode}"
+           + f" --ttt-phases {ttt_phases or hp.ttt_phases}" * (hp.ttt_mode == "phased"))
     return (f"python -m eval score --artifact {shlex.quote(str(artifact_path))} --data-path "
             f"{shlex.quote(hp.data_path)} --tokenizer {shlex.quote(hp.tokenizer_path)} --seq-len {hp.train_seq_len} "
             f"--stride {stride} --batch-seqs {hp.eval_batch_seqs}"

@@ -128,6 +128,11 @@ class Hyperparameters:
     ttt_grad_clip: float = 1.0  # 0 = off
     ttt_batch_seqs: int = 32  # sequences per TTT step, all ranks together (capped at a chunk's)
     ttt_params: str = "all"  # all | scalars | a regular expression of parameter names
+    # TTT_MODE=phased (eval/phased_ttt.py; PR #1610, #1626, #1736: about -0.012 bpb post-quant -> post-TTT on
+    # 8xH100 with their per-document LoRA, which the kit does not build): TTT_PHASES phases of whole
+    # documents, each scored, then TTT_EPOCHS of SGD on every scored document; TTT_CHUNK_TOKENS unused.
+    ttt_mode: str = "chunked"  # chunked | phased
+    ttt_phases: int = 3
     byte_budget: int = 16_000_000
     # measured / estimated artifact bytes that the fit before training assumes (quant/estimate.py is
     # calibrated on Gaussian weights; 1 = trust it; the 1xh100-sp* presets use PR #1617's ratios)
@@ -201,6 +206,8 @@ class Hyperparameters:
             ("TTT_CHUNK_TOKENS", not self.ttt_enabled or self.ttt_chunk_tokens >= self.train_seq_len,
              f">= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_ENABLED=1)"),
             ("TTT_BATCH_SEQS", self.ttt_batch_seqs > 0, "> 0"),
+            ("TTT_MODE", self.ttt_mode in ("chunked", "phased"), "chunked or phased"),
+            ("TTT_PHASES", self.ttt_phases >= 1, ">= 1"),
             ("TTT_PARAMS", valid_ttt_params(self.ttt_params), "all, scalars or a regular expression of parameter names"),
             ("MLP_ACTIVATION", self.mlp_activation in ("relu2", "leaky_relu2"), "relu2 or leaky_relu2"),
             ("ATTN_BACKEND", self.attn_backend in ("auto", "fa3", "fa2", "sdpa"), "auto, fa3, fa2 or sdpa"),
