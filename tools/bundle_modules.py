@@ -199,16 +199,23 @@ def _reexported_names(module: SourceModule) -> dict:
     return out
 
 
+# The bundled modules in pipeline order (primitives, quantization, evaluation, model and trainer): the
+# order the packed file concatenates them in, wherever the import graph leaves a choice. A module not
+# listed goes after the listed ones (by path); moving a module means renaming it here, or the packed
+# bytes change.
+BUNDLE_PIPELINE = (
+    "trainer/env.py", "trainer/files.py", "trainer/presets.py", "trainer/progress.py", "trainer/settings.py",
+    "trainer/shards.py", "quant/core.py", "quant/gptq.py", "quant/policy.py", "quant/estimate.py",
+    "quant/fit.py", "quant/artifact.py", "eval/bpb.py", "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py",
+    "trainer/attention.py", "trainer/context.py", "trainer/interrupt.py", "trainer/loader.py",
+    "trainer/model.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
+    "trainer/schedule.py", "trainer/checks.py", "trainer/finish.py", "trainer/loop.py",
+)
+
+
 def _module_rank(relpath: str) -> int:
-    """Pipeline order: files, settings and data, quantization, evaluation, then the trainer."""
-    if relpath in ("trainer/files.py", "trainer/env.py", "trainer/progress.py", "trainer/presets.py",
-                   "trainer/settings.py", "trainer/shards.py", "eval/shards.py"):
-        return 0
-    if relpath.startswith("quant/"):
-        return 1
-    if relpath.startswith("eval/"):
-        return 2
-    return 3
+    """Pipeline order: the position in BUNDLE_PIPELINE (an unlisted module goes last)."""
+    return BUNDLE_PIPELINE.index(relpath) if relpath in BUNDLE_PIPELINE else len(BUNDLE_PIPELINE)
 
 
 def discover_modules(root=None) -> tuple[list, list]:
