@@ -8,7 +8,7 @@ Each step lives in the `trainer/` package (docs/layout.md lists its modules).
 
 Runs unchanged on one H100 (`python train_gpt.py`), on N GPUs
 (`torchrun --standalone --nproc_per_node=N train_gpt.py`) and on CPU (`PRESET=smoke`). Every setting
-is an environment variable with the official name (see trainer/settings.py).
+is an environment variable with the official name (see primitives/settings.py).
 """
 
 import dataclasses
@@ -36,7 +36,7 @@ from trainer.loader import DistributedTokenLoader
 from trainer.loop import TrainResult, train
 from trainer.model import GPT, build_model_config, count_train_flops_per_token
 from trainer.runfolder import check_run_folder, open_run_log, release_run_folders
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 from trainer.shards import load_validation_tokens
 
 

@@ -45,7 +45,7 @@ import sentencepiece as spm
 from tools.cli_errors import (
     USER_ERRORS, ArgumentParser, check_dir, check_file, env_choice, env_float, env_int, parse_number, report_user_error,
 )
-from trainer.settings import valid_ttt_params
+from primitives.settings import valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.

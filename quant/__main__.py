@@ -89,7 +89,7 @@ def _model_from_env():
     """(shapes, QUANT_ESTIMATE_SCALE) of the model the environment configures (PRESET, NUM_LAYERS, ...)."""
     import torch
     from trainer.model import GPT, build_model_config
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     hp = Hyperparameters.from_env()
     with torch.device("meta"):

@@ -17,7 +17,7 @@ from tests.test_train import REPO, TINY_ENV, one_thread, read_result, run_traine
 from trainer.context import RunContext
 from trainer.evaluate import plan_eval_stride
 from trainer.model import build_model_config
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 @pytest.mark.slow

@@ -208,7 +208,7 @@ def artifact_with_ttt(d: Path, ttt: dict) -> None:
 
     from quant.artifact import export_artifact
     from trainer.model import GPT, build_model_config
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     config = build_model_config(Hyperparameters(vocab_size=1024, num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1,
                                                 rope_dims=8, xsa_last_n=0))

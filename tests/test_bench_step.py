@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tools import bench_step  # noqa: E402
-from trainer.settings import Hyperparameters  # noqa: E402
+from primitives.settings import Hyperparameters  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 OFFICIAL_LOG = """step:1/60 train_loss:16.77 train_time:390ms step_avg:390.00ms

@@ -28,7 +28,7 @@ from tools.flash_twin import cuda_autocast_rms_norm, flash_attn_standin, plugged
 from trainer.attention import attention
 from trainer.model import GPT, build_model_config, count_train_flops_per_token
 from trainer.optim import Muon, newton_schulz
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 TINY = dict(vocab_size=64, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=8,
             xsa_last_n=1)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import trainer.attention as trainer_attention
-from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row
+from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row
 from trainer.attention import attention, resolve_attention_backend
 from trainer.model import GPT, count_train_flops_per_token
 from trainer.optim import Muon

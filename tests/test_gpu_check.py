@@ -95,7 +95,7 @@ def test_eval_projection_row_fails_only_over_the_limit_at_the_runs_stride():
 def test_ttt_projection_row_warns_when_the_plan_cuts_ttt():
     """The default preset on the sp8192 val split (40,540,160 tokens) at the H100's measured 0.49 ms per
     window and 1.27 M tokens/s fwd+bwd (a TTT step of 16 x 2048 tokens: 25.8 ms, issue 24): 3 epochs fit."""
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     gc = gpu_check_module()
     n, hp = 40_540_160, Hyperparameters(run_id="x", ttt_enabled=True)
@@ -164,7 +164,7 @@ def test_cpu_twin_defaults_to_a_small_shape_that_fits_and_env_settings_win(monke
 
 
 def default_settings():
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     return Hyperparameters.from_env({}, log=lambda msg: None)
 

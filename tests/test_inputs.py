@@ -17,9 +17,9 @@ from trainer.checks import check_inputs
 
 from trainer.context import RunContext
 
-from trainer.settings import warn_unknown_settings
+from primitives.settings import warn_unknown_settings
 
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ import pytest
 
 import dataclasses
 
-from trainer.presets import DEFAULT_PRESET, PRESETS
-from trainer.settings import Hyperparameters
+from primitives.presets import DEFAULT_PRESET, PRESETS
+from primitives.settings import Hyperparameters
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_PRESETS = [p for p in PRESETS if p != "smoke"]

@@ -29,7 +29,7 @@ from quant.artifact import (
     quant_wrap_container,
     quantize_state_dict,
 )
-from quant.core import dequantize_per_row, fake_quantize_per_row
+from primitives.rowquant import dequantize_per_row, fake_quantize_per_row
 from quant.estimate import estimate_artifact_bytes
 from quant.offline import quant_byte_budget, quant_check_shapes, quant_compress, quant_policy_from_dict
 from quant.policy import QuantPolicy
@@ -45,7 +45,7 @@ def tiny_model_config(vocab_size=128):
     env = {"NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8",
            "XSA_LAST_N": "1", "VOCAB_SIZE": str(vocab_size), "MLP_MULT": "2"}
     from trainer.model import build_model_config
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     return build_model_config(Hyperparameters.from_env(env, log=lambda msg: None))
 

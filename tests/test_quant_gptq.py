@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from quant.core import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
+from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.gptq import collect_gptq_hessians, gptq_quantize
 import train_gpt
 import trainer.context as trainer_context
 import trainer.loader as trainer_loader
 import trainer.loop as trainer_loop
 import trainer.model as trainer_model
-import trainer.settings as trainer_settings
+import primitives.settings as trainer_settings
 import trainer.shards as trainer_shards
 
 

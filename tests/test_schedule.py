@@ -28,7 +28,7 @@ from trainer.schedule import (
 
 )
 
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 def env_hp(**env):

@@ -17,7 +17,7 @@ from trainer.model import (
     BOS_TOKEN_ID, GPT, SWITCH_CONFIG, build_model_config, looped_layer_order, smear_previous_token, sparse_head_gate)
 from trainer.optim import NS_COEFFS, Muon, build_optimizers, newton_schulz, split_params
 from trainer.schedule import lr_multiplier, lr_multiplier_floored, wd_taper_multiplier
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_train import read_result, run_trainer, trainer_env  # noqa: E402

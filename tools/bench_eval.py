@@ -173,7 +173,7 @@ def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
     """Projected eval seconds of a GPU preset's model on its full val split at `mfu` of one H100 per GPU
     (causal count): {"roundtrip": s, stride: sliding s, ...}; the 8xh100 preset splits windows over 8 GPUs."""
     import trainer.model as trainer_model
-    import trainer.settings as trainer_settings
+    import primitives.settings as trainer_settings
 
     hp = trainer_settings.Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
     config, seq_len = trainer_model.build_model_config(hp), hp.train_seq_len
@@ -190,7 +190,7 @@ def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
 def bench_presets(mfu=PRESET_EVAL_MFU, budget_s=600.0):
     """One row per GPU preset: projected roundtrip + sliding eval seconds at strides 64/96/128, and the
     smallest of them whose roundtrip + sliding fits `budget_s` (what the preset's EVAL_STRIDE should be)."""
-    import trainer.presets as trainer_presets
+    import primitives.presets as trainer_presets
 
     print(f"\nPer preset, full val split, {mfu:.0%} MFU (causal count), roundtrip + sliding must fit {budget_s:.0f} s")
     print(f"| {'preset':<14} | {'val tokens':>10} | {'roundtrip s':>11} | {'s64 s':>6} | {'s96 s':>6} | {'s128 s':>6} | "

@@ -43,7 +43,7 @@ from trainer.model import GPT, build_model_config  # noqa: E402
 
 from trainer.optim import Muon, split_params  # noqa: E402
 
-from trainer.settings import Hyperparameters  # noqa: E402
+from primitives.settings import Hyperparameters  # noqa: E402
 
 NON_COMPUTE_OPS = {"aten::view", "aten::t", "aten::transpose", "aten::as_strided", "aten::empty", "aten::unbind",
                    "aten::select", "aten::expand", "aten::reshape", "aten::alias", "aten::detach", "aten::empty_strided",

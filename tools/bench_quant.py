@@ -91,7 +91,7 @@ from quant.artifact import (  # noqa: E402
     quantize_state_dict,
 
 )
-from quant.core import gptq_lite_quantize  # noqa: E402
+from primitives.rowquant import gptq_lite_quantize  # noqa: E402
 from quant.offline import QUANT_PACKINGS, quant_compress  # noqa: E402
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy  # noqa: E402
 

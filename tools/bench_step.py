@@ -55,7 +55,7 @@ import trainer.context as trainer_context  # noqa: E402
 import trainer.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
 import trainer.model as trainer_model  # noqa: E402
-import trainer.settings as trainer_settings  # noqa: E402
+import primitives.settings as trainer_settings  # noqa: E402
 
 SHAPE_ENV = ("NUM_LAYERS", "MODEL_DIM", "NUM_HEADS", "NUM_KV_HEADS", "MLP_MULT", "TRAIN_SEQ_LEN", "TRAIN_BATCH_TOKENS",
              "VOCAB_SIZE", "TIE_EMBEDDINGS", "DATA_PATH", "TOKENIZER_PATH", "SEED")

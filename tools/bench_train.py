@@ -34,9 +34,9 @@ from trainer.model import GPT, build_model_config, count_train_flops_per_token  
 
 from trainer.optim import build_optimizers  # noqa: E402
 
-from trainer.presets import PRESETS  # noqa: E402
+from primitives.presets import PRESETS  # noqa: E402
 
-from trainer.settings import Hyperparameters  # noqa: E402
+from primitives.settings import Hyperparameters  # noqa: E402
 
 
 def measure_cpu_tokens_per_second(hp: Hyperparameters, steps: int) -> float:

@@ -107,7 +107,7 @@ def update_flops_ratio(config: dict, seq_len: int, params: str) -> float:
 def project_h100(settings: list, log=print) -> list:
     """Projected seconds on one H100 per setting (see the module docstring); rows of dicts."""
     from trainer.model import build_model_config
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     hp = Hyperparameters.from_env({"PRESET": "1xh100-sp8192"}, log=lambda m: None)
     config, seq_len, b = build_model_config(hp), hp.train_seq_len, hp.eval_batch_seqs

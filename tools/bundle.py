@@ -4,7 +4,7 @@ The challenge counts every byte of `train_gpt.py` and wants all counted code in 
 from inside its record folder. Our source is a package (`train_gpt.py` + `trainer/` + `quant/` + `eval/`), so:
 
 1. `build_human_source()`: the library modules that `train_gpt.py` needs (found by following its
-   internal imports), concatenated in pipeline order (trainer/files.py, trainer/settings.py,
+   internal imports), concatenated in pipeline order (primitives/files.py, primitives/settings.py,
    trainer/shards.py, quant/*, eval/*, trainer/model.py, ..., train_gpt.py last; dependencies first),
    one banner per module, internal imports removed, stdlib/third-party imports hoisted to the top and
    deduplicated, the one `BUNDLE_KIND = "package"` line (trainer/context.py) rewritten to `"human"`.
@@ -72,7 +72,7 @@ from tools.bundle_pack import (BUNDLE_ASCII_ENCODINGS, BUNDLE_BASE93_DECODER, BU
                                build_packed_bytes, default_encoding, latin1_literal, minify_source, pack_code,
                                packed_encoding, packed_size, renaming_blockers, set_bundle_kind, unpack_packed)
 from tools.bundle_source import build_human_parts, build_human_source  # noqa: E402
-from trainer.files import atomic_write_bytes  # noqa: E402
+from primitives.files import atomic_write_bytes  # noqa: E402
 
 
 # -----------------------------------------------------------------------------------------------

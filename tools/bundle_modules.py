@@ -11,7 +11,7 @@ import heapq
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BUNDLE_PACKAGES = ("trainer", "quant", "eval")
+BUNDLE_PACKAGES = ("primitives", "trainer", "quant", "eval")
 BUNDLE_ENTRY = "train_gpt.py"
 BUNDLE_SKIP_FILES = ("__init__.py", "__main__.py")
 BUNDLE_KIND_LINE = 'BUNDLE_KIND = "package"'
@@ -26,7 +26,7 @@ class BundleError(ValueError):
 
 @dataclasses.dataclass
 class SourceModule:
-    """One .py file of the package: `relpath` like "quant/core.py", `name` like "quant.core"."""
+    """One .py file of the package: `relpath` like "primitives/rowquant.py", `name` like "primitives.rowquant"."""
 
     relpath: str
     name: str
@@ -204,8 +204,8 @@ def _reexported_names(module: SourceModule) -> dict:
 # listed goes after the listed ones (by path); moving a module means renaming it here, or the packed
 # bytes change.
 BUNDLE_PIPELINE = (
-    "trainer/env.py", "trainer/files.py", "trainer/presets.py", "trainer/progress.py", "trainer/settings.py",
-    "trainer/shards.py", "quant/core.py", "quant/gptq.py", "quant/policy.py", "quant/estimate.py",
+    "primitives/env.py", "primitives/files.py", "primitives/presets.py", "primitives/progress.py", "primitives/settings.py",
+    "trainer/shards.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/estimate.py",
     "quant/fit.py", "quant/artifact.py", "eval/bpb.py", "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py",
     "trainer/attention.py", "trainer/context.py", "trainer/interrupt.py", "trainer/loader.py",
     "trainer/model.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",

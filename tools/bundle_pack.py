@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tools.bundle_modules import BUNDLE_PACKED_NAME, BundleError
 from tools.bundle_source import build_human_source
-from trainer.files import atomic_write_bytes
+from primitives.files import atomic_write_bytes
 
 # lzma constants spelled as literals in the wrapper (saves counted bytes); stable across CPython.
 _LZMA_FORMAT_RAW = 3

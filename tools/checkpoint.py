@@ -14,7 +14,7 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from trainer.files import atomic_write_bytes
+from primitives.files import atomic_write_bytes
 
 
 def save_prequant(path: Path, state: dict, config: dict) -> None:

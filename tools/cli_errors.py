@@ -19,7 +19,7 @@ import math
 import os
 import sys
 
-from trainer.env import parse_env_value
+from primitives.env import parse_env_value
 
 EXIT_USER_ERROR = 2
 USER_ERRORS = (ValueError, OSError)
@@ -55,7 +55,7 @@ def parse_number(name: str, raw, kind=int, *, minimum=None, above=None, expected
     (> above); ValueError "NAME='raw': expected ..." otherwise. `name` is the env var or the flag."""
     want = expected or ("an integer" if kind is int else "a finite number") + (
         f" >= {minimum:g}" if minimum is not None else "") + (f" > {above:g}" if above is not None else "")
-    try:  # text goes through the kit's one env parser (trainer/env.py), as the trainer's settings do
+    try:  # text goes through the kit's one env parser (primitives/env.py), as the trainer's settings do
         value = parse_env_value(name, raw, kind) if isinstance(raw, str) else kind(raw)
         ok = math.isfinite(value) and (minimum is None or value >= minimum) and (above is None or value > above)
     except (TypeError, ValueError, OverflowError):

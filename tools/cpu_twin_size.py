@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import trainer.model as trainer_model
-import trainer.settings as trainer_settings
+import primitives.settings as trainer_settings
 
 # --cpu-twin's default shape (env variables of the trainer; any of them set in the environment wins):
 # every code path of the preset (GQA, partial RoPE, XSA, QAT, eval, TTT step) at a size a laptop runs

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from trainer.files import atomic_write_bytes
+from primitives.files import atomic_write_bytes
 from trainer.shards import SHARD_MANIFEST_FORMAT
 
 

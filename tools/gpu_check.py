@@ -49,10 +49,10 @@ import trainer.evaluate as trainer_evaluate  # noqa: E402
 import trainer.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
 import trainer.model as trainer_model  # noqa: E402
-import trainer.settings as trainer_settings  # noqa: E402
+import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from eval.ttt import project_ttt_seconds  # noqa: E402
-from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
+from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
 from tools.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
 from tools.cpu_twin_size import CPU_TWIN_STEPS, cpu_twin_settings, data_given  # noqa: E402

@@ -54,7 +54,7 @@ from tools.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # n
 from tools.sweep_report import collect, fmt, metric_bpb, read_result, recorded_env, run_status  # noqa: E402
 from tools.sweep_spec import (SWEEP_METRICS, SweepError, SweepRun, build_runs, check_trainer_settings,  # noqa: E402
                               spec_from_args)
-from trainer.files import atomic_write_bytes  # noqa: E402
+from primitives.files import atomic_write_bytes  # noqa: E402
 
 SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
 _LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stopped sweep stops them too

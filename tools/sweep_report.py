@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tools.runs import final_score_key
 from tools.sweep_spec import SweepRun
-from trainer.files import atomic_write_bytes
+from primitives.files import atomic_write_bytes
 
 CSV_FIELDS = ("config", "seed", "status", "val_bpb", "val_bpb_sliding", "val_bpb_ttt", "val_bpb_roundtrip", "val_bpb_prequant",
               "val_loss_sliding", "steps", "ms_per_step", "train_seconds", "eval_seconds", "bytes_total",

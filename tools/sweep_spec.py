@@ -187,8 +187,8 @@ def check_trainer_settings(runs: list, environ=None) -> None:
     before anything starts: a value the trainer would refuse, or a name that only looks like one of
     its settings (a typo), is a SweepError naming the config. Hours of sweep lost to MATRIX_LRR are
     worth one import of torch."""
-    from trainer.settings import warn_unknown_settings
-    from trainer.settings import Hyperparameters
+    from primitives.settings import warn_unknown_settings
+    from primitives.settings import Hyperparameters
 
     environ = dict(os.environ if environ is None else environ)
     for run in {run.config: run for run in runs}.values():

@@ -14,7 +14,7 @@ from eval.ttt import select_ttt_params
 from trainer.context import RunContext, kit_module
 from trainer.model import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 from trainer.shards import SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header
 
 

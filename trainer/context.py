@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 BUNDLE_KIND = "package"

@@ -14,8 +14,8 @@ from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
 from trainer.context import RunContext
 from trainer.model import GPT
-from trainer.progress import Progress
-from trainer.settings import Hyperparameters
+from primitives.progress import Progress
+from primitives.settings import Hyperparameters
 
 
 def eval_device_args(ctx: RunContext) -> dict:

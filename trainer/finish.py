@@ -16,9 +16,9 @@ from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
 from trainer.context import RunContext, kit_module
 from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
-from trainer.files import atomic_write_json
+from primitives.files import atomic_write_json
 from trainer.model import GPT
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,

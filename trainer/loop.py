@@ -20,7 +20,7 @@ from trainer.optim import build_optimizers
 from trainer.schedule import (
     EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,
     run_steps_estimate, schedule_warning, warmdown_frac_at, wd_taper_multiplier)
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 H100_BF16_PEAK_FLOPS = 989e12

@@ -13,9 +13,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from quant.core import fake_quantize_per_row
+from primitives.rowquant import fake_quantize_per_row
 from trainer.attention import attention
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 def residual_dtype(x: torch.Tensor) -> torch.dtype:

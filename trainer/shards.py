@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.files import atomic_write_bytes
+from primitives.files import atomic_write_bytes
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1

@@ -1,6 +1,6 @@
 """Settings: `Hyperparameters`, every knob of a run, read from env vars with the official names.
 
-The class defaults are the default preset (`1xh100-sp8192`, trainer/presets.py has the evidence);
+The class defaults are the default preset (`1xh100-sp8192`, primitives/presets.py has the evidence);
 PRESET picks another group of defaults and explicit variables override it.
 """
 
@@ -10,8 +10,8 @@ import os
 import re
 import uuid
 
-from trainer.env import parse_env_value, warn_unknown_env
-from trainer.presets import DEFAULT_PRESET, PRESETS
+from primitives.env import parse_env_value, warn_unknown_env
+from primitives.presets import DEFAULT_PRESET, PRESETS
 
 # A step form and its fraction of the run: an explicit variable for one of them replaces the other.
 SCHEDULE_PAIRS = (("muon_momentum_warmup_steps", "muon_momentum_warmup_frac"), ("warmdown_iters", "warmdown_frac"),
