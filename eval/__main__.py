@@ -65,8 +65,8 @@ def _import_evals() -> None:
 
 def _load_model(artifact_path, device, log, attn_backend="auto"):
     from quant.artifact import load_artifact  # written concurrently; CLI-only imports
-    from trainer.attention import resolve_attention_backend
-    from trainer.model import GPT
+    from model.attention import resolve_attention_backend
+    from model.gpt import GPT
 
     log(f"attention:{resolve_attention_backend(attn_backend, device, log)}")  # the trainer's FA3 -> FA2 -> SDPA choice
 
@@ -263,7 +263,7 @@ def cmd_score(args) -> None:
     import torch.distributed as dist
 
     from eval.offline import load_sentencepiece_luts, submission_bytes_line
-    from trainer.shards import check_data_manifest, load_validation_tokens
+    from shards.format import check_data_manifest, load_validation_tokens
 
     _import_evals()
 
@@ -329,7 +329,7 @@ def cmd_score(args) -> None:
 
 def cmd_bytes(args) -> None:
     from eval.offline import count_stream_bytes, load_sentencepiece_luts
-    from trainer.shards import load_validation_tokens
+    from shards.format import load_validation_tokens
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
     vocab_size = int(sp.vocab_size())

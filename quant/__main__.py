@@ -88,7 +88,7 @@ def shipped_code_bytes() -> int:
 def _model_from_env():
     """(shapes, QUANT_ESTIMATE_SCALE) of the model the environment configures (PRESET, NUM_LAYERS, ...)."""
     import torch
-    from trainer.model import GPT, build_model_config
+    from model.gpt import GPT, build_model_config
     from primitives.settings import Hyperparameters
 
     hp = Hyperparameters.from_env()

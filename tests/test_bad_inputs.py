@@ -207,7 +207,7 @@ def artifact_with_ttt(d: Path, ttt: dict) -> None:
     import torch
 
     from quant.artifact import export_artifact
-    from trainer.model import GPT, build_model_config
+    from model.gpt import GPT, build_model_config
     from primitives.settings import Hyperparameters
 
     config = build_model_config(Hyperparameters(vocab_size=1024, num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1,
@@ -219,7 +219,7 @@ def artifact_with_ttt(d: Path, ttt: dict) -> None:
 
 
 def shard_with_id(d: Path, token_id: int) -> None:
-    from trainer.shards import write_data_shard
+    from shards.format import write_data_shard
 
     write_data_shard(d / "fineweb_val_000000.bin", [1, 5, token_id, 7])
 
@@ -372,7 +372,7 @@ def small_dataset(bad_train_id: int = None) -> Callable:
     """setup: a dataset folder {d}/data, one val shard and three train shards (the third holding
     `bad_train_id` as its last token when given); no manifest."""
     def setup(d: Path):
-        from trainer.shards import write_data_shard
+        from shards.format import write_data_shard
 
         (d / "data").mkdir()
         ids = np.arange(600, dtype=np.uint16) % 1000 + 1

@@ -83,7 +83,7 @@ def test_table_has_both_sides_one_flop_count_and_the_ratio(capsys):
 def test_cpu_twin_generates_cuda_code_and_sees_a_float32_residual(tmp_path, monkeypatch):
     """The codegen twin at a toy shape: with the kit's bf16 residual stream the forward allocates no float32
     [tokens x hidden] buffer; with a float32 one (the old code) it does, and forward + backward move more bytes."""
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
     from tools.step_twin import generate_cuda_step, kernel_stats
 
     config = dict(vocab_size=512, num_layers=2, model_dim=128, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=16)

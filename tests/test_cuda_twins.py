@@ -19,14 +19,14 @@ import torch.nn.functional as F
 
 import train_gpt
 
-import trainer.attention as trainer_attention
+import model.attention as trainer_attention
 import trainer.context as trainer_context
-import trainer.loader as trainer_loader
+import shards.loader as trainer_loader
 import trainer.loop as trainer_loop
 from quant.policy import QuantPolicy
 from tools.flash_twin import cuda_autocast_rms_norm, flash_attn_standin, plugged_flash_standin
-from trainer.attention import attention
-from trainer.model import GPT, build_model_config, count_train_flops_per_token
+from model.attention import attention
+from model.gpt import GPT, build_model_config, count_train_flops_per_token
 from trainer.optim import Muon, newton_schulz
 from primitives.settings import Hyperparameters
 

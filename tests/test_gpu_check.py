@@ -172,7 +172,7 @@ def default_settings():
 def test_a_bad_shard_is_refused_before_anything_is_allocated(tmp_path, monkeypatch, capsys, sp1024_model):
     """--cpu-twin on data with a bad shard was OOM-killed with no output; the data is now checked first,
     by the trainer's checks, and nothing is trained or allocated."""
-    from trainer.shards import write_data_shard
+    from shards.format import write_data_shard
 
     gc = gpu_check_module()
     ids = [1] + [5] * 300

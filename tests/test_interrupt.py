@@ -181,7 +181,7 @@ def test_every_train_shard_is_checked_before_the_clock(tiny_dataset, sp1024_mode
 @pytest.mark.usefixtures("one_thread")
 def test_an_error_inside_training_writes_result_json_then_shows_its_traceback(monkeypatch, tiny_dataset, sp1024_model,
                                                                               tmp_path):
-    import trainer.loader as trainer_loader
+    import shards.loader as trainer_loader
 
     real, calls = trainer_loader.DistributedTokenLoader.next_batch, []
 
@@ -202,7 +202,7 @@ def test_an_error_inside_training_writes_result_json_then_shows_its_traceback(mo
 
 def test_max_shard_id_reads_a_memory_map(tmp_path):
     from trainer.checks import max_shard_id
-    from trainer.shards import read_shard_header, write_data_shard
+    from shards.format import read_shard_header, write_data_shard
 
     write_data_shard(tmp_path / "s.bin", np.array([1, 7, 65535, 3], dtype=np.uint16))
     assert max_shard_id(tmp_path / "s.bin", read_shard_header(tmp_path / "s.bin")) == 65535

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from primitives.rowquant import fake_quantize_per_row
 from quant.policy import QuantPolicy
-from trainer.attention import attention
-from trainer.model import (
+from model.attention import attention
+from model.gpt import (
     GPT,
     apply_partial_rope,
     build_model_config,

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from trainer.shards import write_data_shard
-from trainer.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
+from shards.format import write_data_shard
+from shards.format import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
 from tools.data_fineweb import (
     HubUnreachableError,
     check_repo_id,

@@ -44,7 +44,7 @@ def tiny_model_config(vocab_size=128):
     """A tiny GPT config built the trainer's way (follows its renames)."""
     env = {"NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8",
            "XSA_LAST_N": "1", "VOCAB_SIZE": str(vocab_size), "MLP_MULT": "2"}
-    from trainer.model import build_model_config
+    from model.gpt import build_model_config
     from primitives.settings import Hyperparameters
 
     return build_model_config(Hyperparameters.from_env(env, log=lambda msg: None))
@@ -201,7 +201,7 @@ def test_export_matches_qat_forward_without_clip_search(tmp_path):
 
 
 def test_real_model_roundtrip(tmp_path):
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
 
     config = tiny_model_config()
     torch.manual_seed(0)

@@ -34,7 +34,7 @@ def test_bf16_census_saves_fewer_float32_bytes_than_fp32_run():
 
 def test_guard_catches_a_float32_residual_reintroduced(monkeypatch):
     """The guard itself: make the embedding output float32 again and the census must see it."""
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
 
     monkeypatch.setattr(trainer_model, "residual_dtype", lambda x: torch.float32)
     census = saved_activation_census(CONFIG, 2, 32)

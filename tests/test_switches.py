@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from quant.policy import QuantPolicy
-from trainer.model import (
+from model.gpt import (
     BOS_TOKEN_ID, GPT, SWITCH_CONFIG, build_model_config, looped_layer_order, smear_previous_token, sparse_head_gate)
 from trainer.optim import NS_COEFFS, Muon, build_optimizers, newton_schulz, split_params
 from trainer.schedule import lr_multiplier, lr_multiplier_floored, wd_taper_multiplier

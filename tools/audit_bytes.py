@@ -148,7 +148,7 @@ def measure_tokens_per_byte(tokenizer_path, data_path) -> dict:
     import sentencepiece as spm
 
     from eval.offline import count_stream_bytes, load_sentencepiece_luts
-    from trainer.shards import load_validation_tokens
+    from shards.format import load_validation_tokens
 
     path = Path(tokenizer_path)
     if not path.is_file():

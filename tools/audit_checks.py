@@ -411,7 +411,7 @@ def check_data(rec) -> Check:
     manifests = [p for p in (rec.folder / "manifest.json",
                              Path(rec.data_path) / "manifest.json" if rec.data_path else None) if p and p.is_file()]
     for path in manifests:
-        from trainer.shards import check_data_manifest  # imports torch: only when a manifest is there
+        from shards.format import check_data_manifest  # imports torch: only when a manifest is there
 
         notes = []
         try:

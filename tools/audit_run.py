@@ -11,7 +11,7 @@ Evidence per rule (source: the official README):
   full_val_split           VAL_MAX_TOKENS unset, and val_tokens = the val shards' token count (headers read
                            when the data is on this machine, else the official count for the vocabulary)
   val_not_seen_in_training no train shard whose name is a val file
-  splits_disjoint          manifest.json document hashes (trainer.shards), when the data has one
+  splits_disjoint          manifest.json document hashes (shards.format), when the data has one
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def _disjoint(data_path, seen) -> tuple:
     manifest = Path(data_path) / "manifest.json" if data_path else None
     if manifest is None or not manifest.is_file():
         return None, "no manifest.json with document hashes: not checked"
-    from trainer.shards import check_data_manifest  # imports numpy: only when a manifest is there
+    from shards.format import check_data_manifest  # imports numpy: only when a manifest is there
 
     try:
         check_data_manifest(manifest.parent, log=lambda *_: None)

@@ -82,7 +82,7 @@ class StandInGPT(nn.Module):
 
 def build_model(config, device=None):
     try:
-        from trainer.model import GPT
+        from model.gpt import GPT
 
         name, cls = "trainer_model.GPT", GPT
     except ImportError:
@@ -172,7 +172,7 @@ PRESET_EVAL_MFU = 0.3  # each GPU preset's default stride must fit at this MFU
 def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
     """Projected eval seconds of a GPU preset's model on its full val split at `mfu` of one H100 per GPU
     (causal count): {"roundtrip": s, stride: sliding s, ...}; the 8xh100 preset splits windows over 8 GPUs."""
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
     import primitives.settings as trainer_settings
 
     hp = trainer_settings.Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)

@@ -39,7 +39,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.model import GPT, build_model_config  # noqa: E402
+from model.gpt import GPT, build_model_config  # noqa: E402
 
 from trainer.optim import Muon, split_params  # noqa: E402
 

@@ -50,11 +50,11 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import trainer.attention as trainer_attention  # noqa: E402
+import model.attention as trainer_attention  # noqa: E402
 import trainer.context as trainer_context  # noqa: E402
-import trainer.loader as trainer_loader  # noqa: E402
+import shards.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
-import trainer.model as trainer_model  # noqa: E402
+import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 
 SHAPE_ENV = ("NUM_LAYERS", "MODEL_DIM", "NUM_HEADS", "NUM_KV_HEADS", "MLP_MULT", "TRAIN_SEQ_LEN", "TRAIN_BATCH_TOKENS",

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.loop import H100_BF16_PEAK_FLOPS  # noqa: E402
 
-from trainer.model import GPT, build_model_config, count_train_flops_per_token  # noqa: E402
+from model.gpt import GPT, build_model_config, count_train_flops_per_token  # noqa: E402
 
 from trainer.optim import build_optimizers  # noqa: E402
 

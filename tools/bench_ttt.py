@@ -56,7 +56,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eval.offline import load_sentencepiece_luts  # noqa: E402
-from trainer.shards import load_validation_tokens  # noqa: E402
+from shards.format import load_validation_tokens  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from eval.ttt import project_ttt_seconds, run_ttt, select_ttt_params  # noqa: E402
 
@@ -76,7 +76,7 @@ def parse_setting(text: str) -> tuple:
 
 def load_model(artifact_path: Path):
     from quant.artifact import load_artifact
-    from trainer.model import GPT
+    from model.gpt import GPT
 
     state, config, meta = load_artifact(artifact_path)
     model = GPT(**config)
@@ -88,7 +88,7 @@ def update_flops_ratio(config: dict, seq_len: int, params: str) -> float:
     """fwd+bwd FLOPs with only `params` (select_ttt_params) requiring grad / with all of them."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainer.model import GPT
+    from model.gpt import GPT
 
     flops = []
     for which in ("all", params):
@@ -106,7 +106,7 @@ def update_flops_ratio(config: dict, seq_len: int, params: str) -> float:
 
 def project_h100(settings: list, log=print) -> list:
     """Projected seconds on one H100 per setting (see the module docstring); rows of dicts."""
-    from trainer.model import build_model_config
+    from model.gpt import build_model_config
     from primitives.settings import Hyperparameters
 
     hp = Hyperparameters.from_env({"PRESET": "1xh100-sp8192"}, log=lambda m: None)

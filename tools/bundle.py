@@ -5,7 +5,7 @@ from inside its record folder. Our source is a package (`train_gpt.py` + `traine
 
 1. `build_human_source()`: the library modules that `train_gpt.py` needs (found by following its
    internal imports), concatenated in pipeline order (primitives/files.py, primitives/settings.py,
-   trainer/shards.py, quant/*, eval/*, trainer/model.py, ..., train_gpt.py last; dependencies first),
+   shards/format.py, quant/*, eval/*, model/gpt.py, ..., train_gpt.py last; dependencies first),
    one banner per module, internal imports removed, stdlib/third-party imports hoisted to the top and
    deduplicated, the one `BUNDLE_KIND = "package"` line (trainer/context.py) rewritten to `"human"`.
    Runs on its own: `train_gpt_human.py`.

@@ -11,7 +11,7 @@ import heapq
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BUNDLE_PACKAGES = ("primitives", "trainer", "quant", "eval")
+BUNDLE_PACKAGES = ("primitives", "model", "shards", "trainer", "quant", "eval")
 BUNDLE_ENTRY = "train_gpt.py"
 BUNDLE_SKIP_FILES = ("__init__.py", "__main__.py")
 BUNDLE_KIND_LINE = 'BUNDLE_KIND = "package"'
@@ -205,10 +205,10 @@ def _reexported_names(module: SourceModule) -> dict:
 # bytes change.
 BUNDLE_PIPELINE = (
     "primitives/env.py", "primitives/files.py", "primitives/presets.py", "primitives/progress.py", "primitives/settings.py",
-    "trainer/shards.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/estimate.py",
+    "shards/format.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/estimate.py",
     "quant/fit.py", "quant/artifact.py", "eval/bpb.py", "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py",
-    "trainer/attention.py", "trainer/context.py", "trainer/interrupt.py", "trainer/loader.py",
-    "trainer/model.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
+    "model/attention.py", "trainer/context.py", "trainer/interrupt.py", "shards/loader.py",
+    "model/gpt.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
     "trainer/schedule.py", "trainer/checks.py", "trainer/finish.py", "trainer/loop.py",
 )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-import trainer.model as trainer_model
+import model.gpt as trainer_model
 import primitives.settings as trainer_settings
 
 # --cpu-twin's default shape (env variables of the trainer; any of them set in the environment wins):

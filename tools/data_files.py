@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from primitives.files import atomic_write_bytes
-from trainer.shards import SHARD_MANIFEST_FORMAT
+from shards.format import SHARD_MANIFEST_FORMAT
 
 
 def sha256_file(path) -> str:

@@ -13,7 +13,7 @@ from tqdm import tqdm
 from tools.data_files import fsync_replace, manifest_header, write_json_atomic
 from tools.data_stage import link_or_copy, staged_writes
 from tools.data_tokenizer import load_tokenizer
-from trainer.shards import read_shard_header
+from shards.format import read_shard_header
 
 DEFAULT_HF_REPO_ID = "willdepueoai/parameter-golf"
 LARGE_VOCAB_HF_REPO_ID = "kevclark/parameter-golf"  # sp4096 / sp8192 exports of the same documents

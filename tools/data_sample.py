@@ -12,7 +12,7 @@ import sentencepiece as spm
 from tools.data_shards import shard_documents
 from tools.data_stage import staged_writes
 from tools.data_tokenizer import MAX_UINT16_VOCAB, train_tokenizer
-from trainer.shards import SHARD_TOKENS_PER_FILE
+from shards.format import SHARD_TOKENS_PER_FILE
 
 SAMPLE_NAME = "pydoc_sample"
 SAMPLE_MIN_DOC_CHARS = 1200

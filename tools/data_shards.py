@@ -14,7 +14,7 @@ from tools.data_files import fsync_replace, manifest_header, write_json_atomic
 from tools.data_stage import staged_writes
 from tools.data_text import check_inputs, iter_documents
 from tools.data_tokenizer import load_tokenizer
-from trainer.shards import SHARD_TOKENS_PER_FILE, write_data_shard
+from shards.format import SHARD_TOKENS_PER_FILE, write_data_shard
 
 OFFICIAL_NUM_VAL_DOCS = 50_000
 DOC_HASH_HEX_CHARS = 16

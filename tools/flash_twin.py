@@ -117,7 +117,7 @@ def flash_attn_standin(q, k, v, causal=False):
 @contextlib.contextmanager
 def plugged_flash_standin():
     """Route trainer_attention.attention through the stand-in (as resolve_attention_backend does with FA3)."""
-    import trainer.attention as trainer_attention
+    import model.attention as trainer_attention
 
     saved = trainer_attention._FLASH_ATTN[:]
     trainer_attention._FLASH_ATTN[:] = [flash_attn_standin]

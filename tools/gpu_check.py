@@ -42,13 +42,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import trainer.attention as trainer_attention  # noqa: E402
+import model.attention as trainer_attention  # noqa: E402
 import trainer.checks as trainer_checks  # noqa: E402
 import trainer.context as trainer_context  # noqa: E402
 import trainer.evaluate as trainer_evaluate  # noqa: E402
-import trainer.loader as trainer_loader  # noqa: E402
+import shards.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
-import trainer.model as trainer_model  # noqa: E402
+import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from eval.ttt import project_ttt_seconds  # noqa: E402

@@ -64,7 +64,7 @@ from tools.data_sample import build_sample  # noqa: E402
 from tools.data_shards import OFFICIAL_NUM_VAL_DOCS, prepare_jsonl_dataset  # noqa: E402
 from tools.data_text import check_inputs, iter_documents  # noqa: E402
 from tools.data_tokenizer import train_tokenizer  # noqa: E402
-from trainer.shards import SHARD_TOKENS_PER_FILE  # noqa: E402
+from shards.format import SHARD_TOKENS_PER_FILE  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,7 +24,7 @@ import types
 
 import torch
 
-from trainer.model import GPT
+from model.gpt import GPT
 
 
 @dataclasses.dataclass
@@ -303,7 +303,7 @@ def generate_cuda_step(config: dict, batch: int, seq_len: int, out_dir, inductor
     from torch._inductor.compile_fx import compile_fx, compile_fx_inner
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import trainer.model as kit_model  # the model module's own name for attention (patched below)
+    import model.gpt as kit_model  # the model module's own name for attention (patched below)
 
     written, steps, fake_mode = [], [], FakeTensorMode(allow_non_fake_inputs=True)
 

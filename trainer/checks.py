@@ -12,10 +12,10 @@ import torch
 
 from eval.ttt import select_ttt_params
 from trainer.context import RunContext, kit_module
-from trainer.model import GPT, build_model_config
+from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from primitives.settings import Hyperparameters
-from trainer.shards import SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header
+from shards.format import SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header
 
 
 def max_shard_id(path, num_tokens: int) -> int:

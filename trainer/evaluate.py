@@ -13,7 +13,7 @@ from eval.roundtrip import eval_roundtrip
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
 from trainer.context import RunContext
-from trainer.model import GPT
+from model.gpt import GPT
 from primitives.progress import Progress
 from primitives.settings import Hyperparameters
 

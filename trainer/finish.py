@@ -17,7 +17,7 @@ from trainer.checks import check_compliance
 from trainer.context import RunContext, kit_module
 from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
 from primitives.files import atomic_write_json
-from trainer.model import GPT
+from model.gpt import GPT
 from primitives.settings import Hyperparameters
 
 

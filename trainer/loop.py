@@ -14,8 +14,8 @@ from torch.nn.parallel import DistributedDataParallel
 from quant.gptq import collect_gptq_hessians
 from trainer.context import RunContext, kit_module
 from trainer.interrupt import SignalGuard
-from trainer.loader import DistributedTokenLoader
-from trainer.model import GPT
+from shards.loader import DistributedTokenLoader
+from model.gpt import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
     EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-from trainer.model import GPT
+from model.gpt import GPT
 from primitives.settings import Hyperparameters
 
 

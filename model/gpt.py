@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from primitives.rowquant import fake_quantize_per_row
-from trainer.attention import attention
+from model.attention import attention
 from primitives.settings import Hyperparameters
 
 

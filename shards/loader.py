@@ -5,7 +5,7 @@ Validation tokens are never read here: only the evaluators load them (trainer/fi
 
 import torch
 
-from trainer.shards import list_shards, load_data_shard, read_shard_header
+from shards.format import list_shards, load_data_shard, read_shard_header
 
 
 class DistributedTokenLoader:
