@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from quant.policy import QuantPolicy
-from tools.cli_errors import USER_ERRORS, ArgumentParser, check_file, parse_number, report_user_error
+from primitives.cli_errors import USER_ERRORS, ArgumentParser, check_file, parse_number, report_user_error
 
 QUANT_HEADER_BYTES = 14  # magic + version + compressor id + payload length + CRC (quant/artifact.py)
 

@@ -1,6 +1,6 @@
 """Every bad input a user can give the kit's CLIs: exit 2, ONE line on stderr naming the input, no traceback.
 
-The rule (tools/cli_errors.py): a user's mistake is `error: <input>: <what is wrong>; expected <what>`
+The rule (primitives/cli_errors.py): a user's mistake is `error: <input>: <what is wrong>; expected <what>`
 on one line and exit 2; only a bug of the kit shows a traceback. Each row of CASES is run as a
 subprocess, as a user would run it, in a fresh folder of its own (`{d}` in its command), and checked
 for the exit code, the one line (a regex naming the input), no "Traceback", and, where it matters,

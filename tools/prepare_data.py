@@ -52,7 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # `python tools/prepare_data.py` puts tools/, not the repo, on sys.path
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.cli_errors import USER_ERRORS, ArgumentParser, one_line, report_user_error  # noqa: E402
+from primitives.cli_errors import USER_ERRORS, ArgumentParser, one_line, report_user_error  # noqa: E402
 from tools.data_fineweb import (  # noqa: E402
     DEFAULT_HF_REMOTE_ROOT,
     DEFAULT_HF_REPO_ID,

@@ -36,7 +36,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.cli_errors import ArgumentParser
+from primitives.cli_errors import ArgumentParser
 from tools.record_checks import check_same_settings
 from tools.runs import RecordError, final_score_key, load_run
 

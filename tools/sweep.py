@@ -50,7 +50,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # noqa: E402
+from primitives.cli_errors import USER_ERRORS, ArgumentParser, report_user_error  # noqa: E402
 from tools.sweep_report import collect, fmt, metric_bpb, read_result, recorded_env, run_status  # noqa: E402
 from tools.sweep_spec import (SWEEP_METRICS, SweepError, SweepRun, build_runs, check_trainer_settings,  # noqa: E402
                               spec_from_args)
