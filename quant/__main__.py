@@ -80,7 +80,7 @@ def _inspect(path: str, out=print) -> int:
 def shipped_code_bytes() -> int:
     """Bytes of the train_gpt.py a record ships: the packed file tools/bundle.py builds from this
     package (its default, ASCII encoding), measured, as every run logs it (code_bytes)."""
-    from tools.bundle import build_packed_bytes
+    from kit.bundle import build_packed_bytes
 
     return len(build_packed_bytes())
 

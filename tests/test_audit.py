@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from test_make_record import DATE, cli, fabricate_run, fake_src  # noqa: F401 (fake_src is a fixture)
-from tools import audit, bundle
+from kit import bundle
+from tools import audit
 from tools.audit_bytes import CANONICAL_TOKENS_PER_BYTE, candidates, measure_tokens_per_byte
 from tools.audit_code import imported_modules, unpack_script
 from tools.audit_logs import parse_log

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import bundle, bundle_modules, bundle_pack
-from tools.bundle import BundleError
+from kit import bundle, bundle_modules, bundle_pack
+from kit.bundle import BundleError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,7 +61,7 @@ FAKE_TREE = {
         "def measure_code_bytes() -> int:\n"
         '    if BUNDLE_KIND == "packed":\n        return os.path.getsize(__file__)\n'
         '    if BUNDLE_KIND == "human":\n        return os.path.getsize(Path(__file__).with_name("train_gpt.py"))\n'
-        '    return len(importlib.import_module("tools.bundle").build_packed_bytes(Path(__file__).parent,\n'
+        '    return len(importlib.import_module("kit.bundle").build_packed_bytes(Path(__file__).parent,\n'
         '                                                                          os.environ.get("ENCODING")))\n\n\n'
         "def main() -> int:\n    policy = QuantPolicyFake()\n"
         '    code = BUNDLE_SOURCE if BUNDLE_KIND == "packed" else Path(__file__).read_text(encoding="utf-8")\n'
@@ -442,7 +442,8 @@ def test_locals_or_globals_anywhere_stop_renaming_and_the_report_says_so(tmp_pat
     assert "WARNING: names are not shortened" in capsys.readouterr().out
 
 
-def test_without_a_trainer_all_library_modules_are_bundled(tmp_path):
+def test_without_a_trainer_all_library_modules_are_bundled(tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle_modules, "BUNDLE_PIPELINE", ("eval/shards.py", "quant/core.py", "quant/policy.py"))
     root = write_tree(tmp_path / "lib", {"train_gpt.py": None})
     modules, left_out = bundle.discover_modules(root)
     assert [m.relpath for m in modules] == ["eval/shards.py", "quant/core.py", "quant/policy.py", "eval/bpb.py",
@@ -456,8 +457,9 @@ def test_without_a_trainer_all_library_modules_are_bundled(tmp_path):
 def test_real_package_bundles_deterministically_in_pipeline_order():
     modules, _ = bundle.discover_modules(REPO)
     order = [m.relpath for m in modules]
-    assert order[:2] == ["trainer/env.py", "trainer/files.py"] and order[-1] == "train_gpt.py"
-    assert order.index("trainer/shards.py") < min(i for i, r in enumerate(order) if r.startswith(("quant/", "eval/")))
+    assert order[:2] == ["primitives/env.py", "primitives/files.py"] and order[-1] == "train_gpt.py"
+    assert order[:-1] == list(bundle_modules.BUNDLE_PIPELINE)  # a bundled module missing from the list moves others
+    assert order.index("shards/format.py") < min(i for i, r in enumerate(order) if r.startswith(("quant/", "eval/")))
     quant = [i for i, r in enumerate(order) if r.startswith("quant/")]
     evals = [order.index(r) for r in ("eval/bpb.py", "eval/roundtrip.py", "eval/sliding.py") if r in order]
     assert quant and evals and max(quant) < min(evals)

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from test_bundle import FAKE_TREE, TINY_ENV, clean_env, write_tree
-from tools import bundle, make_record, record_smoke
+from kit import bundle
+from tools import make_record, record_smoke
 from tools.make_record import check_record
 from tools.record_checks import RECORD_TRACKS
 from tools.runs import RecordError, load_run, parse_train_log

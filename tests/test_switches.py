@@ -228,7 +228,7 @@ def test_packed_train_gpt_runs_with_every_switch_on(tiny_dataset, sp1024_model, 
     smoke run does: every switch on, 3 steps, the export and the final evals; its losses equal the package's."""
     import subprocess
 
-    from tools.bundle import write_bundle
+    from kit.bundle import write_bundle
 
     folder = tmp_path / "record"
     write_bundle(folder)

@@ -40,7 +40,7 @@ import zlib
 from pathlib import Path
 
 from tools.audit_parse import imported_modules, parse_any
-from tools.bundle import BUNDLE_BASE93_DECODER, base93_value
+from kit.bundle import BUNDLE_BASE93_DECODER, base93_value
 
 MAX_UNPACKED_BYTES = 64 << 20  # a record's source is < 1 MB; anything near this is a bomb
 MAX_DEPTH = 3

@@ -55,7 +55,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python tools/make_record.py`: make `tools` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, REPO_ROOT, build_human_source, minify_source,
+from kit.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, REPO_ROOT, build_human_source, minify_source,
                           pack_code, packed_encoding, set_bundle_kind, unpack_packed)
 from tools.record_checks import (RECORD_BYTE_BUDGET, RECORD_TRACKS, check_code_is_current, check_rules, check_run,
                                  check_runs_agree, choose_track, resolve_run_path)

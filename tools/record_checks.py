@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tools.audit_run import number, run_rules
-from tools.bundle import BUNDLE_PACKED_NAME, REPO_ROOT, unpack_packed
+from kit.bundle import BUNDLE_PACKED_NAME, REPO_ROOT, unpack_packed
 from tools.runs import FINAL_LINES, RecordError, Run, final_score_key
 
 RECORD_BYTE_BUDGET = 16_000_000  # decimal bytes: code + compressed model
@@ -190,7 +190,7 @@ def check_code_is_current(runs: list, human: str, packed: bytes, root: Path) -> 
     accepted = {human.rstrip("\n"), unpack_packed(packed).rstrip("\n")}
     if packed.isascii():
         accepted.add(packed.decode("ascii").rstrip("\n"))
-    if entry.is_file():  # the trainer logs its own file when tools.bundle cannot be imported
+    if entry.is_file():  # the trainer logs its own file when kit.bundle cannot be imported
         accepted.add(entry.read_text(encoding="utf-8").rstrip("\n"))
     for run in runs:
         if int(run.result["bytes_code"]) != packed_bytes:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tools.bundle import BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, LATIN1_TRADE_OFF, REPO_ROOT
+from kit.bundle import BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, LATIN1_TRADE_OFF, REPO_ROOT
 from tools.record_checks import (RECORD_BYTE_BUDGET, RECORD_EVAL_LIMIT_SECONDS, RECORD_IGNORED_HYPERPARAMETERS,
                                  RECORD_TRAIN_LIMIT_SECONDS, resolve_run_path, rules_of)
 from tools.runs import FINAL_LINES, Run, final_score_key

@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from tools.bundle import BUNDLE_PACKED_NAME
+from kit.bundle import BUNDLE_PACKED_NAME
 from tools.record_checks import resolve_run_path
 from tools.runs import RecordError, Run, parse_train_log
 

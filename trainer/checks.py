@@ -100,7 +100,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         with torch.device("meta"):  # the names only: nothing is allocated
             select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
     if hp.checkpoint_every or hp.resume:
-        kit_module("tools.checkpoint")
+        kit_module("kit.checkpoint")
     check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)
     num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped

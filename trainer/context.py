@@ -103,7 +103,7 @@ def measure_code_bytes() -> int:
         return os.path.getsize(__file__)
     if BUNDLE_KIND == "human":
         return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
-    return kit_module("tools.bundle").packed_size()  # == len(build_packed_bytes()), cached per source
+    return kit_module("kit.bundle").packed_size()  # == len(build_packed_bytes()), cached per source
 
 
 def describe_device(device: torch.device) -> str:
@@ -123,7 +123,7 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     if BUNDLE_KIND == "packed":
         code = BUNDLE_SOURCE  # noqa: F821 (bound by the packed file's exec wrapper)
     else:
-        code = Path(__file__).read_text("utf-8") if BUNDLE_KIND == "human" else kit_module("tools.bundle").build_human_source()
+        code = Path(__file__).read_text("utf-8") if BUNDLE_KIND == "human" else kit_module("kit.bundle").build_human_source()
     ctx.log(code, False)
     ctx.log("=" * 100, False)
     ctx.log(f"python:{platform.python_version()} "

@@ -50,7 +50,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     if ctx.is_main:
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
         if hp.save_prequant:  # for tools/bench_quant.py
-            kit_module("tools.checkpoint").save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
+            kit_module("kit.checkpoint").save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
         # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
                    tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest(),

@@ -94,7 +94,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if gptq_reserve:
         ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
     ckpt_path = ctx.run_dir / "checkpoint.pt"
-    ckpt = kit_module("tools.checkpoint") if hp.checkpoint_every or hp.resume else None
+    ckpt = kit_module("kit.checkpoint") if hp.checkpoint_every or hp.resume else None
     nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:

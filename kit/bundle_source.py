@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import sys
 
-from tools.bundle_modules import (BUNDLE_BANNER, BUNDLE_HUMAN_NAME, BUNDLE_KIND_LINE, BUNDLE_PACKED_NAME, BundleError,
+from kit.bundle_modules import (BUNDLE_BANNER, BUNDLE_HUMAN_NAME, BUNDLE_KIND_LINE, BUNDLE_PACKED_NAME, BundleError,
                                   SourceModule, _is_internal_import, discover_modules)
 
 

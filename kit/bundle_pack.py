@@ -19,8 +19,8 @@ import sys
 import zlib
 from pathlib import Path
 
-from tools.bundle_modules import BUNDLE_PACKED_NAME, BundleError
-from tools.bundle_source import build_human_source
+from kit.bundle_modules import BUNDLE_PACKED_NAME, BundleError
+from kit.bundle_source import build_human_source
 from primitives.files import atomic_write_bytes
 
 # lzma constants spelled as literals in the wrapper (saves counted bytes); stable across CPython.
