@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from eval.ttt import select_ttt_params
-from trainer.context import RunContext, kit_module
+from trainer.context import RunContext, require_kit
 from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from primitives.settings import Hyperparameters
@@ -100,7 +100,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         with torch.device("meta"):  # the names only: nothing is allocated
             select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
     if hp.checkpoint_every or hp.resume:
-        kit_module("kit.checkpoint")
+        require_kit("CHECKPOINT_EVERY/RESUME")
     check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)
     num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped

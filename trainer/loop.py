@@ -12,7 +12,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from quant.gptq import collect_gptq_hessians
-from trainer.context import RunContext, kit_module
+from trainer.context import RunContext
 from trainer.interrupt import SignalGuard
 from shards.loader import DistributedTokenLoader
 from model.gpt import GPT
@@ -94,7 +94,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if gptq_reserve:
         ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
     ckpt_path = ctx.run_dir / "checkpoint.pt"
-    ckpt = kit_module("kit.checkpoint") if hp.checkpoint_every or hp.resume else None
+    ckpt = None
+    if hp.checkpoint_every or hp.resume:  # package only, refused before the clock in the packed script
+        from kit import checkpoint as ckpt
     nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:
