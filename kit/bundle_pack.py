@@ -156,7 +156,7 @@ def base93_decode(digits: bytes, num_bytes: int) -> bytes:
 
 
 def base93_value(digits: bytes) -> int:
-    """The integer BUNDLE_BASE93_DECODER's f(digits) returns, computed here (tools/audit_code.py reads
+    """The integer BUNDLE_BASE93_DECODER's f(digits) returns, computed here (tools/auditor/audit_code.py reads
     packed files with it, running nothing of them). ValueError for a char outside the alphabet."""
     if not isinstance(digits, bytes) or any(c < 32 or c > 126 or c in (34, 92) for c in digits):
         raise ValueError("base93: expected bytes of printable ASCII but '\"' and '\\'")

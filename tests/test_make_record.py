@@ -434,7 +434,7 @@ def test_a_name_that_is_not_a_folder_name_is_refused_before_anything_is_written(
 
 
 def test_ttt_runs_make_a_record_scored_by_their_ttt_line_that_passes_the_audit(fake_src, tmp_path, capsys):
-    from tools import audit
+    from tools.auditor import audit
 
     runs = [fabricate_ttt_run(tmp_path, "a", 1, fake_src), fabricate_ttt_run(tmp_path, "b", 2, fake_src)]
     results = [json.loads((r / "result.json").read_text()) for r in runs]

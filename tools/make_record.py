@@ -18,7 +18,7 @@ final sliding-window line, or its legal score-first TTT line when TTT ran in its
 It refuses (exit 2, the message names the run and the field) runs that are over the byte budget,
 did not finish (no final log lines, status not ok), hold a field that is not a number,
 break a challenge rule that every track keeps (bytes_ok, full_val_split, val_not_seen_in_training,
-splits_disjoint: decided from the evidence by tools/audit_run.py, never from result.json's own
+splits_disjoint: decided from the evidence by tools/auditor/audit_run.py, never from result.json's own
 `compliance` flags), differ in
 configuration beyond SEED/RUN_ID/OUT_DIR, repeat a seed, report different code bytes, or whose code
 is not the current source (the shipped file must be the code that ran); a track_10min_16mb record
@@ -76,7 +76,7 @@ _SUBMISSION_FIELDS = ("author", "github_id", "name", "blurb", "date", "val_loss"
 def _refuse_outside_links(folder: Path) -> None:
     """A file of the folder that is a symlink out of it (a log, the script) is refused: the folder
     must hold its own evidence and code."""
-    from tools.audit_rules import folder_files, is_inside
+    from tools.auditor.audit_rules import folder_files, is_inside
 
     for path in folder_files(folder):
         if path.is_symlink() and not is_inside(folder, path):
@@ -166,8 +166,8 @@ def audit_record(folder: Path, runs: list, submission: dict, log=print) -> dict:
     submission.json["compliance"] (each check true / false / null = not checkable, with evidence).
     The byte accounting is measured on the runs' own tokenizer and val split when both are on this
     machine. Raises RecordError naming every failed check except AUDIT_SOFT_CHECKS (logged)."""
-    from tools.audit import audit_folder, compliance, format_table
-    from tools.audit_bytes import measure_tokens_per_byte
+    from tools.auditor.audit import audit_folder, compliance, format_table
+    from tools.auditor.audit_bytes import measure_tokens_per_byte
 
     measured, label, data_path = None, "", None
     tokenizer, data = (resolve_run_path(runs[0], k) for k in ("tokenizer_path", "data_path"))

@@ -3,7 +3,7 @@
 check_run (one run finished, within the byte budget, its log agrees with result.json),
 check_runs_agree (the seeds of one record differ by the seed only), check_code_is_current (the
 shipped file is the code that ran), check_rules (the challenge rules, decided from the evidence by
-tools/audit_run.py, never from result.json's own `compliance` flags) and choose_track. Each raises
+tools/auditor/audit_run.py, never from result.json's own `compliance` flags) and choose_track. Each raises
 RecordError naming the run and the field.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.audit_run import number, run_rules
+from tools.auditor.audit_run import number, run_rules
 from kit.bundle import BUNDLE_PACKED_NAME, REPO_ROOT, unpack_packed
 from tools.runs import FINAL_LINES, RecordError, Run, final_score_key
 
@@ -103,7 +103,7 @@ def check_run(run: Run) -> None:
 
 
 def rules_of(run: Run) -> dict:
-    """{flag: (ok, evidence)} of RECORD_RULES from the run's evidence (tools/audit_run.py), cached on
+    """{flag: (ok, evidence)} of RECORD_RULES from the run's evidence (tools/auditor/audit_run.py), cached on
     the run; result.json's own compliance flags are never read."""
     if getattr(run, "_rules", None) is None:
         data = resolve_run_path(run, "data_path") if run.result["hyperparameters"].get("data_path") else None

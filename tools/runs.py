@@ -1,7 +1,7 @@
 """Read a finished run folder (runs/<RUN_ID>/: result.json + train.log) for make_record, significance, audit.
 
 One small module that the record tools import, so that none of them imports another's CLI
-(tools/make_record.py -> tools/audit.py -> tools/audit_checks.py -> tools/significance.py would
+(tools/make_record.py -> tools/audit.py -> tools/auditor/audit_checks.py -> tools/significance.py would
 otherwise close a circle). `load_run` raises `RecordError` (a ValueError) naming the run and the file.
 """
 

@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.audit_bytes import candidates, ratio_deviation, sha256_of, tolerance
+from tools.auditor.audit_bytes import candidates, ratio_deviation, sha256_of, tolerance
 
 RECORD_TRACK = "track_10min_16mb"
 NON_RECORD_TRACK = "track_non_record_16mb"
@@ -138,7 +138,7 @@ def check_code_size(rec) -> Check:
 
 
 def check_code_parses(rec) -> Check:
-    from tools.audit_code import parse_imports
+    from tools.auditor.audit_code import parse_imports
 
     if rec.script_bytes is None:
         return Check("code_parses", "n/a", "no train_gpt.py")
@@ -163,7 +163,7 @@ def check_code_parses(rec) -> Check:
         return Check("code_parses", "fail", f"{how}; the code does not parse: line {e.lineno}: {e.msg}")
     rec.imports = (required, optional)
     lines = s.source.count("\n") + 1
-    from tools.audit_parse import parse_any
+    from tools.auditor.audit_parse import parse_any
 
     note = parse_any(s.source)[1] if version == platform.python_version() else ""
     return Check("code_parses", "pass", f"{how}; {lines:,} lines, parses with Python {version}"
@@ -306,7 +306,7 @@ def _log_candidates(rec, lg):
 
 
 def check_byte_accounting(rec) -> Check:
-    from tools.audit_bytes import shipped_byte_tables
+    from tools.auditor.audit_bytes import shipped_byte_tables
 
     tables = shipped_byte_tables(rec.folder)
     if any(s == "fail" for s, _ in tables):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import lzma
 import re
 
-from tools.audit_checks import NON_RECORD_TRACK, Check
+from tools.auditor.audit_checks import NON_RECORD_TRACK, Check
 
 BYTE_BUDGET = 16_000_000
 TRAIN_LIMIT_SECONDS = 600.0

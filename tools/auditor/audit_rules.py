@@ -18,9 +18,9 @@ import os
 import re
 from pathlib import Path
 
-from tools.audit_checks import Check
-from tools.audit_parse import parse_any
-from tools.audit_valtrain import inline_findings, log_findings
+from tools.auditor.audit_checks import Check
+from tools.auditor.audit_parse import parse_any
+from tools.auditor.audit_valtrain import inline_findings, log_findings
 
 _OPT_STEP = {"step"}
 _NO_GRAD = ("no_grad", "inference_mode")

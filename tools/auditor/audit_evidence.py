@@ -1,6 +1,6 @@
 """What a train log says about its data and its settings, read line by line (tools/audit.py).
 
-tools/audit_logs.py reads the scores and times and skips indented lines (the source code many logs
+tools/auditor/audit_logs.py reads the scores and times and skips indented lines (the source code many logs
 open with). This module reads what that skips on purpose: the settings block (`Hyperparameters:`
 then `  key: value` lines, or the official `key:value key:value` header lines before step 0), the
 data evidence (`train_shards: N`, `val_tokens: N`, dataset and tokenizer paths) and the eval-timer
@@ -55,12 +55,12 @@ CANONICAL_EXPORTS = (
            "`val_tokens: 47851520`; PR #2014 README: val_tokens == target_tokens == 47853343; "
            "HF romeerp/parameter-golf-caseops-v1"),
     Export("sp8192", "8192", 80, 250, (40_540_160,),
-           "official README (80 train shards by default); val tokens: tools/audit_bytes.py sp8192 row"),
+           "official README (80 train shards by default); val tokens: tools/auditor/audit_bytes.py sp8192 row"),
     Export("sp4096", "4096", 80, 250, (45_508_608, 45_514_752),
            "official README (80 train shards by default; merged sp4096 records log 143 of HF kevclark/parameter-golf, "
-           "so at most 250 is read as the export); val tokens: tools/audit_bytes.py sp4096 rows"),
+           "so at most 250 is read as the export); val tokens: tools/auditor/audit_bytes.py sp4096 rows"),
     Export("sp1024", "1024", 80, 250, (62_021_632, 63_779_840),
-           "official README (80 train shards by default, 8B tokens); val tokens: tools/audit_bytes.py sp1024 rows"),
+           "official README (80 train shards by default, 8B tokens); val tokens: tools/auditor/audit_bytes.py sp1024 rows"),
 )
 # A local rebuild with another val size (prepare_caseops_data.py --val-docs=10000) logs 1,499 train shards:
 # issue #2127, PR #2146 (PR #2130 removed from the leaderboard for it)

@@ -26,7 +26,7 @@ RULE_TRAIN_LIMIT_SECONDS = 600.0
 RULE_EVAL_LIMIT_SECONDS = 600.0
 RULE_BYTE_BUDGET = 16_000_000
 SHARD_MAGIC = 20240520
-# val tokens of the official splits by vocabulary (tools/audit_bytes.py's canonical table)
+# val tokens of the official splits by vocabulary (tools/auditor/audit_bytes.py's canonical table)
 OFFICIAL_VAL_TOKENS = {1024: 62_021_632, 8192: 40_540_160}
 
 

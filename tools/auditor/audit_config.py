@@ -1,4 +1,4 @@
-"""Checks of tools/audit.py that read the logs' data evidence and settings (tools/audit_evidence.py).
+"""Checks of tools/audit.py that read the logs' data evidence and settings (tools/auditor/audit_evidence.py).
 
 - data_disjoint: a manifest's document hashes when there is one; else each log's train shard count and
   val token count against the canonical export of its tokenizer (`CANONICAL_EXPORTS`, with sources).
@@ -17,8 +17,8 @@ import re
 import statistics
 from pathlib import Path
 
-from tools.audit_checks import Check, check_data as check_manifest_data
-from tools.audit_evidence import EVAL_KEYS, config_of, export_for, skip_smoke_marker, val_tokens_canonical
+from tools.auditor.audit_checks import Check, check_data as check_manifest_data
+from tools.auditor.audit_evidence import EVAL_KEYS, config_of, export_for, skip_smoke_marker, val_tokens_canonical
 
 _RE_NUMBER = re.compile(r"\b\d\.\d{4,8}\b")
 _REFERENCE_KEYS = ("reference_logs", "excluded_logs", "other_logs", "ablation_logs")

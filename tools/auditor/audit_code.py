@@ -39,7 +39,7 @@ import lzma
 import zlib
 from pathlib import Path
 
-from tools.audit_parse import imported_modules, parse_any
+from tools.auditor.audit_parse import imported_modules, parse_any
 from kit.bundle import BUNDLE_BASE93_DECODER, base93_value
 
 MAX_UNPACKED_BYTES = 64 << 20  # a record's source is < 1 MB; anything near this is a bomb
@@ -312,7 +312,7 @@ def tried_parsed(tried: list) -> bool:
 def parse_imports(source: str, pythons=()) -> tuple[set, set, str]:
     """`imported_modules(source)` plus the Python version that parsed it: this interpreter first,
     then each of `pythons` (executables) and the newer `python3.X` on PATH (record scripts often use
-    Python 3.12 syntax, e.g. PEP 701 f-strings), run as `python3.X -I tools/audit_parse.py` (stdlib
+    Python 3.12 syntax, e.g. PEP 701 f-strings), run as `python3.X -I tools/auditor/audit_parse.py` (stdlib
     only, so it needs no `tools` on sys.path; it only parses, nothing of the source runs). Raises
     SyntaxError (this interpreter's, with the interpreters tried appended to its msg, and
     `interpreter_failed` set when a newer interpreter could not be run) when none parses it."""

@@ -5,9 +5,9 @@ f-string replaced by a plain string literal of the same line span (`neutralize_f
 f-strings (PEP 701: the same quote nested inside, comments, backslashes) then parse on 3.8-3.11 too,
 and every other code fact (calls, imports, loops, line numbers) stays where it was.
 
-    python3.12 -I tools/audit_parse.py < SOURCE    -> {"python": "3.12.x", "required": [...], "optional": [...]}
+    python3.12 -I tools/auditor/audit_parse.py < SOURCE    -> {"python": "3.12.x", "required": [...], "optional": [...]}
 
-tools/audit_code.py runs it under a newer interpreter when this one cannot parse a record script
+tools/auditor/audit_code.py runs it under a newer interpreter when this one cannot parse a record script
 (PEP 701 f-strings need Python 3.12). Exit 1 with {"python", "error"} when the source does not parse.
 Nothing of the source runs.
 """
