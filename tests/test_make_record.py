@@ -18,10 +18,10 @@ import pytest
 
 from test_bundle import FAKE_TREE, TINY_ENV, clean_env, write_tree
 from kit import bundle
-from tools import make_record, record_smoke
-from tools.make_record import check_record
-from tools.record_checks import RECORD_TRACKS
-from tools.runs import RecordError, load_run, parse_train_log
+from tools.record import make_record, record_smoke
+from tools.record.make_record import check_record
+from tools.record.record_checks import RECORD_TRACKS
+from tools.record.runs import RecordError, load_run, parse_train_log
 
 REPO = Path(__file__).resolve().parents[1]
 DATE = "2026-01-02"
@@ -319,7 +319,7 @@ def test_a_packed_file_that_fails_its_smoke_run_is_refused(tmp_path, capsys, tra
 
 def test_refuses_when_the_current_source_is_not_the_code_of_the_runs(fake_src, tmp_path, capsys):
     runs = [fabricate_run(tmp_path, "a", 1, fake_src)]
-    changed = write_tree(tmp_path / "changed", {"primitives/rowquant.py": bundle_src_with_extra_function()})
+    changed = write_tree(tmp_path / "changed", {"quant/core.py": bundle_src_with_extra_function()})
     assert make_record.main(["--runs", str(runs[0]), "--name", "T", "--author", "x", "--github-id", "y",
                              "--records-dir", str(tmp_path / "records"), "--root", str(changed),
                              "--skip-smoke", "--approach", APPROACH]) == 2
@@ -329,7 +329,7 @@ def test_refuses_when_the_current_source_is_not_the_code_of_the_runs(fake_src, t
 def bundle_src_with_extra_function():
     from test_bundle import FAKE_TREE
 
-    return FAKE_TREE["primitives/rowquant.py"] + "\n\ndef quant_extra(x):\n    return [x, x * 2, x * 3, 'more code']\n"
+    return FAKE_TREE["quant/core.py"] + "\n\ndef quant_extra(x):\n    return [x, x * 2, x * 3, 'more code']\n"
 
 
 def test_existing_folder_needs_force_and_force_replaces_it(fake_src, tmp_path, capsys):

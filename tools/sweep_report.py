@@ -11,7 +11,7 @@ import json
 import statistics
 from pathlib import Path
 
-from tools.runs import final_score_key
+from tools.record.runs import final_score_key
 from tools.sweep_spec import SweepRun
 from primitives.files import atomic_write_bytes
 

@@ -20,7 +20,7 @@ import math
 import struct
 from pathlib import Path
 
-from tools.runs import RecordError
+from tools.record.runs import RecordError
 
 RULE_TRAIN_LIMIT_SECONDS = 600.0
 RULE_EVAL_LIMIT_SECONDS = 600.0

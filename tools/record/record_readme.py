@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from kit.bundle import BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, LATIN1_TRADE_OFF, REPO_ROOT
-from tools.record_checks import (RECORD_BYTE_BUDGET, RECORD_EVAL_LIMIT_SECONDS, RECORD_IGNORED_HYPERPARAMETERS,
+from tools.record.record_checks import (RECORD_BYTE_BUDGET, RECORD_EVAL_LIMIT_SECONDS, RECORD_IGNORED_HYPERPARAMETERS,
                                  RECORD_TRAIN_LIMIT_SECONDS, resolve_run_path, rules_of)
-from tools.runs import FINAL_LINES, Run, final_score_key
+from tools.record.runs import FINAL_LINES, Run, final_score_key
 
 RECORD_RUNTIME_PACKAGES = ("torch", "numpy", "sentencepiece", "zstandard", "brotli", "safetensors")
 SMOKE_SKIPPED_LINE = (f"**Not run from this folder:** built with `make_record --skip-smoke`, so this folder's "

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from kit.bundle import BUNDLE_PACKED_NAME
-from tools.record_checks import resolve_run_path
-from tools.runs import RecordError, Run, parse_train_log
+from tools.record.record_checks import resolve_run_path
+from tools.record.runs import RecordError, Run, parse_train_log
 
 SMOKE_RUN_ID = "record_smoke"
 SMOKE_VAL_MAX_TOKENS = 4096  # the smoke run evaluates on this many val tokens: proves the eval runs, scores nothing

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tools.auditor.audit_run import number, run_rules
 from kit.bundle import BUNDLE_PACKED_NAME, REPO_ROOT, unpack_packed
-from tools.runs import FINAL_LINES, RecordError, Run, final_score_key
+from tools.record.runs import FINAL_LINES, RecordError, Run, final_score_key
 
 RECORD_BYTE_BUDGET = 16_000_000  # decimal bytes: code + compressed model
 RECORD_TRAIN_LIMIT_SECONDS = 600.0
