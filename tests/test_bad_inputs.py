@@ -695,7 +695,7 @@ def write_table(page: Path) -> None:
 def table_inputs(tmp: Path) -> dict:
     """The tokenizer and small dataset the cases use, built as the test fixtures build them."""
     sys.path.insert(0, str(REPO))
-    from tools.data_sample import build_sample
+    from tools.data.data_sample import build_sample
 
     result = build_sample(tmp / "sample", progress=False, log=lambda msg: None)
     return {"tok": str(result["tokenizer_path"]), "data": str(result["data_path"])}

@@ -132,7 +132,7 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
 
     from shards.format import list_shards
     from quant.policy import QuantPolicy
-    from tools.data_shards import prepare_jsonl_dataset
+    from tools.data.data_shards import prepare_jsonl_dataset
 
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in real_text_docs[:40]))
     dataset = tmp_path / "small_shards"  # 4096-token shards: the calibration stream wraps around all of them

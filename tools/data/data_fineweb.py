@@ -10,9 +10,9 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from tqdm import tqdm
 
-from tools.data_files import fsync_replace, manifest_header, write_json_atomic
-from tools.data_stage import link_or_copy, staged_writes
-from tools.data_tokenizer import load_tokenizer
+from tools.data.data_files import fsync_replace, manifest_header, write_json_atomic
+from tools.data.data_stage import link_or_copy, staged_writes
+from tools.data.data_tokenizer import load_tokenizer
 from shards.format import read_shard_header
 
 DEFAULT_HF_REPO_ID = "willdepueoai/parameter-golf"
@@ -110,7 +110,7 @@ def download_fineweb(variant: str, train_shards: int, out_root="data", *, repo_i
     `tokenizers[]` entries {name, vocab_size, bos_id, model_path, vocab_path}. Fetches all val
     shards, train shards 0..train_shards-1 and the tokenizer files that are not already present
     (valid shards of the dataset dir are kept), into a new folder beside the dataset dir with our
-    manifest.json, swapped in when complete (tools/data_stage.py; no doc hashes: the overlap check is
+    manifest.json, swapped in when complete (tools/data/data_stage.py; no doc hashes: the overlap check is
     skipped there; it records the repo id and the tokenizer's sha256, so a tokenizer file already
     present from another repo shows). downloader(repo_id, remote_path) -> cached file path
     (injectable for tests). Raises ValueError for a bad variant / repo id / shard count / manifest

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from tools.data_files import fsync_replace, manifest_header, write_json_atomic
-from tools.data_stage import staged_writes
-from tools.data_text import check_inputs, iter_documents
-from tools.data_tokenizer import load_tokenizer
+from tools.data.data_files import fsync_replace, manifest_header, write_json_atomic
+from tools.data.data_stage import staged_writes
+from tools.data.data_text import check_inputs, iter_documents
+from tools.data.data_tokenizer import load_tokenizer
 from shards.format import SHARD_TOKENS_PER_FILE, write_data_shard
 
 OFFICIAL_NUM_VAL_DOCS = 50_000
@@ -70,7 +70,7 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
     Each document becomes [BOS] + sp.encode(text) (uint16, no EOS). The first num_val_docs
     documents are val; train documents whose hash is a val hash are dropped and counted.
     The dataset is written into a new folder beside `out_dir` that replaces it at the end
-    (tools/data_stage.py): `stage` joins a larger write (the caller commits), else one is made here.
+    (tools/data/data_stage.py): `stage` joins a larger write (the caller commits), else one is made here.
     `tokenizer_final`: the path the tokenizer will have when `tokenizer_path` is a temporary file.
     Returns the manifest dict. Raises ValueError for no documents, num_val_docs outside
     [1, num_docs), bad --max-docs/--shard-tokens, or ids >= vocab_size; OSError naming `out_dir`.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from tools.data_files import fsync_replace
+from tools.data.data_files import fsync_replace
 
 MAX_UINT16_VOCAB = 65536
 # Settings of the official SentencePiece exports (openai/parameter-golf
@@ -59,7 +59,7 @@ def train_tokenizer(docs_factory, vocab_size: int, out_prefix, *, input_sentence
     max_sentence_length bytes (SentencePiece default 4192) are skipped by the trainer, as in the
     official export. Writes PREFIX.model and PREFIX.vocab via temporary names + rename; the bytes
     depend only on the documents and options (trained in memory, so no path is stored). With a
-    `stage` (tools/data_stage.py) both stay temporary until the caller commits, and the temporary
+    `stage` (tools/data/data_stage.py) both stay temporary until the caller commits, and the temporary
     model's path is returned.
     Raises ValueError for vocab_size outside [8, 65536] or a failed training run.
     """

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from tools.data_shards import shard_documents
-from tools.data_stage import staged_writes
-from tools.data_tokenizer import MAX_UINT16_VOCAB, train_tokenizer
+from tools.data.data_shards import shard_documents
+from tools.data.data_stage import staged_writes
+from tools.data.data_tokenizer import MAX_UINT16_VOCAB, train_tokenizer
 from shards.format import SHARD_TOKENS_PER_FILE
 
 SAMPLE_NAME = "pydoc_sample"
