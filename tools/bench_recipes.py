@@ -38,7 +38,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from quant.policy import QuantPolicy  # noqa: E402
-from tools.sweep_spec import parse_assignments  # noqa: E402
+from tools.sweeps.sweep_spec import parse_assignments  # noqa: E402
 from primitives.settings import warn_unknown_settings  # noqa: E402
 from model.gpt import GPT, build_model_config  # noqa: E402
 from trainer.optim import build_optimizers  # noqa: E402

@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 from tools.record.runs import final_score_key
-from tools.sweep_spec import SweepRun
+from tools.sweeps.sweep_spec import SweepRun
 from primitives.files import atomic_write_bytes
 
 CSV_FIELDS = ("config", "seed", "status", "val_bpb", "val_bpb_sliding", "val_bpb_ttt", "val_bpb_roundtrip", "val_bpb_prequant",
