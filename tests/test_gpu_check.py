@@ -139,7 +139,7 @@ def test_cpu_twin_with_a_batch_that_does_not_split_into_sequences_is_one_line_ex
 def test_cpu_twin_defaults_to_a_small_shape_that_fits_and_env_settings_win(monkeypatch):
     """`--cpu-twin` ran the default preset's shape (524,288 tokens per step, vocab 8192): OOM-killed at
     ~15-23 GB with no output on a 24 GB machine."""
-    from tools import cpu_twin_size as size
+    from tools.bench import cpu_twin_size as size
 
     hp = size.cpu_twin_settings(False, environ={})
     assert (hp.num_layers, hp.model_dim, hp.train_seq_len, hp.train_batch_tokens) == (2, 128, 128, 2048)

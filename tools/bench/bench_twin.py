@@ -5,7 +5,7 @@ the generated forward and backward modules' Triton kernels and launches, the byt
 per-kernel estimate x launches; matmuls and attention are extern calls, not counted), their float32
 [tokens x hidden]-or-larger buffers, and the worst ptxas spill (bytes per thread, sm_90a) of their fused
 reductions, each at its least-spilling launch config (the spill autotuning cannot avoid); then the CPU
-bf16-autocast census of float32 [B, T, model_dim] activations saved for backward (tools/step_twin.py).
+bf16-autocast census of float32 [B, T, model_dim] activations saved for backward (tools/bench/step_twin.py).
 Predictions from generated code, not timings: at ~3 TB/s on an H100 SXM, 1 GiB moved costs ~0.36 ms.
 """
 
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from tools.step_twin import generate_cuda_step, kernel_stats, ptxas_spills, saved_activation_census, triton_status
+from tools.bench.step_twin import generate_cuda_step, kernel_stats, ptxas_spills, saved_activation_census, triton_status
 
 H100_BYTES_PER_S = 3.0e12  # a round figure for an H100 SXM's HBM3 (datasheet: 3.35 TB/s)
 
