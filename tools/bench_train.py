@@ -1,11 +1,11 @@
-"""The `python tools/bench_train.py` command; its code is tools/bench/bench_train.py."""
+"""The `python tools/bench_train.py` command; its code is tools/bench/bench_train.py, run as a script so that
+`--help` and usage errors answer before it imports torch (as `python -m tools.bench.bench_train`)."""
 
+import runpy
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.bench.bench_train import main  # noqa: E402
-
 if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("tools.bench.bench_train", run_name="__main__", alter_sys=True)

@@ -1,11 +1,11 @@
-"""The `python tools/bench_ttt.py` command; its code is tools/bench/bench_ttt.py."""
+"""The `python tools/bench_ttt.py` command; its code is tools/bench/bench_ttt.py, run as a script so that
+`--help` and usage errors answer before it imports torch (as `python -m tools.bench.bench_ttt`)."""
 
+import runpy
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.bench.bench_ttt import main  # noqa: E402
-
 if __name__ == "__main__":
-    sys.exit(main())
+    runpy.run_module("tools.bench.bench_ttt", run_name="__main__", alter_sys=True)
