@@ -8,7 +8,7 @@ Each step lives in the `trainer/` package (docs/layout.md lists its modules).
 
 Runs unchanged on one H100 (`python train_gpt.py`), on N GPUs
 (`torchrun --standalone --nproc_per_node=N train_gpt.py`) and on CPU (`PRESET=smoke`). Every setting
-is an environment variable with the official name (see trainer/settings.py).
+is an environment variable with the official name (see primitives/settings.py).
 """
 
 import dataclasses
@@ -25,19 +25,19 @@ from eval.bpb import build_sentencepiece_luts
 from quant.estimate import estimate_artifact_bytes
 from quant.fit import fit_policy
 from quant.policy import QuantPolicy
-from trainer.attention import resolve_attention_backend
+from model.attention import resolve_attention_backend
 from trainer.checks import check_inputs
 from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
 from trainer.finish import after_training_error, finish_run, score_command, write_result
 from trainer.interrupt import (NO_ROOM_ERRNOS, TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training,
                                load_trained, no_room, no_room_after_training, stopped_in_training, training_failed)
-from trainer.loader import DistributedTokenLoader
+from shards.loader import DistributedTokenLoader
 from trainer.loop import TrainResult, train
-from trainer.model import GPT, build_model_config, count_train_flops_per_token
+from model.gpt import GPT, build_model_config, count_train_flops_per_token
 from trainer.runfolder import check_run_folder, open_run_log, release_run_folders
-from trainer.settings import Hyperparameters
-from trainer.shards import load_validation_tokens
+from primitives.settings import Hyperparameters
+from shards.format import load_validation_tokens
 
 
 def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:

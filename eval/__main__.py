@@ -22,7 +22,7 @@ Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA2 -> SDPA (
 Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wins over it), EVAL_BATCH_SEQS (32),
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
 EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split), ATTN_BACKEND (auto).
-Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (tools/cli_errors.py).
+Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (primitives/cli_errors.py).
 With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT (eval/ttt.py), printed as
 `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT settings the run scored with
 (the artifact records them: its planned epochs, TTT_CHUNK_TOKENS, TTT_LR, TTT_MOMENTUM, TTT_GRAD_CLIP,
@@ -44,10 +44,10 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from tools.cli_errors import (
+from primitives.cli_errors import (
     USER_ERRORS, ArgumentParser, check_dir, check_file, env_choice, env_float, env_int, parse_number, report_user_error,
 )
-from trainer.settings import valid_ttt_params
+from primitives.settings import valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
@@ -70,8 +70,8 @@ def _import_evals() -> None:
 
 def _load_model(artifact_path, device, log, attn_backend="auto"):
     from quant.artifact import load_artifact  # written concurrently; CLI-only imports
-    from trainer.attention import resolve_attention_backend
-    from trainer.model import GPT
+    from model.attention import resolve_attention_backend
+    from model.gpt import GPT
 
     log(f"attention:{resolve_attention_backend(attn_backend, device, log)}")  # the trainer's FA3 -> FA2 -> SDPA choice
 
@@ -147,7 +147,7 @@ def resolve_score_settings(args, model_config: dict, meta: dict, environ=None, l
 def check_score_inputs(args, environ=None) -> None:
     """Resolve the env defaults of `args` (flags win) and check every input of `score` / `bytes` before
     torch is imported: ValueError / FileNotFoundError naming the flag or env var, its value and what
-    was expected (tools/cli_errors.py: one line, exit 2)."""
+    was expected (primitives/cli_errors.py: one line, exit 2)."""
     environ = os.environ if environ is None else environ
     if args.command == "score":
         if Path(args.artifact).is_dir():
@@ -278,7 +278,7 @@ def cmd_score(args) -> None:
     import torch.distributed as dist
 
     from eval.offline import load_sentencepiece_luts, submission_bytes_line
-    from trainer.shards import check_data_manifest, load_validation_tokens
+    from shards.format import check_data_manifest, load_validation_tokens
 
     _import_evals()
 
@@ -353,7 +353,7 @@ def cmd_score(args) -> None:
 
 def cmd_bytes(args) -> None:
     from eval.offline import count_stream_bytes, load_sentencepiece_luts
-    from trainer.shards import load_validation_tokens
+    from shards.format import load_validation_tokens
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
     vocab_size = int(sp.vocab_size())

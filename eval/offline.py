@@ -3,7 +3,7 @@
 train_gpt.py does not import this module, so tools/bundle.py leaves it out of the record's
 single file (every byte there counts against the 16 MB artifact): `load_sentencepiece_luts` and
 `count_stream_bytes` for `python -m eval`, tools and tests. The shard format (reader, writer,
-constants) is trainer/shards.py.
+constants) is shards/format.py.
 """
 
 from __future__ import annotations

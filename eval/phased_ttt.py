@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from eval.sliding import EvalTimeError, count_sliding_windows, first_sliding_window, score_window_batch
 from eval.ttt import check_ttt_legality, plan_chunk_sequences, select_ttt_params, ttt_step_seqs
-from trainer.progress import Progress
+from primitives.progress import Progress
 
 
 def split_phases(tokens: torch.Tensor, phases: int, bos_id: int = 1) -> list:

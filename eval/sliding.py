@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from eval.bpb import count_target_bytes
-from trainer.progress import Progress
+from primitives.progress import Progress
 
 
 class EvalTimeError(ValueError):

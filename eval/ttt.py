@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from eval.sliding import EvalTimeError, count_sliding_windows, first_sliding_window, score_window_batch
-from trainer.progress import Progress
+from primitives.progress import Progress
 
 
 def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:

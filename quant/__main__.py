@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from quant.policy import QuantPolicy
-from tools.cli_errors import USER_ERRORS, ArgumentParser, check_file, parse_number, report_user_error
+from primitives.cli_errors import USER_ERRORS, ArgumentParser, check_file, parse_number, report_user_error
 
 QUANT_HEADER_BYTES = 14  # magic + version + compressor id + payload length + CRC (quant/artifact.py)
 
@@ -94,7 +94,7 @@ def _inspect(path: str, out=print) -> int:
 def shipped_code_bytes() -> int:
     """Bytes of the train_gpt.py a record ships: the packed file tools/bundle.py builds from this
     package (its default, ASCII encoding), measured, as every run logs it (code_bytes)."""
-    from tools.bundle import build_packed_bytes
+    from kit.bundle import build_packed_bytes
 
     return len(build_packed_bytes())
 
@@ -102,8 +102,8 @@ def shipped_code_bytes() -> int:
 def _model_from_env():
     """(shapes, QUANT_ESTIMATE_SCALE) of the model the environment configures (PRESET, NUM_LAYERS, ...)."""
     import torch
-    from trainer.model import GPT, build_model_config
-    from trainer.settings import Hyperparameters
+    from model.gpt import GPT, build_model_config
+    from primitives.settings import Hyperparameters
 
     hp = Hyperparameters.from_env()
     with torch.device("meta"):

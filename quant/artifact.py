@@ -71,7 +71,7 @@ import brotli
 import torch
 import zstandard
 
-from quant.core import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
+from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
 from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
@@ -79,8 +79,8 @@ from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 from quant.grouped import GROUPED_ID, grouped_compress, grouped_inflate
 from quant.lqer import lqer_correction, lqer_factors, lqer_nbytes, lqer_pack, lqer_unpack
 from quant.sdclip import sdclip_k, sdclip_quantize
-from trainer.files import atomic_write_bytes
-from trainer.progress import Progress
+from primitives.files import atomic_write_bytes
+from primitives.progress import Progress
 
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
 

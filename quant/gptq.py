@@ -10,7 +10,7 @@ In parameter golf: PR #535 (-0.0026 bpb over percentile clip search at int6), PR
 -0.007 on one GPU over round-to-nearest), Hessians from training batches inside the 600 s with
 the solve after the clock (GPTQ_RESERVE_SECONDS; about 7 s for 64 batches on one H100, PR #1763).
 
-Scales are per row and fixed before the solve, exactly as quant.core computes them for a clip
+Scales are per row and fixed before the solve, exactly as primitives.rowquant computes them for a clip
 quantile, so the artifact format does not change. The clip is chosen per row among the GPTQ-lite
 quantiles by the Hessian-weighted error (every candidate is solved at once: the rows are
 independent given H). With H = I there is no feedback and the result is round-to-nearest.
@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch
 
-from quant.core import QUANT_CLIP_QUANTILES, quantize_per_row
-from trainer.progress import Progress
+from primitives.rowquant import QUANT_CLIP_QUANTILES, quantize_per_row
+from primitives.progress import Progress
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES,

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from quant.core import dequantize_per_row, quant_fp16_scale
+from primitives.rowquant import dequantize_per_row, quant_fp16_scale
 
 LQER_GROUP = 64
 

@@ -46,7 +46,7 @@ import math
 import os
 from collections.abc import Callable
 
-from trainer.env import parse_env_value, warn_unknown_env
+from primitives.env import parse_env_value, warn_unknown_env
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
@@ -118,7 +118,7 @@ class QuantPolicy:
     def from_env(cls, environ: dict | None = None, log: Callable = print) -> "QuantPolicy":
         """Policy from the QUANT_* variables of `environ` (default os.environ).
 
-        Each variable is parsed by its field's type (trainer/env.py's parser; tuple: comma-separated
+        Each variable is parsed by its field's type (primitives/env.py's parser; tuple: comma-separated
         items, for QUANT_OVERRIDES / QUANT_FITTED name:bits pairs) and validated on its own (a
         one-field policy). QUANT_MATRIX_BITS is read first, so QUANT_ATTN_BITS / QUANT_MLP_BITS win
         over it. An unknown QUANT_* name gets one `WARNING: unknown setting` line through `log` (as

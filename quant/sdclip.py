@@ -1,7 +1,7 @@
 """SDClip: per-row scale from the row's standard deviation instead of a clip search (QUANT_SDCLIP=1).
 
 Rule, per row r of w [R, C], bits N (qmax = 2**(N-1) - 1) and the group's k:
-    scale[r] = fp16(clamp(k * std(w[r, :]) / qmax, 2**-24, 65504))   (quant.core.quant_fp16_scale)
+    scale[r] = fp16(clamp(k * std(w[r, :]) / qmax, 2**-24, 65504))   (primitives.rowquant.quant_fp16_scale)
     q[r, c]  = clamp(round_half_even(w[r, c] / scale[r]), -qmax, qmax)
 std is the sample standard deviation (Bessel's correction, torch.std's default). Values beyond
 k * std saturate; k is the size knob: a larger k spreads the same values over fewer levels, so
@@ -17,7 +17,7 @@ Size note: bundled into the counted train_gpt.py (the export calls it).
 
 import torch
 
-from quant.core import quant_fp16_scale
+from primitives.rowquant import quant_fp16_scale
 
 
 def sdclip_scale(w: torch.Tensor, bits: int, k: float) -> torch.Tensor:

@@ -51,7 +51,7 @@ def real_text_docs(shared_dir) -> list:
                 if len(docs) == TINY_DATASET_NUM_DOCS:
                     break
         return docs
-    from tools.data_sample import sample_documents
+    from tools.data.data_sample import sample_documents
 
     return sample_documents()
 
@@ -60,7 +60,7 @@ def real_text_docs(shared_dir) -> list:
 def sp1024_model(shared_dir, tmp_path_factory) -> Path:
     if shared_dir is not None and (shared_dir / "data/tokenizers/fineweb_1024_bpe.model").is_file():
         return shared_dir / "data/tokenizers/fineweb_1024_bpe.model"
-    from tools.data_sample import build_sample
+    from tools.data.data_sample import build_sample
 
     result = build_sample(tmp_path_factory.mktemp("sample_data"), progress=False, log=lambda msg: None)
     return Path(result["tokenizer_path"])
@@ -68,7 +68,7 @@ def sp1024_model(shared_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_dataset(real_text_docs, sp1024_model, tmp_path_factory) -> Path:
-    from tools.data_shards import prepare_jsonl_dataset
+    from tools.data.data_shards import prepare_jsonl_dataset
 
     root = tmp_path_factory.mktemp("tiny_dataset")
     text_path = root / "docs.jsonl"

@@ -11,13 +11,13 @@ import torch
 import train_gpt
 import trainer.evaluate as trainer_evaluate
 import trainer.finish as trainer_finish
-import trainer.loader as trainer_loader
-import trainer.model as trainer_model
+import shards.loader as trainer_loader
+import model.gpt as trainer_model
 from tests.test_train import REPO, TINY_ENV, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
 from trainer.context import RunContext
 from trainer.evaluate import plan_eval_stride
-from trainer.model import build_model_config
-from trainer.settings import Hyperparameters
+from model.gpt import build_model_config
+from primitives.settings import Hyperparameters
 
 
 @pytest.mark.slow

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from test_make_record import DATE, cli, fabricate_run, fake_src  # noqa: F401 (fake_src is a fixture)
-from tools import audit, bundle
-from tools.audit_bytes import CANONICAL_TOKENS_PER_BYTE, candidates, measure_tokens_per_byte
-from tools.audit_code import imported_modules, unpack_script
-from tools.audit_logs import parse_log
+from kit import bundle
+from tools.auditor import audit
+from tools.auditor.audit_bytes import CANONICAL_TOKENS_PER_BYTE, candidates, measure_tokens_per_byte
+from tools.auditor.audit_code import imported_modules, unpack_script
+from tools.auditor.audit_logs import parse_log
 
 SP1024_TPB = 0.4105208
 SCRIPT_SOURCE = ('import os\nimport numpy as np\nimport sentencepiece as spm\nimport torch\n\n'
@@ -436,11 +437,11 @@ def test_the_auditor_agrees_with_the_organizers(tmp_path, name):
 
 
 def test_a_newer_interpreter_parses_what_this_one_cannot(monkeypatch):
-    """The --python fallback ran tools/audit_code.py, whose `from tools...` import fails under `-I`:
+    """The --python fallback ran tools/auditor/audit_code.py, whose `from tools...` import fails under `-I`:
     scripts that parse on Python 3.12 were reported as "f-string: expecting '}'"."""
     import sys
 
-    from tools import audit_code
+    from tools.auditor import audit_code
 
     def too_old(source):
         raise SyntaxError("f-string: expecting '}'")

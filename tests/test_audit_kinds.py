@@ -12,8 +12,8 @@ import math
 import shutil
 
 from test_audit import SCRIPT_SOURCE, SEEDS, SP1024_TPB, make_official_folder
-from tools import audit
-from tools.audit_parse import neutralize_fstrings, parse_any
+from tools.auditor import audit
+from tools.auditor.audit_parse import neutralize_fstrings, parse_any
 
 
 def metric(name, val_loss, tail=""):
@@ -257,7 +257,7 @@ def test_a_shipped_byte_table_is_recomputed_from_the_shipped_tokenizer(tmp_path,
     import numpy as np
     import sentencepiece as spm
 
-    from tools.audit_bytes import expected_base_bytes
+    from tools.auditor.audit_bytes import expected_base_bytes
 
     text = tmp_path / "text.txt"
     text.write_text("\n".join(real_text_docs[:200]))
@@ -279,7 +279,7 @@ def test_a_shipped_byte_table_is_recomputed_from_the_shipped_tokenizer(tmp_path,
 
 
 def test_logs_are_streamed_with_the_same_reading_and_an_oversized_one_is_listed(tmp_path, monkeypatch, capsys):
-    from tools.audit_logs import read_log_bytes, read_log_file
+    from tools.auditor.audit_logs import read_log_bytes, read_log_file
 
     folder = make_official_folder(tmp_path)
     log = folder / "train_seed42.log"

@@ -1,6 +1,6 @@
 """Every bad input a user can give the kit's CLIs: exit 2, ONE line on stderr naming the input, no traceback.
 
-The rule (tools/cli_errors.py): a user's mistake is `error: <input>: <what is wrong>; expected <what>`
+The rule (primitives/cli_errors.py): a user's mistake is `error: <input>: <what is wrong>; expected <what>`
 on one line and exit 2; only a bug of the kit shows a traceback. Each row of CASES is run as a
 subprocess, as a user would run it, in a fresh folder of its own (`{d}` in its command), and checked
 for the exit code, the one line (a regex naming the input), no "Traceback", and, where it matters,
@@ -211,8 +211,8 @@ def artifact_with_ttt(d: Path, ttt: dict) -> None:
     import torch
 
     from quant.artifact import export_artifact
-    from trainer.model import GPT, build_model_config
-    from trainer.settings import Hyperparameters
+    from model.gpt import GPT, build_model_config
+    from primitives.settings import Hyperparameters
 
     config = build_model_config(Hyperparameters(vocab_size=1024, num_layers=1, model_dim=32, num_heads=2, num_kv_heads=1,
                                                 rope_dims=8, xsa_last_n=0))
@@ -223,7 +223,7 @@ def artifact_with_ttt(d: Path, ttt: dict) -> None:
 
 
 def shard_with_id(d: Path, token_id: int) -> None:
-    from trainer.shards import write_data_shard
+    from shards.format import write_data_shard
 
     write_data_shard(d / "fineweb_val_000000.bin", [1, 5, token_id, 7])
 
@@ -380,7 +380,7 @@ def small_dataset(bad_train_id: int = None) -> Callable:
     """setup: a dataset folder {d}/data, one val shard and three train shards (the third holding
     `bad_train_id` as its last token when given); no manifest."""
     def setup(d: Path):
-        from trainer.shards import write_data_shard
+        from shards.format import write_data_shard
 
         (d / "data").mkdir()
         ids = np.arange(600, dtype=np.uint16) % 1000 + 1
@@ -707,7 +707,7 @@ def write_table(page: Path) -> None:
 def table_inputs(tmp: Path) -> dict:
     """The tokenizer and small dataset the cases use, built as the test fixtures build them."""
     sys.path.insert(0, str(REPO))
-    from tools.data_sample import build_sample
+    from tools.data.data_sample import build_sample
 
     result = build_sample(tmp / "sample", progress=False, log=lambda msg: None)
     return {"tok": str(result["tokenizer_path"]), "data": str(result["data_path"])}

@@ -2,7 +2,7 @@
 
 import re
 
-from tools import bench_recipes
+from tools.bench import bench_recipes
 
 TINY = ["PRESET=smoke", "NUM_LAYERS=1", "MODEL_DIM=32", "NUM_HEADS=2", "NUM_KV_HEADS=1", "ROPE_DIMS=16",
         "TRAIN_SEQ_LEN=32", "TRAIN_BATCH_TOKENS=128", "EVAL_STRIDE=16", "NUM_THREADS=1"]

@@ -1,4 +1,4 @@
-"""tools/bench_step.py and tools/step_twin.py on a CPU: the one-line exits, the reference's settings and log
+"""tools/bench_step.py and tools/bench/step_twin.py on a CPU: the one-line exits, the reference's settings and log
 parsing, the table; the CUDA codegen twin when the `triton` package is installed (skipped otherwise)."""
 
 import importlib.util
@@ -14,8 +14,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools import bench_step  # noqa: E402
-from trainer.settings import Hyperparameters  # noqa: E402
+from tools.bench import bench_step  # noqa: E402
+from primitives.settings import Hyperparameters  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 OFFICIAL_LOG = """step:1/60 train_loss:16.77 train_time:390ms step_avg:390.00ms
@@ -83,8 +83,8 @@ def test_table_has_both_sides_one_flop_count_and_the_ratio(capsys):
 def test_cpu_twin_generates_cuda_code_and_sees_a_float32_residual(tmp_path, monkeypatch):
     """The codegen twin at a toy shape: with the kit's bf16 residual stream the forward allocates no float32
     [tokens x hidden] buffer; with a float32 one (the old code) it does, and forward + backward move more bytes."""
-    import trainer.model as trainer_model
-    from tools.step_twin import generate_cuda_step, kernel_stats
+    import model.gpt as trainer_model
+    from tools.bench.step_twin import generate_cuda_step, kernel_stats
 
     config = dict(vocab_size=512, num_layers=2, model_dim=128, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=16)
     now = {k: kernel_stats(p) for k, p in generate_cuda_step(config, 4, 128, tmp_path / "now").items()}

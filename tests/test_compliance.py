@@ -13,9 +13,9 @@ import shutil
 import pytest
 
 import train_gpt
-from trainer.shards import check_data_manifest, list_shards, read_shard_header
+from shards.format import check_data_manifest, list_shards, read_shard_header
 from trainer.checks import check_compliance
-from trainer.loader import DistributedTokenLoader
+from shards.loader import DistributedTokenLoader
 
 QUIET = dict(log=lambda *_: None)
 

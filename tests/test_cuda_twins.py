@@ -1,6 +1,6 @@
 """CPU twins of the CUDA path (issue 9): each test fails the way an H100 run would.
 
-- The flash stand-in (tools/flash_twin.py) enforces flash-attn's contract; `attention()` must hand it
+- The flash stand-in (tools/bench/flash_twin.py) enforces flash-attn's contract; `attention()` must hand it
   one fp16/bf16 dtype under autocast even when rms_norm returned float32 q/k (CUDA autocast from
   torch 2.12, reproduced on CPU by `cuda_autocast_rms_norm`).
 - FLOP counting on the meta device must never reach the flash kernel (FA3's fake backward queries
@@ -19,16 +19,16 @@ import torch.nn.functional as F
 
 import train_gpt
 
-import trainer.attention as trainer_attention
+import model.attention as trainer_attention
 import trainer.context as trainer_context
-import trainer.loader as trainer_loader
+import shards.loader as trainer_loader
 import trainer.loop as trainer_loop
 from quant.policy import QuantPolicy
-from tools.flash_twin import cuda_autocast_rms_norm, flash_attn_standin, plugged_flash_standin
-from trainer.attention import attention
-from trainer.model import GPT, build_model_config, count_train_flops_per_token
+from tools.bench.flash_twin import cuda_autocast_rms_norm, flash_attn_standin, plugged_flash_standin
+from model.attention import attention
+from model.gpt import GPT, build_model_config, count_train_flops_per_token
 from trainer.optim import Muon, newton_schulz
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 TINY = dict(vocab_size=64, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=8,
             xsa_last_n=1)

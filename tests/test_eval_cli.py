@@ -17,7 +17,7 @@ import torch
 
 from eval.offline import load_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
-from trainer.shards import load_validation_tokens
+from shards.format import load_validation_tokens
 from eval.sliding import eval_sliding
 from test_eval_bpb import decode_bytes
 
@@ -52,7 +52,7 @@ def test_bytes_cli_matches_decoded_documents(tiny_dataset, sp1024_model):
 
 @pytest.fixture(scope="module")
 def tiny_artifact(tmp_path_factory):
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
     from quant import artifact
     config = dict(vocab_size=1024, num_layers=2, model_dim=64, num_heads=2, num_kv_heads=1, mlp_mult=2,
                   rope_dims=16, xsa_last_n=1)
@@ -67,7 +67,7 @@ def tiny_artifact(tmp_path_factory):
 
 def test_score_cli_rebuilds_the_model_from_the_artifact(tiny_artifact, tiny_dataset, sp1024_model):
     from quant.artifact import load_artifact
-    from trainer.model import GPT
+    from model.gpt import GPT
 
     proc = run_cli("score", "--artifact", tiny_artifact, "--data-path", tiny_dataset, "--tokenizer", sp1024_model,
                    "--seq-len", 64, "--stride", 32, "--batch-seqs", 16, "--val-max-tokens", 3000)

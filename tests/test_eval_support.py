@@ -66,7 +66,7 @@ class UniformLM(nn.Module):
 
 @functools.cache
 def _sample_documents() -> tuple:
-    from tools.data_sample import sample_documents
+    from tools.data.data_sample import sample_documents
 
     return tuple(sample_documents())
 
@@ -95,7 +95,7 @@ def tokenizer_path(vocab_size: int = 1024) -> Path:
     path = TOKENIZER_DIR / f"fineweb_{vocab_size}_bpe.model"
     if path.is_file():
         return path
-    from tools.data_tokenizer import train_tokenizer
+    from tools.data.data_tokenizer import train_tokenizer
 
     out = Path(tempfile.mkdtemp(prefix="sample_tokenizers_"))
     atexit.register(shutil.rmtree, out, True)

@@ -246,7 +246,7 @@ def test_cli_ttt_equals_the_direct_call(tiny_dataset, sp1024_model, tmp_path):
 
     import train_gpt
     from eval.offline import load_sentencepiece_luts
-    from trainer.shards import load_validation_tokens
+    from shards.format import load_validation_tokens
     from quant.artifact import export_artifact, load_artifact
     from test_eval_cli import run_cli
 

@@ -82,7 +82,7 @@ if __name__ == "__main__" and "--write" in sys.argv:
     import tempfile
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tools.data_shards import prepare_jsonl_dataset
+    from tools.data.data_shards import prepare_jsonl_dataset
 
     shared = Path(__file__).resolve().parents[2] / "shared"
     tokenizer = shared / "data/tokenizers/fineweb_1024_bpe.model"

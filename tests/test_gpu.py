@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import trainer.attention as trainer_attention
-from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row
-from trainer.attention import attention, resolve_attention_backend
-from trainer.model import GPT, count_train_flops_per_token
+import model.attention as trainer_attention
+from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row
+from model.attention import attention, resolve_attention_backend
+from model.gpt import GPT, count_train_flops_per_token
 from trainer.optim import Muon
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

@@ -95,7 +95,7 @@ def test_eval_projection_row_fails_only_over_the_limit_at_the_runs_stride():
 def test_ttt_projection_row_warns_when_the_plan_cuts_ttt():
     """The default preset on the sp8192 val split (40,540,160 tokens) at the H100's measured 0.49 ms per
     window and 1.27 M tokens/s fwd+bwd (a TTT step of 16 x 2048 tokens: 25.8 ms, issue 24): 3 epochs fit."""
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     gc = gpu_check_module()
     n, hp = 40_540_160, Hyperparameters(run_id="x", ttt_enabled=True)
@@ -139,7 +139,7 @@ def test_cpu_twin_with_a_batch_that_does_not_split_into_sequences_is_one_line_ex
 def test_cpu_twin_defaults_to_a_small_shape_that_fits_and_env_settings_win(monkeypatch):
     """`--cpu-twin` ran the default preset's shape (524,288 tokens per step, vocab 8192): OOM-killed at
     ~15-23 GB with no output on a 24 GB machine."""
-    from tools import cpu_twin_size as size
+    from tools.bench import cpu_twin_size as size
 
     hp = size.cpu_twin_settings(False, environ={})
     assert (hp.num_layers, hp.model_dim, hp.train_seq_len, hp.train_batch_tokens) == (2, 128, 128, 2048)
@@ -164,7 +164,7 @@ def test_cpu_twin_defaults_to_a_small_shape_that_fits_and_env_settings_win(monke
 
 
 def default_settings():
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     return Hyperparameters.from_env({}, log=lambda msg: None)
 
@@ -172,7 +172,7 @@ def default_settings():
 def test_a_bad_shard_is_refused_before_anything_is_allocated(tmp_path, monkeypatch, capsys, sp1024_model):
     """--cpu-twin on data with a bad shard was OOM-killed with no output; the data is now checked first,
     by the trainer's checks, and nothing is trained or allocated."""
-    from trainer.shards import write_data_shard
+    from shards.format import write_data_shard
 
     gc = gpu_check_module()
     ids = [1] + [5] * 300

@@ -58,7 +58,7 @@ def signal_at(env: dict, pattern: str, signals=(signal.SIGTERM,), timeout: float
 
 def settings_free_env(env: dict) -> dict:
     """The caller's environment without a single trainer setting: next_command must carry them all."""
-    from trainer.settings import Hyperparameters
+    from primitives.settings import Hyperparameters
 
     names = {n.upper() for n in Hyperparameters.__dataclass_fields__} | {"PRESET"}
     return {k: v for k, v in env.items() if k not in names and not k.startswith("QUANT_")}
@@ -181,7 +181,7 @@ def test_every_train_shard_is_checked_before_the_clock(tiny_dataset, sp1024_mode
 @pytest.mark.usefixtures("one_thread")
 def test_an_error_inside_training_writes_result_json_then_shows_its_traceback(monkeypatch, tiny_dataset, sp1024_model,
                                                                               tmp_path):
-    import trainer.loader as trainer_loader
+    import shards.loader as trainer_loader
 
     real, calls = trainer_loader.DistributedTokenLoader.next_batch, []
 
@@ -202,7 +202,7 @@ def test_an_error_inside_training_writes_result_json_then_shows_its_traceback(mo
 
 def test_max_shard_id_reads_a_memory_map(tmp_path):
     from trainer.checks import max_shard_id
-    from trainer.shards import read_shard_header, write_data_shard
+    from shards.format import read_shard_header, write_data_shard
 
     write_data_shard(tmp_path / "s.bin", np.array([1, 7, 65535, 3], dtype=np.uint16))
     assert max_shard_id(tmp_path / "s.bin", read_shard_header(tmp_path / "s.bin")) == 65535
@@ -247,7 +247,7 @@ def test_disk_full_in_the_export_keeps_the_weights_and_says_how_to_finish(monkey
     """Before: exit 1 with a traceback, no next command in result.json, and the trained weights lost."""
     import quant.artifact
     from tests.test_after_training import run_main_in_process
-    from trainer.files import atomic_write_bytes
+    from primitives.files import atomic_write_bytes
 
     monkeypatch.setattr(sys, "argv", [str(REPO / "train_gpt.py")])  # next_command names the entry point it ran
     monkeypatch.setattr(quant.artifact, "atomic_write_bytes", no_room_in(tmp_path / "full", atomic_write_bytes))
@@ -277,10 +277,10 @@ def test_a_run_folder_with_no_room_keeps_the_weights_in_the_temp_dir(monkeypatch
     import tempfile
 
     import quant.artifact
-    import trainer.files
+    import primitives.files
     import trainer.interrupt
     from tests.test_after_training import run_main_in_process
-    from trainer.files import atomic_write_bytes, atomic_write_json
+    from primitives.files import atomic_write_bytes, atomic_write_json
 
     out, spare = tmp_path / "out", tmp_path / "tmp"
     monkeypatch.setattr(tempfile, "tempdir", str(spare))
@@ -288,7 +288,7 @@ def test_a_run_folder_with_no_room_keeps_the_weights_in_the_temp_dir(monkeypatch
     full = no_room_in(out, atomic_write_bytes)
     monkeypatch.setattr(quant.artifact, "atomic_write_bytes", full)
     monkeypatch.setattr(trainer.interrupt, "atomic_write_bytes", full)  # trained.safetensors
-    monkeypatch.setattr(trainer.files, "atomic_write_bytes", full)  # result.json (atomic_write_json)
+    monkeypatch.setattr(primitives.files, "atomic_write_bytes", full)  # result.json (atomic_write_json)
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, out, "r") == 1
     kept = spare / "parameter-golf" / "r"
     result = json.loads((kept / "result.json").read_text())
@@ -298,7 +298,7 @@ def test_a_run_folder_with_no_room_keeps_the_weights_in_the_temp_dir(monkeypatch
     err = capsys.readouterr().err
     assert f"trained weights kept in {kept / 'trained.safetensors'}; result: {kept / 'result.json'}" in err
     monkeypatch.undo()
-    assert atomic_write_json is trainer.files.atomic_write_json
+    assert atomic_write_json is primitives.files.atomic_write_json
     env = trainer_env(tiny_dataset, sp1024_model, out, RUN_ID="r", ITERATIONS=4, **SIGNAL_ENV)
     proc = finish_with(result["next_command"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]

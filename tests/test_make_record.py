@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from test_bundle import FAKE_TREE, TINY_ENV, clean_env, write_tree
-from tools import bundle, make_record, record_smoke
-from tools.make_record import check_record
-from tools.record_checks import RECORD_TRACKS
-from tools.runs import RecordError, load_run, parse_train_log
+from kit import bundle
+from tools.record import make_record, record_smoke
+from tools.record.make_record import check_record
+from tools.record.record_checks import RECORD_TRACKS
+from tools.record.runs import RecordError, load_run, parse_train_log
 
 REPO = Path(__file__).resolve().parents[1]
 DATE = "2026-01-02"
@@ -284,7 +285,7 @@ def test_a_record_whose_data_is_elsewhere_is_accepted_with_the_split_flags_unver
 
 def data_run(tmp_path, src, data, seed, **kw):
     """A fabricated run whose DATA_PATH is `data` (on this machine) and whose val_tokens are its val split's."""
-    from trainer.shards import list_shards, read_shard_header
+    from shards.format import list_shards, read_shard_header
 
     val_tokens = sum(read_shard_header(p) for p in list_shards(data, "val"))
     return fabricate_run(tmp_path, f"r{seed}", seed, src, hp={"data_path": str(data)},
@@ -294,7 +295,7 @@ def data_run(tmp_path, src, data, seed, **kw):
 def test_split_rules_true_only_from_the_bytes_and_the_manifest(tiny_dataset, tmp_path):
     import shutil
 
-    from tools.audit_run import split_rules
+    from tools.auditor.audit_run import split_rules
 
     data = tmp_path / "data"
     shutil.copytree(tiny_dataset, data)
@@ -306,7 +307,7 @@ def test_split_rules_true_only_from_the_bytes_and_the_manifest(tiny_dataset, tmp
     seen, disjoint = split_rules([*train, "fineweb_train_999999.bin"], data)
     assert seen[0] is True and disjoint == (False, f"train shard fineweb_train_999999.bin is not listed in the train "
                                                    f"split of {data / 'manifest.json'}")
-    from trainer.shards import load_data_shard, write_data_shard
+    from shards.format import load_data_shard, write_data_shard
 
     write_data_shard(data / train[0], load_data_shard(data / train[0]).numpy()[:-1])  # replaced: counts do not add up
     seen, disjoint = split_rules(train, data)
@@ -525,7 +526,7 @@ def test_a_name_that_is_not_a_folder_name_is_refused_before_anything_is_written(
 
 
 def test_ttt_runs_make_a_record_scored_by_their_ttt_line_that_passes_the_audit(fake_src, tmp_path, capsys):
-    from tools import audit
+    from tools.auditor import audit
 
     runs = [fabricate_ttt_run(tmp_path, "a", 1, fake_src), fabricate_ttt_run(tmp_path, "b", 2, fake_src)]
     results = [json.loads((r / "result.json").read_text()) for r in runs]

@@ -8,7 +8,7 @@ from eval.offline import SUBMISSION_BYTE_BUDGET, submission_bytes_line
 from test_eval_cli import run_cli, tiny_artifact  # noqa: F401 (tiny_artifact is a fixture)
 from test_inputs import hp_for
 from trainer.checks import check_train_tokens
-from trainer.shards import list_shards, read_shard_header
+from shards.format import list_shards, read_shard_header
 
 
 def _copy_with_source(dataset, dest, command):

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quant.core import fake_quantize_per_row
+from primitives.rowquant import fake_quantize_per_row
 from quant.policy import QuantPolicy
-from trainer.attention import attention
-from trainer.model import (
+from model.attention import attention
+from model.gpt import (
     GPT,
     apply_partial_rope,
     build_model_config,
@@ -18,7 +18,7 @@ from trainer.model import (
 )
 from trainer.optim import Muon, build_optimizers, split_params
 from trainer.schedule import EMA, lr_multiplier, muon_momentum_at, qat_active
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 TINY = dict(vocab_size=64, num_layers=4, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=3.0,
             rope_dims=4, xsa_last_n=2)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from trainer.shards import write_data_shard
-from trainer.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
-from tools.data_fineweb import (
+from shards.format import write_data_shard
+from shards.format import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
+from tools.data.data_fineweb import (
     HubUnreachableError,
     check_repo_id,
     dataset_dir_for_variant,
@@ -24,11 +24,11 @@ from tools.data_fineweb import (
     hub_manifest_local_path,
     local_path_for_remote,
 )
-from tools.data_sample import build_sample, sample_documents
-from tools.data_shards import prepare_jsonl_dataset
-from tools.data_text import iter_documents
-from tools.data_tokenizer import check_tokenizer
-from tools.prepare_data import build_parser, main
+from tools.data.data_sample import build_sample, sample_documents
+from tools.data.data_shards import prepare_jsonl_dataset
+from tools.data.data_text import iter_documents
+from tools.data.data_tokenizer import check_tokenizer
+from tools.data.prepare_data import build_parser, main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(progress=False, log=lambda msg: None)
@@ -600,7 +600,7 @@ def test_repo_id_check_and_fineweb_help():
     assert check_repo_id("A.b_c/x-1.0") == ("A.b_c", "x-1.0")
     fineweb = next(a for a in build_parser()._subparsers._group_actions[0].choices["fineweb"]._actions if a.dest == "repo_id")
     assert "sp1024" in fineweb.help and "--repo-id kevclark/parameter-golf" in fineweb.help
-    import tools.prepare_data as prepare_data
+    import tools.data.prepare_data as prepare_data
 
     for variant in ("sp4096", "sp8192"):
         assert f"fineweb --variant {variant} --train-shards 14 --repo-id kevclark/parameter-golf" in prepare_data.__doc__
@@ -624,7 +624,7 @@ def test_fineweb_hub_unreachable_names_offline_modes(tmp_path):
 def test_fineweb_cli_offline_with_real_hf_client(tmp_path):
     """The real huggingface_hub code path, kept off the network by HF_HUB_OFFLINE=1."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"))
-    proc = subprocess.run([sys.executable, "-m", "tools.prepare_data", "fineweb", "--variant", "sp1024",
+    proc = subprocess.run([sys.executable, "-m", "tools.data.prepare_data", "fineweb", "--variant", "sp1024",
                            "--train-shards", "1", "--out-root", str(tmp_path / "data")],
                           capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env)
     assert proc.returncode == 3, proc.stderr
@@ -669,7 +669,7 @@ def _one_error_line(capsys) -> str:
 @pytest.mark.parametrize("existing", [True, False], ids=["over an existing dataset", "new folder"])
 def test_jsonl_disk_full_keeps_the_old_dataset_or_leaves_nothing(tmp_path, real_text_docs, sp1024_model, monkeypatch,
                                                                   capsys, existing):
-    import tools.data_shards as data_shards
+    import tools.data.data_shards as data_shards
 
     docs = _write_jsonl(tmp_path / "docs.jsonl", real_text_docs[:60])
     root = tmp_path / "root"
@@ -700,7 +700,7 @@ def test_jsonl_disk_full_keeps_the_old_dataset_or_leaves_nothing(tmp_path, real_
 
 
 def test_jsonl_interrupt_keeps_the_old_dataset(tmp_path, real_text_docs, sp1024_model, monkeypatch, capsys):
-    import tools.data_shards as data_shards
+    import tools.data.data_shards as data_shards
 
     docs = _write_jsonl(tmp_path / "docs.jsonl", real_text_docs[:40])
     out = tmp_path / "ds"
@@ -722,7 +722,7 @@ def test_jsonl_interrupt_keeps_the_old_dataset(tmp_path, real_text_docs, sp1024_
 
 @pytest.mark.parametrize("existing", [True, False], ids=["over an existing sample", "new folder"])
 def test_sample_disk_full_keeps_text_tokenizer_and_dataset(tmp_path, monkeypatch, capsys, existing):
-    import tools.data_shards as data_shards
+    import tools.data.data_shards as data_shards
 
     root = tmp_path / "data"
     if existing:
@@ -740,7 +740,7 @@ def test_sample_disk_full_keeps_text_tokenizer_and_dataset(tmp_path, monkeypatch
 def test_fineweb_disk_full_mid_download_keeps_the_old_dataset(tmp_path, sp1024_model, monkeypatch, capsys):
     import errno
 
-    import tools.data_fineweb as data_fineweb
+    import tools.data.data_fineweb as data_fineweb
 
     _make_fake_hub(tmp_path / "hub", sp1024_model, files_train=3)
     hub = FakeHub(tmp_path / "hub")
@@ -773,7 +773,7 @@ def test_fineweb_disk_full_mid_download_keeps_the_old_dataset(tmp_path, sp1024_m
 
 
 def test_leftovers_of_a_killed_write_are_cleaned_or_restored(tmp_path):
-    from tools.data_stage import recover_leftovers
+    from tools.data.data_stage import recover_leftovers
 
     final = tmp_path / "ds"
     dead_pid = 2**22 + 12345  # above the default pid_max: no such process

@@ -12,8 +12,8 @@ import pytest
 
 import dataclasses
 
-from trainer.presets import DEFAULT_PRESET, PRESETS
-from trainer.settings import Hyperparameters
+from primitives.presets import DEFAULT_PRESET, PRESETS
+from primitives.settings import Hyperparameters
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_PRESETS = [p for p in PRESETS if p != "smoke"]
@@ -64,7 +64,7 @@ def test_every_gpu_preset_projects_under_the_byte_budget(preset, capsys, monkeyp
 
 
 def sp8192_dataset(real_text_docs, shared_dir, root):
-    from tools.data_shards import prepare_jsonl_dataset
+    from tools.data.data_shards import prepare_jsonl_dataset
 
     model = shared_dir / "data/tokenizers/fineweb_8192_bpe.model"
     text = root / "docs.jsonl"

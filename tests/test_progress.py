@@ -1,4 +1,4 @@
-"""Progress of the long phases (trainer/progress.py): done/total and an ETA on stderr at a tiny size
+"""Progress of the long phases (primitives/progress.py): done/total and an ETA on stderr at a tiny size
 (the line interval set to 0), nothing through the `log` callbacks that write the parsed train.log,
 and nothing from a rank other than 0."""
 
@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-import trainer.progress as progress
+import primitives.progress as progress
 from eval.bpb import build_sentencepiece_luts
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import run_ttt

@@ -29,7 +29,7 @@ from quant.artifact import (
     quant_wrap_container,
     quantize_state_dict,
 )
-from quant.core import dequantize_per_row, fake_quantize_per_row
+from primitives.rowquant import dequantize_per_row, fake_quantize_per_row
 from quant.estimate import estimate_artifact_bytes
 from quant.offline import quant_byte_budget, quant_check_shapes, quant_compress, quant_policy_from_dict
 from quant.policy import QuantPolicy
@@ -44,8 +44,8 @@ def tiny_model_config(vocab_size=128):
     """A tiny GPT config built the trainer's way (follows its renames)."""
     env = {"NUM_LAYERS": "2", "MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8",
            "XSA_LAST_N": "1", "VOCAB_SIZE": str(vocab_size), "MLP_MULT": "2"}
-    from trainer.model import build_model_config
-    from trainer.settings import Hyperparameters
+    from model.gpt import build_model_config
+    from primitives.settings import Hyperparameters
 
     return build_model_config(Hyperparameters.from_env(env, log=lambda msg: None))
 
@@ -201,7 +201,7 @@ def test_export_matches_qat_forward_without_clip_search(tmp_path):
 
 
 def test_real_model_roundtrip(tmp_path):
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
 
     config = tiny_model_config()
     torch.manual_seed(0)
@@ -540,7 +540,7 @@ def test_cli_estimate_with_shapes(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out
     # without --code-bytes: the size of the packed train_gpt.py a record ships, not of the readable package
-    from tools.bundle import build_packed_bytes
+    from kit.bundle import build_packed_bytes
 
     shipped = len(build_packed_bytes())
     readable = sum(p.stat().st_size for p in [REPO / "train_gpt.py", *REPO.glob("trainer/*.py")])

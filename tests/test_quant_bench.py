@@ -24,7 +24,7 @@ def test_official_baseline_semantics():
 
 @pytest.mark.slow
 def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
     from safetensors.torch import save_file
 
     from tests.test_quant_artifact import tiny_model_config
@@ -54,7 +54,7 @@ def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
 
 
 def test_technique_table(tmp_path, tiny_dataset, sp1024_model):
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
     from safetensors.torch import save_file
 
     from tests.test_quant_artifact import tiny_model_config

@@ -1,10 +1,10 @@
-"""quant/core.py: per-row intN quantization, GPTQ-lite, fake-quant parity with export rounding."""
+"""primitives/rowquant.py: per-row intN quantization, GPTQ-lite, fake-quant parity with export rounding."""
 
 import numpy as np
 import pytest
 import torch
 
-from quant.core import (
+from primitives.rowquant import (
     QUANT_CLIP_QUANTILES, dequantize_per_row, fake_quantize_per_row, gptq_lite_quantize, quant_fp16_scale,
     quantize_per_row,
 )

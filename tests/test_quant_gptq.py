@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from quant.core import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
+from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.gptq import collect_gptq_hessians, gptq_quantize
 import train_gpt
 import trainer.context as trainer_context
-import trainer.loader as trainer_loader
+import shards.loader as trainer_loader
 import trainer.loop as trainer_loop
-import trainer.model as trainer_model
-import trainer.settings as trainer_settings
-import trainer.shards as trainer_shards
+import model.gpt as trainer_model
+import primitives.settings as trainer_settings
+import shards.format as trainer_shards
 
 
 def _calibration_inputs(n=4096, c=160, seed=0):
@@ -130,9 +130,9 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     import dataclasses
     import json
 
-    from trainer.shards import list_shards
+    from shards.format import list_shards
     from quant.policy import QuantPolicy
-    from tools.data_shards import prepare_jsonl_dataset
+    from tools.data.data_shards import prepare_jsonl_dataset
 
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in real_text_docs[:40]))
     dataset = tmp_path / "small_shards"  # 4096-token shards: the calibration stream wraps around all of them

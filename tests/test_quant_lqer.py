@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from quant.artifact import decode_artifact, export_artifact, quant_build_payload, quant_wrap_container, quantize_state_dict
-from quant.core import dequantize_per_row
+from primitives.rowquant import dequantize_per_row
 from quant.lqer import LQER_GROUP, lqer_correction, lqer_dequant, lqer_factors, lqer_int4, lqer_nbytes, lqer_pack
 from quant.policy import QuantPolicy
 from tests.test_quant_artifact import CONFIG, QUIET, _state

@@ -107,7 +107,7 @@ def test_dict_roundtrip_through_json():
 
 
 def test_policy_covers_the_real_model():
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
     from tests.test_quant_artifact import tiny_model_config
 
     config = dict(tiny_model_config(), tie_embeddings=False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quant.artifact import decode_artifact, export_artifact, quantize_state_dict
-from quant.core import dequantize_per_row
+from primitives.rowquant import dequantize_per_row
 from quant.gptq import gptq_quantize
 from quant.policy import QuantPolicy
 from quant.sdclip import sdclip_k, sdclip_quantize, sdclip_scale

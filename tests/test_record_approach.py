@@ -9,8 +9,9 @@ import pytest
 
 from test_bundle import FAKE_TREE, write_tree
 from test_make_record import APPROACH, DATE, cli, fabricate_run, fake_src  # noqa: F401 (fake_src is a fixture)
-from tools import bundle, make_record, record_readme, record_smoke
-from tools.runs import load_run
+from kit import bundle
+from tools.record import make_record, record_readme, record_smoke
+from tools.record.runs import load_run
 
 
 def _argv(tmp_path, runs, src_root, *extra):

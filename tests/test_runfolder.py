@@ -22,7 +22,7 @@ from tests.test_train import REPO, read_result, trainer_env
 from trainer.checks import run_inputs
 from trainer.runfolder import (LOCK_FILE, RUN_ONLY_SETTINGS, SETTINGS_FILE, check_resume_binding, lock_run_folder,
                                run_binding)
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 def folder_digest(run_dir: Path) -> dict:

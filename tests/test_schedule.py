@@ -28,7 +28,7 @@ from trainer.schedule import (
 
 )
 
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 def env_hp(**env):
@@ -248,9 +248,9 @@ def test_a_schedule_that_degenerates_at_the_run_length_is_one_warning_line():
 
 def test_the_trainer_logs_the_schedule_warning_once_before_the_clock(tiny_dataset, tmp_path):
     import trainer.context as trainer_context
-    import trainer.loader as trainer_loader
+    import shards.loader as trainer_loader
     import trainer.loop as trainer_loop
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
 
     hp = Hyperparameters.from_env({"PRESET": "smoke", "NUM_LAYERS": "1", "MODEL_DIM": "32", "NUM_HEADS": "2",
                                    "NUM_KV_HEADS": "1", "ROPE_DIMS": "8", "XSA_LAST_N": "0", "TRAIN_SEQ_LEN": "32",

@@ -1,4 +1,4 @@
-"""trainer/shards.py: the official shard layout (reader, writer, constants), validation errors, val
+"""shards/format.py: the official shard layout (reader, writer, constants), validation errors, val
 loading, manifest checks."""
 
 import ast
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.shards import SHARD_HEADER_INTS, SHARD_MAGIC, SHARD_TOKENS_PER_FILE, SHARD_VERSION, write_data_shard
-from trainer.shards import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
+from shards.format import SHARD_HEADER_INTS, SHARD_MAGIC, SHARD_TOKENS_PER_FILE, SHARD_VERSION, write_data_shard
+from shards.format import check_data_manifest, list_shards, load_data_shard, load_validation_tokens, read_shard_header
 
 
 def test_constants_are_the_official_ones():
@@ -216,13 +216,13 @@ def test_tiny_dataset_fixture_is_valid(tiny_dataset, sp1024_model):
 
 
 def test_module_is_bundle_friendly():
-    """trainer/shards.py is concatenated into train_gpt.py: only stdlib/numpy/torch imports and the
+    """shards/format.py is concatenated into train_gpt.py: only stdlib/numpy/torch imports and the
     atomic writer, no main guard; the format's numbers are named once (no literal magic in the code)."""
-    source = (Path(__file__).resolve().parents[1] / "trainer" / "shards.py").read_text()
+    source = (Path(__file__).resolve().parents[1] / "shards" / "format.py").read_text()
     tree = ast.parse(source)
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"json", "os", "pathlib", "numpy", "torch", "trainer"}
+    assert imported <= {"json", "os", "pathlib", "numpy", "torch", "primitives"}
     numbers = [n.value for f in tree.body if isinstance(f, ast.FunctionDef) for n in ast.walk(f) if isinstance(n, ast.Constant)]
     assert not {SHARD_MAGIC, SHARD_HEADER_INTS * 4, SHARD_TOKENS_PER_FILE} & {v for v in numbers if type(v) is int}
     assert "__main__" not in source

@@ -10,7 +10,7 @@ visible on a CPU: under bf16 autocast, the tensors autograd saves for backward i
 import pytest
 import torch
 
-from tools.step_twin import saved_activation_census
+from tools.bench.step_twin import saved_activation_census
 
 CONFIG = dict(vocab_size=512, num_layers=4, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=3.0,
               rope_dims=8, xsa_last_n=2)
@@ -34,7 +34,7 @@ def test_bf16_census_saves_fewer_float32_bytes_than_fp32_run():
 
 def test_guard_catches_a_float32_residual_reintroduced(monkeypatch):
     """The guard itself: make the embedding output float32 again and the census must see it."""
-    import trainer.model as trainer_model
+    import model.gpt as trainer_model
 
     monkeypatch.setattr(trainer_model, "residual_dtype", lambda x: torch.float32)
     census = saved_activation_census(CONFIG, 2, 32)
@@ -77,7 +77,7 @@ def test_muon_allocates_momentum_buffers_once_and_updates_bit_for_bit(monkeypatc
 def test_no_float32_full_size_activation_saved_with_cuda_autocasts_float32_rms_norm():
     """torch >= 2.12 CUDA autocast runs rms_norm in float32 (tools/flash_twin twin): the q/k norms and the
     residual norms must come back to bf16 before RoPE / the next op saves them."""
-    from tools.flash_twin import cuda_autocast_rms_norm
+    from tools.bench.flash_twin import cuda_autocast_rms_norm
 
     with cuda_autocast_rms_norm():
         census = saved_activation_census(CONFIG, 2, 32)

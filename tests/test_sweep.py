@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import sweep, sweep_report, sweep_spec
+from tools.sweeps import sweep, sweep_report, sweep_spec
 from tests.test_train import TINY_ENV
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from quant.policy import QuantPolicy
-from trainer.model import (
+from model.gpt import (
     BOS_TOKEN_ID, GPT, SWITCH_CONFIG, build_model_config, looped_layer_order, smear_previous_token, sparse_head_gate)
 from trainer.optim import NS_COEFFS, Muon, build_optimizers, newton_schulz, split_params
 from trainer.schedule import lr_multiplier, lr_multiplier_floored, wd_taper_multiplier
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_train import read_result, run_trainer, trainer_env  # noqa: E402
@@ -228,7 +228,7 @@ def test_packed_train_gpt_runs_with_every_switch_on(tiny_dataset, sp1024_model, 
     smoke run does: every switch on, 3 steps, the export and the final evals; its losses equal the package's."""
     import subprocess
 
-    from tools.bundle import write_bundle
+    from kit.bundle import write_bundle
 
     folder = tmp_path / "record"
     write_bundle(folder)

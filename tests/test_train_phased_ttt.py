@@ -11,7 +11,7 @@ from quant.artifact import load_artifact
 from tests.test_train import REPO, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
 from tests.test_train_ttt import plan_with
 from trainer.finish import score_command
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 # 4096 val targets in 3 phases of whole documents; each update round trains on the scored prefix
 PHASED_ENV = dict(TTT_ENABLED=1, TTT_MODE="phased", TTT_PHASES=3, TTT_EPOCHS=1, TTT_BATCH_SEQS=8, TTT_LR=0.01)

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import trainer.evaluate as trainer_evaluate
-import trainer.model as trainer_model
+import model.gpt as trainer_model
 from tests.test_after_training import run_main_in_process
 from tests.test_train import REPO, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
 from trainer.context import RunContext
 from trainer.evaluate import plan_final_eval
 from trainer.finish import score_command
-from trainer.model import build_model_config
-from trainer.settings import Hyperparameters
+from model.gpt import build_model_config
+from primitives.settings import Hyperparameters
 
 # 4096 val targets in chunks of >= 1024 (whole documents): 16 sequences of 64 per chunk, batches of 8
 TTT_ENV = dict(TTT_ENABLED=1, TTT_EPOCHS=2, TTT_CHUNK_TOKENS=1024, TTT_BATCH_SEQS=8, TTT_LR=0.01)

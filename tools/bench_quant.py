@@ -99,7 +99,7 @@ from quant.artifact import (  # noqa: E402
     quantize_state_dict,
 
 )
-from quant.core import gptq_lite_quantize  # noqa: E402
+from primitives.rowquant import gptq_lite_quantize  # noqa: E402
 from quant.offline import QUANT_PACKINGS, quant_compress  # noqa: E402
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy  # noqa: E402
 
@@ -144,7 +144,7 @@ def _load_checkpoint(path: Path) -> tuple[dict, dict]:
 
 
 def _model(config: dict, state_dict: dict):
-    from trainer.model import GPT
+    from model.gpt import GPT
 
     model = GPT(**config)
     model.load_state_dict(state_dict, strict=True)
@@ -162,7 +162,7 @@ def collect_hessians(config: dict, state_dict: dict, data_path: str, num_batches
                      seq_len: int) -> tuple[dict, float]:
     """Calibration Hessians of the checkpoint's linears from the TRAIN shards -> ({name: H}, seconds)."""
     from quant.gptq import collect_gptq_hessians
-    from trainer.loader import DistributedTokenLoader
+    from shards.loader import DistributedTokenLoader
 
     loader = DistributedTokenLoader(data_path, config["vocab_size"])
     t0 = time.perf_counter()
@@ -256,7 +256,7 @@ def run_bench(args) -> str:
     import sentencepiece as spm
 
     from eval.bpb import build_sentencepiece_luts
-    from trainer.shards import load_validation_tokens
+    from shards.format import load_validation_tokens
 
     state, config = _load_checkpoint(Path(args.checkpoint))
     num_params = sum(t.numel() for t in state.values())

@@ -18,9 +18,9 @@ would use); WARN, with the expected cost, for what is only slower (SDPA instead 
 than an H100 SXM, an eval stride raised to fit the clock). Exit 0 (warnings allowed), 1 on a FAIL,
 2 (one line, no traceback) without CUDA or on a setting that cannot run.
 
-`--cpu-twin` runs the same checks on the CPU with the CUDA twins of tools/flash_twin.py (flash-attn
+`--cpu-twin` runs the same checks on the CPU with the CUDA twins of tools/bench/flash_twin.py (flash-attn
 stand-in, bf16 autocast with CUDA's float32 rms_norm), at a small shape (CPU_TWIN_SHAPE; about a
-minute on 2 cores; shape variables set in the environment win; tools/cpu_twin_size.py) unless `--preset-size` asks for the
+minute on 2 cores; shape variables set in the environment win; tools/bench/cpu_twin_size.py) unless `--preset-size` asks for the
 preset's own shape, which is refused (one line) when its estimated memory is more than the machine
 has available. Its timings say nothing about a GPU.
 
@@ -60,20 +60,20 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import trainer.attention as trainer_attention  # noqa: E402
+import model.attention as trainer_attention  # noqa: E402
 import trainer.checks as trainer_checks  # noqa: E402
 import trainer.context as trainer_context  # noqa: E402
 import trainer.evaluate as trainer_evaluate  # noqa: E402
-import trainer.loader as trainer_loader  # noqa: E402
+import shards.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
-import trainer.model as trainer_model  # noqa: E402
-import trainer.settings as trainer_settings  # noqa: E402
+import model.gpt as trainer_model  # noqa: E402
+import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from eval.ttt import project_ttt_seconds  # noqa: E402
-from quant.core import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
+from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
-from tools.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
-from tools.cpu_twin_size import CPU_TWIN_STEPS, cpu_twin_settings, data_given  # noqa: E402
+from tools.bench.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
+from tools.bench.cpu_twin_size import CPU_TWIN_STEPS, cpu_twin_settings, data_given  # noqa: E402
 
 H100_SXM_SMS = 132  # H100 SXM5 has 132 SMs; the PCIe card 114 (NVIDIA H100 datasheet)
 
@@ -385,7 +385,7 @@ def main(argv=None) -> int:
         return 2
     twin = contextlib.ExitStack()
     if args.cpu_twin:
-        from tools.flash_twin import cuda_autocast_rms_norm, plugged_flash_standin
+        from tools.bench.flash_twin import cuda_autocast_rms_norm, plugged_flash_standin
 
         twin.enter_context(plugged_flash_standin())
         twin.enter_context(cuda_autocast_rms_norm())

@@ -36,9 +36,9 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tools.cli_errors import ArgumentParser
-from tools.record_checks import check_same_settings
-from tools.runs import RecordError, final_score_key, load_run
+from primitives.cli_errors import ArgumentParser
+from tools.record.record_checks import check_same_settings
+from tools.record.runs import RecordError, final_score_key, load_run
 
 SIG_MIN_IMPROVEMENT_NATS = 0.005
 SIG_ALPHA = 0.01
@@ -54,7 +54,7 @@ class SeedValue:
     val_loss: float | None
     tokens_per_byte: float | None
     source: str | None = None  # what identifies the run: its folder (resolved), or record folder + seed
-    run: object = None  # the tools.runs.Run it came from (None for a record folder's seed)
+    run: object = None  # the tools.record.runs.Run it came from (None for a record folder's seed)
 
 
 def load_values(path, metric: str = "sliding") -> list:

@@ -10,12 +10,12 @@ import numpy as np
 import torch
 
 from eval.ttt import select_ttt_params
-from trainer.context import RunContext, kit_module
-from trainer.model import GPT, build_model_config
+from trainer.context import RunContext, require_kit
+from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
-from trainer.settings import Hyperparameters
-from trainer.shards import (SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header,
-                            val_shard_copy)
+from primitives.settings import Hyperparameters
+from shards.format import (SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header,
+                           val_shard_copy)
 
 
 def max_shard_id(path, num_tokens: int) -> int:
@@ -99,7 +99,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         with torch.device("meta"):  # the names only: nothing is allocated
             select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
     if hp.checkpoint_every or hp.resume:
-        kit_module("tools.checkpoint")
+        require_kit("CHECKPOINT_EVERY/RESUME")
     check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)
     num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped

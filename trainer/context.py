@@ -2,7 +2,6 @@
 
 import contextlib
 import dataclasses
-import importlib
 import os
 import platform
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 BUNDLE_KIND = "package"
@@ -90,11 +89,11 @@ def setup_distributed(hp: Hyperparameters) -> RunContext:
                       hp.compile == 1 or hp.compile == -1 and device.type == "cuda")
 
 
-def kit_module(name: str):
-    """A package-only kit module (tools/...): present when running from the repo, not in the packed file."""
+def require_kit(setting: str) -> None:
+    """`setting` asks for a package-only feature (kit/: checkpoints, the bundler): ValueError in the
+    packed and human scripts, which do not carry kit/."""
     if BUNDLE_KIND != "package":
-        raise ValueError(f"{name}: a kit feature, not in the packed script (run from the kit's repo)")
-    return importlib.import_module(name)
+        raise ValueError(f"{setting}: a kit feature, not in the packed script (run from the kit's repo)")
 
 
 def measure_code_bytes() -> int:
@@ -103,7 +102,9 @@ def measure_code_bytes() -> int:
         return os.path.getsize(__file__)
     if BUNDLE_KIND == "human":
         return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
-    return kit_module("tools.bundle").packed_size()  # == len(build_packed_bytes()), cached per source
+    from kit.bundle import packed_size  # package only: the bundler measures what it would ship
+
+    return packed_size()  # == len(build_packed_bytes()), cached per source
 
 
 def describe_device(device: torch.device) -> str:
@@ -122,8 +123,12 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
 
     if BUNDLE_KIND == "packed":
         code = BUNDLE_SOURCE  # noqa: F821 (bound by the packed file's exec wrapper)
+    elif BUNDLE_KIND == "human":
+        code = Path(__file__).read_text("utf-8")
     else:
-        code = Path(__file__).read_text("utf-8") if BUNDLE_KIND == "human" else kit_module("tools.bundle").build_human_source()
+        from kit.bundle import build_human_source  # package only
+
+        code = build_human_source()
     ctx.log(code, False)
     ctx.log("=" * 100, False)
     ctx.log(f"python:{platform.python_version()} "

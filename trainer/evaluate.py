@@ -14,9 +14,9 @@ from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
 from trainer.context import RunContext
-from trainer.model import GPT
-from trainer.progress import Progress
-from trainer.settings import Hyperparameters
+from model.gpt import GPT
+from primitives.progress import Progress
+from primitives.settings import Hyperparameters
 
 
 def eval_device_args(ctx: RunContext) -> dict:

@@ -14,11 +14,11 @@ from eval.ttt import ttt_log_line
 from quant.artifact import export_artifact, load_artifact
 from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
-from trainer.context import RunContext, kit_module
+from trainer.context import RunContext, require_kit
 from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
-from trainer.files import atomic_write_json
-from trainer.model import GPT
-from trainer.settings import Hyperparameters
+from primitives.files import atomic_write_json
+from model.gpt import GPT
+from primitives.settings import Hyperparameters
 
 
 def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
@@ -51,7 +51,10 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     if ctx.is_main:
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
         if hp.save_prequant:  # for tools/bench_quant.py
-            kit_module("tools.checkpoint").save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
+            require_kit("SAVE_PREQUANT")
+            from kit.checkpoint import save_prequant  # package only
+
+            save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
         # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
                    tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest(),

@@ -6,7 +6,7 @@ CHECKPOINT_EVERY, as before); after training the first signal interrupts whateve
 export), the run saves the trained weights (`trained.safetensors`, resumable) and writes result.json
 with `status: interrupted`, the phase, every number measured so far and the command that finishes
 the job, then exits 128 + signal. A second signal exits at once: every file of the kit is written by
-rename (trainer/files.py), so nothing written is ever half-written.
+rename (primitives/files.py), so nothing written is ever half-written.
 
 `RESUME=1` on a folder with `trained.safetensors` runs only the export and the final eval, from
 the saved weights, GPTQ Hessians and eval stride: the same artifact bytes and scores as the
@@ -27,8 +27,8 @@ from pathlib import Path
 import safetensors.torch
 import torch
 
-from trainer.files import atomic_write_bytes
-from trainer.settings import Hyperparameters
+from primitives.files import atomic_write_bytes
+from primitives.settings import Hyperparameters
 
 STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 TRAINED_FILE = "trained.safetensors"
@@ -175,7 +175,7 @@ def record_somewhere(ctx, hp: Hyperparameters, summary: dict, record) -> Path:
     except OSError as err:
         if not no_room(err):
             raise
-    from trainer.files import atomic_write_json
+    from primitives.files import atomic_write_json
 
     path = fallback_dir(hp) / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)

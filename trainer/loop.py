@@ -12,15 +12,15 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from quant.gptq import collect_gptq_hessians
-from trainer.context import RunContext, kit_module
+from trainer.context import RunContext
 from trainer.interrupt import SignalGuard
-from trainer.loader import DistributedTokenLoader
-from trainer.model import GPT
+from shards.loader import DistributedTokenLoader
+from model.gpt import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
     EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,
     run_steps_estimate, schedule_warning, warmdown_frac_at, wd_taper_multiplier)
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 H100_BF16_PEAK_FLOPS = 989e12
@@ -94,7 +94,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if gptq_reserve:
         ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
     ckpt_path = ctx.run_dir / "checkpoint.pt"
-    ckpt = kit_module("tools.checkpoint") if hp.checkpoint_every or hp.resume else None
+    ckpt = None
+    if hp.checkpoint_every or hp.resume:  # package only, refused before the clock in the packed script
+        from kit import checkpoint as ckpt
     nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:

@@ -7,8 +7,8 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-from trainer.model import GPT
-from trainer.settings import Hyperparameters
+from model.gpt import GPT
+from primitives.settings import Hyperparameters
 
 
 # 2-D block parameters that are not weight matrices: AdamW with the scalars (the records' control tensors)

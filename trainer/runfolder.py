@@ -18,9 +18,9 @@ import socket
 from pathlib import Path
 
 from trainer.context import RunContext, log_run_header
-from trainer.files import atomic_write_json
+from primitives.files import atomic_write_json
 from trainer.interrupt import TRAINED_FILE
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 FINISHED_MARKS = ("result.json", "final_model.ptz")
 LOCK_FILE = "run.lock"

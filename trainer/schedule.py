@@ -8,7 +8,7 @@ does the same with its measured step time).
 
 import torch
 import torch.nn as nn
-from trainer.settings import Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 def run_progress(elapsed_ms: float, cap_ms: float, step: int, iterations: int) -> float:

@@ -20,7 +20,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from tools.data_shards import prepare_jsonl_dataset  # noqa: E402
+from tools.data.data_shards import prepare_jsonl_dataset  # noqa: E402
 
 PROXY_SOURCES = ("fineweb_edu", "nemotron_cc", "fineweb_textfixer", "c4_olmo_fixtures")
 PROXY_SHUFFLE_SEED = 20240513

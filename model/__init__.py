@@ -1,0 +1,1 @@
+"""Layer 2, the model: GPT, the attention dispatch, the FLOP count."""

@@ -1,0 +1,305 @@
+"""The challenge GPT: GQA, partial RoPE, XSA, U-Net skips, tied embeddings, late-QAT linears.
+
+Shape legend (every docstring and local name below):
+    B batch, T time (sequence length), D model dim (residual stream), H query heads,
+    Hkv key/value heads (GQA), Dh head dim = D / H, R rotated dims per head (ROPE_DIMS),
+    F MLP hidden dim = MLP_MULT * D, V vocabulary size.
+"""
+
+import inspect
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from primitives.rowquant import fake_quantize_per_row
+from model.attention import attention
+from primitives.settings import Hyperparameters
+
+
+def residual_dtype(x: torch.Tensor) -> torch.dtype:
+    """The residual stream's dtype: the autocast dtype of x's device while autocast is on, else x's own.
+
+    The official script keeps its embedding table, hence its residual stream, in bf16 on CUDA; ours is
+    float32, so without this cast every block's residual math and the fused RMSNorm-backward reductions
+    ran float32 under autocast (~65 ms of a 426 ms H100 step on torch 2.11). fp32 runs
+    (no autocast) are unchanged, bit for bit.
+    """
+    dev = x.device.type  # meta (FLOP counting) has no autocast state
+    return torch.get_autocast_dtype(dev) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else x.dtype
+
+
+def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first 2*cos.size(-1) dims of each head (half-split RoPE); the rest pass unrotated.
+
+    x [B, T, H, D]; cos, sin [T, R/2]. Partial RoPE as in the records (ROPE_DIMS=32 of 64).
+    """
+    half = cos.size(-1)
+    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    return torch.cat((x1 * c + x2 * s, x2 * c - x1 * s, rest), dim=-1)
+
+
+def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """XSA: remove from each head's output its component along the token's own unit value vector.
+
+    y [B, T, H, D] attention output; v [B, T, Hkv, D]. With GQA, query heads are grouped as
+    [B, T, Hkv, H/Hkv, D] and share the normalized v of their KV head (F.normalize: a unit vector).
+    """
+    b, t, h, d = y.shape
+    y = y.reshape(b, t, v.size(2), h // v.size(2), d)
+    vn = F.normalize(v, dim=-1).unsqueeze(3)
+    return (y - (y * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
+
+
+BOS_TOKEN_ID = 1  # every document starts with it (the shard format)
+
+
+def smear_previous_token(x: torch.Tensor, input_ids: torch.Tensor, gate_w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+    """SmearGate with the BOS fix (PR #1667's gate, PR #1855's fix): x_t + lam * sigmoid(gate_w . x_t[:W]) * x_{t-1}
+    for t >= 1, where the previous-token term is dropped at BOS positions, so no document reads the last
+    token of the one before it. x [B, T, D] token embeddings; input_ids [B, T]; gate_w [1, W]; lam [1].
+    """
+    g = lam.to(x.dtype) * torch.sigmoid(F.linear(x[:, 1:, :gate_w.size(1)], gate_w.to(x.dtype)))
+    keep = (input_ids[:, 1:] != BOS_TOKEN_ID).unsqueeze(-1).to(x.dtype)
+    return torch.cat((x[:, :1], x[:, 1:] + g * x[:, :-1] * keep), dim=1)
+
+
+def sparse_head_gate(y: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, scale: float) -> torch.Tensor:
+    """The sparse attention head-output gate (PR #1787): y[b, t, h] * sigmoid(scale * gate_w[h] . x[b, t, :W]).
+
+    y [B, T, H, Dh] attention output (after XSA); x [B, T, D] the attention's normalized input; gate_w [H, W].
+    """
+    g = torch.sigmoid(scale * F.linear(x[..., :gate_w.size(1)], gate_w.to(x.dtype)))
+    return y * g.unsqueeze(-1).to(y.dtype)
+
+
+class CastedLinear(nn.Linear):
+    """Bias-free linear with optional late-QAT fake quantization of its weight.
+
+    `qat_bits` is fixed before compile (0 = never); the 0/1 tensor buffer `qat_gate` switches the
+    fake-quant on at run time. A tensor, not a Python flag, so torch.compile cannot constant-fold it
+    (the bug that silently disabled QAT in PRs #315, #1559, #1617).
+    """
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+        self.qat_bits = 0
+        self.register_buffer("qat_gate", torch.zeros(()), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if self.qat_bits:
+            w = w + self.qat_gate * (fake_quantize_per_row(w, self.qat_bits) - w)
+        return F.linear(x, w.to(x.dtype))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, rope_dims: int, qk_gain_init: float, use_xsa: bool,
+                 gate_window: int = 0, gate_scale: float = 1.0):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
+        self.use_xsa, self.gate_scale = use_xsa, gate_scale
+        if gate_window:  # sparse head-output gate, zero-initialized as in PR #1787 (sigmoid(0) = 0.5)
+            self.attn_gate_w = nn.Parameter(torch.zeros(num_heads, gate_window))
+        kv_dim = num_kv_heads * self.head_dim
+        self.c_q, self.c_k, self.c_v = CastedLinear(dim, dim), CastedLinear(dim, kv_dim), CastedLinear(dim, kv_dim)
+        self.proj = CastedLinear(dim, dim)
+        self.q_gain = nn.Parameter(torch.full((num_heads,), float(qk_gain_init)))
+
+    def forward(self, x, cos, sin):
+        b, t, d = x.shape
+        q = self.c_q(x).view(b, t, self.num_heads, self.head_dim)
+        k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
+        v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim)
+        # rms_norm returns float32 under CUDA autocast from torch 2.12: back to the projections' dtype (bf16),
+        # as on torch <= 2.11, so RoPE and the q gain do not run on float32 [B, T, H, D] copies
+        q = apply_partial_rope(F.rms_norm(q, (self.head_dim,)).to(q.dtype), cos, sin)
+        k = apply_partial_rope(F.rms_norm(k, (self.head_dim,)).to(k.dtype), cos, sin)
+        q = q * self.q_gain.to(q.dtype)[None, None, :, None]
+        y = attention(q, k, v)
+        if self.use_xsa:
+            y = exclusive_self_attention(y, v)
+        if hasattr(self, "attn_gate_w"):
+            y = sparse_head_gate(y, x, self.attn_gate_w, self.gate_scale)
+        return self.proj(y.reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim, mlp_mult, activation):
+        super().__init__()
+        hidden = int(mlp_mult * dim)
+        self.fc, self.proj = CastedLinear(dim, hidden), CastedLinear(hidden, dim)
+        self.leaky = activation == "leaky_relu2"
+
+    def forward(self, x):
+        h = self.fc(x)
+        h = F.leaky_relu(h, 0.5) if self.leaky else F.relu(h)
+        return self.proj(h.square())
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)). With `parallel` (GPT-J, Wang & Komatsuzaki
+    2021; PR #1204 on 8 GPUs, PR #1608 on one), attention and MLP read the same normalized input and
+    both add to the residual: x + attn(norm(x)) + mlp(norm(x)), one norm and no serial dependency."""
+
+    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, mlp_mult: float, activation: str, rope_dims: int,
+                 qk_gain_init: float, use_xsa: bool, parallel: bool = False, gate_window: int = 0, gate_scale: float = 1.0):
+        super().__init__()
+        self.parallel = parallel
+        self.attn = CausalSelfAttention(dim, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_dims=rope_dims,
+                                        qk_gain_init=qk_gain_init, use_xsa=use_xsa, gate_window=gate_window,
+                                        gate_scale=gate_scale)
+        self.mlp = MLP(dim, mlp_mult, activation)
+        self.attn_scale = nn.Parameter(torch.ones(dim))
+        self.mlp_scale = nn.Parameter(torch.ones(dim))
+        self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
+
+    def forward(self, x, x0, cos, sin):
+        mix = self.resid_mix.to(x.dtype)
+        x = mix[0] * x + mix[1] * x0
+        if self.parallel:
+            h = F.rms_norm(x, (x.size(-1),))
+            return x + self.attn_scale.to(x.dtype) * self.attn(h, cos, sin) + self.mlp_scale.to(x.dtype) * self.mlp(h)
+        x = x + self.attn_scale.to(x.dtype) * self.attn(F.rms_norm(x, (x.size(-1),)), cos, sin)
+        return x + self.mlp_scale.to(x.dtype) * self.mlp(F.rms_norm(x, (x.size(-1),)))
+
+
+def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:
+    """Depth recurrence (PR #1204, #1285, #1493): the blocks run in order with blocks loop_start..loop_end
+    (inclusive) run 1 + num_loops times in a row, e.g. 11 layers, 3..5, 2 loops -> 0 1 2 3 4 5 3 4 5 3 4 5 6 .. 10.
+    The first half of the sequence is the U-Net's encoder (its outputs feed the skips), the rest its decoder."""
+    if not num_loops:
+        return list(range(num_layers))
+    return [*range(loop_start), *list(range(loop_start, loop_end + 1)) * (num_loops + 1), *range(loop_end + 1, num_layers)]
+
+
+class GPT(nn.Module):
+    """The challenge GPT: GQA, partial RoPE, XSA on the last layers, U-Net skips, tied embeddings,
+    parallel residuals from layer `parallel_residual_start` on (-1 = none); optional SmearGate on the
+    embeddings and sparse head-output gates in every attention (GATE_WINDOW dims feed both).
+
+    `GPT(**config)` with `config` a JSON dict (stored in the artifact). `forward(x, y)` -> mean
+    cross-entropy in nats; `forward_logits(x)` -> softcapped logits [B, T, vocab_size].
+    """
+
+    def __init__(self, *, vocab_size, num_layers, model_dim, num_heads, num_kv_heads, mlp_mult,
+                 mlp_activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
+                 logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0, parallel_residual_start=-1,
+                 smear_gate_enabled=False, sparse_attn_gate_enabled=False, sparse_attn_gate_scale=1.0, gate_window=12,
+                 num_loops=0, loop_start=3, loop_end=5):
+        super().__init__()
+        activation = mlp_activation
+        self.logit_softcap, self.gptq_hessians = logit_softcap, None
+        self.tok_emb = nn.Embedding(vocab_size, model_dim)
+        self.blocks = nn.ModuleList(
+            Block(model_dim, num_heads=num_heads, num_kv_heads=num_kv_heads, mlp_mult=mlp_mult, activation=activation,
+                  rope_dims=rope_dims, qk_gain_init=qk_gain_init, use_xsa=i >= num_layers - xsa_last_n,
+                  parallel=0 <= parallel_residual_start <= i, gate_window=gate_window * sparse_attn_gate_enabled,
+                  gate_scale=sparse_attn_gate_scale)
+            for i in range(num_layers))
+        if smear_gate_enabled:  # zero-initialized: the identity at init (PR #1667)
+            self.smear_gate_w = nn.Parameter(torch.zeros(1, gate_window))
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        self.num_encoder_layers = num_layers // 2
+        num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)
+        # depth recurrence: `looping_active` runs `loop_order` (built from these layers' blocks, no new matrices);
+        # on from the start in a model built for evaluation, the trainer switches it on at ENABLE_LOOPING_AT
+        self.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
+        self.looping_active = num_loops > 0
+        num_skips = max(num_skips, min(len(self.loop_order) // 2, len(self.loop_order) - len(self.loop_order) // 2))
+        self.skip_weights = nn.Parameter(torch.ones(num_skips, model_dim))
+        self.lm_head = None if tie_embeddings else CastedLinear(model_dim, vocab_size)
+        self.register_buffer("rope_inv_freq", 1.0 / rope_base ** (torch.arange(0, rope_dims, 2) / rope_dims),
+                             persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, tied_embed_init_std: float = 0.005) -> None:
+        """Orthogonal block matrices, output projections scaled by 1/sqrt(2 * num_layers)."""
+        nn.init.normal_(self.tok_emb.weight, std=tied_embed_init_std)
+        for name, lin in self.blocks.named_modules():
+            if isinstance(lin, CastedLinear):
+                nn.init.orthogonal_(lin.weight)
+                if name.endswith("proj"):  # attn.proj and mlp.proj write into the residual stream
+                    lin.weight.mul_(1 / math.sqrt(2 * len(self.blocks)))
+        if self.lm_head is not None:
+            nn.init.zeros_(self.lm_head.weight)
+
+    def configure_qat(self, policy) -> dict:
+        """Set each block linear's QAT bit width from the export policy; returns {param name: bits}.
+
+        QAT rounds per row at max-abs, the rule of the export without GPTQ (bit for bit). With
+        QUANT_GPTQ=1 the export rounds with error feedback instead: QAT then trains the weights for
+        the grid and scale the artifact uses, not for its exact rounding. With QUANT_GPTQ=1,
+        `gptq_hessians` becomes {} and train() fills it with calibration Hessians for the export.
+        """
+        self.gptq_hessians = {} if policy.gptq else None
+        chosen = {}
+        for name, module in self.named_modules():
+            if isinstance(module, CastedLinear) and name.startswith("blocks."):
+                bits = policy.bits_for(f"{name}.weight", tuple(module.weight.shape))
+                module.qat_bits = int(bits or 0)
+                chosen[f"{name}.weight"] = module.qat_bits
+        return chosen
+
+    def set_qat(self, enabled: bool) -> None:
+        for module in self.modules():
+            if isinstance(module, CastedLinear):
+                module.qat_gate.fill_(1.0 if enabled else 0.0)
+
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        t = input_ids.size(1)
+        freqs = torch.outer(torch.arange(t, device=input_ids.device, dtype=torch.float32), self.rope_inv_freq)
+        cos, sin = freqs.cos(), freqs.sin()
+        x = self.tok_emb(input_ids)
+        if hasattr(self, "smear_gate_w"):
+            x = smear_previous_token(x, input_ids, self.smear_gate_w, self.smear_lambda)
+        dt = residual_dtype(x)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12): cast after it
+        x = x0 = F.rms_norm(x.to(dt), (x.size(-1),)).to(dt)
+        skips = []
+        order = self.loop_order if self.looping_active else range(len(self.blocks))
+        num_encoder = len(order) // 2 if self.looping_active else self.num_encoder_layers
+        for k, i in enumerate(order):
+            j = k - num_encoder
+            if 0 <= j < self.skip_weights.size(0) and skips:
+                x = x + self.skip_weights[j].to(x.dtype) * skips.pop()
+            x = self.blocks[i](x, x0, cos, sin)
+            if k < num_encoder:
+                skips.append(x)
+        x = F.rms_norm(x, (x.size(-1),))
+        head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+        logits = F.linear(x, head.to(x.dtype)).float()
+        return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+
+    def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+        logits = self.forward_logits(input_ids)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
+
+
+# GPT arguments of the switches, written to the config only when they differ from GPT's default: an
+# artifact without a switch on is byte-identical to one made before the switches existed
+SWITCH_CONFIG = ("smear_gate_enabled", "sparse_attn_gate_enabled", "sparse_attn_gate_scale", "gate_window", "num_loops",
+                 "loop_start", "loop_end")
+
+
+def build_model_config(hp: Hyperparameters) -> dict:
+    """The JSON model config (`GPT(**config)`) from the hyperparameters of the same names (SWITCH_CONFIG's
+    only where they differ from GPT's defaults)."""
+    params = inspect.signature(GPT).parameters
+    return {k: getattr(hp, k) for k in params if k not in SWITCH_CONFIG or getattr(hp, k) != params[k].default}
+
+
+def count_train_flops_per_token(config: dict, seq_len: int) -> float:
+    """Forward + backward FLOPs per token from torch.utils.flop_counter on the meta device.
+
+    Attention is counted as a full T x T matmul (no causal halving), the usual MFU convention.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = GPT(**config)
+        x = torch.zeros((1, seq_len), dtype=torch.int64)
+    with FlopCounterMode(display=False) as counter:
+        model(x, x).backward()
+    return counter.get_total_flops() / seq_len

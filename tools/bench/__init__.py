@@ -1,0 +1,1 @@
+"""Benchmarks (`python tools/bench_*.py`) and the CPU twins of the GPU paths (step, flash-attn, sizes)."""
