@@ -52,7 +52,7 @@ def test_the_list_covers_the_benchmarks():
 
 def test_gpu_check_help_states_the_cpu_twin_default_steps():
     """gpu_check builds its parser before torch is imported, so its help's step count is a copy of
-    tools/cpu_twin_size.py's (which imports torch): the two must agree."""
+    tools/bench/cpu_twin_size.py's (which imports torch): the two must agree."""
     from tools.bench.cpu_twin_size import CPU_TWIN_STEPS
     from tools.gpu_check import CPU_TWIN_STEPS_HELP, build_parser
 

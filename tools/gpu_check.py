@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 GPU_CHECK_STEPS = 20  # timed steps on a GPU, with QAT off, then as many with QAT on
-CPU_TWIN_STEPS_HELP = 3  # tools/cpu_twin_size.py CPU_TWIN_STEPS (imports torch); a test keeps them equal
+CPU_TWIN_STEPS_HELP = 3  # tools/bench/cpu_twin_size.py CPU_TWIN_STEPS (imports torch); a test keeps them equal
 
 
 def build_parser() -> argparse.ArgumentParser:

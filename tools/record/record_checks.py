@@ -114,7 +114,7 @@ def rules_of(run: Run) -> dict:
 def unmet_rules(run: Run) -> dict:
     """{flag: evidence} for each challenge rule (RECORD_RULES) the run's evidence shows unmet. None
     (unverified, e.g. splits_disjoint without a manifest with document hashes) is not a failure: the
-    README and submission.json say "unverified" (tools/record_readme.py)."""
+    README and submission.json say "unverified" (tools/record/record_readme.py)."""
     return {flag: f"{RECORD_RULES[flag][0]}: {evidence}" for flag, (ok, evidence) in rules_of(run).items()
             if ok is False}
 

@@ -53,7 +53,7 @@ def seed_results(runs: list) -> list:
 
 
 def compliance_of(run: Run) -> dict:
-    """{flag: true / false / null} of the run's rules (tools/audit_run.py), plus `unverified`: {flag:
+    """{flag: true / false / null} of the run's rules (tools/auditor/audit_run.py), plus `unverified`: {flag:
     why} for each null one (not checkable from the evidence here, e.g. no manifest with document
     hashes: not a failure, but not a fact either), when there is one."""
     rules = rules_of(run)
