@@ -54,7 +54,7 @@ def test_gpu_check_help_states_the_cpu_twin_default_steps():
     """gpu_check builds its parser before torch is imported, so its help's step count is a copy of
     tools/bench/cpu_twin_size.py's (which imports torch): the two must agree."""
     from tools.bench.cpu_twin_size import CPU_TWIN_STEPS
-    from tools.gpu_check import CPU_TWIN_STEPS_HELP, build_parser
+    from tools.bench.gpu_check import CPU_TWIN_STEPS_HELP, build_parser
 
     assert CPU_TWIN_STEPS_HELP == CPU_TWIN_STEPS
     assert f"{CPU_TWIN_STEPS} with --cpu-twin" in " ".join(build_parser().format_help().split())

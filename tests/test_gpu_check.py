@@ -53,7 +53,7 @@ def test_cpu_twin_runs_every_check_and_passes():
 
 def gpu_check_module():
     sys.path.insert(0, str(REPO))
-    import tools.gpu_check as gc
+    import tools.bench.gpu_check as gc
 
     return gc
 

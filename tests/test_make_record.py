@@ -648,7 +648,7 @@ def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset,
     assert sorted(os.listdir(folder)) == sorted(["README.md", "submission.json", "train_gpt.py", "train_gpt_human.py",
                                                  "requirements.txt", "loss_curve.png", "train_seed1.log",
                                                  "train_seed2.log"])
-    from tools import significance
+    from tools.record import significance
 
     assert significance.main(["--runs", *map(str, runs), "--baseline-bpb", "99"]) == 0
     assert "verdict: SIGNIFICANT" in capsys.readouterr().out

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tools.bench_quant import METHODS, TECHNIQUES, main, official_int8_zlib, run_bench
+from tools.bench.bench_quant import METHODS, TECHNIQUES, main, official_int8_zlib, run_bench
 
 
 def test_official_baseline_semantics():

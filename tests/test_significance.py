@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import significance
-from tools.significance import SeedValue, analyse, seeds_needed
+from tools.record import significance
+from tools.record.significance import SeedValue, analyse, seeds_needed
 
 LN2 = math.log(2)
 TPB = 0.41
@@ -206,7 +206,7 @@ def test_no_import_cycle_among_tools_modules():
     cycles = [c for c in map(cycle_from, sorted(graph)) if c]
     assert not cycles, "import cycle(s) among tools/: " + "; ".join(" -> ".join(c) for c in cycles)
     assert "tools.record.runs" in graph["tools.record.make_record"]
-    assert "tools.record.make_record" not in graph["tools.significance"]
+    assert "tools.record.make_record" not in graph["tools.record.significance"]
 
 
 def _one_line_error(capsys) -> str:

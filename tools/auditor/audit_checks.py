@@ -385,7 +385,7 @@ def check_seeds(rec) -> Check:
 
 def seed_values(rec) -> list:
     """significance.SeedValue per seed log with a final result (the folder's claimed metric)."""
-    from tools.significance import SeedValue
+    from tools.record.significance import SeedValue
 
     return [SeedValue(f"{rec.folder.name}/{lg.name}", lg.seed, lg.score.val_bpb, lg.score.val_loss,
                       lg.score.tokens_per_byte) for lg in rec.seed_logs if lg.score is not None]
@@ -394,7 +394,7 @@ def seed_values(rec) -> list:
 def check_significance(rec, baseline_bpb=None, baseline_values=None) -> Check:
     if baseline_bpb is None and baseline_values is None:
         return Check("significance", "n/a", "no --baseline-bpb / --baseline given")
-    from tools.significance import analyse
+    from tools.record.significance import analyse
 
     values = seed_values(rec)
     if len(values) < 2:

@@ -138,7 +138,7 @@ def run_reference(path: str, hp, steps: int, profile_rows: int = 0, timeout_s: i
 
 def run_kit(hp, steps: int, profile_rows: int = 0) -> Side:
     """Time the kit's compiled step through trainer_loop.train (its loop's timing: no host sync per step)."""
-    from tools.gpu_check import SyntheticLoader
+    from tools.bench.gpu_check import SyntheticLoader
 
     hp = dataclasses.replace(hp, iterations=steps, max_wallclock_seconds=0.0, train_log_every=steps, val_loss_every=0,
                              warmup_steps=max(1, hp.warmup_steps), checkpoint_every=0, resume=False)
