@@ -25,8 +25,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from eval.sliding import EvalTimeError, count_sliding_windows, first_sliding_window, score_window_batch
-from eval.ttt import check_ttt_legality, plan_chunk_sequences, select_ttt_params, ttt_step_seqs
+from eval.sliding import EvalTimeError, count_sliding_windows
+from eval.ttt import (check_ttt_legality, plan_chunk_sequences, score_ttt_chunk, select_ttt_params, ttt_step_seqs,
+                      ttt_window_ranges)
 from primitives.progress import Progress
 
 
@@ -91,9 +92,8 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
     step, stopped, trained_targets = 0, None, 0
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     seconds = [0.0, 0.0]  # scoring, updating (phases past the first)
-    window_ranges = [range(first_sliding_window(bounds[c], seq_len, stride) + rank * eval_batch_seqs,
-                           first_sliding_window(bounds[c + 1] - 1, seq_len, stride) + 1, world_size * eval_batch_seqs)
-                     for c in range(num_phases)]
+    window_ranges = ttt_window_ranges(bounds, seq_len=seq_len, stride=stride, rank=rank, world_size=world_size,
+                                      eval_batch_seqs=eval_batch_seqs)
     bar = Progress(f"phased ttt eval stride {stride}", sum(map(len, window_ranges)), "window batches")
     try:
         for p in model.parameters():
@@ -103,19 +103,10 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
         for c in range(num_phases):
             lo, hi = bounds[c], bounds[c + 1]
             t0 = clock()
-            sums = torch.zeros(3, dtype=torch.float64, device=device)
-            with torch.inference_mode():
-                for first in window_ranges[c]:
-                    sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len,
-                                               stride=stride, autocast_dtype=autocast_dtype, target_lo=lo,
-                                               target_hi=hi)
-                    bar.update()
-            if distributed:
-                dist.all_reduce(sums)
+            sums = score_ttt_chunk(score_fwd, tokens, luts, window_ranges[c], lo, hi, eval_batch_seqs=eval_batch_seqs,
+                                   seq_len=seq_len, stride=stride, autocast_dtype=autocast_dtype, bar=bar,
+                                   what=f"run_phased_ttt: phase {c}")
             nll, num_scored, num_bytes = sums.tolist()
-            if num_scored != hi - lo:  # every target exactly once
-                raise RuntimeError(f"run_phased_ttt: phase {c} scored {num_scored:.0f} of its {hi - lo} targets: "
-                                   "a bug of the window plan")
             totals += sums
             records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
             check_ttt_legality(records[:c + 1])

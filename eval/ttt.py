@@ -108,6 +108,34 @@ def select_ttt_params(model, which: str) -> list:
     return chosen
 
 
+def ttt_window_ranges(bounds: list, *, seq_len: int, stride: int, rank: int, world_size: int,
+                      eval_batch_seqs: int) -> list:
+    """Per chunk of `bounds` (target offsets, chunk c = [bounds[c], bounds[c+1])): the range of first
+    window indices this rank scores, in batches of eval_batch_seqs, of the sliding set (eval/sliding.py)
+    restricted to the chunk's targets."""
+    return [range(first_sliding_window(bounds[c], seq_len, stride) + rank * eval_batch_seqs,
+                  first_sliding_window(bounds[c + 1] - 1, seq_len, stride) + 1, world_size * eval_batch_seqs)
+            for c in range(len(bounds) - 1)]
+
+
+def score_ttt_chunk(score_fwd, tokens, luts, windows, lo: int, hi: int, *, eval_batch_seqs: int, seq_len: int,
+                    stride: int, autocast_dtype, bar, what: str) -> torch.Tensor:
+    """float64 [3] (nll nats, targets, bytes) of targets [lo, hi) scored over `windows` under inference
+    mode, summed over ranks. RuntimeError (kept by `python -O`) unless every target was scored
+    exactly once; `what` names the chunk in it."""
+    sums = torch.zeros(3, dtype=torch.float64, device=tokens.device)
+    with torch.inference_mode():
+        for first in windows:
+            sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len, stride=stride,
+                                       autocast_dtype=autocast_dtype, target_lo=lo, target_hi=hi)
+            bar.update()
+    if dist.is_initialized():
+        dist.all_reduce(sums)
+    if sums[1].item() != hi - lo:
+        raise RuntimeError(f"{what} scored {sums[1].item():.0f} of its {hi - lo} targets: a bug of the window plan")
+    return sums
+
+
 def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epochs=3, lr=0.002, momentum=0.9,
             params="all", batch_seqs=32, eval_batch_seqs=32, grad_clip=1.0, device="cpu", rank=0, world_size=1,
             autocast_dtype=None, compile_model=False, max_seconds=600.0, bos_id=1, log=print,
@@ -166,9 +194,8 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
     step, stopped = 0, None
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     seconds = [0.0, 0.0]  # scoring, updating (chunks past the first)
-    window_ranges = [range(first_sliding_window(bounds[c], seq_len, stride) + rank * eval_batch_seqs,
-                           first_sliding_window(bounds[c + 1] - 1, seq_len, stride) + 1, world_size * eval_batch_seqs)
-                     for c in range(num_chunks)]
+    window_ranges = ttt_window_ranges(bounds, seq_len=seq_len, stride=stride, rank=rank, world_size=world_size,
+                                      eval_batch_seqs=eval_batch_seqs)
     bar = Progress(f"ttt eval stride {stride}", sum(map(len, window_ranges)), "window batches")
     try:
         for p in model.parameters():
@@ -178,19 +205,10 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
         for c in range(num_chunks):
             lo, hi = bounds[c], bounds[c + 1]
             t0 = clock()
-            sums = torch.zeros(3, dtype=torch.float64, device=device)
-            with torch.inference_mode():
-                for first in window_ranges[c]:
-                    sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len,
-                                               stride=stride, autocast_dtype=autocast_dtype, target_lo=lo,
-                                               target_hi=hi)
-                    bar.update()
-            if distributed:
-                dist.all_reduce(sums)
+            sums = score_ttt_chunk(score_fwd, tokens, luts, window_ranges[c], lo, hi, eval_batch_seqs=eval_batch_seqs,
+                                   seq_len=seq_len, stride=stride, autocast_dtype=autocast_dtype, bar=bar,
+                                   what=f"run_ttt: chunk {c}")
             nll, num_scored, num_bytes = sums.tolist()
-            if num_scored != hi - lo:  # a real check (`python -O` keeps it): every target exactly once
-                raise RuntimeError(f"run_ttt: chunk {c} scored {num_scored:.0f} of its {hi - lo} targets: "
-                                   "a bug of the window plan")
             totals += sums
             records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
             check_ttt_legality(records[c:c + 1])
