@@ -95,6 +95,14 @@ def code_tree(rec):
     return getattr(rec, "_tree", None) or None
 
 
+def code_unreadable(rec, name: str):
+    """The `not checkable` Check of a code rule when there is no readable code or it does not parse
+    here; None when code_tree(rec) has the tree."""
+    if rec.script is None or not rec.script.source:
+        return Check(name, "n/a", "no readable code")
+    return Check(name, "n/a", "the code does not parse here") if code_tree(rec) is None else None
+
+
 def check_val_training(rec) -> Check:
     name = "val_not_trained"
     log_hits = [(lg.name, n, op) for lg in rec.seed_logs for op, _, n in lg.facts.eval_ops
@@ -104,10 +112,10 @@ def check_val_training(rec) -> Check:
             lg, n, op = log_hits[0]
             return Check(name, "fail", f"{lg}:{n} `{op}`: test-time training on val before quantization and scoring "
                                        f"(PR #1376 ruling, issue #677)")
-        return Check(name, "n/a", "no readable code")
+    unreadable = code_unreadable(rec, name)
+    if unreadable:
+        return unreadable
     tree = code_tree(rec)
-    if tree is None:
-        return Check(name, "n/a", "the code does not parse here")
     funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     trainers = {k for k, fn in funcs.items() if _trains_before_scoring(fn)}
     for call in ast.walk(tree):
@@ -135,11 +143,10 @@ def check_val_training(rec) -> Check:
 
 def check_network(rec) -> Check:
     name = "no_network"
-    if rec.script is None or not rec.script.source:
-        return Check(name, "n/a", "no readable code")
+    unreadable = code_unreadable(rec, name)
+    if unreadable:
+        return unreadable
     tree = code_tree(rec)
-    if tree is None:
-        return Check(name, "n/a", "the code does not parse here")
     hits = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -174,11 +181,10 @@ def _outside_literal(node, folder: Path) -> str | None:
 
 def check_outside_code(rec) -> Check:
     name = "code_inside_folder"
-    if rec.script is None or not rec.script.source:
-        return Check(name, "n/a", "no readable code")
+    unreadable = code_unreadable(rec, name)
+    if unreadable:
+        return unreadable
     tree = code_tree(rec)
-    if tree is None:
-        return Check(name, "n/a", "the code does not parse here")
     hits = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
