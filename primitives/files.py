@@ -3,6 +3,7 @@
 A leaf module (stdlib only), so quant/, eval/ and tools/ use it without importing the trainer.
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -28,3 +29,12 @@ def atomic_write_bytes(path, data: bytes) -> None:
 def atomic_write_json(path, obj: dict) -> None:
     """`obj` as indented JSON with sorted keys and a final newline, written atomically."""
     atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def sha256_file(path) -> str:
+    """sha256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

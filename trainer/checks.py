@@ -1,6 +1,5 @@
 """Input checks before the clock starts, and the compliance flags of a finished run."""
 
-import hashlib
 import json
 import math
 import os
@@ -14,6 +13,7 @@ from trainer.context import RunContext, require_kit
 from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from primitives.settings import Hyperparameters
+from primitives.files import sha256_file
 from shards.format import (SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header,
                            val_shard_copy)
 
@@ -130,9 +130,9 @@ def check_file_size_limit(hp: Hyperparameters) -> None:
 def run_inputs(hp: Hyperparameters) -> dict:
     """What the run's numbers are bound to besides its settings: the sha256 (hex) of TOKENIZER_PATH
     and of DATA_PATH/manifest.json (None without one)."""
-    digest = lambda path: hashlib.sha256(Path(path).read_bytes()).hexdigest()  # noqa: E731
     manifest = Path(hp.data_path) / "manifest.json"
-    return dict(tokenizer_sha256=digest(hp.tokenizer_path), manifest_sha256=digest(manifest) if manifest.is_file() else None)
+    return dict(tokenizer_sha256=sha256_file(hp.tokenizer_path),
+                manifest_sha256=sha256_file(manifest) if manifest.is_file() else None)
 
 
 def check_compliance(summary: dict, data_path: str, manifest, train_files) -> dict:

@@ -1,7 +1,6 @@
 """After training: pre-quant eval -> export -> re-read the artifact from disk -> roundtrip + sliding
 eval, each measured number handed back as soon as it exists; result.json with the compliance flags."""
 
-import hashlib
 import shlex
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
 from trainer.context import RunContext, require_kit
 from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
-from primitives.files import atomic_write_json
+from primitives.files import atomic_write_json, sha256_file
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
 
@@ -57,7 +56,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
             save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
         # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
-                   tokenizer_sha256=hashlib.sha256(Path(hp.tokenizer_path).read_bytes()).hexdigest(),
+                   tokenizer_sha256=sha256_file(hp.tokenizer_path),
                    ttt=ttt_artifact_settings(hp, ttt_epochs, ttt_phases))
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)

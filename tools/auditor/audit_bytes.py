@@ -22,9 +22,10 @@ the same count as `python -m eval bytes`: all val tokens but the first, bytes by
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 from pathlib import Path
+
+from primitives.files import sha256_file
 
 # Relative allowance for scoring a different subset of the same split (observed within-split spread
 # of 8-decimal lines in the official logs: up to 6.5e-5); a 0.1% byte miscount is 5x larger.
@@ -96,14 +97,6 @@ CANONICAL_TOKENS_PER_BYTE = (
 )
 
 
-def sha256_of(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def candidates(*, tokenizer_name=None, sha256=None, vocab_size=None, dataset=None, val_tokens=None,
                byte_level=False) -> list:
     """Table entries that may describe a run with these facts (any fact may be None = unknown).
@@ -160,7 +153,7 @@ def measure_tokens_per_byte(tokenizer_path, data_path) -> dict:
     if num_bytes <= 0:
         raise ValueError(f"--data-path {data_path}: the val split has no bytes")
     return {"tokens_per_byte": (tokens.numel() - 1) / num_bytes, "val_tokens": int(tokens.numel()),
-            "val_bytes": int(num_bytes), "sha256": sha256_of(path), "vocab_size": vocab}
+            "val_bytes": int(num_bytes), "sha256": sha256_file(path), "vocab_size": vocab}
 
 
 def implied_ratio(val_loss: float, val_bpb: float) -> float | None:

@@ -18,7 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from tools.auditor.audit_bytes import candidates, ratio_deviation, sha256_of, tolerance
+from primitives.files import sha256_file
+from tools.auditor.audit_bytes import candidates, ratio_deviation, tolerance
 
 RECORD_TRACK = "track_10min_16mb"
 NON_RECORD_TRACK = "track_non_record_16mb"
@@ -297,7 +298,7 @@ def _log_candidates(rec, lg):
         for path in (rec.folder / name, *rec.folder.glob(f"*/{name}"), Path(f.tokenizer[0]),
                      rec.folder / f.tokenizer[0]):
             if path.is_file():
-                sha = sha256_of(path)
+                sha = sha256_file(path)
                 break
     val_tokens = (f.val_tokens[0] if f.val_tokens else None) or (lg.seed_result or {}).get("val_tokens")
     return candidates(tokenizer_name=name, sha256=sha, vocab_size=f.vocab_size[0] if f.vocab_size else None,

@@ -6,16 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from primitives.files import atomic_write_bytes
+from primitives.files import atomic_write_bytes, sha256_file  # noqa: F401  (callers import it from here)
 from shards.format import SHARD_MANIFEST_FORMAT
-
-
-def sha256_file(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def fsync_replace(tmp: Path, path: Path) -> None:
