@@ -1,7 +1,7 @@
 """Progress of a long phase (export, GPTQ, eval, TTT, the plan's timings) on stderr, never in
 train.log: the log's lines are parsed by records and the auditor, so progress stays out of them.
 
-On a terminal the line is rewritten in place; otherwise one line every PROGRESS_EVERY_SECONDS:
+On a terminal the line is rewritten in place (at most every PROGRESS_TTY_EVERY_SECONDS); otherwise one line every PROGRESS_EVERY_SECONDS:
 `<label>: <done>/<total> <unit> (<percent>%) <elapsed>s elapsed, ETA <seconds>s`. Only the process
 of rank 0 (torchrun's RANK) reports. Primitives layer: standard library only.
 """
@@ -11,6 +11,7 @@ import sys
 import time
 
 PROGRESS_EVERY_SECONDS = 10.0  # a line at most this often when stderr is not a terminal
+PROGRESS_TTY_EVERY_SECONDS = 0.5  # a rewrite at most this often on a terminal (update runs per eval batch)
 
 
 class Progress:
@@ -33,12 +34,12 @@ class Progress:
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.perf_counter()
-        if self.on and (self.tty or now - self.last >= PROGRESS_EVERY_SECONDS):
+        if self.on and now - self.last >= (PROGRESS_TTY_EVERY_SECONDS if self.tty else PROGRESS_EVERY_SECONDS):
             print(("\r" if self.tty else "") + self.line(), end="" if self.tty else "\n", file=sys.stderr, flush=True)
             self.last, self.shown_done = now, self.done
 
     def close(self) -> None:
-        if self.shown_done is not None and self.tty:
-            print(file=sys.stderr, flush=True)
+        if self.shown_done is not None and self.tty:  # the last rewrite may be up to 0.5 s old
+            print("\r" + self.line(), file=sys.stderr, flush=True)
         elif self.shown_done not in (None, self.done):
             print(self.line(), file=sys.stderr, flush=True)

@@ -30,6 +30,22 @@ def _lines(err: str, label: str, unit: str) -> list:
     return [tuple(int(g) for g in m.groups()[:3]) for m in re.finditer(LINE.format(label=re.escape(label), unit=unit), err)]
 
 
+def test_a_terminal_is_rewritten_at_most_twice_a_second_and_closes_on_the_total(monkeypatch, capsys):
+    """update() runs once per eval window batch: on a terminal it may not print (and flush) each time."""
+    monkeypatch.delenv("RANK", raising=False)
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    bar = progress.Progress("phase", 1000, "batches")
+    bar.tty = True
+    for _ in range(1000):
+        clock[0] += 0.001  # 1 ms a batch: 1 s in all
+        bar.update()
+    bar.close()
+    err = capsys.readouterr().err
+    shown = _lines(err, "phase", "batches")
+    assert len(shown) == 3 and shown[-1] == (1000, 1000, 100)  # at 0.5 s, 1.0 s and the close
+
+
 @pytest.fixture(scope="module")
 def sp_luts():
     sp = load_sp(1024)
