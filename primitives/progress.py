@@ -1,7 +1,8 @@
 """Progress of a long phase (export, GPTQ, eval, TTT, the plan's timings) on stderr, never in
 train.log: the log's lines are parsed by records and the auditor, so progress stays out of them.
 
-On a terminal the line is rewritten in place (at most every PROGRESS_TTY_EVERY_SECONDS); otherwise one line every PROGRESS_EVERY_SECONDS:
+On a terminal the line is rewritten in place (at most every PROGRESS_TTY_EVERY_SECONDS); otherwise
+one line every PROGRESS_EVERY_SECONDS:
 `<label>: <done>/<total> <unit> (<percent>%) <elapsed>s elapsed, ETA <seconds>s`. Only the process
 of rank 0 (torchrun's RANK) reports. Primitives layer: standard library only.
 """
