@@ -192,3 +192,13 @@ def test_a_one_chunk_ttt_run_reports_what_happened(tiny_dataset, sp1024_model, t
     assert result["status"] == "ok" and result["ttt_epochs"] == 0 and result["ttt_updates"] == 0
     assert "val_bpb_sliding" in result and "val_bpb_ttt" not in result
     assert " --ttt 0" in result["score_command"]
+
+
+def test_a_score_whose_updates_the_time_guard_stopped_is_not_claimed_reproducible():
+    """The stop chunk depends on the machine's speed at that moment: result.json must not present
+    score_command as reproducing that score."""
+    from trainer.finish import ttt_score_command_caveat
+
+    assert ttt_score_command_caveat({"updates_stopped_at_chunk": None, "num_chunks": 5}) is None
+    why = ttt_score_command_caveat({"updates_stopped_at_chunk": 3, "num_chunks": 5})
+    assert "chunk 3 of 5" in why and why.endswith("(unverified)")

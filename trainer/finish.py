@@ -89,9 +89,12 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                   eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
                   tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
                   score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs, ttt_phases),
+                  **({"score_command_unverified": why} if (why := ttt_score_command_caveat(tt)) else {}),
                   **(dict(ttt_mode="phased", ttt_phases=tt["phases"]) if hp.ttt_mode == "phased" else {}))
         ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} " + (f"phases:{tt['phases']}" if hp.ttt_mode == "phased" else
                                                                  f"chunks:{tt['num_chunks']}") + f" updates:{tt['num_updates']}")
+        if ttt_score_command_caveat(tt):
+            ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
         if not tt["num_updates"]:
             ctx.log(f"WARNING: TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} "
                     "(the last chunk is never trained on): the TTT score is the plain sliding score")
@@ -131,6 +134,16 @@ def ttt_artifact_settings(hp: Hyperparameters, ttt_epochs: int, ttt_phases: int 
                 momentum=hp.ttt_momentum, grad_clip=hp.ttt_grad_clip, batch_seqs=hp.ttt_batch_seqs,
                 params=hp.ttt_params, eval_batch_seqs=hp.eval_batch_seqs,
                 **(dict(mode="phased", phases=ttt_phases or hp.ttt_phases) if hp.ttt_mode == "phased" else {}))
+
+
+def ttt_score_command_caveat(tt: dict):
+    """Why score_command may not reproduce a TTT score (None: it does): the time guard stopped the
+    updates at a chunk that depended on this machine's speed at that moment."""
+    stopped = tt.get("updates_stopped_at_chunk")
+    if stopped is None:
+        return None
+    return (f"the eval time guard stopped TTT updates at chunk {stopped} of {tt['num_chunks']}: the score is legal, "
+            "but score_command reproduces it only if its own run stops at the same chunk (unverified)")
 
 
 def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epochs: int = 0, ttt_phases: int = 0) -> str:
