@@ -83,22 +83,8 @@ if __name__ == "__main__":  # --help and usage errors answer before torch is imp
 
 import torch  # noqa: E402
 
-
 from quant.artifact import (  # noqa: E402
-
-    decode_artifact,
-
-    export_artifact,
-
-    load_artifact,
-
-    quant_build_payload,
-
-    quant_wrap_container,
-
-    quantize_state_dict,
-
-)
+    decode_artifact, export_artifact, load_artifact, quant_build_payload, quant_wrap_container, quantize_state_dict)
 from primitives.rowquant import gptq_lite_quantize  # noqa: E402
 from quant.offline import QUANT_PACKINGS, quant_compress  # noqa: E402
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy  # noqa: E402
