@@ -124,6 +124,21 @@ def test_hessians_are_summed_in_float32_under_bf16_autocast():
     torch.testing.assert_close(hessians["blocks.0.mlp.fc.weight"], x.T @ x / len(x), rtol=1e-5, atol=1e-6)
 
 
+def _gptq_run_parts(env: dict, tmp_path) -> tuple:
+    """(hp, a CPU RunContext whose log lines go to `logs`, logs, a seeded GPT with GPTQ calibration on)."""
+    from quant.policy import QuantPolicy
+
+    hp = trainer_settings.Hyperparameters.from_env(env, log=lambda msg: None)
+    logs = []
+    ctx = trainer_context.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
+    ctx.log = lambda msg="", console=True: logs.append(msg)
+    torch.manual_seed(0)
+    model = trainer_model.GPT(**trainer_model.build_model_config(hp))
+    model.init_weights()
+    model.configure_qat(QuantPolicy(gptq=True))
+    return hp, ctx, logs, model
+
+
 def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp1024_model, monkeypatch, tmp_path):
     """train() with QUANT_GPTQ=1 reserves GPTQ_RESERVE_SECONDS, then reads its calibration batches through
     the train loader: every shard file opened during train() is a train shard, never a val shard."""
@@ -131,7 +146,6 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     import json
 
     from shards.format import list_shards
-    from quant.policy import QuantPolicy
     from tools.data.data_shards import prepare_jsonl_dataset
 
     (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in real_text_docs[:40]))
@@ -149,14 +163,7 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
            "ROPE_DIMS": "8", "XSA_LAST_N": "1", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "2048",
            "ITERATIONS": "2", "MAX_WALLCLOCK_SECONDS": "500", "GPTQ_RESERVE_SECONDS": "5",
            "GPTQ_CALIB_BATCHES": str(num_train_tokens // 2048 + 2), "EMA_DECAY": "0", "DATA_PATH": str(dataset)}
-    hp = trainer_settings.Hyperparameters.from_env(env, log=lambda msg: None)
-    logs = []
-    ctx = trainer_context.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
-    ctx.log = lambda msg="", console=True: logs.append(msg)
-    torch.manual_seed(0)
-    model = trainer_model.GPT(**trainer_model.build_model_config(hp))
-    model.init_weights()
-    model.configure_qat(QuantPolicy(gptq=True))
+    hp, ctx, logs, model = _gptq_run_parts(env, tmp_path)
     loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size)
     no_time_left = dataclasses.replace(hp, max_wallclock_seconds=5.0)  # a 5 s reserve of a 5 s cap: refused up front
     num_opened = len(opened)
@@ -213,16 +220,7 @@ def _clocked_train(monkeypatch, tmp_path, tiny_dataset, clock, **settings):
            "ITERATIONS": "100000", "EMA_DECAY": "0", "DATA_PATH": str(tiny_dataset), "TRAIN_LOG_EVERY": "1000",
            "EVAL_STRIDE": "16",
            **settings}
-    from quant.policy import QuantPolicy
-
-    hp = trainer_settings.Hyperparameters.from_env(env, log=lambda msg: None)
-    logs = []
-    ctx = trainer_context.RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), run_dir=tmp_path)
-    ctx.log = lambda msg="", console=True: logs.append(msg)
-    torch.manual_seed(0)
-    model = trainer_model.GPT(**trainer_model.build_model_config(hp))
-    model.init_weights()
-    model.configure_qat(QuantPolicy(gptq=True))
+    hp, ctx, logs, model = _gptq_run_parts(env, tmp_path)
     monkeypatch.setattr(trainer_loop, "time", clock)
     monkeypatch.setattr(trainer_model.GPT, "forward", clock.wrap(trainer_model.GPT.forward))
     loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size)
