@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", nargs="?", const=25, type=int, metavar="ROWS",
                         help="add each side's top CUDA kernels (default 25 rows)")
     parser.add_argument("--cpu-twin", action="store_true", help="no GPU: the step's generated CUDA code, on the CPU")
+    parser.add_argument("--cpu", action="store_true", help="time the kit's step on the CPU (a plumbing check for "
+                        "tools/gpu_report.py --cpu-twin: its timings say nothing about a GPU; no --reference)")
     parser.add_argument("--out-dir", default="runs/bench_step_twin", help="--cpu-twin: where the generated code goes")
     return parser
 
@@ -143,7 +145,7 @@ def run_kit(hp, steps: int, profile_rows: int = 0) -> Side:
     hp = dataclasses.replace(hp, iterations=steps, max_wallclock_seconds=0.0, train_log_every=steps, val_loss_every=0,
                              warmup_steps=max(1, hp.warmup_steps), checkpoint_every=0, resume=False)
     ctx = trainer_context.setup_distributed(hp)
-    trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device)
+    print(f"attention:{trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device)}")
     if Path(hp.data_path).is_dir():
         loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
     else:
@@ -153,12 +155,14 @@ def run_kit(hp, steps: int, profile_rows: int = 0) -> Side:
     model = trainer_model.GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
     lines, ctx.log = [], (lambda msg="", console=True: lines.append(msg))
-    torch.cuda.reset_peak_memory_stats(ctx.device)
+    cuda = ctx.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     trainer_loop.train(ctx, hp, model, loader, flops_per_token=0.0)
     tok_s = [float(m.group(1)) for line in lines if line.startswith(f"step:{steps}/")
              and (m := re.search(r" tok_s:(\d+)", line))]
     side = Side("kit", 1000 * hp.train_batch_tokens / tok_s[0], hp.train_batch_tokens,
-                torch.cuda.max_memory_allocated(ctx.device) / 2**30)
+                torch.cuda.max_memory_allocated(ctx.device) / 2**30 if cuda else None)
     if profile_rows:
         from torch.profiler import ProfilerActivity, profile
 
@@ -186,7 +190,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         hp = trainer_settings.Hyperparameters.from_env(log=lambda msg: None)
-        hp.resolve_grad_accum(1, not args.cpu_twin)
+        hp.resolve_grad_accum(1, not (args.cpu_twin or args.cpu))
+        if args.cpu and args.reference:
+            raise ValueError("--reference: the reference script needs CUDA; --cpu times the kit alone")
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -194,7 +200,7 @@ def main(argv=None) -> int:
         from tools.bench.bench_twin import run_twin
 
         return run_twin(hp, args.out_dir)
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.cpu:
         print(f"bench_step: needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU run "
               "`python tools/bench_step.py --cpu-twin`", file=sys.stderr)
         return 2
@@ -208,7 +214,8 @@ def main(argv=None) -> int:
     if args.reference:
         with contextlib.suppress(KeyboardInterrupt):
             sides.append(run_reference(args.reference, hp, args.steps, args.profile or 0))
-    print(f"bench_step: {torch.cuda.get_device_name()}, torch {torch.__version__}, preset {hp.preset}, "
+    where = torch.cuda.get_device_name() if not args.cpu else "CPU (timings say nothing about a GPU)"
+    print(f"bench_step: {where}, torch {torch.__version__}, preset {hp.preset}, "
           f"{hp.train_batch_tokens:,} tokens/step, seq {hp.train_seq_len}, {args.steps} steps per side "
           f"({time.perf_counter() - t0:.0f} s)")
     print_table(sides, flops, trainer_loop.H100_BF16_PEAK_FLOPS)

@@ -1,0 +1,112 @@
+"""tools/gpu_report.py: its parsers on real H100 output, its plan, bad input, and a whole --cpu-twin run."""
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tools.bench import gpu_report  # noqa: E402
+
+SHARED_GPU = REPO.parent / "shared" / "gpu"
+BENCH_OUT = """attention:sdpa
+bench_step: NVIDIA H100 80GB HBM3, torch 2.11.0+cu130, preset 1xh100-sp8192, 524,288 tokens/step, seq 2048, 12 steps
+             ms/step     tokens/s     MFU  peak mem   ratio
+kit            414.1    1,266,081   27.2%  11.8 GiB   1.13x
+reference      366.5    1,430,513   30.8%  10.0 GiB   1.00x
+(MFU: ...)
+"""
+
+
+def job(section="step", label="x", parse=None):
+    return gpu_report.Job(section, label, ["python"], {}, 10, parse)
+
+
+def run_report(*args, **env):
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("PRESET", "DATA_PATH"))}
+    full.update(env, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, str(REPO / "tools/gpu_report.py"), *args], cwd=REPO, env=full,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_parse_bench_step_table_both_sides():
+    rows = gpu_report.parse_bench(job(label="baseline shape"), BENCH_OUT, 0)
+    assert rows == [
+        ("step", "baseline shape, kit", "414.1 ms/step", "1,266,081 tok/s, MFU 27.2%, peak 11.8 GiB; attention:sdpa"),
+        ("step", "baseline shape, official script", "366.5 ms/step", "1,430,513 tok/s, MFU 30.8%, peak 10.0 GiB")]
+
+
+@pytest.mark.skipif(not (SHARED_GPU / "h100_gpu_check.log").is_file(), reason="needs ../shared/gpu")
+def test_parse_gpu_check_rows_of_the_real_h100_log():
+    text = (SHARED_GPU / "h100_gpu_check.log").read_text()
+    rows = gpu_report.parse_check(job("gpu_check", "default preset"), text, 1)
+    by_check = {r[1]: (r[2], r[3]) for r in rows}
+    assert len(rows) == 17
+    assert by_check["default preset: train step"][0].startswith("411.1 ms, 1,275,375 tok/s")
+    assert by_check["default preset: attention backend"] == ("sdpa", "FAIL")
+    assert by_check["default preset: compile + warmup"] == ("53.5 s (20 warmup steps, compile on)", "ok")
+
+
+@pytest.mark.skipif(not (SHARED_GPU / "h100_pytest_gpu.log").is_file(), reason="needs ../shared/gpu")
+def test_parse_pytest_summary_and_failures():
+    text = (SHARED_GPU / "h100_pytest_gpu.log").read_text()
+    rows = gpu_report.parse_pytest(job("pytest", "pytest -m gpu"), text, 1)
+    assert rows == [("pytest", "pytest -m gpu", "1 failed, 2 passed, 536 deselected in 11.87s",
+                     "tests/test_gpu.py::test_cuda_forward_matches_cpu_fp32_at_bf16_tolerance")]
+
+
+def test_failure_note_names_the_error_line_and_the_exit():
+    assert gpu_report.failure_note("a\nValueError: bad shape\nwarning tail\n", 1) == "exit 1: ValueError: bad shape"
+    assert gpu_report.failure_note("", None) == "timed out: "
+
+
+def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin():
+    args = argparse.Namespace(sections=",".join(gpu_report.SECTIONS), cpu_twin=False, reference="ref.py")
+    jobs = gpu_report.plan(args, {})
+    step = [j for j in jobs if j.parse is gpu_report.parse_bench]
+    assert [j.env.get("ATTN_BACKEND") for j in step if j.section == "step"] == ["auto", "sdpa", "fa4", "sdpa"]
+    assert [j.env.get("GRAD_ACCUM_STEPS") for j in step if j.section == "microbatch"] == ["16", "4"]
+    baseline = next(j for j in step if j.section == "baseline")
+    assert baseline.argv[-2:] == ["--reference", "ref.py"] and baseline.env["NUM_LAYERS"] == "9"
+    for j in step:  # the warm-up twin is the same command with two steps
+        assert j.precompile_argv == [a if a != str(gpu_report.TIMED_STEPS) else "2" for a in j.argv]
+    assert [j.env.get("PRESET") for j in jobs if j.section == "gpu_check"] == [None, "1xh100-frontier"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sections", "step,nope"], "error: --sections: unknown nope"),
+    (["--budget-s", "0"], "error: --budget-s=0.0: expected > 0"),
+    (["--reference", "/no/such/file.py", "--cpu-twin"], "error: --reference /no/such/file.py: no such file"),
+])
+def test_bad_input_one_line_exit_2(args, message):
+    proc = run_report(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith(message) and proc.stderr.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_without_cuda_one_line_and_exit_2():
+    proc = run_report()
+    assert proc.returncode == 2 and proc.stderr.startswith("gpu_report: needs a CUDA GPU") and "--cpu-twin" in proc.stderr
+
+
+@pytest.mark.slow
+def test_cpu_twin_report_runs_every_section_it_plans(tmp_path):
+    out = tmp_path / "report.md"
+    proc = run_report("--cpu-twin", "--sections", "kernels,step,baseline", "--out", str(out), OMP_NUM_THREADS="1")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    text = out.read_text()
+    assert text.startswith("# gpu_report (CPU TWIN: timings say nothing about a GPU)")
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    sections = {r[0].strip("| ") for r in rows}
+    assert sections == {"kernels", "step", "baseline"}
+    kit_rows = [r for r in rows if r[1].endswith(", kit")]
+    assert len(kit_rows) == 3 and all(r[2].endswith(" ms/step") and float(r[2].split()[0]) > 0 for r in kit_rows)
+    assert any(r[1] == "attention SDPA math (CPU)" and r[2].endswith("ms fwd+bwd") for r in rows)
+    assert any(r[1] == "loss LOSS_KERNEL=torch" and "loss " in r[3] for r in rows)

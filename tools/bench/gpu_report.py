@@ -1,0 +1,274 @@
+"""GPU report: everything the kit measures on one GPU, in one call and one table (a pod's first command).
+
+    python tools/gpu_report.py                      # all sections that fit in --budget-s (default 480 s)
+    python tools/gpu_report.py --reference PATH     # + the official train_gpt.py beside the kit at its shape
+    python tools/gpu_report.py --sections step,gpu_check --out report.md
+    python tools/gpu_report.py --cpu-twin           # no GPU: the same plan through the CPU twins (plumbing only)
+
+Sections, in the order they run (each one or more child processes with their own time limit, so one
+that fails or hangs costs its row, never the report):
+  kernels    attention fwd+bwd at the preset's shape on every backend this machine has (SDPA cuDNN /
+             flash / efficient, FA3, FA4 through the kit's dispatch) and the loss on each kernel
+             (tools/bench/kernel_bench.py)
+  step       the preset's compiled training step (tools/bench_step.py): ms/step, tokens/s, MFU and peak
+             memory for the default kernels (ATTN_BACKEND=auto, LOSS_KERNEL=auto), plain SDPA + torch loss,
+             and each optional kernel alone
+  baseline   the kit at the official baseline's shape (9L d512 MLP2 seq1024), and with --reference the
+             official script itself on the same data (needs DATA_PATH / TOKENIZER_PATH of that vocabulary)
+  microbatch the step at 16, 32 and 64 sequences per micro-batch (GRAD_ACCUM_STEPS)
+  gpu_check  tools/gpu_check.py's rows (compile, recompiles, CUDA vs CPU, QAT, eval projections) for the
+             preset, and for the 1xh100-frontier candidate (its eval projection with phased TTT)
+  pytest     `python -m pytest -m gpu`
+Before the timed sections, `--precompile N` (default 4 on a GPU) runs every step configuration once
+with two steps, N at a time, so the Inductor caches are warm and each timed child compiles in seconds.
+The compile rows are therefore not compile times: gpu_check's first-compile figure is warm too.
+
+The report is written row by row to --out (markdown) and printed at the end: a run cut short keeps
+what it measured. Each row says its source command. `--cpu-twin` runs every section on the CPU at a
+tiny shape (the FA4 and fused-loss twins, the trainer on the CPU, gpu_check --cpu-twin): its timings
+say nothing about a GPU. Exit 0 when every run section gave its rows, 1 when one failed, 2 on bad input.
+"""
+
+import argparse
+import dataclasses
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SECTIONS = ("kernels", "step", "baseline", "microbatch", "gpu_check", "pytest")
+BASELINE_SHAPE = {"NUM_LAYERS": "9", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "1024", "XSA_LAST_N": "0", "ROPE_DIMS": "64",
+                  "QK_GAIN_INIT": "1.5", "QAT_START_FRAC": "0"}  # the official script's model (README: GPU)
+CPU_TWIN_SHAPE = {"NUM_LAYERS": "2", "MODEL_DIM": "128", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "VOCAB_SIZE": "1024",
+                  "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "512", "XSA_LAST_N": "1", "COMPILE": "0"}
+TIMED_STEPS = 12  # the step is flat after the first steps (../README: H100 logs); 12 keep each child short
+WARMUP_STEPS = "5"  # compile/prime steps before timing (the trainer's default 20 only matters for a full run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, built without torch: `--help` and usage errors answer at once."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)} (default all)")
+    p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock seconds for the whole report (default 480)")
+    p.add_argument("--reference", metavar="PATH", help="the official train_gpt.py to time beside the kit (baseline)")
+    p.add_argument("--precompile", type=int, metavar="N", help="warm the compile caches N configurations at a time "
+                   "before timing (default 4 on a GPU, 0 with --cpu-twin)")
+    p.add_argument("--out", default="gpu_report.md", help="the markdown report, written row by row")
+    p.add_argument("--cpu-twin", action="store_true", help="no GPU: every section through the CPU twins")
+    return p
+
+
+@dataclasses.dataclass
+class Job:
+    """One child process of a section: its command, environment overrides, time limit and row parser."""
+
+    section: str
+    label: str
+    argv: list
+    env: dict
+    timeout_s: float
+    parse: object  # (job, stdout + stderr, returncode) -> list of rows (section, configuration, result, note)
+    precompile_argv: list = None  # the same configuration, compile + two steps (step jobs only)
+
+    @property
+    def command(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+
+BENCH_ROW = re.compile(r"^(kit|reference)\s+([\d.]+)\s+([\d,]+)\s+([\d.]+)%\s+(n/a|[\d.]+ GiB)\s+([\d.]+)x\s*$", re.M)
+CHECK_ROW = re.compile(r"^(ok|WARN|FAIL)\s+(.+?)\s{2,}(.+)$", re.M)
+KERNEL_ROW = re.compile(r"^ROW\t([^\t]*)\t([^\t]*)\t([^\t]*)$", re.M)
+PYTEST_TAIL = re.compile(r"^=*\s*(.*\b(?:passed|failed|skipped|deselected|error)\b.*?)\s*=*$", re.M)
+
+
+def failure_note(text: str, returncode) -> str:
+    """One line for a child that gave no rows: its exit and the last meaningful line of its output."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    last = next((ln for ln in reversed(lines) if "Error" in ln or ln.startswith("error")), lines[-1] if lines else "")
+    code = "timed out" if returncode is None else f"exit {returncode}"
+    return f"{code}: {last[:200]}"
+
+
+def parse_bench(job, text, returncode):
+    rows = []
+    for name, ms, tok_s, mfu, mem, _ratio in BENCH_ROW.findall(text):
+        who = "official script" if name == "reference" else "kit"
+        rows.append((job.section, f"{job.label}, {who}", f"{float(ms):.1f} ms/step",
+                     f"{tok_s} tok/s, MFU {mfu}%, peak {mem}"))
+    backend = re.search(r"^(attention:\S+|loss:\S+)", text, re.M)
+    if rows and backend:
+        kernels = sorted(set(re.findall(r"^(attention:[a-z0-9]+|loss:[a-z0-9]+)", text, re.M)))
+        rows[0] = rows[0][:3] + (rows[0][3] + "; " + ", ".join(kernels),)
+    return rows
+
+
+def parse_check(job, text, returncode):
+    return [(job.section, f"{job.label}: {check.strip()}", value.strip(), verdict)
+            for verdict, check, value in CHECK_ROW.findall(text)]
+
+
+def parse_kernels(job, text, returncode):
+    return [(job.section, config, result, note) for config, result, note in KERNEL_ROW.findall(text)]
+
+
+def parse_pytest(job, text, returncode):
+    tails = PYTEST_TAIL.findall(text)
+    failed = re.findall(r"^FAILED (\S+)", text, re.M)
+    return [(job.section, job.label, tails[-1] if tails else failure_note(text, returncode), "; ".join(failed))]
+
+
+def plan(args, env: dict) -> list:
+    """The jobs of the chosen sections, in run order. env: the parent's environment (DATA_PATH etc.)."""
+    py, twin = sys.executable, args.cpu_twin
+    shape = dict(CPU_TWIN_SHAPE) if twin else {}
+    timing = {"WARMUP_STEPS": WARMUP_STEPS}
+    bench = [py, "tools/bench_step.py", "--steps", str(3 if twin else TIMED_STEPS)] + (["--cpu"] if twin else [])
+    jobs = []
+
+    def step_job(section, label, extra, reference=None):
+        argv = bench + (["--reference", reference] if reference else [])
+        pre = [a if a != str(TIMED_STEPS) else "2" for a in argv]
+        jobs.append(Job(section, label, argv, {**shape, **timing, **extra}, 300, parse_bench, None if twin else pre))
+
+    sections = args.sections.split(",")
+    if "kernels" in sections:
+        jobs.append(Job("kernels", "kernel bench", [py, "-m", "tools.bench.kernel_bench"] + (["--cpu-twin"] if twin else []),
+                        {}, 240, parse_kernels))
+    if "step" in sections:
+        step_job("step", "default kernels (auto)", {"ATTN_BACKEND": "auto", "LOSS_KERNEL": "auto"})
+        step_job("step", "SDPA + torch loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "torch"})
+        if not twin:
+            step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"})
+            step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"})
+    if "baseline" in sections:
+        ref = None if twin else args.reference
+        small = {k: v for k, v in BASELINE_SHAPE.items() if k not in ("TRAIN_SEQ_LEN", "ROPE_DIMS")}  # twin dims stay
+        step_job("baseline", "official baseline shape", small if twin else BASELINE_SHAPE, ref)
+    if "microbatch" in sections and not twin:
+        for accum, seqs in (("16", 16), ("4", 64)):
+            step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": accum})
+    if "gpu_check" in sections:
+        check = [py, "tools/gpu_check.py"] + (["--cpu-twin", "--steps", "1"] if twin else [])
+        jobs.append(Job("gpu_check", "default preset", check, {}, 300, parse_check))
+        if not twin:
+            jobs.append(Job("gpu_check", "1xh100-frontier", check, {"PRESET": "1xh100-frontier"}, 300, parse_check))
+    if "pytest" in sections:
+        jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                                     "tests"], {}, 240, parse_pytest))
+    return jobs
+
+
+def run_child(job: Job, argv: list, timeout_s: float):
+    """(output, returncode or None when it ran out of time) of one child process."""
+    env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    try:
+        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=max(1.0, timeout_s))
+        return proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as err:
+        out = (err.stdout or b"") + (err.stderr or b"")
+        return out.decode(errors="replace") if isinstance(out, bytes) else out, None
+
+
+class Report:
+    """The markdown table, appended row by row to `path` (a cut-short run keeps what it measured)."""
+
+    HEADER = "| section | configuration | result | note |\n|---|---|---|---|\n"
+
+    def __init__(self, path: Path, title: str):
+        self.path, self.rows = path, []
+        path.write_text(f"{title}\n\n{self.HEADER}")
+
+    def add(self, row) -> None:
+        self.rows.append(row)
+        cells = [str(c).replace("|", "/").replace("\n", " ") for c in row]
+        with self.path.open("a") as f:
+            f.write("| " + " | ".join(cells) + " |\n")
+
+
+def precompile(jobs: list, workers: int, deadline: float) -> tuple:
+    """Run each step job's two-step twin, `workers` at a time, until `deadline`: (seconds, failed labels)."""
+    todo = [j for j in jobs if j.precompile_argv]
+    t0, failed = time.monotonic(), []
+    if not todo or workers < 1:
+        return 0.0, failed
+    with ThreadPoolExecutor(workers) as pool:
+        results = pool.map(lambda j: (j, run_child(j, j.precompile_argv, deadline - time.monotonic())), todo)
+        failed = [j.label for j, (_, rc) in results if rc != 0]
+    return time.monotonic() - t0, failed
+
+
+def title_line(twin: bool) -> str:
+    import platform
+
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+        versions = f"torch {torch.__version__}, CUDA {torch.version.cuda}"
+    except ImportError:
+        gpu, versions = "no GPU", "torch missing"
+    kind = "CPU TWIN: timings say nothing about a GPU" if twin else "measured"
+    return (f"# gpu_report ({kind}): {gpu}, {versions}, Python {platform.python_version()}, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    bad = [s for s in args.sections.split(",") if s not in SECTIONS]
+    if bad or args.budget_s <= 0 or (args.precompile is not None and args.precompile < 0):
+        what = (f"--sections: unknown {', '.join(bad)} (expected a comma list of {', '.join(SECTIONS)})" if bad else
+                f"--budget-s={args.budget_s}: expected > 0" if args.budget_s <= 0 else
+                f"--precompile={args.precompile}: expected >= 0")
+        print(f"error: {what}", file=sys.stderr)
+        return 2
+    if args.reference and not Path(args.reference).is_file():
+        print(f"error: --reference {args.reference}: no such file", file=sys.stderr)
+        return 2
+    if not args.cpu_twin:
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"gpu_report: needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU run "
+                  "`python tools/gpu_report.py --cpu-twin`", file=sys.stderr)
+            return 2
+    start = time.monotonic()
+    deadline = start + args.budget_s
+    jobs = plan(args, dict(os.environ))
+    report = Report(Path(args.out), title_line(args.cpu_twin))
+    workers = args.precompile if args.precompile is not None else (0 if args.cpu_twin else 4)
+    if workers:
+        print(f"gpu_report: warming the compile caches ({sum(bool(j.precompile_argv) for j in jobs)} configurations, "
+              f"{workers} at a time)", flush=True)
+        seconds, failed = precompile(jobs, workers, start + 0.45 * args.budget_s)
+        report.add(("setup", f"precompile, {workers} at a time", f"{seconds:.0f} s",
+                    f"failed: {', '.join(failed)}" if failed else "every configuration compiled"))
+    status = 0
+    for i, job in enumerate(jobs):
+        left = deadline - time.monotonic()
+        if left < 20:
+            for rest in jobs[i:]:
+                report.add((rest.section, rest.label, "not run", f"budget of {args.budget_s:.0f} s spent"))
+            break
+        print(f"gpu_report: [{job.section}] {job.label} ...", flush=True)
+        t0 = time.monotonic()
+        text, rc = run_child(job, job.argv, min(job.timeout_s, left))
+        rows = job.parse(job, text, rc) if rc is not None or job.section == "kernels" else []
+        if not rows or rc not in (0, 1):
+            status = 1
+            rows = rows or [(job.section, job.label, "no result", failure_note(text, rc))]
+        for row in rows:
+            report.add(row)
+        report.add((job.section, f"{job.label}: command", f"{time.monotonic() - t0:.0f} s", f"`{job.command}`"))
+    print(report.path.read_text())
+    print(f"gpu_report: {len(report.rows)} rows in {time.monotonic() - start:.0f} s -> {report.path}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
