@@ -54,11 +54,11 @@ ENTRY_MODULES = ("quant.__main__", "eval.__main__")
 IMPORTLIB_ALLOWED = {"model/attention.py": "the flash-attn choice (FA3 -> FA2), a name from a list of packages",
                      "tools/bench/gpu_check.py": "the installed flash-attn packages' versions"}
 # what users type (README, docs/): thin files at the top of tools/ whose code lives in a kind's package
-TOOL_KINDS = {"auditor": ("audit",), "bench": ("bench_", "step_twin", "flash_twin", "cpu_twin", "gpu_check"),
+TOOL_KINDS = {"auditor": ("audit",), "bench": ("bench_", "step_twin", "flash_twin", "cpu_twin", "gpu_check", "gpu_report", "kernel_bench"),
               "data": ("data_", "prepare_data"), "record": ("record_", "make_record", "runs", "significance"),
               "sweeps": ("sweep", "proxy_")}
 TOOL_COMMANDS = {"audit", "bench_eval", "bench_muon", "bench_quant", "bench_recipes", "bench_step", "bench_train",
-                 "bench_ttt", "bundle", "gpu_check", "make_record", "prepare_data", "significance", "sweep"}
+                 "bench_ttt", "bundle", "gpu_check", "gpu_report", "make_record", "prepare_data", "significance", "sweep"}
 # commands whose code has not moved into its package yet: other open work edits these files, and a move
 # would turn its merge into a conflict instead of a rename (move them when it has landed)
 TOOL_COMMANDS_NOT_THIN = {}

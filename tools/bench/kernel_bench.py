@@ -113,7 +113,7 @@ def bench_attention(hp, device: torch.device, twin: bool) -> None:
             continue
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
 
-        def step():
+        def step(fn=fn, leaves=leaves):
             out = fn(*leaves)
             out.backward(dout)
             return out
@@ -173,7 +173,7 @@ def bench_loss(hp, device: torch.device, twin: bool) -> None:
             continue
         xl, wl = x.detach().requires_grad_(), w.detach().requires_grad_()
 
-        def step():
+        def step(fn=fn, xl=xl, wl=wl):
             xl.grad = wl.grad = None
             loss = fn(xl, wl, y, hp.logit_softcap)
             loss.backward()
