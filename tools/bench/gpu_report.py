@@ -5,20 +5,21 @@
     python tools/gpu_report.py --sections step,gpu_check --out report.md
     python tools/gpu_report.py --cpu-twin           # no GPU: the same plan through the CPU twins (plumbing only)
 
-Sections, in the order they run (each one or more child processes with their own time limit, so one
-that fails or hangs costs its row, never the report):
+Sections, in the order they run, most telling first (each one or more child processes with their own
+time limit, so one that fails or hangs costs its row, never the report; the frontier preset's gpu_check
+runs last):
   kernels    attention fwd+bwd at the preset's shape on every backend this machine has (SDPA cuDNN /
              flash / efficient, FA3, FA4 through the kit's dispatch) and the loss on each kernel
              (tools/bench/kernel_bench.py)
   step       the preset's compiled training step (tools/bench_step.py): ms/step, tokens/s, MFU and peak
              memory for the default kernels (ATTN_BACKEND=auto, LOSS_KERNEL=auto), plain SDPA + torch loss,
              and each optional kernel alone
+  pytest     `python -m pytest -m gpu` (the CUDA kernels against their references)
   baseline   the kit at the official baseline's shape (9L d512 MLP2 seq1024), and with --reference the
              official script itself on the same data (needs DATA_PATH / TOKENIZER_PATH of that vocabulary)
-  microbatch the step at 16, 32 and 64 sequences per micro-batch (GRAD_ACCUM_STEPS)
   gpu_check  tools/gpu_check.py's rows (compile, recompiles, CUDA vs CPU, QAT, eval projections) for the
-             preset, and for the 1xh100-frontier candidate (its eval projection with phased TTT)
-  pytest     `python -m pytest -m gpu`
+             preset; after microbatch, the same for the 1xh100-frontier candidate (its eval projection)
+  microbatch the step at 16 and 64 sequences per micro-batch (GRAD_ACCUM_STEPS; step gives 32)
 Before the timed sections, `--precompile N` (default 4 on a GPU) runs every step configuration once
 with two steps, N at a time, so the Inductor caches are warm and each timed child compiles in seconds.
 The compile rows are therefore not compile times: gpu_check's first-compile figure is warm too.
@@ -41,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("kernels", "step", "baseline", "microbatch", "gpu_check", "pytest")
+SECTIONS = ("kernels", "step", "pytest", "baseline", "gpu_check", "microbatch")
 BASELINE_SHAPE = {"NUM_LAYERS": "9", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "1024", "XSA_LAST_N": "0", "ROPE_DIMS": "64",
                   "QK_GAIN_INIT": "1.5", "QAT_START_FRAC": "0"}  # the official script's model (README: GPU)
 CPU_TWIN_SHAPE = {"NUM_LAYERS": "2", "MODEL_DIM": "128", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "VOCAB_SIZE": "1024",
@@ -146,27 +147,28 @@ def plan(args, env: dict) -> list:
         if not twin:
             step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"})
             step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"})
+    if "pytest" in sections:
+        jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                                     "tests"], {}, 240, parse_pytest))
     if "baseline" in sections:
         ref = None if twin else args.reference
         small = {k: v for k, v in BASELINE_SHAPE.items() if k not in ("TRAIN_SEQ_LEN", "ROPE_DIMS")}  # twin dims stay
         step_job("baseline", "official baseline shape", small if twin else BASELINE_SHAPE, ref)
+    check = [py, "tools/gpu_check.py"] + (["--cpu-twin", "--steps", "1"] if twin else [])
+    if "gpu_check" in sections:
+        jobs.append(Job("gpu_check", "default preset", check, {}, 300, parse_check))
     if "microbatch" in sections and not twin:
         for accum, seqs in (("16", 16), ("4", 64)):
             step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": accum})
-    if "gpu_check" in sections:
-        check = [py, "tools/gpu_check.py"] + (["--cpu-twin", "--steps", "1"] if twin else [])
-        jobs.append(Job("gpu_check", "default preset", check, {}, 300, parse_check))
-        if not twin:
-            jobs.append(Job("gpu_check", "1xh100-frontier", check, {"PRESET": "1xh100-frontier"}, 300, parse_check))
-    if "pytest" in sections:
-        jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                                     "tests"], {}, 240, parse_pytest))
+    if "gpu_check" in sections and not twin:
+        jobs.append(Job("gpu_check", "1xh100-frontier", check, {"PRESET": "1xh100-frontier"}, 300, parse_check))
     return jobs
 
 
 def run_child(job: Job, argv: list, timeout_s: float):
     """(output, returncode or None when it ran out of time) of one child process."""
-    env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     try:
         proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=max(1.0, timeout_s))
         return proc.stdout + proc.stderr, proc.returncode
