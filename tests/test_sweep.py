@@ -367,3 +367,19 @@ def test_sweep_file_seeds_empty_zero_or_not_integers_are_refused(seeds, message,
     with pytest.raises(sweep_spec.SweepError, match=r"^seeds \[\]: expected a non-empty list"):
         sweep_spec.build_runs({"name": "x", "seeds": []}, tmp_path)
     assert [r.seed for r in sweep_spec.build_runs({"name": "x"}, tmp_path)] == [1337]  # no key: the default
+
+
+def test_h100_switch_ablation_file_builds_valid_runs_for_every_switch(tmp_path):
+    """The one-command H100 ablation: every configuration is settings the trainer accepts, each switch
+    of the 1xh100-frontier preset has its own configuration, and `frontier` is that preset."""
+    from primitives.presets import PRESETS
+
+    spec = sweep_spec.load_spec_file(REPO / "tools/sweeps/h100_switch_ablation.yaml")
+    runs = sweep_spec.build_runs(spec, tmp_path)
+    sweep_spec.check_trainer_settings(runs, environ={})
+    configs = {r.config: r.env for r in runs}
+    assert len(runs) == 2 * len(configs) and spec["baseline"] == "base" and spec["metric"] == "final"
+    assert configs["frontier"]["PRESET"] == "1xh100-frontier"
+    alone = {k: v for name, env in configs.items() if name not in ("base", "frontier") for k, v in env.items()}
+    for key, value in PRESETS["1xh100-frontier"].items():
+        assert str(alone[key.upper()]).lower() in (str(value).lower(), str(int(value)) if isinstance(value, bool) else "")
