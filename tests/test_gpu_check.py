@@ -117,6 +117,23 @@ def test_ttt_projection_row_warns_when_the_plan_cuts_ttt():
     assert off.verdict == "ok" and off.value.endswith("(TTT_ENABLED=0: information)")
 
 
+def test_ttt_projection_row_of_phased_ttt_uses_the_phased_projection():
+    """TTT_MODE=phased at the same timings: 3 phases x ceil((633,409 windows / 3 + 1) / 64) = 9,900 scoring
+    batches (310.5 s) + 3 epochs x (206 + 412) steps of 32 sequences (47.8 s) + roundtrip 9.7 s = 368 s,
+    where the chunked formula gives 416 s; the plan keeps the phases, and says so when it cuts them."""
+    from primitives.settings import Hyperparameters
+
+    gc = gpu_check_module()
+    n, step = 40_540_160, 16 * 2048 / 1.27e6
+    row = gc.ttt_projection_row(0.49e-3, step, n, Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="phased"))
+    assert row.verdict == "ok"
+    assert "TTT_MODE=phased, TTT_PHASES=3, TTT_EPOCHS=3 at stride 64: 368 s incl. roundtrip" in row.value
+    assert "plan: stride 64, 3 epochs, 3 phases, 368 s" in row.value
+    tight = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="phased", eval_auto_stride=False, eval_max_seconds=420)
+    cut = gc.ttt_projection_row(0.49e-3, 4 * step, n, tight)
+    assert cut.verdict == "WARN" and "TTT_PHASES=3 -> 2" in cut.warn and ", 2 phases, " in cut.value
+
+
 def test_exit_code_is_0_with_warnings_and_1_with_a_fail(monkeypatch, capsys):
     gc = gpu_check_module()
     rows = [gc.Row("a", "x"), gc.Row("b", "y", warn="slower")]

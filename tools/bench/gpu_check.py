@@ -69,6 +69,7 @@ import trainer.loop as trainer_loop  # noqa: E402
 import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
+from eval.phased_ttt import project_phased_seconds  # noqa: E402
 from eval.ttt import project_ttt_seconds  # noqa: E402
 from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
@@ -297,19 +298,23 @@ def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_t
     plan = trainer_evaluate.plan_ttt_from_timings(hp, forward_seconds=seconds_per_window * hp.eval_batch_seqs,
                                                   step_seconds=step_seconds, num_val_tokens=num_val_tokens,
                                                   world_size=world_size)
-    wanted = plan["roundtrip_seconds"] + project_ttt_seconds(
-        forward_seconds=seconds_per_window * hp.eval_batch_seqs, train_seconds=step_seconds,
-        num_val_tokens=num_val_tokens, seq_len=hp.train_seq_len, stride=hp.eval_stride, epochs=hp.ttt_epochs,
-        chunk_tokens=hp.ttt_chunk_tokens, eval_batch_seqs=hp.eval_batch_seqs, batch_seqs=hp.ttt_batch_seqs,
-        world_size=world_size)
-    value = (f"{1000 * step_seconds:.1f} ms per TTT step; TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: "
-             f"{wanted:.0f} s incl. roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs, "
+    common = dict(forward_seconds=seconds_per_window * hp.eval_batch_seqs, train_seconds=step_seconds,
+                  num_val_tokens=num_val_tokens, seq_len=hp.train_seq_len, stride=hp.eval_stride, epochs=hp.ttt_epochs,
+                  eval_batch_seqs=hp.eval_batch_seqs, batch_seqs=hp.ttt_batch_seqs, world_size=world_size)
+    phased = hp.ttt_mode == "phased"
+    wanted = plan["roundtrip_seconds"] + (project_phased_seconds(phases=hp.ttt_phases, **common) if phased else
+                                          project_ttt_seconds(chunk_tokens=hp.ttt_chunk_tokens, **common))
+    mode, kept = ((f"TTT_MODE=phased, TTT_PHASES={hp.ttt_phases}, ", f", {plan.get('phases')} phases") if phased
+                  else ("", ""))
+    value = (f"{1000 * step_seconds:.1f} ms per TTT step; {mode}TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: "
+             f"{wanted:.0f} s incl. roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs{kept}, "
              f"{plan['projected_seconds']:.0f} s (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
     if not enforce:
         return Row("projected TTT eval", value + " (CPU twin: no verdict)")
     if not hp.ttt_enabled:
         return Row("projected TTT eval", value + " (TTT_ENABLED=0: information)")
-    cut = plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
+    cut = (plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
+           or (phased and plan.get("phases") != hp.ttt_phases))
     return Row("projected TTT eval", value, warn=(plan["reason"] or "stride raised to fit the clock") if cut else "")
 
 
