@@ -67,7 +67,7 @@ def test_failure_note_names_the_error_line_and_the_exit():
 
 
 def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin():
-    args = argparse.Namespace(sections=",".join(gpu_report.SECTIONS), cpu_twin=False, reference="ref.py")
+    args = argparse.Namespace(sections=",".join(gpu_report.SECTIONS), cpu_twin=False, reference="ref.py", compare=None)
     jobs = gpu_report.plan(args, {})
     step = [j for j in jobs if j.parse is gpu_report.parse_bench]
     assert [j.env.get("ATTN_BACKEND") for j in step if j.section == "step"] == ["auto", "sdpa", "fa4", "sdpa"]
@@ -79,7 +79,15 @@ def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin
     assert [j.env.get("PRESET") for j in jobs if j.section == "gpu_check"] == [None, "1xh100-frontier"]
 
 
+def test_plan_times_another_checkout_in_its_own_folder(tmp_path):
+    args = argparse.Namespace(sections="step", cpu_twin=False, reference=None, compare=str(tmp_path / "old"))
+    other = [j for j in gpu_report.plan(args, {}) if j.cwd != gpu_report.REPO]
+    assert [(j.label, j.cwd, j.argv[1]) for j in other] == [
+        ("default kernels (auto), checkout old", tmp_path / "old", "tools/bench_step.py")]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--compare", "/tmp", "--cpu-twin"], "error: --compare /tmp: not a checkout of the kit (no tools/bench_step.py)"),
     (["--sections", "step,nope"], "error: --sections: unknown nope"),
     (["--budget-s", "0"], "error: --budget-s=0.0: expected > 0"),
     (["--reference", "/no/such/file.py", "--cpu-twin"], "error: --reference /no/such/file.py: no such file"),

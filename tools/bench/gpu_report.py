@@ -2,6 +2,7 @@
 
     python tools/gpu_report.py                      # all sections that fit in --budget-s (default 480 s)
     python tools/gpu_report.py --reference PATH     # + the official train_gpt.py beside the kit at its shape
+    python tools/gpu_report.py --compare ../kit-old          # + another checkout's step, same machine and settings
     python tools/gpu_report.py --sections step,gpu_check --out report.md
     python tools/gpu_report.py --cpu-twin           # no GPU: the same plan through the CPU twins (plumbing only)
 
@@ -57,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)} (default all)")
     p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock seconds for the whole report (default 480)")
     p.add_argument("--reference", metavar="PATH", help="the official train_gpt.py to time beside the kit (baseline)")
+    p.add_argument("--compare", metavar="DIR", help="another checkout of the kit (e.g. `git worktree add DIR <commit>`) "
+                   "whose default step is timed beside this one's, same settings, same machine (step)")
     p.add_argument("--precompile", type=int, metavar="N", help="warm the compile caches N configurations at a time "
                    "before timing (default 4 on a GPU, 0 with --cpu-twin)")
     p.add_argument("--out", default="gpu_report.md", help="the markdown report, written row by row")
@@ -75,6 +78,7 @@ class Job:
     timeout_s: float
     parse: object  # (job, stdout + stderr, returncode) -> list of rows (section, configuration, result, note)
     precompile_argv: list = None  # the same configuration, compile + two steps (step jobs only)
+    cwd: Path = REPO  # the checkout the child runs in (--compare: another one)
 
     @property
     def command(self) -> str:
@@ -132,10 +136,11 @@ def plan(args, env: dict) -> list:
     bench = [py, "tools/bench_step.py", "--steps", str(3 if twin else TIMED_STEPS)] + (["--cpu"] if twin else [])
     jobs = []
 
-    def step_job(section, label, extra, reference=None):
+    def step_job(section, label, extra, reference=None, cwd=REPO):
         argv = bench + (["--reference", reference] if reference else [])
         pre = [a if a != str(TIMED_STEPS) else "2" for a in argv]
-        jobs.append(Job(section, label, argv, {**shape, **timing, **extra}, 300, parse_bench, None if twin else pre))
+        jobs.append(Job(section, label, argv, {**shape, **timing, **extra}, 300, parse_bench, None if twin else pre,
+                        Path(cwd)))
 
     sections = args.sections.split(",")
     if "kernels" in sections:
@@ -147,6 +152,9 @@ def plan(args, env: dict) -> list:
         if not twin:
             step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"})
             step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"})
+        if args.compare:
+            step_job("step", f"default kernels (auto), checkout {Path(args.compare).name}", {"ATTN_BACKEND": "auto"},
+                     cwd=Path(args.compare).resolve())
     if "pytest" in sections:
         jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
                                                      "tests"], {}, 240, parse_pytest))
@@ -167,10 +175,10 @@ def plan(args, env: dict) -> list:
 
 def run_child(job: Job, argv: list, timeout_s: float):
     """(output, returncode or None when it ran out of time) of one child process."""
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    path = os.pathsep.join(p for p in (str(job.cwd), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     try:
-        proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=max(1.0, timeout_s))
+        proc = subprocess.run(argv, cwd=job.cwd, env=env, capture_output=True, text=True, timeout=max(1.0, timeout_s))
         return proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as err:
         out = (err.stdout or b"") + (err.stderr or b"")
@@ -231,6 +239,9 @@ def main(argv=None) -> int:
         return 2
     if args.reference and not Path(args.reference).is_file():
         print(f"error: --reference {args.reference}: no such file", file=sys.stderr)
+        return 2
+    if args.compare and not (Path(args.compare) / "tools" / "bench_step.py").is_file():
+        print(f"error: --compare {args.compare}: not a checkout of the kit (no tools/bench_step.py)", file=sys.stderr)
         return 2
     if not args.cpu_twin:
         import torch
