@@ -179,7 +179,7 @@ def eval_rows() -> list:
                  env={"EVAL_STRIDE": "abc"}, setup=WITH_PTZ),
         BadInput(e, "VAL_MAX_TOKENS=-3", SCORE, r"VAL_MAX_TOKENS='-3': expected an integer >= 0",
                  env={"VAL_MAX_TOKENS": "-3"}, setup=WITH_PTZ),
-        BadInput(e, "ATTN_BACKEND=flash", SCORE, r"ATTN_BACKEND='flash': expected one of auto, fa3, fa2, sdpa",
+        BadInput(e, "ATTN_BACKEND=flash", SCORE, r"ATTN_BACKEND='flash': expected one of auto, fa3, fa4, fa2, sdpa",
                  env={"ATTN_BACKEND": "flash"}, setup=WITH_PTZ),
         BadInput(e, "score without --artifact", ("-m", "eval", "score", "--data-path", "{data}", "--tokenizer", "{tok}"),
                  r"the following arguments are required: --artifact"),
