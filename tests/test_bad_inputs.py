@@ -498,6 +498,8 @@ def train_rows() -> list:
                  r"TRAIN_SEQ_LEN=256 \(one sequence\)", env=train_env(VAL_MAX_TOKENS=10), after=nothing),
         BadInput(t, "SEED=1e30", TRAIN, r"SEED=\d+: expected < 2\*\*64", env=train_env(SEED="1e30"), after=nothing),
         BadInput(t, "NUM_THREADS=1e9", TRAIN, r"NUM_THREADS=1000000000: expected <= 4096", env=train_env(NUM_THREADS="1e9")),
+        BadInput(t, "ATTN_BACKEND=fa4 without CUDA", TRAIN, r"ATTN_BACKEND='fa4': flash-attn needs CUDA, this run is on cpu",
+                 env=train_env(ATTN_BACKEND="fa4")),
         BadInput(t, "OUT_DIR is a file", TRAIN, r"OUT_DIR='\S+/runs': is a file; expected a folder for the run folders",
                  env=train_env(), setup=write("runs", "a file\n"), after=unchanged("runs", "a file\n")),
         BadInput(t, "OUT_DIR inside a file", TRAIN, r"OUT_DIR='\S+/f/runs': \S+/f is a file; expected a folder",
