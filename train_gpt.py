@@ -47,7 +47,7 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
     config = build_model_config(hp)
     model = GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
-    attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log)
+    attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log, hp.model_dim // hp.num_heads)
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     scale = hp.quant_estimate_scale  # bits before QAT, on the estimate scaled as the preset measured
     policy = fit_policy(QuantPolicy.from_env(log=ctx.log), shapes, hp.byte_budget - code_bytes, log=ctx.log,

@@ -17,7 +17,7 @@
       Prints `val_tokens:N val_bytes:M tokens_per_byte:R` where N is the number of scored
       targets (all val tokens but the first) and M their byte count (official LUT rule).
 
-Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA2 -> SDPA (ATTN_BACKEND /
+Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA4 -> FA2 -> SDPA (ATTN_BACKEND /
 --attn-backend), bf16 autocast, torch.compile of the forward; on CPU SDPA in float32, eager.
 Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wins over it), EVAL_BATCH_SEQS (32),
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
@@ -52,7 +52,7 @@ from primitives.settings import valid_ttt_params
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
 eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = run_phased_ttt = None
-ATTN_BACKENDS = ("auto", "fa3", "fa2", "sdpa")
+ATTN_BACKENDS = ("auto", "fa3", "fa4", "fa2", "sdpa")
 TTT_MODES = ("chunked", "phased")
 
 
@@ -73,7 +73,7 @@ def _load_model(artifact_path, device, log, attn_backend="auto"):
     from model.attention import resolve_attention_backend
     from model.gpt import GPT
 
-    log(f"attention:{resolve_attention_backend(attn_backend, device, log)}")  # the trainer's FA3 -> FA2 -> SDPA choice
+    log(f"attention:{resolve_attention_backend(attn_backend, device, log)}")  # the trainer's FA3 -> FA4 -> FA2 -> SDPA choice
 
     state_dict, model_config, meta = load_artifact(artifact_path)
     model = GPT(**model_config)
@@ -388,7 +388,7 @@ def main(argv=None) -> int:
                             "need all; default VAL_MAX_TOKENS or 0)")
     score.add_argument("--autocast", choices=("bf16", "none"), default="bf16", help="autocast dtype on CUDA")
     score.add_argument("--attn-backend", choices=ATTN_BACKENDS, default=None,
-                       help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA2 -> SDPA; "
+                       help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA4 -> FA2 -> SDPA; "
                             "default ATTN_BACKEND or auto)")
     score.add_argument("--ttt", type=int, choices=(0, 1), default=None,
                        help="legal score-first TTT in place of the sliding pass (eval/ttt.py; default TTT_ENABLED or 0)")

@@ -1,4 +1,4 @@
-"""Causal attention with GQA: the one device-specific dispatch point (FA3 -> FA2 -> SDPA).
+"""Causal attention with GQA: the one device-specific dispatch point (FA3 -> FA4 -> FA2 -> SDPA).
 
 Shapes: B batch, T time (sequence), H query heads, Hkv key/value heads (GQA: H % Hkv == 0), D head dim.
 """
@@ -8,6 +8,8 @@ import importlib
 
 import torch
 import torch.nn.functional as F
+
+from model.fa4 import flash_attn_func, head_dim_ok, load as load_fa4
 
 
 _FLASH_ATTN = []  # the flash-attn function chosen by resolve_attention_backend, if any
@@ -59,40 +61,57 @@ def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
 
 
 
-def resolve_attention_backend(requested: str, device: torch.device, log=print) -> str:
-    """Pick FA3 -> FA2 -> SDPA. Forcing fa3/fa2 without CUDA or without the package raises ValueError.
+def _fa4_unsupported(device: torch.device, head_dim: int) -> str:
+    """Why FA4 cannot run this model on this GPU ('' when it can): sm_90/sm_100 only (its backward needs sm_90+,
+    torch's FA4 router takes 9.x/10.x), and its head-dim rule there (head_dim 0: not checked)."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        return f"FA4 runs on sm_90/sm_100, this GPU is sm_{major}{minor}"
+    ok = not head_dim or head_dim_ok(head_dim, 10 * major + minor)
+    return "" if ok else f"FA4 has no head dim {head_dim} on sm_{major}{minor}"
+
+
+def resolve_attention_backend(requested: str, device: torch.device, log=print, head_dim: int = 0) -> str:
+    """Pick FA3 -> FA4 -> FA2 -> SDPA (FA4 only on sm_90/sm_100 and, head_dim given, a head dim it takes).
+    Forcing fa3/fa4/fa2 without CUDA, without the package, or fa4 where it cannot run raises ValueError.
 
     A CUDA run that ends on SDPA (flash-attn missing, or built for another torch: its import fails)
     logs a WARNING line with the import error (requirements-gpu.txt has the install lines) and sets
     SDPA's backend order for the GPU (set_sdpa_priority: cuDNN first on Hopper).
     """
     if device.type != "cuda":
-        if requested in ("fa3", "fa2"):
+        if requested in ("fa3", "fa4", "fa2"):
             raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn needs CUDA, this run is on {device.type}")
         return "sdpa"
     errors = []
-    for name in {"auto": ["fa3", "fa2", "sdpa"]}.get(requested, [requested]):
+    for name in {"auto": ["fa3", "fa4", "fa2", "sdpa"]}.get(requested, [requested]):
         if name == "sdpa":
             if errors:
                 log(f"WARNING: attention falls back to PyTorch SDPA (slower than flash-attn): {'; '.join(errors)}"
                     " (install: requirements-gpu.txt)")
             set_sdpa_priority(torch.cuda.get_device_capability(device), log)
             return name
-        module = {"fa3": "flash_attn_interface", "fa2": "flash_attn"}[name]
+        module = {"fa3": "flash_attn_interface", "fa4": "flash_attn.cute.interface", "fa2": "flash_attn"}[name]
         try:
-            _FLASH_ATTN[:] = [importlib.import_module(module).flash_attn_func]
+            if name == "fa4":
+                if why := _fa4_unsupported(device, head_dim):
+                    raise ImportError(why)
+                load_fa4()
+            # FA4's wheel makes flash_attn a namespace package: without FA2, flash_attn has no flash_attn_func
+            _FLASH_ATTN[:] = [flash_attn_func if name == "fa4" else importlib.import_module(module).flash_attn_func]
             return name
-        except (ImportError, OSError) as err:  # missing, or an extension built for another torch/CUDA
+        except (ImportError, OSError, AttributeError, RuntimeError) as err:  # missing, or built for another torch/CUDA
             if requested != "auto":
-                raise ValueError(f"ATTN_BACKEND={requested!r}: cannot import {module}: {err}") from None
+                raise ValueError(f"ATTN_BACKEND={requested!r}: cannot use {module}: {err}") from None
             errors.append(f"{module}: {err}")
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention with GQA. q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D] in v's dtype.
 
-    The one device-specific dispatch point: flash-attn 3/2 on CUDA, PyTorch SDPA elsewhere (the CPU
-    twin every test exercises). Query head h reads KV head h // (H // Hkv) in all backends.
+    The one device-specific dispatch point: flash-attn 3/4/2 on CUDA, PyTorch SDPA elsewhere (the CPU
+    twin every test exercises; tests plug in model/fa4.py, whose CPU implementation is FA4's twin).
+    Query head h reads KV head h // (H // Hkv) in all backends.
     flash-attn takes one fp16/bf16 dtype only, so q, k, v are cast to the autocast dtype (bf16 when
     not autocasting): from torch 2.12 CUDA autocast runs rms_norm in float32 (pytorch/pytorch#188955),
     so the rms-normed q/k arrive as float32 beside a bf16 v. SDPA casts its own inputs. On the meta

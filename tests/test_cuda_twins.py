@@ -286,7 +286,7 @@ def test_cuda_without_flash_attn_falls_back_to_sdpa_with_a_warning(monkeypatch):
     assert len(lines) == 2 and lines[0].startswith("WARNING: attention falls back to PyTorch SDPA")
     assert lines[1].startswith("attention:sdpa priority cudnn_attention > flash_attention")
     assert "flash_attn_interface: flash_attn_interface: undefined symbol" in lines[0] and "flash_attn: " in lines[0]
-    with pytest.raises(ValueError, match="ATTN_BACKEND='fa3': cannot import flash_attn_interface"):
+    with pytest.raises(ValueError, match="ATTN_BACKEND='fa3': cannot use flash_attn_interface"):
         trainer_attention.resolve_attention_backend("fa3", torch.device("cuda"), lines.append)
 
 

@@ -102,3 +102,86 @@ def test_batched_muon_equals_torch_muon_on_cuda():
         ours.step()
     for a, b in zip(ref_params, our_params):  # batched bf16 matmuls may sum in another order
         torch.testing.assert_close(b, a, atol=2e-4, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------- FA4
+
+
+@pytest.fixture
+def fa4_backend():
+    """ATTN_BACKEND=fa4 (skipped where FA4 does not import or this GPU is not sm_90/sm_100)."""
+    saved = trainer_attention._FLASH_ATTN[:]
+    try:
+        resolve_attention_backend("fa4", torch.device("cuda"), print, 64)
+    except ValueError as err:
+        pytest.skip(str(err))
+    yield
+    trainer_attention._FLASH_ATTN[:] = saved
+
+
+def test_fa4_kernels_match_sdpa_and_the_cpu_twin(fa4_backend):
+    """The default preset's attention shape with 2 sequences (T 2048, GQA 8/4, head dim 64), bf16: FA4's out, lse
+    (natural log, [B, H, T]) and gradients at bf16 tolerance of fp32 SDPA, and the CPU twin (model/fa4.py) as close
+    to the kernels: the twin the CPU tests run is faithful to them."""
+    import model.fa4 as fa4
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 2048, h, 64, device="cuda", generator=g).bfloat16().requires_grad_() for h in (8, 4, 4))
+    out, lse = fa4.fa4_fwd(q, k, v)
+    dout = torch.randn(out.shape, device="cuda", generator=g).bfloat16()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_in = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    ref = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in ref_in), is_causal=True,
+                                         enable_gqa=True).transpose(1, 2)
+    ref_grads = torch.autograd.grad(ref, ref_in, dout.float())
+    scores = torch.einsum("bthd,bshd->bhts", ref_in[0].detach(), ref_in[1].detach().repeat_interleave(2, 2)) / 8
+    ref_lse = scores.masked_fill(~torch.ones(2048, 2048, dtype=torch.bool, device="cuda").tril(), -math.inf).logsumexp(-1)
+    assert out.dtype == torch.bfloat16 and lse.dtype == torch.float32 and lse.shape == (2, 8, 2048)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-2, rtol=1e-3)
+    for ours, theirs in zip(grads, ref_grads):
+        assert ours.dtype == torch.bfloat16 and ours.shape == theirs.shape
+        torch.testing.assert_close(ours.float(), theirs, atol=5e-2, rtol=5e-2)
+    cpu = [x.detach().cpu() for x in (q, k, v)]
+    twin_out, twin_lse = fa4.fa4_fwd(*cpu)
+    twin_grads = fa4.fa4_bwd(dout.cpu(), *cpu, twin_out, twin_lse)
+    torch.testing.assert_close(twin_out.float(), out.float().cpu(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(twin_lse, lse.cpu(), atol=2e-3, rtol=1e-3)
+    for twin, kernel in zip(twin_grads, grads):
+        torch.testing.assert_close(twin.float(), kernel.float().cpu(), atol=5e-2, rtol=5e-2)
+
+
+def test_fa4_refuses_the_head_dim_the_twin_refuses(fa4_backend):
+    """The twin asserts FA4's head-dim rule; the kernel's own interface asserts the same (AssertionError)."""
+    import model.fa4 as fa4
+
+    q, k = torch.randn(1, 128, 4, 12, device="cuda").bfloat16(), torch.randn(1, 128, 2, 12, device="cuda").bfloat16()
+    with pytest.raises(AssertionError, match="head_dim"):
+        fa4.fa4_fwd(q, k, k)
+    with pytest.raises(AssertionError, match="head_dim"):
+        fa4.fa4_fwd(q.cpu(), k.cpu(), k.cpu())
+
+
+def test_fa4_compiled_model_matches_eager_sdpa(fa4_backend):
+    """The GPT under torch.compile(fullgraph=True), bf16 autocast, attention through FA4: no graph break, the loss
+    within 1% of eager SDPA's and every gradient within 10% (relative norm: bf16 kernels sum in other orders)."""
+    from torch._dynamo.utils import counters
+
+    model, x, y = realistic_forward_inputs()
+    model, x, y = model.cuda(), x.cuda(), y.cuda()
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.autocast("cuda", torch.bfloat16):
+        loss = torch.compile(model, fullgraph=True)(x, y)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    assert sum(counters["graph_break"].values()) == 0
+    model.zero_grad()
+    trainer_attention._FLASH_ATTN.clear()
+    with torch.autocast("cuda", torch.bfloat16):
+        ref = model(x, y)
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-2)
+    for (name, p), ours in zip(model.named_parameters(), grads):
+        assert torch.isfinite(ours).all(), name
+        assert (ours - p.grad).norm() <= 0.1 * p.grad.norm() + 1e-6, name

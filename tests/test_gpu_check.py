@@ -67,6 +67,43 @@ def test_backend_row_warns_for_sdpa_on_cuda_and_never_fails():
     assert slow.ok and "efficient_attention is 3.0x cuDNN's attention time" in slow.warn
 
 
+def test_backend_row_is_ok_for_fa4_and_its_twin_and_sdpa_names_fa4():
+    gc = gpu_check_module()
+    assert gc.backend_row("cuda", "fa4").verdict == "ok" and gc.backend_row("cpu", "fa4 twin").verdict == "ok"
+    assert "install FA3 or FA4: requirements-gpu.txt" in gc.backend_row("cuda", "sdpa", "cudnn_attention").warn
+
+
+def test_flash_versions_names_fa4_and_skips_its_namespace_flash_attn(monkeypatch):
+    """FA4's wheel leaves `flash_attn` importable as a namespace package: that is not FA2."""
+    import importlib
+    import importlib.metadata
+    import types
+
+    gc = gpu_check_module()
+    modules = {"flash_attn": types.SimpleNamespace(),
+               "flash_attn.cute.interface": types.SimpleNamespace(_flash_attn_fwd=None)}
+
+    def import_module(name):
+        if name not in modules:
+            raise ImportError(name)
+        return modules[name]
+
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: {"flash-attn-4": "4.0.0b36"}[dist])
+    assert gc.flash_versions() == "flash-attn-4 4.0.0b36"
+    modules.clear()
+    assert gc.flash_versions() == "not importable"
+
+
+@pytest.mark.slow
+def test_cpu_twin_with_attn_backend_fa4_runs_through_the_fa4_twin():
+    proc = run_check("--cpu-twin", "--steps", "1", **TWIN_ENV, ATTN_BACKEND="fa4")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert re.search(r"ok +attention backend +fa4 twin\n", proc.stdout)
+    assert re.search(r"ok +graph breaks +0\n", proc.stdout)
+    assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")
+
+
 def test_gpu_row_warns_off_the_h100_sxm():
     gc = gpu_check_module()
     assert gc.gpu_row("NVIDIA H100 80GB HBM3", 132, 79).verdict == "ok"

@@ -43,7 +43,7 @@ def hp_for(dataset, tokenizer, **env):
     ("NUM_KV_HEADS", "3", "NUM_HEADS=8: expected a multiple of NUM_KV_HEADS=3"),
     ("ROPE_DIMS", "65", "ROPE_DIMS=65: expected even and <= head_dim=64"),
     ("EVAL_STRIDE", "0", "EVAL_STRIDE=0: expected > 0"),
-    ("ATTN_BACKEND", "xformers", "ATTN_BACKEND='xformers': expected auto, fa3, fa2 or sdpa"),
+    ("ATTN_BACKEND", "xformers", "ATTN_BACKEND='xformers': expected auto, fa3, fa4, fa2 or sdpa"),
     ("VOCAB_SIZE", "70000", "VOCAB_SIZE=70000: expected 1..65536"),
 ])
 def test_bad_setting_raises_value_error_naming_the_variable(name, value, expected):

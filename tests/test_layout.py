@@ -51,7 +51,7 @@ LAYERS = {"primitives": 1, "model": 2, "shards": 2, "quant": 3, "eval": 3, "kit"
           "train_gpt": 5, "tools": 5}
 ENTRY_MODULES = ("quant.__main__", "eval.__main__")
 # the module name is data (which flash-attn is installed), not a hidden project module
-IMPORTLIB_ALLOWED = {"model/attention.py": "the flash-attn choice (FA3 -> FA2), a name from a list of packages",
+IMPORTLIB_ALLOWED = {"model/attention.py": "the flash-attn choice (FA3 -> FA4 -> FA2), a name from a list of packages",
                      "tools/bench/gpu_check.py": "the installed flash-attn packages' versions"}
 # what users type (README, docs/): thin files at the top of tools/ whose code lives in a kind's package
 TOOL_KINDS = {"auditor": ("audit",), "bench": ("bench_", "step_twin", "flash_twin", "cpu_twin", "gpu_check", "gpu_report", "kernel_bench"),

@@ -17,6 +17,8 @@ plug in stand-ins that fail the way the GPU would:
   the float32 policy CUDA autocast has for `rms_norm` from torch 2.12 (pytorch/pytorch#188955): inputs
   cast to float32, float32 out. With it, CPU bf16 autocast hands attention float32 q/k and a
   bfloat16 v, as an H100 does.
+- `plugged_fa4_twin()`: routes attention through the FA4 custom ops of model/fa4.py, whose CPU
+  implementation is FA4's twin (ATTN_BACKEND=fa4 on a CPU).
 """
 
 import contextlib
@@ -144,3 +146,18 @@ def cuda_autocast_rms_norm():
         yield
     finally:
         lib._destroy()
+
+
+@contextlib.contextmanager
+def plugged_fa4_twin():
+    """Route trainer_attention.attention through pgkit::fa4_fwd (model/fa4.py) as resolve_attention_backend does
+    with ATTN_BACKEND=fa4 on a GPU; on the CPU the op runs FA4's twin (its contract, exact math)."""
+    import model.attention as trainer_attention
+    from model.fa4 import flash_attn_func
+
+    saved = trainer_attention._FLASH_ATTN[:]
+    trainer_attention._FLASH_ATTN[:] = [flash_attn_func]
+    try:
+        yield
+    finally:
+        trainer_attention._FLASH_ATTN[:] = saved

@@ -14,15 +14,15 @@ rounding on the GPU; sliding-eval ms per window and the projected full-val eval 
 
 Verdicts: FAIL only for what makes a run wrong or over a limit (a crash, graph breaks, recompiles,
 CUDA/CPU mismatch, QAT mismatch, the projected eval over EVAL_MAX_SECONDS at the stride the run
-would use); WARN, with the expected cost, for what is only slower (SDPA instead of FA3, a GPU other
+would use); WARN, with the expected cost, for what is only slower (SDPA instead of FA3/FA4, a GPU other
 than an H100 SXM, an eval stride raised to fit the clock). Exit 0 (warnings allowed), 1 on a FAIL,
 2 (one line, no traceback) without CUDA or on a setting that cannot run.
 
 `--cpu-twin` runs the same checks on the CPU with the CUDA twins of tools/bench/flash_twin.py (flash-attn
-stand-in, bf16 autocast with CUDA's float32 rms_norm), at a small shape (CPU_TWIN_SHAPE; about a
-minute on 2 cores; shape variables set in the environment win; tools/bench/cpu_twin_size.py) unless `--preset-size` asks for the
-preset's own shape, which is refused (one line) when its estimated memory is more than the machine
-has available. Its timings say nothing about a GPU.
+stand-in, or with ATTN_BACKEND=fa4 FA4's twin; bf16 autocast with CUDA's float32 rms_norm), at a small shape
+(CPU_TWIN_SHAPE; about a minute on 2 cores; shape variables set in the environment win;
+tools/bench/cpu_twin_size.py) unless `--preset-size` asks for the preset's own shape, which is refused
+(one line) when its estimated memory is more than the machine has available. Its timings say nothing about a GPU.
 
 With DATA_PATH set (or the preset's dataset folder present) the data inputs (shards, tokenizer,
 manifest) are checked first, by the trainer's own checks (trainer.checks.check_inputs), before any
@@ -134,8 +134,8 @@ class Row:
 
 
 def backend_row(device_type: str, backend: str, sdpa_kernel: str = "") -> Row:
-    """The attention row: FA3/FA2 or the CPU are ok; SDPA on CUDA is a WARN (slower, never wrong), its
-    cost stated from the H100 measurements. sdpa_kernel: the SDPA backend torch picks (sdpa_choice)."""
+    """The attention row: FA3/FA4/FA2 (or a CPU twin of them) and the CPU are ok; SDPA on CUDA is a WARN (slower,
+    never wrong), its cost stated from the H100 measurements. sdpa_kernel: the SDPA backend torch picks (sdpa_choice)."""
     if device_type != "cuda" or backend != "sdpa":
         return Row("attention backend", backend)
     ms = SDPA_MEASURED_MS.get(sdpa_kernel)
@@ -144,7 +144,26 @@ def backend_row(device_type: str, backend: str, sdpa_kernel: str = "") -> Row:
     if ms and sdpa_kernel != "cudnn_attention":
         cost += f"; {sdpa_kernel} is {ms / SDPA_MEASURED_MS['cudnn_attention']:.1f}x cuDNN's attention time"
     return Row("attention backend", f"sdpa ({sdpa_kernel or 'kernel unknown'}), flash-attn not importable",
-               warn=cost + "; install FA3: requirements-gpu.txt")
+               warn=cost + "; install FA3 or FA4: requirements-gpu.txt")
+
+
+def flash_versions() -> str:
+    """The flash-attn packages that import, with their versions ("not importable" when none). FA4's wheel makes
+    `flash_attn` a namespace package: it counts as FA2 only with FA2's flash_attn_func."""
+    import importlib
+    import importlib.metadata
+
+    found = []
+    for module, name, dist in (("flash_attn_interface", "flash_attn_func", "flash_attn_3"),
+                               ("flash_attn", "flash_attn_func", "flash-attn"),
+                               ("flash_attn.cute.interface", "_flash_attn_fwd", "flash-attn-4")):
+        with contextlib.suppress(Exception):
+            getattr(importlib.import_module(module), name)
+            version = "(version unknown)"
+            with contextlib.suppress(Exception):
+                version = importlib.metadata.version(dist)
+            found.append(f"{dist} {version}")
+    return ", ".join(found) or "not importable"
 
 
 def gpu_row(name: str, num_sms: int, memory_gib: float) -> Row:
@@ -190,17 +209,13 @@ def eval_projection_row(seconds_per_window: float, num_val_tokens: int, seq_len:
 
 def versions_and_device(device, backend, sdpa_kernel="") -> list:
     rows = [Row("torch / CUDA", f"{torch.__version__} / {torch.version.cuda or 'none'}")]
-    versions = []
-    for module in ("flash_attn_interface", "flash_attn"):
-        with contextlib.suppress(Exception):
-            versions.append(f"{module} {getattr(__import__(module), '__version__', '(no __version__)')}")
-    rows.append(Row("flash-attn", ", ".join(versions) or "not importable"))
+    rows.append(Row("flash-attn", flash_versions()))
     rows.append(backend_row(device.type, backend, sdpa_kernel))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         rows.append(gpu_row(props.name, props.multi_processor_count, props.total_memory / 2**30))
     else:
-        rows.append(Row("GPU", "none: CPU twin (flash stand-in, bf16 autocast, fp32 rms_norm)"))
+        rows.append(Row("GPU", f"none: CPU twin ({backend}, bf16 autocast, fp32 rms_norm)"))
     return rows
 
 
@@ -389,13 +404,21 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     twin = contextlib.ExitStack()
-    if args.cpu_twin:
-        from tools.bench.flash_twin import cuda_autocast_rms_norm, plugged_flash_standin
+    if args.cpu_twin:  # ATTN_BACKEND=fa4: the FA4 custom ops' CPU twin; otherwise the FA3/FA2 stand-in
+        from tools.bench.flash_twin import cuda_autocast_rms_norm, plugged_fa4_twin, plugged_flash_standin
 
-        twin.enter_context(plugged_flash_standin())
+        fa4_twin = hp.attn_backend == "fa4"
+        twin.enter_context(plugged_fa4_twin() if fa4_twin else plugged_flash_standin())
         twin.enter_context(cuda_autocast_rms_norm())
+        backend = "fa4 twin" if fa4_twin else "flash stand-in"
+    else:
+        try:  # ATTN_BACKEND=fa3/fa4/fa2 that cannot run here: one line, exit 2
+            backend = trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device, print,
+                                                                  hp.model_dim // hp.num_heads)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     with twin:
-        backend = "flash stand-in" if args.cpu_twin else trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device)
         rows = versions_and_device(ctx.device, backend, sdpa_kernel_for(hp, ctx.device) if backend == "sdpa" else "")
         if args.cpu_twin:
             rows.append(Row("CPU twin shape", f"{hp.num_layers}x{hp.model_dim}, seq {hp.train_seq_len}, "
