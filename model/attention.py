@@ -86,6 +86,7 @@ def resolve_attention_backend(requested: str, device: torch.device, log=print, h
     errors = []
     for name in {"auto": ["fa3", "fa4", "fa2", "sdpa"]}.get(requested, [requested]):
         if name == "sdpa":
+            _FLASH_ATTN.clear()  # a process that resolved a flash-attn before (a bench) goes back to SDPA
             if errors:
                 log(f"WARNING: attention falls back to PyTorch SDPA (slower than flash-attn): {'; '.join(errors)}"
                     " (install: requirements-gpu.txt)")

@@ -145,7 +145,8 @@ def run_kit(hp, steps: int, profile_rows: int = 0) -> Side:
     hp = dataclasses.replace(hp, iterations=steps, max_wallclock_seconds=0.0, train_log_every=steps, val_loss_every=0,
                              warmup_steps=max(1, hp.warmup_steps), checkpoint_every=0, resume=False)
     ctx = trainer_context.setup_distributed(hp)
-    print(f"attention:{trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device)}")
+    head_dim = hp.model_dim // hp.num_heads
+    print(f"attention:{trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device, print, head_dim)}")
     if Path(hp.data_path).is_dir():
         loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
     else:

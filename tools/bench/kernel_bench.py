@@ -75,19 +75,14 @@ def sdpa_variant(backend_name: str):
     return run
 
 
-def kit_variant(name: str, device: torch.device):
-    """The kit's dispatch with ATTN_BACKEND=name, or None with the reason it cannot run here."""
+def kit_variant(name: str, device: torch.device, head_dim: int):
+    """The kit's dispatch with ATTN_BACKEND=name (resolved now: call just before timing it), or None with
+    the reason it cannot run here."""
     try:
-        got = kit_attention.resolve_attention_backend(name, device, log=lambda *a: None)
+        got = kit_attention.resolve_attention_backend(name, device, log=lambda *a: None, head_dim=head_dim)
     except ValueError as err:
         return None, str(err)
-    if got != name:
-        return None, f"resolved to {got}"
-
-    def run(q, k, v):
-        kit_attention.resolve_attention_backend(name, device, log=lambda *a: None)
-        return kit_attention.attention(q, k, v)
-    return run, ""
+    return (kit_attention.attention, "") if got == name else (None, f"resolved to {got}")
 
 
 def bench_attention(hp, device: torch.device, twin: bool) -> None:
@@ -103,11 +98,12 @@ def bench_attention(hp, device: torch.device, twin: bool) -> None:
                      for n in ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION")]
     else:
         variants.append(("SDPA math (CPU)", sdpa_variant("MATH"), ""))
-    for name in ("fa3", "fa4", "fa2"):
-        fn, why = kit_variant(name, device) if device.type == "cuda" else twin_variant(name)
-        variants.append((f"kit ATTN_BACKEND={name}", fn, why))
+    for name in ("fa3", "fa4", "fa2"):  # resolved one at a time, right before each is timed
+        variants.append((f"kit ATTN_BACKEND={name}", name, ""))
     reference = None
     for label, fn, why in variants:
+        if isinstance(fn, str):
+            fn, why = kit_variant(fn, device, d) if device.type == "cuda" else twin_variant(fn)
         if fn is None:
             emit(f"attention {label}", "not available", why)
             continue
@@ -133,11 +129,12 @@ def bench_attention(hp, device: torch.device, twin: bool) -> None:
 
 
 def twin_variant(name: str):
-    """On the CPU: the kit's FA4 contract twin where the kit has one; FA3/FA2 have none here."""
-    twin = getattr(kit_attention, "cpu_twin_attention", None)
-    if name == "fa4" and twin is not None:
-        return twin, ""
-    return None, "no CPU twin" if name != "fa4" else "the kit has no FA4 twin"
+    """On the CPU: FA4's contract twin (model/fa4.py's CPU kernels); FA3/FA2 have none here."""
+    if name != "fa4":
+        return None, "no CPU twin"
+    from model.fa4 import flash_attn_func
+
+    return (lambda q, k, v: flash_attn_func(q, k, v, causal=True)), ""
 
 
 def loss_variants(device: torch.device) -> list:
