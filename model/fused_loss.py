@@ -1,0 +1,144 @@
+"""The training loss without its [N, V] logits: linear -> softcap -> cross entropy in one fused op (LOSS_KERNEL).
+
+LOSS_KERNEL=liger runs Liger-Kernel's fused linear cross entropy (PyPI liger-kernel==0.8.5, Triton, CUDA only):
+logits are made, softcapped, reduced and turned into gradients one chunk of tokens at a time, so the bf16
+logits and their float32 softcap/cross-entropy copies of the plain loss (tens of GB of traffic per step at
+524,288 tokens and V=8192) are never materialized. LOSS_KERNEL=torch is the plain F.linear -> softcap ->
+F.cross_entropy of GPT.forward_logits; auto = liger on CUDA when liger_kernel imports, else torch.
+
+Liger computes the gradients inside the forward; its autograd.Function and Python chunk loop cannot be traced
+by torch.compile(fullgraph=True), so one custom op wraps it: `pgkit::linear_softcap_ce` (x, W, target,
+softcap) -> (loss, dx, dW) for grad_output = 1; its autograd scales dx and dW by the incoming gradient. The
+op's CPU kernel is the twin: the same contract and the same chunking in torch math.
+"""
+
+import math
+
+import torch
+
+LOSS_KERNELS = ("auto", "liger", "torch")
+_FUSED_LOSS = []  # [True] while resolve_loss_kernel chose liger: GPT.forward then calls linear_softcap_cross_entropy
+
+
+def choose_loss_kernel(requested: str, device: torch.device) -> str:
+    """"liger" or "torch" for LOSS_KERNEL=`requested` on `device`; nothing is set. Raises ValueError naming
+    LOSS_KERNEL for an unknown value, or for liger without CUDA or without an importable liger_kernel."""
+    if requested not in LOSS_KERNELS:
+        raise ValueError(f"LOSS_KERNEL={requested!r}: expected one of {', '.join(LOSS_KERNELS)}")
+    if requested == "torch" or requested == "auto" and device.type != "cuda":
+        return "torch"
+    if device.type != "cuda":
+        raise ValueError(f"LOSS_KERNEL={requested!r}: Liger-Kernel needs CUDA, this run is on {device.type}; expected "
+                         "LOSS_KERNEL=auto or torch")
+    try:
+        import liger_kernel.ops.fused_linear_cross_entropy  # noqa: F401
+    except Exception as err:  # missing, or a Triton that does not match this torch
+        if requested == "auto":
+            return "torch"
+        raise ValueError(f"LOSS_KERNEL='liger': cannot import liger_kernel.ops.fused_linear_cross_entropy: {err} "
+                         "(install: requirements-gpu.txt)") from None
+    return "liger"
+
+
+def resolve_loss_kernel(requested: str, device: torch.device, log=print) -> str:
+    """choose_loss_kernel, then make GPT.forward use it process-wide; logs "loss:liger" or "loss:torch"."""
+    name = choose_loss_kernel(requested, device)
+    _FUSED_LOSS[:] = [True] * (name == "liger")
+    log(f"loss:{name}")
+    return name
+
+
+def fused_loss_active(device: torch.device) -> bool:
+    """True when the fused loss is chosen; never on meta (FLOP counting sees the plain loss's matmuls)."""
+    return bool(_FUSED_LOSS) and device.type != "meta"
+
+
+def _check_contract(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float) -> None:
+    """What Liger's fused_linear_cross_entropy_forward needs (x [N, D] and weight [V, D] of one float dtype for its
+    matmuls, int64 targets [N]) and what the op promises (softcap > 0, N >= 1); RuntimeError otherwise."""
+    if not (x.dim() == weight.dim() == 2 and x.size(1) == weight.size(1) and x.dtype == weight.dtype
+            and x.is_floating_point() and target.dtype == torch.int64 and target.shape == x.shape[:1] and len(x)
+            and softcap > 0):
+        raise RuntimeError(f"linear_softcap_ce: expected x [N, D] and weight [V, D] of one float dtype, int64 target "
+                           f"[N], softcap > 0; got {x.dtype}{list(x.shape)}, {weight.dtype}{list(weight.shape)}, "
+                           f"{target.dtype}{list(target.shape)}, {softcap}")
+
+
+def chunk_tokens(num_tokens: int, vocab_size: int, model_dim: int) -> int:
+    """Liger's chunk: about num_tokens x model_dim logits at once (a power of two, at most num_tokens)."""
+    return min(num_tokens, 1 << (math.ceil(num_tokens / math.ceil(vocab_size / model_dim)) - 1).bit_length())
+
+
+# the schema spelled out: the packed train_gpt.py drops annotations, from which custom_op would infer it
+@torch.library.custom_op("pgkit::linear_softcap_ce", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor target, float softcap) -> (Tensor, Tensor, Tensor)")
+def linear_softcap_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                      softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean loss float32 [], dloss/dx [N, D] x.dtype, dloss/dweight [V, D] weight.dtype) of the mean cross
+    entropy of softcap * tanh(x @ weight^T / softcap) against target. The CPU twin of the CUDA kernel: chunks of
+    chunk_tokens() tokens, logits in x's dtype, softcap/softmax/loss in float32, the logits' gradient rounded
+    to x's dtype before the two matmuls, dweight summed in float32 (Liger with accum_dtype=float32)."""
+    _check_contract(x, weight, target, softcap)
+    n = x.size(0)
+    chunk = chunk_tokens(n, weight.size(0), x.size(1))
+    loss = torch.zeros((), dtype=torch.float32, device=x.device)
+    dx, dw = torch.empty_like(x), torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+    with torch.autocast(x.device.type, enabled=False):
+        for s in range(0, n, chunk):
+            xc, tc = x[s:s + chunk], target[s:s + chunk]
+            t = torch.tanh((xc @ weight.t()).float() / softcap)
+            z = softcap * t
+            lse = torch.logsumexp(z, dim=1)
+            loss = loss + (lse - z.gather(1, tc[:, None])[:, 0]).sum()
+            g = torch.exp(z - lse[:, None])
+            g[torch.arange(tc.numel(), device=x.device), tc] -= 1.0
+            g = (g * (1.0 - t * t) / n).to(x.dtype)
+            dx[s:s + chunk] = g @ weight
+            dw += g.t().float() @ xc.float()  # exact products, float32 sums
+    return loss / n, dx, dw.to(weight.dtype)
+
+
+@linear_softcap_ce.register_kernel("cuda")
+def _linear_softcap_ce_liger(x, weight, target, softcap):
+    # The call LigerFusedLinearCrossEntropyFunction.forward makes for reduction="mean" (liger_kernel.transformers.
+    # functional.liger_fused_linear_cross_entropy's path: ce_impl=None, the Triton kernel), gradients forced on since
+    # a custom op's inputs carry no requires_grad. accum_dtype=float32: dW summed over the chunks in float32, then
+    # rounded once to weight's dtype (with None it would be rounded to bf16 after every chunk).
+    _check_contract(x, weight, target, softcap)
+    from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
+
+    with torch.no_grad(), torch.autocast("cuda", enabled=False):
+        loss, _, _, _, dx, dw, _ = fused_linear_cross_entropy_forward(
+            _input=x, weight=weight, target=target, reduction="mean", softcap=softcap, accum_dtype=torch.float32,
+            compute_gradients=True, weight_requires_grad=True)
+    return loss, dx, dw
+
+
+@linear_softcap_ce.register_fake
+def _linear_softcap_ce_fake(x, weight, target, softcap):
+    _check_contract(x, weight, target, softcap)
+    return x.new_empty((), dtype=torch.float32), torch.empty_like(x), torch.empty_like(weight)
+
+
+def _linear_softcap_ce_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1], output[2])
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _linear_softcap_ce_backward(ctx, grad_loss, grad_dx, grad_dw):
+    dx, dw = ctx.saved_tensors
+    return grad_loss * dx, grad_loss * dw, None, None
+
+
+linear_softcap_ce.register_autograd(_linear_softcap_ce_backward, setup_context=_linear_softcap_ce_setup)
+
+
+def linear_softcap_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                                 softcap: float) -> torch.Tensor:
+    """Mean cross entropy (nats, float32 []) of the softcapped logits softcap * tanh(x @ weight^T / softcap)
+    against target, through the fused op: x [N, D], weight [V, D] (the tied embedding or the head), target
+    int64 [N]. Under autocast x and weight are cast to its dtype, as F.linear would (Liger multiplies one
+    dtype); without it weight is cast to x's. Gradients reach x and weight through the casts."""
+    dev = x.device.type
+    dt = torch.get_autocast_dtype(dev) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else x.dtype
+    return linear_softcap_ce(x.to(dt), weight.to(dt), target, float(softcap))[0]
