@@ -6,6 +6,7 @@ gradients, under torch.compile(fullgraph=True), inside the model and through the
 """
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -216,3 +217,81 @@ def test_tiny_training_run_through_the_twin_equals_the_torch_loss(fused_on, tiny
     assert fused_losses[:2] == pytest.approx(torch_losses[:2], rel=1e-5)
     assert fused_losses == pytest.approx(torch_losses, rel=2e-3)
     assert fused_losses[-1] < fused_losses[0]
+
+
+# ----------------------------------------------------------------------------------------------- Liger, interpreted
+
+def interpret_liger_on_cpu() -> None:
+    """Make Liger-Kernel's Triton kernel run on CPU tensors (TRITON_INTERPRET=1 set before triton's import), with
+    three fixes to Triton 3.6's interpreter, none to Liger's math: a Python float argument becomes an fp32 scalar
+    (as the compiler passes it), int() of its 1-element index arrays works on NumPy >= 2.4, and libdevice's tanh
+    (an extern stub the interpreter cannot call) is tanh written in tl ops."""
+    import numpy as np
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter as ti
+
+    import liger_kernel.ops.cross_entropy as liger_ce
+
+    globals()["tl"] = tl  # a jit function must see triton.language in its globals
+    cvt, set_attr = ti._implicit_cvt, ti._LangPatchScope.set_attr
+    ti._implicit_cvt = lambda a: tl.tensor(ti.TensorHandle(np.array([a], np.float32), tl.float32), tl.float32) \
+        if isinstance(a, float) else cvt(a)
+    ti._LangPatchScope.set_attr = lambda self, obj, name, value: set_attr(
+        self, obj, name, (lambda t: int(t.handle.data.reshape(-1)[0])) if name == "__index__" else value)
+
+    @triton.jit
+    def tanh(x):
+        e = tl.exp(-2.0 * tl.abs(x))
+        return tl.where(x >= 0, (1.0 - e) / (1.0 + e), (e - 1.0) / (1.0 + e))
+
+    liger_ce.tanh = tanh
+
+
+def check_liger_interpreted() -> None:
+    """The op's CUDA implementation (Liger's fused_linear_cross_entropy_forward, as called there) run on CPU by the
+    interpreter: equal to the twin in float32 and bf16, and inside the model under torch.compile(fullgraph=True)."""
+    interpret_liger_on_cpu()
+    from model.fused_loss import _linear_softcap_ce_liger
+
+    for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
+        x, weight, target = (t.detach() for t in inputs(n=100, seed=3))
+        x, weight = x.to(dtype), weight.to(dtype)
+        twin = linear_softcap_ce(x, weight, target, SOFTCAP)
+        liger = _linear_softcap_ce_liger(x, weight, target, SOFTCAP)
+        assert [t.dtype for t in liger] == [torch.float32, dtype, dtype] and liger[0].shape == ()
+        for a, b in zip(liger, twin):
+            torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * b.abs().max().item())
+    torch.manual_seed(0)
+    model = GPT(**TINY)
+    model.init_weights(0.5)
+    x, y = (torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    plain = model(x, y)
+    plain.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    linear_softcap_ce.register_kernel("cpu")(_linear_softcap_ce_liger)
+    fused_loss._FUSED_LOSS[:] = [True]
+    loss = torch.compile(model, fullgraph=True, dynamic=False)(x, y)
+    (2 * loss).backward()
+    torch.testing.assert_close(loss, plain, rtol=1e-6, atol=0)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, 2 * ref[n], rtol=1e-4, atol=1e-7, msg=n)
+    print("liger interpreted: ok")
+
+
+@pytest.mark.slow
+def test_liger_kernel_interpreted_on_cpu_equals_the_twin():
+    """Where triton and liger_kernel import (e.g. a torch+triton venv with PYTHONPATH at liger-kernel==0.8.5's
+    source), Liger's own kernel, interpreted on CPU, gives the twin's loss and gradients; skipped elsewhere."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if not (importlib.util.find_spec("triton") and importlib.util.find_spec("liger_kernel")):
+        pytest.skip("needs triton and liger_kernel (the GPU stack's packages)")
+    code = "import sys; sys.path[:0] = ['tests', '.']; import test_fused_loss; test_fused_loss.check_liger_interpreted()"
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "liger interpreted: ok" in proc.stdout, proc.stderr[-3000:]
