@@ -69,15 +69,8 @@ def chunk_tokens(num_tokens: int, vocab_size: int, model_dim: int) -> int:
     return min(num_tokens, 1 << (math.ceil(num_tokens / math.ceil(vocab_size / model_dim)) - 1).bit_length())
 
 
-# the schema spelled out: the packed train_gpt.py drops annotations, from which custom_op would infer it
-@torch.library.custom_op("pgkit::linear_softcap_ce", mutates_args=(),
-                         schema="(Tensor x, Tensor weight, Tensor target, float softcap) -> (Tensor, Tensor, Tensor)")
-def linear_softcap_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                      softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mean loss float32 [], dloss/dx [N, D] x.dtype, dloss/dweight [V, D] weight.dtype) of the mean cross
-    entropy of softcap * tanh(x @ weight^T / softcap) against target. The CPU twin of the CUDA kernel: chunks of
-    chunk_tokens() tokens, logits in x's dtype, softcap/softmax/loss in float32, the logits' gradient rounded
-    to x's dtype before the two matmuls, dweight summed in float32 (Liger with accum_dtype=float32)."""
+def softcap_ce_twin(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float) -> tuple:
+    """The op's CPU kernel (and its reference on any device): linear_softcap_ce's contract in chunked torch math."""
     _check_contract(x, weight, target, softcap)
     n = x.size(0)
     chunk = chunk_tokens(n, weight.size(0), x.size(1))
@@ -96,6 +89,18 @@ def linear_softcap_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tenso
             dx[s:s + chunk] = g @ weight
             dw += g.t().float() @ xc.float()  # exact products, float32 sums
     return loss / n, dx, dw.to(weight.dtype)
+
+
+# the schema spelled out: the packed train_gpt.py drops annotations, from which custom_op would infer it
+@torch.library.custom_op("pgkit::linear_softcap_ce", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor target, float softcap) -> (Tensor, Tensor, Tensor)")
+def linear_softcap_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                      softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean loss float32 [], dloss/dx [N, D] x.dtype, dloss/dweight [V, D] weight.dtype) of the mean cross
+    entropy of softcap * tanh(x @ weight^T / softcap) against target. The CPU twin of the CUDA kernel: chunks of
+    chunk_tokens() tokens, logits in x's dtype, softcap/softmax/loss in float32, the logits' gradient rounded
+    to x's dtype before the two matmuls, dweight summed in float32 (Liger with accum_dtype=float32)."""
+    return softcap_ce_twin(x, weight, target, softcap)
 
 
 @linear_softcap_ce.register_kernel("cuda")
