@@ -181,6 +181,8 @@ def eval_rows() -> list:
                  env={"VAL_MAX_TOKENS": "-3"}, setup=WITH_PTZ),
         BadInput(e, "ATTN_BACKEND=flash", SCORE, r"ATTN_BACKEND='flash': expected one of auto, fa3, fa2, sdpa",
                  env={"ATTN_BACKEND": "flash"}, setup=WITH_PTZ),
+        BadInput(e, "LOSS_KERNEL=fused", SCORE, r"LOSS_KERNEL='fused': expected one of auto, liger, torch$",
+                 env={"LOSS_KERNEL": "fused"}, setup=WITH_PTZ),
         BadInput(e, "score without --artifact", ("-m", "eval", "score", "--data-path", "{data}", "--tokenizer", "{tok}"),
                  r"the following arguments are required: --artifact"),
         BadInput(e, "unknown command", ("-m", "eval", "scroe"), r"argument command: invalid choice: 'scroe'"),
