@@ -295,3 +295,27 @@ def test_liger_kernel_interpreted_on_cpu_equals_the_twin():
     proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
                           cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and "liger interpreted: ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_compiled_training_through_the_twin_has_no_graph_break_or_recompile(fused_on, tiny_dataset, tmp_path,
+                                                                          monkeypatch):
+    """The trainer's compiled step (fullgraph, bf16 autocast as on CUDA, the QAT flip at step 3) through the fused
+    op: one training graph, no graph break, and losses that track the eager fp32 torch loss's."""
+    from torch._dynamo.utils import counters
+
+    from test_cuda_twins import run_train_in_process
+
+    calls, twin = [], fused_loss.softcap_ce_twin
+    monkeypatch.setattr(fused_loss, "softcap_ce_twin", lambda *a: calls.append(a[0].dtype) or twin(*a))
+    torch._dynamo.reset()
+    counters.clear()
+    _, losses, lines = run_train_in_process(tiny_dataset, tmp_path / "fused", compile=True, autocast_dtype=torch.bfloat16)
+    # one fused loss per step (then GPTQ calibration's forwards), in the autocast dtype
+    assert len(calls) >= 6 and set(calls) == {torch.bfloat16}
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])  # the step, and Muon's Newton-Schulz
+    assert any(line.startswith("late_qat:on step:3") for line in lines)
+    fused_loss._FUSED_LOSS.clear()
+    _, reference, _ = run_train_in_process(tiny_dataset, tmp_path / "torch", compile=False, autocast_dtype=None)
+    assert losses == pytest.approx(reference, rel=0.03)
