@@ -26,7 +26,7 @@ from quant.estimate import estimate_artifact_bytes
 from quant.fit import fit_policy
 from quant.policy import QuantPolicy
 from model.attention import resolve_attention_backend
-from model.fused_loss import resolve_loss_kernel
+from model.fused_loss import fused_loss_active, resolve_loss_kernel
 from trainer.checks import check_inputs
 from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
@@ -114,7 +114,7 @@ def train_and_score() -> int:
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    summary.update(phase="train", inputs=inputs)
+    summary.update(phase="train", inputs=inputs, loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
     record = functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
     with SignalGuard() as guard:
         try:
