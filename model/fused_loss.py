@@ -69,26 +69,31 @@ def chunk_tokens(num_tokens: int, vocab_size: int, model_dim: int) -> int:
     return min(num_tokens, 1 << (math.ceil(num_tokens / math.ceil(vocab_size / model_dim)) - 1).bit_length())
 
 
-def softcap_ce_twin(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float) -> tuple:
-    """The op's CPU kernel (and its reference on any device): linear_softcap_ce's contract in chunked torch math."""
+def softcap_ce_twin(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float,
+                    grads: bool = True) -> tuple:
+    """The fused ops' CPU kernel (and their reference on any device), in chunked torch math: (per-token NLL float32
+    [N], dloss/dx, dloss/dweight of the mean loss) with `grads`, else (NLL, None, None). Liger's chunks (logits in
+    x's dtype, softcap/softmax/loss in float32, the logits' gradient rounded to x's dtype before the two matmuls,
+    dweight summed in float32: Liger with accum_dtype=float32)."""
     _check_contract(x, weight, target, softcap)
     n = x.size(0)
     chunk = chunk_tokens(n, weight.size(0), x.size(1))
-    loss = torch.zeros((), dtype=torch.float32, device=x.device)
-    dx, dw = torch.empty_like(x), torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+    nll = torch.empty(n, dtype=torch.float32, device=x.device)
+    dx, dw = (torch.empty_like(x), torch.zeros(weight.shape, dtype=torch.float32, device=x.device)) if grads else (None,) * 2
     with torch.autocast(x.device.type, enabled=False):
         for s in range(0, n, chunk):
             xc, tc = x[s:s + chunk], target[s:s + chunk]
             t = torch.tanh((xc @ weight.t()).float() / softcap)
             z = softcap * t
             lse = torch.logsumexp(z, dim=1)
-            loss = loss + (lse - z.gather(1, tc[:, None])[:, 0]).sum()
-            g = torch.exp(z - lse[:, None])
-            g[torch.arange(tc.numel(), device=x.device), tc] -= 1.0
-            g = (g * (1.0 - t * t) / n).to(x.dtype)
-            dx[s:s + chunk] = g @ weight
-            dw += g.t().float() @ xc.float()  # exact products, float32 sums
-    return loss / n, dx, dw.to(weight.dtype)
+            nll[s:s + chunk] = lse - z.gather(1, tc[:, None])[:, 0]
+            if grads:
+                g = torch.exp(z - lse[:, None])
+                g[torch.arange(tc.numel(), device=x.device), tc] -= 1.0
+                g = (g * (1.0 - t * t) / n).to(x.dtype)
+                dx[s:s + chunk] = g @ weight
+                dw += g.t().float() @ xc.float()  # exact products, float32 sums
+    return nll, dx, dw if dw is None else dw.to(weight.dtype)
 
 
 # the schema spelled out: the packed train_gpt.py drops annotations, from which custom_op would infer it
@@ -97,10 +102,9 @@ def softcap_ce_twin(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
 def linear_softcap_ce(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                       softcap: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean loss float32 [], dloss/dx [N, D] x.dtype, dloss/dweight [V, D] weight.dtype) of the mean cross
-    entropy of softcap * tanh(x @ weight^T / softcap) against target. The CPU twin of the CUDA kernel: chunks of
-    chunk_tokens() tokens, logits in x's dtype, softcap/softmax/loss in float32, the logits' gradient rounded
-    to x's dtype before the two matmuls, dweight summed in float32 (Liger with accum_dtype=float32)."""
-    return softcap_ce_twin(x, weight, target, softcap)
+    entropy of softcap * tanh(x @ weight^T / softcap) against target; CPU: softcap_ce_twin."""
+    nll, dx, dw = softcap_ce_twin(x, weight, target, softcap)
+    return nll.sum() / nll.numel(), dx, dw
 
 
 @linear_softcap_ce.register_kernel("cuda")
@@ -138,12 +142,41 @@ def _linear_softcap_ce_backward(ctx, grad_loss, grad_dx, grad_dw):
 linear_softcap_ce.register_autograd(_linear_softcap_ce_backward, setup_context=_linear_softcap_ce_setup)
 
 
+@torch.library.custom_op("pgkit::linear_softcap_nll", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor target, float softcap) -> Tensor")
+def linear_softcap_nll(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float) -> torch.Tensor:
+    """Per-token NLL float32 [N] of the softcapped logits (scoring: no gradient); CPU: softcap_ce_twin."""
+    return softcap_ce_twin(x, weight, target, softcap, grads=False)[0]
+
+
+@linear_softcap_nll.register_kernel("cuda")
+def _linear_softcap_nll_liger(x, weight, target, softcap):
+    # Liger's reduction="none" forward without gradients: the kernel writes only the per-row losses
+    _check_contract(x, weight, target, softcap)
+    from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
+
+    with torch.no_grad(), torch.autocast("cuda", enabled=False):
+        return fused_linear_cross_entropy_forward(_input=x, weight=weight, target=target, reduction="none",
+                                                  softcap=softcap, compute_gradients=False)[0]
+
+
+@linear_softcap_nll.register_fake
+def _linear_softcap_nll_fake(x, weight, target, softcap):
+    _check_contract(x, weight, target, softcap)
+    return x.new_empty(x.shape[:1], dtype=torch.float32)
+
+
 def linear_softcap_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                                  softcap: float) -> torch.Tensor:
     """Mean cross entropy (nats, float32 []) of the softcapped logits softcap * tanh(x @ weight^T / softcap)
     against target, through the fused op: x [N, D], weight [V, D] (the tied embedding or the head), target
     int64 [N]. Under autocast x and weight are cast to its dtype, as F.linear would (Liger multiplies one
     dtype); without it weight is cast to x's. Gradients reach x and weight through the casts."""
+    return fused_softcap_op(linear_softcap_ce, x, weight, target, softcap)[0]
+
+
+def fused_softcap_op(op, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float):
+    """op(x, weight, target, softcap) with x and weight cast to the autocast dtype (else weight to x's)."""
     dev = x.device.type
     dt = torch.get_autocast_dtype(dev) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else x.dtype
-    return linear_softcap_ce(x.to(dt), weight.to(dt), target, float(softcap))[0]
+    return op(x.to(dt), weight.to(dt), target, float(softcap))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from primitives.rowquant import fake_quantize_per_row
 from model.attention import attention
-from model.fused_loss import fused_loss_active, linear_softcap_cross_entropy
+from model.fused_loss import fused_loss_active, fused_softcap_op, linear_softcap_cross_entropy, linear_softcap_nll
 from primitives.settings import Hyperparameters
 
 
@@ -289,6 +289,16 @@ class GPT(nn.Module):
                                                 self.logit_softcap)
         logits = self.forward_logits(input_ids)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
+
+    def forward_nll(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+        """Per-token NLL float32 [B, T] (nats) of target_ids int64 [B, T]: forward_logits' cross entropy, through
+        the fused kernel when LOSS_KERNEL chose it (no [B*T, V] logits; no gradient)."""
+        if fused_loss_active(input_ids.device):
+            x = self.forward_hidden(input_ids)
+            return fused_softcap_op(linear_softcap_nll, x.flatten(0, 1), self.head_weight(), target_ids.flatten(),
+                                    self.logit_softcap).view(target_ids.shape)
+        logits = self.forward_logits(input_ids)
+        return F.cross_entropy(logits.flatten(0, 1), target_ids.flatten(), reduction="none").view(target_ids.shape)
 
 
 # GPT arguments of the switches, written to the config only when they differ from GPT's default: an

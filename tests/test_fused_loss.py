@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import model.fused_loss as fused_loss
 from model.fused_loss import (choose_loss_kernel, chunk_tokens, linear_softcap_ce, linear_softcap_cross_entropy,
-                              resolve_loss_kernel)
+                              linear_softcap_nll, resolve_loss_kernel)
 from model.gpt import GPT, build_model_config, count_train_flops_per_token
 from primitives.settings import Hyperparameters
 from trainer.runfolder import RUN_ONLY_SETTINGS
@@ -111,6 +111,7 @@ def test_op_registration_passes_opcheck():
     """Schema, fake kernel, autograd registration and their agreement (torch.library.opcheck)."""
     x, weight, target = inputs(n=40, d=16, v=50)
     torch.library.opcheck(linear_softcap_ce, (x, weight, target, SOFTCAP))
+    torch.library.opcheck(linear_softcap_nll, (x.detach(), weight.detach(), target, SOFTCAP))
 
 
 def test_compiled_fullgraph_equals_eager_with_no_graph_break():
@@ -155,6 +156,30 @@ def test_model_forward_through_the_fused_op_equals_the_plain_loss(fused_on, tie,
     torch.testing.assert_close(fused, plain, rtol=1e-6, atol=0)
     for n, p in model.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=1e-4, atol=1e-7, msg=n)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_per_token_nll_through_the_fused_op_equals_forward_logits_cross_entropy(fused_on, autocast):
+    """GPT.forward_nll (scoring: per-token NLL [B, T]) through linear_softcap_nll equals the cross entropy of
+    forward_logits (float32 tight, bf16 autocast at bf16 tolerance), compiles fullgraph, and its mean is forward's."""
+    torch.manual_seed(0)
+    model = GPT(**TINY)
+    model.init_weights(0.5)
+    x, y = (torch.randint(0, 96, (3, 20), generator=torch.Generator().manual_seed(s)) for s in (1, 2))
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        fused = model.forward_nll(x, y)
+        compiled = torch.compile(model.forward_nll, fullgraph=True, dynamic=False)(x, y)
+        mean = model(x, y)
+        fused_loss._FUSED_LOSS.clear()
+        plain = model.forward_nll(x, y)
+        logits = model.forward_logits(x)
+    reference = F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none").view(3, 20)
+    assert fused.shape == (3, 20) and fused.dtype == torch.float32 and reference.max() - reference.min() > 1.0
+    tol = 2e-2 if autocast else 1e-5
+    torch.testing.assert_close(plain, reference, rtol=0, atol=0)
+    torch.testing.assert_close(fused, reference, rtol=tol, atol=tol)
+    torch.testing.assert_close(compiled, fused, rtol=tol, atol=tol)  # Inductor rounds the bf16 body its own way
+    torch.testing.assert_close(mean, fused.mean(), rtol=1e-6, atol=0)
 
 
 def test_flop_count_is_the_plain_loss_s_when_fused(fused_on):
@@ -254,6 +279,8 @@ def check_liger_interpreted() -> None:
     interpret_liger_on_cpu()
     from model.fused_loss import _linear_softcap_ce_liger
 
+    from model.fused_loss import _linear_softcap_nll_liger
+
     for dtype, tol in ((torch.float32, 1e-6), (torch.bfloat16, 1e-2)):
         x, weight, target = (t.detach() for t in inputs(n=100, seed=3))
         x, weight = x.to(dtype), weight.to(dtype)
@@ -262,6 +289,10 @@ def check_liger_interpreted() -> None:
         assert [t.dtype for t in liger] == [torch.float32, dtype, dtype] and liger[0].shape == ()
         for a, b in zip(liger, twin):
             torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * b.abs().max().item())
+        nll = _linear_softcap_nll_liger(x, weight, target, SOFTCAP)  # reduction="none", no gradients
+        assert nll.dtype == torch.float32 and nll.shape == (100,)
+        torch.testing.assert_close(nll, linear_softcap_nll(x, weight, target, SOFTCAP), rtol=tol,
+                                   atol=tol * nll.abs().max().item())
     torch.manual_seed(0)
     model = GPT(**TINY)
     model.init_weights(0.5)

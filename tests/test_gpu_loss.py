@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import model.fused_loss as fused_loss
-from model.fused_loss import linear_softcap_ce, linear_softcap_cross_entropy, resolve_loss_kernel, softcap_ce_twin
+from model.fused_loss import (linear_softcap_ce, linear_softcap_cross_entropy, linear_softcap_nll, resolve_loss_kernel,
+                              softcap_ce_twin)
 from model.gpt import GPT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -66,11 +67,14 @@ def test_liger_loss_and_gradients_equal_the_plain_loss(autocast, loss_rtol, grad
 def test_liger_kernel_equals_the_twin_on_the_same_device(dtype):
     x, weight, target = (t.to(dtype) if t.is_floating_point() else t for t in head_inputs(n=4096, seed=1))
     liger = linear_softcap_ce(x, weight, target, SOFTCAP)  # the op's CUDA kernel
-    twin = softcap_ce_twin(x, weight, target, SOFTCAP)
+    nll, dx, dw = softcap_ce_twin(x, weight, target, SOFTCAP)
     assert [t.dtype for t in liger] == [torch.float32, dtype, dtype]
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for a, b in zip(liger, twin):
+    for a, b in zip(liger, (nll.mean(), dx, dw)):
         torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * b.abs().max().item())
+    per_token = linear_softcap_nll(x, weight, target, SOFTCAP)  # Liger's reduction="none", no gradients
+    assert per_token.dtype == torch.float32 and per_token.shape == nll.shape
+    torch.testing.assert_close(per_token, nll, rtol=tol, atol=tol * nll.abs().max().item())
 
 
 def test_logits_are_never_materialized():
