@@ -8,8 +8,9 @@ F.cross_entropy of GPT.forward_logits; auto = liger on CUDA when liger_kernel im
 
 Liger computes the gradients inside the forward; its autograd.Function and Python chunk loop cannot be traced
 by torch.compile(fullgraph=True), so one custom op wraps it: `pgkit::linear_softcap_ce` (x, W, target,
-softcap) -> (loss, dx, dW) for grad_output = 1; its autograd scales dx and dW by the incoming gradient. The
-op's CPU kernel is the twin: the same contract and the same chunking in torch math.
+softcap) -> (loss, dx, dW) for grad_output = 1; its autograd scales dx and dW by the incoming gradient.
+`pgkit::linear_softcap_nll` is the scoring form (per-token NLL, Liger's reduction="none", no gradients) behind
+GPT.forward_nll. The ops' CPU kernel is the twin (softcap_ce_twin): the same contract and chunking in torch math.
 """
 
 import math
