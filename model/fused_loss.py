@@ -21,9 +21,11 @@ LOSS_KERNELS = ("auto", "liger", "torch")
 _FUSED_LOSS = []  # [True] while resolve_loss_kernel chose liger: GPT.forward then calls linear_softcap_cross_entropy
 
 
-def choose_loss_kernel(requested: str, device: torch.device) -> str:
-    """"liger" or "torch" for LOSS_KERNEL=`requested` on `device`; nothing is set. Raises ValueError naming
-    LOSS_KERNEL for an unknown value, or for liger without CUDA or without an importable liger_kernel."""
+def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
+    """"liger" or "torch" for LOSS_KERNEL=`requested` on `device`; nothing is set. Liger is taken only when it
+    imports and passes liger_self_check (auto falls back to torch, with a WARNING through `log` when it imported
+    but failed). Raises ValueError naming LOSS_KERNEL for an unknown value, or for liger without CUDA, without an
+    importable liger_kernel or failing its check."""
     if requested not in LOSS_KERNELS:
         raise ValueError(f"LOSS_KERNEL={requested!r}: expected one of {', '.join(LOSS_KERNELS)}")
     if requested == "torch" or requested == "auto" and device.type != "cuda":
@@ -38,12 +40,38 @@ def choose_loss_kernel(requested: str, device: torch.device) -> str:
             return "torch"
         raise ValueError(f"LOSS_KERNEL='liger': cannot import liger_kernel.ops.fused_linear_cross_entropy: {err} "
                          "(install: requirements-gpu.txt)") from None
+    why = liger_self_check(device)
+    if why and requested == "auto":
+        if log:
+            log(f"WARNING: LOSS_KERNEL=auto: Liger-Kernel imports but fails its check ({why}): the plain loss")
+        return "torch"
+    if why:
+        raise ValueError(f"LOSS_KERNEL='liger': Liger-Kernel fails its check on {device}: {why}; expected LOSS_KERNEL="
+                         "auto or torch")
     return "liger"
+
+
+def liger_self_check(device: torch.device) -> str:
+    """"" when Liger's kernel (as the op calls it) gives the twin's loss and gradients on a small bf16 problem with
+    strongly capped logits on `device`, else why not (its error, or the mismatch). Own generator: the run's RNG
+    stream is untouched."""
+    try:
+        g = torch.Generator(device).manual_seed(0)
+        x, w = (torch.randn(n, 64, device=device, generator=g).bfloat16() for n in (64, 256))
+        target = torch.randint(0, 256, (64,), device=device, generator=g)
+        got = _linear_softcap_ce_liger(x, w, target, 8.0)
+    except Exception as err:  # e.g. a Triton that cannot compile for this GPU
+        return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    nll, dx, dw = softcap_ce_twin(x, w, target, 8.0)
+    for name, a, b in zip(("loss", "dx", "dweight"), got, (nll.mean(), dx, dw)):
+        if not torch.allclose(a.float(), b.float(), rtol=0.02, atol=0.02 * b.abs().max().item()):
+            return f"its {name} differs from the plain loss's by {(a.float() - b.float()).abs().max().item():.3g}"
+    return ""
 
 
 def resolve_loss_kernel(requested: str, device: torch.device, log=print) -> str:
     """choose_loss_kernel, then make GPT.forward use it process-wide; logs "loss:liger" or "loss:torch"."""
-    name = choose_loss_kernel(requested, device)
+    name = choose_loss_kernel(requested, device, log)
     _FUSED_LOSS[:] = [True] * (name == "liger")
     log(f"loss:{name}")
     return name

@@ -214,6 +214,33 @@ def test_choose_and_resolve_loss_kernel():
         fused_loss._FUSED_LOSS[:] = saved
 
 
+def test_liger_is_taken_only_when_it_passes_its_self_check(monkeypatch):
+    """An importable liger_kernel whose kernel fails (raises, or computes another loss) is refused: auto falls back
+    to the plain loss with a WARNING, LOSS_KERNEL=liger stops before the run."""
+    import sys
+    import types
+
+    cpu = torch.device("cpu")
+    twin = lambda x, w, t, c: (lambda r: (r[0].mean(), r[1], r[2]))(fused_loss.softcap_ce_twin(x, w, t, c))  # noqa: E731
+    monkeypatch.setattr(fused_loss, "_linear_softcap_ce_liger", twin)
+    assert fused_loss.liger_self_check(cpu) == ""
+    uncapped = lambda x, w, t, c: twin(x, w, t, 1e9)  # noqa: E731 (no softcap)
+    monkeypatch.setattr(fused_loss, "_linear_softcap_ce_liger", uncapped)
+    assert fused_loss.liger_self_check(cpu).startswith("its loss differs from the plain loss's by")
+    monkeypatch.setattr(fused_loss, "_linear_softcap_ce_liger", lambda *a: (a[0].sum(), *twin(*a)[1:]))  # sum, not mean
+    assert fused_loss.liger_self_check(cpu).startswith("its loss differs")
+    for name in ("liger_kernel", "liger_kernel.ops", "liger_kernel.ops.fused_linear_cross_entropy"):  # "importable"
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    cuda, lines = torch.device("cuda"), []  # here the check itself fails: no CUDA device to run it on
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device would run the check")
+    assert choose_loss_kernel("auto", cuda, lines.append) == "torch"
+    assert len(lines) == 1 and lines[0].startswith("WARNING: LOSS_KERNEL=auto: Liger-Kernel imports but fails its check (")
+    with pytest.raises(ValueError, match=r"LOSS_KERNEL='liger': Liger-Kernel fails its check on cuda: \w+Error: .*; "
+                                         "expected LOSS_KERNEL=auto or torch"):
+        choose_loss_kernel("liger", cuda)
+
+
 def test_loss_kernel_is_a_setting_outside_the_artifact_bound_like_attn_backend():
     with pytest.raises(ValueError, match="LOSS_KERNEL='fused': expected auto, liger or torch"):
         Hyperparameters.from_env({"PRESET": "smoke", "LOSS_KERNEL": "fused"}, log=lambda *_: None)
@@ -278,6 +305,8 @@ def check_liger_interpreted() -> None:
     interpreter: equal to the twin in float32 and bf16, and inside the model under torch.compile(fullgraph=True)."""
     interpret_liger_on_cpu()
     from model.fused_loss import _linear_softcap_ce_liger
+
+    assert fused_loss.liger_self_check(torch.device("cpu")) == ""  # the real kernel passes the check the run makes
 
     from model.fused_loss import _linear_softcap_nll_liger
 
