@@ -26,6 +26,7 @@ from quant.estimate import estimate_artifact_bytes
 from quant.fit import fit_policy
 from quant.policy import QuantPolicy
 from model.attention import resolve_attention_backend
+from model.fused_loss import fused_loss_active, resolve_loss_kernel
 from trainer.checks import check_inputs
 from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
@@ -48,6 +49,7 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
     model = GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
     attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log, hp.model_dim // hp.num_heads)
+    resolve_loss_kernel(hp.loss_kernel, ctx.device, ctx.log)  # logs loss:liger or loss:torch
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     scale = hp.quant_estimate_scale  # bits before QAT, on the estimate scaled as the preset measured
     policy = fit_policy(QuantPolicy.from_env(log=ctx.log), shapes, hp.byte_budget - code_bytes, log=ctx.log,
@@ -112,7 +114,7 @@ def train_and_score() -> int:
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    summary.update(phase="train", inputs=inputs)
+    summary.update(phase="train", inputs=inputs, loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
     record = functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
     with SignalGuard() as guard:
         try:

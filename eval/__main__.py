@@ -21,7 +21,8 @@ Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA4 -> FA2 ->
 --attn-backend), bf16 autocast, torch.compile of the forward; on CPU SDPA in float32, eager.
 Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wins over it), EVAL_BATCH_SEQS (32),
 EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
-EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split), ATTN_BACKEND (auto).
+EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split), ATTN_BACKEND (auto), LOSS_KERNEL (auto: TTT's
+training loss through Liger-Kernel's fused linear cross entropy on CUDA when it imports, as in the trainer).
 Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (primitives/cli_errors.py).
 With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT (eval/ttt.py), printed as
 `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT settings the run scored with
@@ -53,6 +54,7 @@ from primitives.settings import valid_ttt_params
 # (seconds). Module names so that tests can patch them.
 eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = run_phased_ttt = None
 ATTN_BACKENDS = ("auto", "fa3", "fa4", "fa2", "sdpa")
+LOSS_KERNELS = ("auto", "liger", "torch")
 TTT_MODES = ("chunked", "phased")
 
 
@@ -68,12 +70,14 @@ def _import_evals() -> None:
         from eval.phased_ttt import run_phased_ttt
 
 
-def _load_model(artifact_path, device, log, attn_backend="auto"):
+def _load_model(artifact_path, device, log, attn_backend="auto", loss_kernel="auto"):
     from quant.artifact import load_artifact  # written concurrently; CLI-only imports
     from model.attention import resolve_attention_backend
+    from model.fused_loss import resolve_loss_kernel
     from model.gpt import GPT
 
     log(f"attention:{resolve_attention_backend(attn_backend, device, log)}")  # the trainer's FA3 -> FA4 -> FA2 -> SDPA choice
+    resolve_loss_kernel(loss_kernel, device, log)  # TTT's training steps: the trainer's loss kernel (logs loss:...)
 
     state_dict, model_config, meta = load_artifact(artifact_path)
     model = GPT(**model_config)
@@ -184,6 +188,7 @@ def check_score_inputs(args, environ=None) -> None:
         raise ValueError("--val-max-tokens 1 (VAL_MAX_TOKENS): expected 0 (the whole split) or >= 2 targets")
     if args.attn_backend is None:
         args.attn_backend = env_choice("ATTN_BACKEND", "auto", ATTN_BACKENDS, environ)
+    args.loss_kernel = env_choice("LOSS_KERNEL", "auto", LOSS_KERNELS, environ)
     if "EVAL_STRIDE" in environ:
         env_int("EVAL_STRIDE", 64, environ, minimum=0)
     ttt = (("ttt", "TTT_ENABLED", 0, int, dict(minimum=0)), ("ttt_chunk_tokens", "TTT_CHUNK_TOKENS", 32768, int, dict(minimum=1)),
@@ -297,7 +302,7 @@ def cmd_score(args) -> None:
             print(msg, flush=True)
 
     try:
-        model, model_config, meta = _load_model(args.artifact, device, log, args.attn_backend)
+        model, model_config, meta = _load_model(args.artifact, device, log, args.attn_backend, args.loss_kernel)
         vocab_size = int(model_config["vocab_size"])
         seq_len, stride = resolve_score_settings(args, model_config, meta, log=log)
         resolve_ttt_settings(args, meta, log=log)

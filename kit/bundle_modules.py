@@ -208,7 +208,8 @@ BUNDLE_PIPELINE = (
     "shards/format.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/estimate.py",
     "quant/fit.py", "quant/sdclip.py", "quant/lqer.py", "quant/grouped.py", "quant/artifact.py", "eval/bpb.py",
     "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py", "eval/phased_ttt.py",
-    "model/fa4.py", "model/attention.py", "trainer/context.py", "trainer/interrupt.py", "shards/loader.py",
+    "model/fa4.py", "model/attention.py", "model/fused_loss.py", "trainer/context.py", "trainer/interrupt.py",
+    "shards/loader.py",
     "model/gpt.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
     "trainer/schedule.py", "trainer/checks.py", "trainer/finish.py", "trainer/loop.py",
 )

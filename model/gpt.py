@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from primitives.rowquant import fake_quantize_per_row
 from model.attention import attention
+from model.fused_loss import fused_loss_active, fused_softcap_op, linear_softcap_cross_entropy, linear_softcap_nll
 from primitives.settings import Hyperparameters
 
 
@@ -181,7 +182,8 @@ class GPT(nn.Module):
     embeddings and sparse head-output gates in every attention (GATE_WINDOW dims feed both).
 
     `GPT(**config)` with `config` a JSON dict (stored in the artifact). `forward(x, y)` -> mean
-    cross-entropy in nats; `forward_logits(x)` -> softcapped logits [B, T, vocab_size].
+    cross-entropy in nats (the fused loss of model/fused_loss.py when LOSS_KERNEL chose it);
+    `forward_logits(x)` -> softcapped logits [B, T, vocab_size].
     """
 
     def __init__(self, *, vocab_size, num_layers, model_dim, num_heads, num_kv_heads, mlp_mult,
@@ -248,7 +250,8 @@ class GPT(nn.Module):
             if isinstance(module, CastedLinear):
                 module.qat_gate.fill_(1.0 if enabled else 0.0)
 
-    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The final normalized residual stream [B, T, D] (the head's input) of input_ids int64 [B, T]."""
         t = input_ids.size(1)
         freqs = torch.outer(torch.arange(t, device=input_ids.device, dtype=torch.float32), self.rope_inv_freq)
         cos, sin = freqs.cos(), freqs.sin()
@@ -267,14 +270,35 @@ class GPT(nn.Module):
             x = self.blocks[i](x, x0, cos, sin)
             if k < num_encoder:
                 skips.append(x)
-        x = F.rms_norm(x, (x.size(-1),))
-        head = self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, head.to(x.dtype)).float()
+        return F.rms_norm(x, (x.size(-1),))
+
+    def head_weight(self) -> torch.Tensor:
+        """The output head [V, D]: the tied token embedding, or lm_head's weight."""
+        return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Softcapped logits float32 [B, T, V] of input_ids int64 [B, T]."""
+        x = self.forward_hidden(input_ids)
+        logits = F.linear(x, self.head_weight().to(x.dtype)).float()
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
 
     def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+        if fused_loss_active(input_ids.device):  # LOSS_KERNEL=liger: the [B*T, V] logits are never materialized
+            x = self.forward_hidden(input_ids)
+            return linear_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
+                                                self.logit_softcap)
         logits = self.forward_logits(input_ids)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
+
+    def forward_nll(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+        """Per-token NLL float32 [B, T] (nats) of target_ids int64 [B, T]: forward_logits' cross entropy, through
+        the fused kernel when LOSS_KERNEL chose it (no [B*T, V] logits; no gradient)."""
+        if fused_loss_active(input_ids.device):
+            x = self.forward_hidden(input_ids)
+            return fused_softcap_op(linear_softcap_nll, x.flatten(0, 1), self.head_weight(), target_ids.flatten(),
+                                    self.logit_softcap).view(target_ids.shape)
+        logits = self.forward_logits(input_ids)
+        return F.cross_entropy(logits.flatten(0, 1), target_ids.flatten(), reduction="none").view(target_ids.shape)
 
 
 # GPT arguments of the switches, written to the config only when they differ from GPT's default: an

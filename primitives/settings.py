@@ -145,6 +145,7 @@ class Hyperparameters:
     compile: int = -1  # -1 = on for CUDA, off for CPU
     num_threads: int = 0  # CPU threads per process; 0 = the cores / processes on this node
     attn_backend: str = "auto"  # auto | fa3 | fa4 | fa2 | sdpa
+    loss_kernel: str = "auto"  # auto | liger | torch: the fused linear + softcap + cross entropy (model/fused_loss.py)
     autocast: str = "auto"  # auto = bf16 on CUDA, none on CPU | bf16 (also on CPU: the CUDA twin) | none
     save_prequant: bool = False
     skip_final_eval: bool = False
@@ -211,6 +212,7 @@ class Hyperparameters:
             ("TTT_PARAMS", valid_ttt_params(self.ttt_params), "all, scalars or a regular expression of parameter names"),
             ("MLP_ACTIVATION", self.mlp_activation in ("relu2", "leaky_relu2"), "relu2 or leaky_relu2"),
             ("ATTN_BACKEND", self.attn_backend in ("auto", "fa3", "fa4", "fa2", "sdpa"), "auto, fa3, fa4, fa2 or sdpa"),
+            ("LOSS_KERNEL", self.loss_kernel in ("auto", "liger", "torch"), "auto, liger or torch"),
             ("COMPILE", self.compile in (-1, 0, 1), "-1 (auto), 0 or 1"),
             ("PARALLEL_RESIDUAL_START", -1 <= self.parallel_residual_start < self.num_layers,
              f"-1 (off) or a layer index 0..{self.num_layers - 1}"),

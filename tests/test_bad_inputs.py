@@ -36,7 +36,7 @@ TABLE_PAGE = REPO / "docs" / "reliability.md"  # the page that holds the table
 TRAINER_SETTINGS = {"PRESET", "RESUME", "RUN_ID", "OUT_DIR", "DATA_PATH", "TOKENIZER_PATH", "VOCAB_SIZE", "SEED",
                     "ITERATIONS", "MAX_WALLCLOCK_SECONDS", "TRAIN_BATCH_TOKENS", "TRAIN_SEQ_LEN", "NUM_THREADS",
                     "CHECKPOINT_EVERY"}
-SCRUBBED_ENV_PREFIXES = ("EVAL_", "QUANT_", "TTT_", "VAL_MAX_TOKENS", "ATTN_BACKEND", "BYTE_BUDGET", "MATCHED_FINEWEB_")
+SCRUBBED_ENV_PREFIXES = ("EVAL_", "QUANT_", "TTT_", "VAL_MAX_TOKENS", "ATTN_BACKEND", "LOSS_KERNEL", "BYTE_BUDGET", "MATCHED_FINEWEB_")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +181,8 @@ def eval_rows() -> list:
                  env={"VAL_MAX_TOKENS": "-3"}, setup=WITH_PTZ),
         BadInput(e, "ATTN_BACKEND=flash", SCORE, r"ATTN_BACKEND='flash': expected one of auto, fa3, fa4, fa2, sdpa",
                  env={"ATTN_BACKEND": "flash"}, setup=WITH_PTZ),
+        BadInput(e, "LOSS_KERNEL=fused", SCORE, r"LOSS_KERNEL='fused': expected one of auto, liger, torch$",
+                 env={"LOSS_KERNEL": "fused"}, setup=WITH_PTZ),
         BadInput(e, "score without --artifact", ("-m", "eval", "score", "--data-path", "{data}", "--tokenizer", "{tok}"),
                  r"the following arguments are required: --artifact"),
         BadInput(e, "unknown command", ("-m", "eval", "scroe"), r"argument command: invalid choice: 'scroe'"),
@@ -553,6 +555,10 @@ def train_rows() -> list:
                  r"\(NUM_LOOPS=1\)", env=train_env(NUM_LOOPS=1, LOOP_END=9), after=nothing),
         BadInput(t, "PRESET=2xh100", TRAIN, r"PRESET='2xh100': expected one of", env=train_env(PRESET="2xh100"),
                  after=nothing),
+        BadInput(t, "LOSS_KERNEL=fused", TRAIN, r"LOSS_KERNEL='fused': expected auto, liger or torch$",
+                 env=train_env(LOSS_KERNEL="fused"), after=nothing),
+        BadInput(t, "LOSS_KERNEL=liger without CUDA", TRAIN, r"LOSS_KERNEL='liger': Liger-Kernel needs CUDA, this run is "
+                 r"on cpu; expected LOSS_KERNEL=auto or torch$", env=train_env(LOSS_KERNEL="liger"), after=nothing),
     ]
 
 

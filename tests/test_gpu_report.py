@@ -66,7 +66,8 @@ def test_failure_note_names_the_error_line_and_the_exit():
     assert gpu_report.failure_note("", None) == "timed out: "
 
 
-def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin():
+def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin(monkeypatch):
+    monkeypatch.setattr(gpu_report, "installed", lambda module: True)
     args = argparse.Namespace(sections=",".join(gpu_report.SECTIONS), cpu_twin=False, reference="ref.py", compare=None)
     jobs = gpu_report.plan(args, {})
     step = [j for j in jobs if j.parse is gpu_report.parse_bench]
@@ -77,6 +78,13 @@ def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin
     for j in step:  # the warm-up twin is the same command with two steps
         assert j.precompile_argv == [a if a != str(gpu_report.TIMED_STEPS) else "2" for a in j.argv]
     assert [j.env.get("PRESET") for j in jobs if j.section == "gpu_check"] == [None, "1xh100-frontier"]
+
+
+def test_plan_skips_kernels_not_installed_and_repeats_of_the_default(monkeypatch):
+    """No flash-attn: no FA4 row, and SDPA + liger is what auto gives, so it is not timed twice."""
+    monkeypatch.setattr(gpu_report, "installed", lambda module: module == "liger_kernel")
+    args = argparse.Namespace(sections="step", cpu_twin=False, reference=None, compare=None)
+    assert [j.label for j in gpu_report.plan(args, {})] == ["default kernels (auto)", "SDPA + torch loss"]
 
 
 def test_plan_times_another_checkout_in_its_own_folder(tmp_path):

@@ -75,6 +75,7 @@ def test_tiny_run_writes_artifact_log_and_result(reference_run):
     assert abs(result["val_bpb_roundtrip"] - result["val_bpb_prequant"]) < 0.05
     log = (run_dir / "train.log").read_text()
     assert "MATRIX_LR:0.04" in log and "NUM_LAYERS:2" in log and "torch:" in log
+    assert result["loss_kernel"] == "torch" and "\nloss:torch\n" in log  # LOSS_KERNEL=auto on CPU: the plain loss
     assert re.search(r"step:8/8 train_loss:\d+\.\d{4} train_time:\d+ms step_avg:[\d.]+ms tok_s:\d+", log)
     assert "late_qat:on step:6" in log  # progress >= 1 - 0.25 at step 6 of 8
     # the resolved schedule: MUON_MOMENTUM_WARMUP_STEPS=4 (a step count stays a step count), the rest fractions

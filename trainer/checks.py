@@ -10,6 +10,7 @@ import torch
 
 from eval.ttt import select_ttt_params
 from trainer.context import RunContext, require_kit
+from model.fused_loss import choose_loss_kernel
 from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from primitives.settings import Hyperparameters
@@ -92,6 +93,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     except ValueError as err:
         raise ValueError(str(err).replace("TOKENIZER_PATH:", f"TOKENIZER_PATH={hp.tokenizer_path!r}:", 1)) from None
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    choose_loss_kernel(hp.loss_kernel, ctx.device)  # LOSS_KERNEL=liger without CUDA or liger_kernel: refused here
     if hp.ttt_enabled and hp.ttt_batch_seqs % ctx.world_size:
         raise ValueError(f"TTT_BATCH_SEQS={hp.ttt_batch_seqs}: expected a multiple of the world size {ctx.world_size} "
                          "(each rank trains on an equal share of a TTT batch)")

@@ -14,7 +14,7 @@ runs last):
              (tools/bench/kernel_bench.py)
   step       the preset's compiled training step (tools/bench_step.py): ms/step, tokens/s, MFU and peak
              memory for the default kernels (ATTN_BACKEND=auto, LOSS_KERNEL=auto), plain SDPA + torch loss,
-             and each optional kernel alone
+             and each optional kernel alone (where installed; none that would repeat the default's)
   pytest     `python -m pytest -m gpu` (the CUDA kernels against their references)
   baseline   the kit at the official baseline's shape (9L d512 MLP2 seq1024), and with --reference the
              official script itself on the same data (needs DATA_PATH / TOKENIZER_PATH of that vocabulary)
@@ -128,6 +128,16 @@ def parse_pytest(job, text, returncode):
     return [(job.section, job.label, tails[-1] if tails else failure_note(text, returncode), "; ".join(failed))]
 
 
+def installed(module: str) -> bool:
+    """Whether `module` can be found (not imported: a kernel library may still fail to load; its row says so)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def plan(args, env: dict) -> list:
     """The jobs of the chosen sections, in run order. env: the parent's environment (DATA_PATH etc.)."""
     py, twin = sys.executable, args.cpu_twin
@@ -149,8 +159,10 @@ def plan(args, env: dict) -> list:
     if "step" in sections:
         step_job("step", "default kernels (auto)", {"ATTN_BACKEND": "auto", "LOSS_KERNEL": "auto"})
         step_job("step", "SDPA + torch loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "torch"})
-        if not twin:
+        flash = [m for m in ("flash_attn_interface", "flash_attn.cute", "flash_attn.flash_attn_interface") if installed(m)]
+        if not twin and "flash_attn.cute" in flash:
             step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"})
+        if not twin and installed("liger_kernel") and flash:  # without a flash-attn, auto is already SDPA + liger
             step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"})
         if args.compare:
             step_job("step", f"default kernels (auto), checkout {Path(args.compare).name}", {"ATTN_BACKEND": "auto"},
@@ -258,7 +270,7 @@ def main(argv=None) -> int:
     if workers:
         print(f"gpu_report: warming the compile caches ({sum(bool(j.precompile_argv) for j in jobs)} configurations, "
               f"{workers} at a time)", flush=True)
-        seconds, failed = precompile(jobs, workers, start + 0.45 * args.budget_s)
+        seconds, failed = precompile(jobs, workers, start + 0.5 * args.budget_s)
         report.add(("setup", f"precompile, {workers} at a time", f"{seconds:.0f} s",
                     f"failed: {', '.join(failed)}" if failed else "every configuration compiled"))
     status = 0

@@ -137,22 +137,25 @@ def twin_variant(name: str):
     return (lambda q, k, v: flash_attn_func(q, k, v, causal=True)), ""
 
 
-def loss_variants(device: torch.device) -> list:
-    """(label, fn(x, w, y, softcap) -> mean loss, why-not) for each LOSS_KERNEL the kit offers."""
-    import model.gpt as kit_gpt
+def plain_loss(x, w, y, softcap):
+    """GPT.forward's loss with LOSS_KERNEL=torch: logits in x's dtype, softcap and cross entropy in float32."""
+    return F.cross_entropy(softcap * torch.tanh(F.linear(x, w.to(x.dtype)).float() / softcap), y)
 
-    kernels = getattr(kit_gpt, "LOSS_KERNELS", ("torch",))
-    resolve = getattr(kit_gpt, "resolve_loss_kernel", None)
-    out = []
-    for name in kernels:
-        if resolve is None:
-            fn = lambda x, w, y, c: F.cross_entropy(c * torch.tanh(F.linear(x, w.to(x.dtype)).float() / c), y)  # noqa: E731
-            out.append((name, fn, ""))
-            continue
-        try:
-            out.append((name, resolve(name, device), ""))
-        except ValueError as err:
-            out.append((name, None, str(err)))
+
+def loss_variants(device: torch.device) -> list:
+    """(label, fn(x, w, y, softcap) -> mean loss, why-not): the plain loss compiled as the trainer compiles it
+    (eager on the CPU twin), then the fused op (Liger on CUDA, its chunked twin on the CPU)."""
+    from model import fused_loss
+
+    out = [("torch (compiled)" if device.type == "cuda" else "torch",
+            torch.compile(plain_loss, fullgraph=True) if device.type == "cuda" else plain_loss, "")]
+    try:
+        name = "liger" if device.type == "cuda" else "liger twin (CPU)"
+        if device.type == "cuda":
+            fused_loss.choose_loss_kernel("liger", device)
+        out.append((name, fused_loss.linear_softcap_cross_entropy, ""))
+    except ValueError as err:
+        out.append(("liger", None, str(err)))
     return out
 
 
