@@ -4,7 +4,9 @@ LOSS_KERNEL=liger runs Liger-Kernel's fused linear cross entropy (PyPI liger-ker
 logits are made, softcapped, reduced and turned into gradients one chunk of tokens at a time, so the bf16
 logits and their float32 softcap/cross-entropy copies of the plain loss (tens of GB of traffic per step at
 524,288 tokens and V=8192) are never materialized. LOSS_KERNEL=torch is the plain F.linear -> softcap ->
-F.cross_entropy of GPT.forward_logits; auto = liger on CUDA when liger_kernel imports, else torch.
+F.cross_entropy of GPT.forward_logits, compiled with the step. auto = torch: on one H100 (torch 2.11, 2026-11-26)
+Liger took 4.87 ms against the compiled plain loss's 4.28 ms per 65,536-token micro-batch fwd+bwd at V=8192, d=512
+(peak memory 136 vs 1,024 MiB): take liger where memory binds, until a step-level measurement says otherwise.
 
 Liger computes the gradients inside the forward; its autograd.Function and Python chunk loop cannot be traced
 by torch.compile(fullgraph=True), so one custom op wraps it: `pgkit::linear_softcap_ce` (x, W, target,
@@ -22,13 +24,13 @@ _FUSED_LOSS = []  # [True] while resolve_loss_kernel chose liger: GPT.forward th
 
 
 def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
-    """"liger" or "torch" for LOSS_KERNEL=`requested` on `device`; nothing is set. Liger is taken only when it
-    imports and passes liger_self_check (auto falls back to torch, with a WARNING through `log` when it imported
-    but failed). Raises ValueError naming LOSS_KERNEL for an unknown value, or for liger without CUDA, without an
-    importable liger_kernel or failing its check."""
+    """"liger" or "torch" for LOSS_KERNEL=`requested` on `device`; nothing is set. auto is torch (the measured
+    faster kernel, module docstring). Liger is taken only when it imports and passes liger_self_check. Raises
+    ValueError naming LOSS_KERNEL for an unknown value, or for liger without CUDA, without an importable
+    liger_kernel or failing its check."""
     if requested not in LOSS_KERNELS:
         raise ValueError(f"LOSS_KERNEL={requested!r}: expected one of {', '.join(LOSS_KERNELS)}")
-    if requested == "torch" or requested == "auto" and device.type != "cuda":
+    if requested in ("torch", "auto"):
         return "torch"
     if device.type != "cuda":
         raise ValueError(f"LOSS_KERNEL={requested!r}: Liger-Kernel needs CUDA, this run is on {device.type}; expected "
@@ -36,15 +38,9 @@ def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
     try:
         import liger_kernel.ops.fused_linear_cross_entropy  # noqa: F401
     except Exception as err:  # missing, or a Triton that does not match this torch
-        if requested == "auto":
-            return "torch"
         raise ValueError(f"LOSS_KERNEL='liger': cannot import liger_kernel.ops.fused_linear_cross_entropy: {err} "
                          "(install: requirements-gpu.txt)") from None
     why = liger_self_check(device)
-    if why and requested == "auto":
-        if log:
-            log(f"WARNING: LOSS_KERNEL=auto: Liger-Kernel imports but fails its check ({why}): the plain loss")
-        return "torch"
     if why:
         raise ValueError(f"LOSS_KERNEL='liger': Liger-Kernel fails its check on {device}: {why}; expected LOSS_KERNEL="
                          "auto or torch")

@@ -234,8 +234,7 @@ def test_liger_is_taken_only_when_it_passes_its_self_check(monkeypatch):
     cuda, lines = torch.device("cuda"), []  # here the check itself fails: no CUDA device to run it on
     if torch.cuda.is_available():
         pytest.skip("a CUDA device would run the check")
-    assert choose_loss_kernel("auto", cuda, lines.append) == "torch"
-    assert len(lines) == 1 and lines[0].startswith("WARNING: LOSS_KERNEL=auto: Liger-Kernel imports but fails its check (")
+    assert choose_loss_kernel("auto", cuda, lines.append) == "torch" and lines == []  # auto: the measured faster loss
     with pytest.raises(ValueError, match=r"LOSS_KERNEL='liger': Liger-Kernel fails its check on cuda: \w+Error: .*; "
                                          "expected LOSS_KERNEL=auto or torch"):
         choose_loss_kernel("liger", cuda)

@@ -96,11 +96,11 @@ def test_logits_are_never_materialized():
 
 
 def test_compiled_model_trains_through_liger_like_the_plain_loss():
-    """resolve_loss_kernel picks liger on CUDA; the compiled (fullgraph) bf16 model's loss and gradients match
+    """resolve_loss_kernel takes liger on CUDA; the compiled (fullgraph) bf16 model's loss and gradients match
     the plain loss's; no graph break."""
     from torch._dynamo.utils import counters
 
-    assert resolve_loss_kernel("auto", torch.device("cuda"), log=lambda msg: None) == "liger"
+    assert resolve_loss_kernel("liger", torch.device("cuda"), log=lambda msg: None) == "liger"
     torch.manual_seed(0)
     model = GPT(vocab_size=8192, num_layers=2, model_dim=512, num_heads=8, num_kv_heads=4, mlp_mult=3.0, rope_dims=32,
                 xsa_last_n=1).cuda()

@@ -61,6 +61,20 @@ def test_parse_pytest_summary_and_failures():
                      "tests/test_gpu.py::test_cuda_forward_matches_cpu_fp32_at_bf16_tolerance")]
 
 
+def test_parse_bench_keeps_the_kit_row_when_the_reference_failed():
+    text = BENCH_OUT.replace("reference      366.5    1,430,513   30.8%  10.0 GiB   1.00x\n", "") + (
+        "bench_step: the reference gave no time: reference exited 2: [\"can't open file\"]\n")
+    rows = gpu_report.parse_bench(job(label="b"), text, 1)
+    assert [r[1:3] for r in rows] == [("b, kit", "414.1 ms/step"), ("b, official script", "no result")]
+    assert rows[1][3] == "reference exited 2: [\"can't open file\"]"
+
+
+def test_kernel_rows_end_at_their_line_when_warnings_follow():
+    text = "ROW\tloss LOSS_KERNEL=liger\t4.87 ms fwd+bwd\tpeak +136 MiB\n/x.py:72: UserWarning: Memory\n  y = f(q)\n"
+    assert gpu_report.parse_kernels(job("kernels"), text, 0) == [
+        ("kernels", "loss LOSS_KERNEL=liger", "4.87 ms fwd+bwd", "peak +136 MiB")]
+
+
 def test_failure_note_names_the_error_line_and_the_exit():
     assert gpu_report.failure_note("a\nValueError: bad shape\nwarning tail\n", 1) == "exit 1: ValueError: bad shape"
     assert gpu_report.failure_note("", None) == "timed out: "

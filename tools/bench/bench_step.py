@@ -21,7 +21,6 @@ float32 full-size [tokens x hidden] buffers and ptxas spills of the fused reduct
 """
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import re
@@ -57,6 +56,7 @@ import trainer.context as trainer_context  # noqa: E402
 import shards.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
 import model.gpt as trainer_model  # noqa: E402
+from model.fused_loss import resolve_loss_kernel  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 
 SHAPE_ENV = ("NUM_LAYERS", "MODEL_DIM", "NUM_HEADS", "NUM_KV_HEADS", "MLP_MULT", "TRAIN_SEQ_LEN", "TRAIN_BATCH_TOKENS",
@@ -123,7 +123,9 @@ print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=int(sys.arg
 
 
 def run_reference(path: str, hp, steps: int, profile_rows: int = 0, timeout_s: int = 1800) -> Side:
-    """Time the reference script as its own process (and, with profile_rows, a second profiled run)."""
+    """Time the reference script as its own process (and, with profile_rows, a second profiled run). It runs
+    in its own folder, so `path` is made absolute first (a relative one named a file that was not there)."""
+    path = str(Path(path).resolve())
     env = reference_env(hp, steps)
     proc = subprocess.run([sys.executable, path], env=env, capture_output=True, text=True, timeout=timeout_s,
                           cwd=Path(path).resolve().parent)
@@ -147,6 +149,7 @@ def run_kit(hp, steps: int, profile_rows: int = 0) -> Side:
     ctx = trainer_context.setup_distributed(hp)
     head_dim = hp.model_dim // hp.num_heads
     print(f"attention:{trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device, print, head_dim)}")
+    resolve_loss_kernel(hp.loss_kernel, ctx.device, print)  # as train_gpt.py does (prints loss:liger / loss:torch)
     if Path(hp.data_path).is_dir():
         loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size, device=ctx.device)
     else:
@@ -212,9 +215,14 @@ def main(argv=None) -> int:
     flops = trainer_model.count_train_flops_per_token(config, hp.train_seq_len)
     t0 = time.perf_counter()
     sides = [run_kit(hp, args.steps, args.profile or 0)]
+    failed = ""
     if args.reference:
-        with contextlib.suppress(KeyboardInterrupt):
+        try:
             sides.append(run_reference(args.reference, hp, args.steps, args.profile or 0))
+        except (RuntimeError, ValueError, subprocess.TimeoutExpired) as err:  # the kit's row still prints
+            failed = f"bench_step: the reference gave no time: {str(err).splitlines()[0][:300]}"
+        except KeyboardInterrupt:
+            pass
     where = torch.cuda.get_device_name() if not args.cpu else "CPU (timings say nothing about a GPU)"
     print(f"bench_step: {where}, torch {torch.__version__}, preset {hp.preset}, "
           f"{hp.train_batch_tokens:,} tokens/step, seq {hp.train_seq_len}, {args.steps} steps per side "
@@ -223,7 +231,9 @@ def main(argv=None) -> int:
     for s in sides:
         if s.kernels:
             print(f"\n== top CUDA kernels: {s.name} ==\n{s.kernels}")
-    return 0
+    if failed:
+        print(failed, file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
 from eval.phased_ttt import project_phased_seconds  # noqa: E402
+from model.fused_loss import resolve_loss_kernel  # noqa: E402
 from eval.ttt import project_ttt_seconds  # noqa: E402
 from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
@@ -415,6 +416,7 @@ def main(argv=None) -> int:
         try:  # ATTN_BACKEND=fa3/fa4/fa2 that cannot run here: one line, exit 2
             backend = trainer_attention.resolve_attention_backend(hp.attn_backend, ctx.device, print,
                                                                   hp.model_dim // hp.num_heads)
+            resolve_loss_kernel(hp.loss_kernel, ctx.device, print)  # the trainer's loss kernel (prints loss:...)
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

@@ -88,7 +88,7 @@ class Job:
 
 BENCH_ROW = re.compile(r"^(kit|reference)\s+([\d.]+)\s+([\d,]+)\s+([\d.]+)%\s+(n/a|[\d.]+ GiB)\s+([\d.]+)x\s*$", re.M)
 CHECK_ROW = re.compile(r"^(ok|WARN|FAIL)\s+(.+?)\s{2,}(.+)$", re.M)
-KERNEL_ROW = re.compile(r"^ROW\t([^\t]*)\t([^\t]*)\t([^\t]*)$", re.M)
+KERNEL_ROW = re.compile(r"^ROW\t([^\t\n]*)\t([^\t\n]*)\t([^\t\n]*)$", re.M)
 PYTEST_TAIL = re.compile(r"^=*\s*(.*\b(?:passed|failed|skipped|deselected|error)\b.*?)\s*=*$", re.M)
 
 
@@ -106,6 +106,9 @@ def parse_bench(job, text, returncode):
         who = "official script" if name == "reference" else "kit"
         rows.append((job.section, f"{job.label}, {who}", f"{float(ms):.1f} ms/step",
                      f"{tok_s} tok/s, MFU {mfu}%, peak {mem}"))
+    ref_failed = re.search(r"^bench_step: the reference gave no time: (.*)$", text, re.M)
+    if ref_failed:
+        rows.append((job.section, f"{job.label}, official script", "no result", ref_failed.group(1)))
     backend = re.search(r"^(attention:\S+|loss:\S+)", text, re.M)
     if rows and backend:
         kernels = sorted(set(re.findall(r"^(attention:[a-z0-9]+|loss:[a-z0-9]+)", text, re.M)))
