@@ -92,6 +92,7 @@ def test_batched_muon_equals_torch_muon_on_cuda():
     shapes = [(512, 512), (256, 512), (256, 512), (512, 512), (1536, 512), (512, 1536)]
     ref_params = [torch.nn.Parameter(torch.randn(*s, device="cuda") * 0.02) for s in shapes]
     our_params = [torch.nn.Parameter(p.detach().clone()) for p in ref_params]
+    start = [p.detach().clone() for p in ref_params]
     ref = torch.optim.Muon(ref_params, lr=0.032, momentum=0.95, weight_decay=0.02, adjust_lr_fn="original")
     ours = Muon(our_params, lr=0.032, momentum=0.95, weight_decay=0.02, compile=True)
     for _ in range(3):
@@ -100,8 +101,11 @@ def test_batched_muon_equals_torch_muon_on_cuda():
             b.grad = a.grad.clone()
         ref.step()
         ours.step()
-    for a, b in zip(ref_params, our_params):  # batched bf16 matmuls may sum in another order
-        torch.testing.assert_close(b, a, atol=2e-4, rtol=0)
+    # batched bf16 Newton-Schulz sums in another order: compare the updates, relative to their size (an absolute
+    # 2e-4 failed on an H100 at 1 of 262,144 values, 2.19e-4, of updates ~1e-3); a wrong update is off by O(1)
+    for a, b, a0 in zip(ref_params, our_params, start):
+        da, db = (a - a0).detach(), (b - a0).detach()
+        assert (db - da).norm() / da.norm() < 0.02, ((db - da).norm() / da.norm()).item()
 
 
 # ----------------------------------------------------------------------------------------------- FA4
