@@ -382,3 +382,56 @@ def test_gpu_forward_comparison_is_sound_on_the_cpu_twin():
     broken, broken_loss = forward_on(model, x, y, "cpu", autocast=True)
     with pytest.raises(AssertionError):
         assert_bf16_agreement(broken, broken_loss, ref_logits, ref_loss)
+
+
+# ----------------------------------------------------------------------------------------------- non-finite loss
+
+
+def test_non_finite_watch_reads_a_snapshot_every_ten_steps_without_a_sync_and_names_the_first_bad_step():
+    """The GPU form of the loss check, on a CPU: the flag stays on the device, a poll at step 10k reads the
+    snapshot copied at step 10(k-1) (no sync), and the error names the first bad step, however late it is seen."""
+    watch = trainer_loop.NonFiniteWatch(torch.device("cpu"), every=10, asynchronous=True)
+    seen = None
+    for step in range(40):
+        watch.record(torch.tensor(float("nan") if step in (12, 15) else 1.0), step)
+        try:
+            watch.poll(step + 1)
+        except trainer_loop.NonFiniteLossError as err:
+            seen = (step + 1, str(err))
+            break
+    assert seen == (30, "non-finite train loss at step 13")  # copied after step 20, read at step 30
+    with pytest.raises(trainer_loop.NonFiniteLossError, match="at step 13$"):
+        watch.check()  # the live flag: what log steps and the end of training read
+    watch.reset()
+    watch.check()
+    cpu = trainer_loop.NonFiniteWatch(torch.device("cpu"))  # on a CPU every poll reads the flag
+    cpu.record(torch.tensor(float("inf")), 4)
+    with pytest.raises(trainer_loop.NonFiniteLossError, match="at step 5$"):
+        cpu.poll(5)
+
+
+@pytest.mark.slow
+def test_a_loss_gone_non_finite_after_the_last_snapshot_still_stops_training(tiny_dataset, tmp_path, monkeypatch):
+    """With the GPU's snapshot check (every 10 steps, a snapshot read 10 steps after it is copied), no snapshot
+    is read in a 14-step run: a loss gone NaN (after step 1's log, which reads the flag) is caught by the check
+    at the end of training, before the EMA swap or anything is exported."""
+    real = trainer_loop.NonFiniteWatch
+    watches = []
+
+    def asynchronous_watch(device):
+        watches.append(real(device, asynchronous=True))
+        return watches[-1]
+
+    monkeypatch.setattr(trainer_loop, "NonFiniteWatch", asynchronous_watch)
+    hp = Hyperparameters(**{**STEP_TINY, "iterations": 14, "scalar_lr": 1e30, "qat_start_frac": 0.0},
+                         data_path=str(tiny_dataset))
+    ctx = trainer_context.RunContext(0, 1, 0, torch.device("cpu"), tmp_path, None, False)
+    ctx.log = lambda msg="", console=True: None
+    torch.manual_seed(hp.seed)
+    model = GPT(**build_model_config(hp))
+    model.init_weights()
+    loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    with pytest.raises(trainer_loop.NonFiniteLossError, match=r"non-finite train loss at step (\d+)") as err:
+        trainer_loop.train(ctx, hp, model, loader, flops_per_token=1.0)
+    first = int(str(err.value).rsplit(" ", 1)[1])
+    assert 2 <= first <= 14 and watches[0].asynchronous
