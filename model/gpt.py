@@ -78,20 +78,22 @@ def sparse_head_gate(y: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, sca
 class CastedLinear(nn.Linear):
     """Bias-free linear with optional late-QAT fake quantization of its weight.
 
-    `qat_bits` is fixed before compile (0 = never); the 0/1 tensor buffer `qat_gate` switches the
-    fake-quant on at run time. A tensor, not a Python flag, so torch.compile cannot constant-fold it
-    (the bug that silently disabled QAT in PRs #315, #1559, #1617).
+    `qat_bits` is fixed before compile (0 = never); `qat_on` (set by GPT.set_qat) switches the
+    fake-quant on. An instance attribute that dynamo guards: while it is False the compiled step has
+    no fake-quant op at all, and the first call after it flips compiles the QAT graph once (the
+    trainer's warmup compiles both before the clock). A class attribute or a global read inside the
+    compiled model could be constant-folded instead, the bug that silently disabled QAT in PRs #315,
+    #1559, #1617: tests/test_model.py runs the compiled model on both sides of the flip.
     """
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
-        self.qat_bits = 0
-        self.register_buffer("qat_gate", torch.zeros(()), persistent=False)
+        self.qat_bits, self.qat_on = 0, False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if self.qat_bits:
-            w = w + self.qat_gate * (fake_quantize_per_row(w, self.qat_bits) - w)
+        if self.qat_bits and self.qat_on:
+            w = fake_quantize_per_row(w, self.qat_bits)
         return F.linear(x, w.to(x.dtype))
 
 
@@ -243,10 +245,16 @@ class GPT(nn.Module):
                 chosen[f"{name}.weight"] = module.qat_bits
         return chosen
 
+    @property
+    def has_qat(self) -> bool:
+        """Whether set_qat(True) changes anything: some linear has QAT bits (configure_qat)."""
+        return any(isinstance(m, CastedLinear) and m.qat_bits for m in self.modules())
+
     def set_qat(self, enabled: bool) -> None:
+        """Fake-quant on or off in every linear with QAT bits (the others keep one graph: no recompile)."""
         for module in self.modules():
             if isinstance(module, CastedLinear):
-                module.qat_gate.fill_(1.0 if enabled else 0.0)
+                module.qat_on = bool(enabled and module.qat_bits)
 
     def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
         t = input_ids.size(1)

@@ -168,8 +168,37 @@ def test_warmdown_and_qat_schedule_on_a_fake_clock():
     assert muon_momentum_at(1000, hp) == pytest.approx(0.95)
 
 
+def test_qat_switch_recompiles_the_compiled_model_once_and_keeps_fake_quant_out_until_then():
+    """Design §4: a flag read inside a compiled model must not be constant-folded at first trace. The
+    QAT-off graph holds no fake-quant op (no row amax); switching QAT on compiles exactly one more graph,
+    and switching back and forth after that compiles nothing."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = tiny_model(xsa_last_n=0)
+    model.configure_qat(QuantPolicy(mlp_bits=6, attn_bits=6))
+    compiled = torch.compile(model.forward_logits, backend=capture, fullgraph=True)
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        off = compiled(x)
+        model.set_qat(True)
+        on = compiled(x)
+        model.set_qat(False)
+        assert torch.equal(compiled(x), off)
+        model.set_qat(True)
+        assert torch.equal(compiled(x), on)
+    assert len(graphs) == 2, "QAT on/off: expected exactly one recompile"
+    amax = ["amax" in str(node.target) for node in graphs[0].graph.nodes], [
+        "amax" in str(node.target) for node in graphs[1].graph.nodes]
+    assert sum(amax[0]) == 0 and sum(amax[1]) == 6 * len(model.blocks)  # one per block matrix
+    torch._dynamo.reset()
+
+
 def test_qat_gate_switches_the_compiled_model_at_run_time():
-    """Design §4: a flag read inside a compiled model must not be constant-folded at first trace."""
+    """The compiled model (aot_eager) follows set_qat on both sides of the flip, and equals eager."""
     model = tiny_model(xsa_last_n=0)
     chosen = model.configure_qat(QuantPolicy())  # no bits set: QUANT_FIT's start, int8
     assert chosen["blocks.0.mlp.fc.weight"] == 8 and chosen["blocks.0.attn.c_q.weight"] == 8
@@ -186,7 +215,7 @@ def test_qat_gate_switches_the_compiled_model_at_run_time():
     assert torch.allclose(off_eager, off_compiled, atol=1e-5)
     assert not torch.allclose(off_compiled, on_compiled, atol=1e-4), "QAT gate was constant-folded"
     assert torch.allclose(on_eager, on_compiled, atol=1e-5)
-    # with the gate on, every block matrix is used exactly as the export will round it
+    # with QAT on, every block matrix is used exactly as the export will round it
     lin = model.blocks[0].mlp.fc
     out = lin(torch.eye(lin.in_features))
     assert torch.equal(out.T, fake_quantize_per_row(lin.weight, 6).detach())

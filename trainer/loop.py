@@ -19,7 +19,7 @@ from model.gpt import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
     EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,
-    run_steps_estimate, schedule_warning, warmdown_frac_at, wd_taper_multiplier)
+    run_steps_estimate, schedule_warning, warmdown_frac_at, warmup_graph_states, wd_taper_multiplier)
 from primitives.settings import Hyperparameters
 
 
@@ -176,9 +176,12 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
         initial = copy.deepcopy([model.state_dict(), [o.state_dict() for o in optimizers.all],
                                  (loader.shard_index, loader.offset)])
-        for i in range(hp.warmup_steps):  # with depth recurrence, the second half primes the looped graph
-            model.looping_active = bool(hp.num_loops) and i >= hp.warmup_steps // 2
-            one_step(i, hp.enable_looping_at * model.looping_active)
+        # each graph the run will use (looped, QAT on) is compiled here, not on the clock
+        for i, (looping, qat) in enumerate(warmup_graph_states(hp, model.has_qat)):
+            model.looping_active = looping
+            model.set_qat(qat)
+            one_step(i, hp.enable_looping_at * looping)
+        model.set_qat(False)
         model.load_state_dict(initial[0])
         for opt, sd in zip(optimizers.all, initial[1]):
             opt.load_state_dict(sd)
