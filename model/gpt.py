@@ -53,6 +53,32 @@ def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (y - (y * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
 
 
+class _EmbedAs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, weight, dtype):
+        ctx.save_for_backward(ids)
+        ctx.num_rows = weight.size(0)
+        return F.embedding(ids, weight.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors  # the float32 gather's own backward, on the gradient cast as its cast's would be
+        return None, torch.ops.aten.embedding_backward(grad.float(), ids, ctx.num_rows, -1, False, False), None
+
+
+def embed_as(ids: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight[ids].to(dtype), gathered from the table cast to `dtype`: ids [B, T] int64, weight [V, D] -> [B, T, D].
+
+    The same values as the gather cast after it, and the same gradient: weight's, summed in float32 over
+    the tokens (a bf16 table's own embedding backward sums in bf16 on a CPU). Under bf16 autocast the
+    compiled step then keeps no float32 [B, T, D] gather, which Inductor saved and re-read in every
+    block to rebuild x0 (+0.5 GiB forward, +0.25 GiB backward per micro-batch at the default preset).
+    """
+    if dtype == weight.dtype:
+        return F.embedding(ids, weight)
+    return _EmbedAs.apply(ids, weight, dtype)
+
+
 BOS_TOKEN_ID = 1  # every document starts with it (the shard format)
 
 
@@ -260,11 +286,11 @@ class GPT(nn.Module):
         t = input_ids.size(1)
         freqs = torch.outer(torch.arange(t, device=input_ids.device, dtype=torch.float32), self.rope_inv_freq)
         cos, sin = freqs.cos(), freqs.sin()
-        x = self.tok_emb(input_ids)
+        dt = residual_dtype(self.tok_emb.weight)
+        x = embed_as(input_ids, self.tok_emb.weight, dt)
         if hasattr(self, "smear_gate_w"):
             x = smear_previous_token(x, input_ids, self.smear_gate_w, self.smear_lambda)
-        dt = residual_dtype(x)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12): cast after it
-        x = x0 = F.rms_norm(x.to(dt), (x.size(-1),)).to(dt)
+        x = x0 = F.rms_norm(x, (x.size(-1),)).to(dt)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12)
         skips = []
         order = self.loop_order if self.looping_active else range(len(self.blocks))
         num_encoder = len(order) // 2 if self.looping_active else self.num_encoder_layers

@@ -14,6 +14,7 @@ from model.gpt import (
     apply_partial_rope,
     build_model_config,
     count_train_flops_per_token,
+    embed_as,
     exclusive_self_attention,
 )
 from trainer.optim import Muon, build_optimizers, split_params
@@ -219,6 +220,27 @@ def test_qat_gate_switches_the_compiled_model_at_run_time():
     lin = model.blocks[0].mlp.fc
     out = lin(torch.eye(lin.in_features))
     assert torch.equal(out.T, fake_quantize_per_row(lin.weight, 6).detach())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_embed_as_equals_the_float32_gather_cast_after_it_values_and_gradient(compiled):
+    """The bf16 gather (the compiled step keeps no float32 [B, T, D] copy) changes no value and no gradient:
+    the table's gradient is summed in float32 as the float32 gather's is (a bf16 table's own backward sums
+    in bf16 on a CPU); float32 runs take the plain gather."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 16)
+    ids = torch.randint(0, 64, (4, 512))  # each row gathered ~32 times: a bf16 sum would be visibly off
+    grad = torch.randn(4, 512, 16).bfloat16()
+    fn = torch.compile(embed_as, backend="aot_eager", fullgraph=True) if compiled else embed_as
+    new, old = w.clone().requires_grad_(), w.clone().requires_grad_()
+    out = fn(ids, new, torch.bfloat16)
+    out.backward(grad)
+    ref = F.embedding(ids, old).to(torch.bfloat16)
+    ref.backward(grad)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    assert new.grad.dtype == torch.float32 and torch.equal(new.grad, old.grad)
+    plain = w.clone().requires_grad_()
+    assert torch.equal(embed_as(ids, plain, torch.float32), F.embedding(ids, w))
 
 
 def test_ema_matches_closed_form():
