@@ -44,13 +44,17 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """XSA: remove from each head's output its component along the token's own unit value vector.
 
-    y [B, T, H, D] attention output; v [B, T, Hkv, D]. With GQA, query heads are grouped as
-    [B, T, Hkv, H/Hkv, D] and share the normalized v of their KV head (F.normalize: a unit vector).
+    y [B, T, H, D] attention output; v [B, T, Hkv, D] -> y's shape and dtype. With GQA, query heads are
+    grouped as [B, T, Hkv, H/Hkv, D] and share their KV head's v. y - (y.v / |v|^2) v is F.normalize's
+    y - (y.v^) v^ (|v| clamped at 1e-12 as there), in float32 math rounded once (y is promoted inside
+    each op, so autograd saves y in its own dtype). Under Inductor no normalized v is stored or re-read
+    (0.5 GiB less per micro-batch at the default preset than the F.normalize form, bf16 autocast).
     """
     b, t, h, d = y.shape
-    y = y.reshape(b, t, v.size(2), h // v.size(2), d)
-    vn = F.normalize(v, dim=-1).unsqueeze(3)
-    return (y - (y * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
+    yg = y.reshape(b, t, v.size(2), h // v.size(2), d)
+    vf = v.unsqueeze(3).to(torch.promote_types(y.dtype, torch.float32))  # y stays in its dtype: saved as it is
+    n = (vf * vf).sum(-1, keepdim=True).clamp_min(1e-24)  # |v|^2, F.normalize's max(|v|, 1e-12) squared
+    return (yg - ((yg * vf).sum(-1, keepdim=True) / n) * vf).to(y.dtype).reshape(b, t, h, d)
 
 
 class _EmbedAs(torch.autograd.Function):

@@ -131,6 +131,53 @@ def test_xsa_output_is_orthogonal_to_own_value_per_head_with_gqa():
         assert torch.allclose(z[:, :, head], y[:, :, head] - proj, atol=1e-6)
 
 
+def xsa_reference(y, v):
+    """XSA as first written (F.normalize, autograd's backward): [B, T, H, D], [B, T, Hkv, D]."""
+    b, t, h, d = y.shape
+    yg = y.reshape(b, t, v.size(2), h // v.size(2), d)
+    vn = F.normalize(v, dim=-1).unsqueeze(3)
+    return (yg - (yg * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
+
+
+def test_xsa_projection_form_equals_the_normalize_form_with_its_gradients():
+    """XSA as y - (y.v / |v|^2) v: torch.autograd.gradcheck in float64 (GQA groups of 2 and 4, one zero value
+    vector, where F.normalize clamps), and forward and gradients equal to the F.normalize form."""
+    torch.manual_seed(0)
+    for h, hkv in ((4, 2), (8, 2), (4, 4)):
+        y = torch.randn(2, 5, h, 8, dtype=torch.float64, requires_grad=True)
+        v = torch.randn(2, 5, hkv, 8, dtype=torch.float64)
+        v[0, 1, 0] = 0.0
+        v.requires_grad_()
+        assert torch.autograd.gradcheck(exclusive_self_attention, (y, v))
+        grad = torch.randn_like(y)
+        out = exclusive_self_attention(y, v)
+        ref = xsa_reference(y, v)
+        assert torch.allclose(out, ref, rtol=0, atol=1e-12)
+        got, want = torch.autograd.grad(out, (y, v), grad), torch.autograd.grad(ref, (y, v), grad)
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-10) for a, b in zip(got, want))
+
+
+def test_xsa_in_bf16_rounds_no_worse_than_the_normalize_form():
+    """Under bf16 XSA computes in float32 and rounds once: its error against float64 is at most the F.normalize
+    form's (which rounds each bf16 intermediate), forward and backward; eager and compiled agree."""
+    torch.manual_seed(1)
+    y64, v64, g64 = torch.randn(4, 64, 8, 64, dtype=torch.float64), torch.randn(4, 64, 4, 64, dtype=torch.float64), \
+        torch.randn(4, 64, 8, 64, dtype=torch.float64)
+    errors = {}
+    compiled = torch.compile(exclusive_self_attention, backend="aot_eager", fullgraph=True)
+    for name, fn in (("fused", exclusive_self_attention), ("compiled", compiled), ("normalize", xsa_reference)):
+        y, v = y64.bfloat16().requires_grad_(), v64.bfloat16().requires_grad_()
+        out = fn(y, v)
+        assert out.dtype == torch.bfloat16
+        gy, gv = torch.autograd.grad(out, (y, v), g64.bfloat16())
+        yr, vr = y64.bfloat16().double().requires_grad_(), v64.bfloat16().double().requires_grad_()
+        ref = xsa_reference(yr, vr)
+        ry, rv = torch.autograd.grad(ref, (yr, vr), g64.bfloat16().double())
+        errors[name] = [(a.double() - b).abs().max().item() for a, b in ((out, ref), (gy, ry), (gv, rv))]
+    assert all(f <= n for f, n in zip(errors["fused"], errors["normalize"])), errors
+    assert errors["compiled"] == errors["fused"], errors
+
+
 def test_attention_gqa_matches_sdpa_with_repeated_kv():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 9, 4, 8), torch.randn(2, 9, 2, 8), torch.randn(2, 9, 2, 8)
