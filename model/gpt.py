@@ -45,13 +45,43 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """XSA: remove from each head's output its component along the token's own unit value vector.
 
-    y [B, T, H, D] attention output; v [B, T, Hkv, D]. With GQA, query heads are grouped as
-    [B, T, Hkv, H/Hkv, D] and share the normalized v of their KV head (F.normalize: a unit vector).
+    y [B, T, H, D] attention output; v [B, T, Hkv, D] -> y's shape and dtype. With GQA, query heads are
+    grouped as [B, T, Hkv, H/Hkv, D] and share their KV head's v. y - (y.v / |v|^2) v is F.normalize's
+    y - (y.v^) v^ (|v| clamped at 1e-12 as there), in float32 math rounded once (y is promoted inside
+    each op, so autograd saves y in its own dtype). Under Inductor no normalized v is stored or re-read
+    (0.5 GiB less per micro-batch at the default preset than the F.normalize form, bf16 autocast).
     """
     b, t, h, d = y.shape
-    y = y.reshape(b, t, v.size(2), h // v.size(2), d)
-    vn = F.normalize(v, dim=-1).unsqueeze(3)
-    return (y - (y * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
+    yg = y.reshape(b, t, v.size(2), h // v.size(2), d)
+    vf = v.unsqueeze(3).to(torch.promote_types(y.dtype, torch.float32))  # y stays in its dtype: saved as it is
+    n = (vf * vf).sum(-1, keepdim=True).clamp_min(1e-24)  # |v|^2, F.normalize's max(|v|, 1e-12) squared
+    return (yg - ((yg * vf).sum(-1, keepdim=True) / n) * vf).to(y.dtype).reshape(b, t, h, d)
+
+
+class _EmbedAs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ids, weight, dtype):
+        ctx.save_for_backward(ids)
+        ctx.num_rows = weight.size(0)
+        return F.embedding(ids, weight.to(dtype))
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors  # the float32 gather's own backward, on the gradient cast as its cast's would be
+        return None, torch.ops.aten.embedding_backward(grad.float(), ids, ctx.num_rows, -1, False, False), None
+
+
+def embed_as(ids: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight[ids].to(dtype), gathered from the table cast to `dtype`: ids [B, T] int64, weight [V, D] -> [B, T, D].
+
+    The same values as the gather cast after it, and the same gradient: weight's, summed in float32 over
+    the tokens (a bf16 table's own embedding backward sums in bf16 on a CPU). Under bf16 autocast the
+    compiled step then keeps no float32 [B, T, D] gather, which Inductor saved and re-read in every
+    block to rebuild x0 (+0.5 GiB forward, +0.25 GiB backward per micro-batch at the default preset).
+    """
+    if dtype == weight.dtype:
+        return F.embedding(ids, weight)
+    return _EmbedAs.apply(ids, weight, dtype)
 
 
 BOS_TOKEN_ID = 1  # every document starts with it (the shard format)
@@ -79,20 +109,22 @@ def sparse_head_gate(y: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, sca
 class CastedLinear(nn.Linear):
     """Bias-free linear with optional late-QAT fake quantization of its weight.
 
-    `qat_bits` is fixed before compile (0 = never); the 0/1 tensor buffer `qat_gate` switches the
-    fake-quant on at run time. A tensor, not a Python flag, so torch.compile cannot constant-fold it
-    (the bug that silently disabled QAT in PRs #315, #1559, #1617).
+    `qat_bits` is fixed before compile (0 = never); `qat_on` (set by GPT.set_qat) switches the
+    fake-quant on. An instance attribute that dynamo guards: while it is False the compiled step has
+    no fake-quant op at all, and the first call after it flips compiles the QAT graph once (the
+    trainer's warmup compiles both before the clock). A class attribute or a global read inside the
+    compiled model could be constant-folded instead, the bug that silently disabled QAT in PRs #315,
+    #1559, #1617: tests/test_model.py runs the compiled model on both sides of the flip.
     """
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
-        self.qat_bits = 0
-        self.register_buffer("qat_gate", torch.zeros(()), persistent=False)
+        self.qat_bits, self.qat_on = 0, False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        if self.qat_bits:
-            w = w + self.qat_gate * (fake_quantize_per_row(w, self.qat_bits) - w)
+        if self.qat_bits and self.qat_on:
+            w = fake_quantize_per_row(w, self.qat_bits)
         return F.linear(x, w.to(x.dtype))
 
 
@@ -245,21 +277,27 @@ class GPT(nn.Module):
                 chosen[f"{name}.weight"] = module.qat_bits
         return chosen
 
+    @property
+    def has_qat(self) -> bool:
+        """Whether set_qat(True) changes anything: some linear has QAT bits (configure_qat)."""
+        return any(isinstance(m, CastedLinear) and m.qat_bits for m in self.modules())
+
     def set_qat(self, enabled: bool) -> None:
+        """Fake-quant on or off in every linear with QAT bits (the others keep one graph: no recompile)."""
         for module in self.modules():
             if isinstance(module, CastedLinear):
-                module.qat_gate.fill_(1.0 if enabled else 0.0)
+                module.qat_on = bool(enabled and module.qat_bits)
 
     def forward_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The final normalized residual stream [B, T, D] (the head's input) of input_ids int64 [B, T]."""
         t = input_ids.size(1)
         freqs = torch.outer(torch.arange(t, device=input_ids.device, dtype=torch.float32), self.rope_inv_freq)
         cos, sin = freqs.cos(), freqs.sin()
-        x = self.tok_emb(input_ids)
+        dt = residual_dtype(self.tok_emb.weight)
+        x = embed_as(input_ids, self.tok_emb.weight, dt)
         if hasattr(self, "smear_gate_w"):
             x = smear_previous_token(x, input_ids, self.smear_gate_w, self.smear_lambda)
-        dt = residual_dtype(x)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12): cast after it
-        x = x0 = F.rms_norm(x.to(dt), (x.size(-1),)).to(dt)
+        x = x0 = F.rms_norm(x, (x.size(-1),)).to(dt)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12)
         skips = []
         order = self.loop_order if self.looping_active else range(len(self.blocks))
         num_encoder = len(order) // 2 if self.looping_active else self.num_encoder_layers

@@ -83,8 +83,8 @@ def fake_quantize_per_row(w: torch.Tensor, bits: int) -> torch.Tensor:
     Forward value: dequantize_per_row(*quantize_per_row(w, bits)) (clip quantile 1.0) bit for bit,
     eager and torch.compile'd (tested on CPU): computed as dq + (w - w.detach()), whose second term
     is exactly 0 (no FMA contraction or rounding can touch dq), rather than w + (dq - w).detach().
-    Backward: identity (straight-through estimator, Bengio et al. 2013). The caller gates it with a
-    0/1 tensor (not a Python flag, which torch.compile would constant-fold).
+    Backward: identity (straight-through estimator, Bengio et al. 2013). The caller (CastedLinear)
+    switches it with an attribute torch.compile guards, so a compiled step without QAT has no such op.
     """
     d = w.detach()
     return dequantize_per_row(*quantize_per_row(d, bits), w.dtype) + (w - d)

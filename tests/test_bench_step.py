@@ -92,3 +92,22 @@ def test_cpu_twin_generates_cuda_code_and_sees_a_float32_residual(tmp_path, monk
     old = {k: kernel_stats(p) for k, p in generate_cuda_step(config, 4, 128, tmp_path / "old").items()}
     assert sum(m.bytes_moved for m in old.values()) > sum(m.bytes_moved for m in now.values())
     assert now["forward"].full_size_fp32(512, 128) == [] and len(old["forward"].full_size_fp32(512, 128)) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package (no GPU): pip install --target DIR triton")
+def test_cpu_twin_the_embedding_gather_keeps_no_float32_copy_of_the_tokens(tmp_path, monkeypatch):
+    """Gathering from the float32 table and casting after (the old path) made Inductor keep the float32 gather
+    [B, T, D] and re-read it in every block to rebuild x0; embed_as gathers bf16 (same values, same gradient)."""
+    import torch.nn.functional as F
+
+    import model.gpt as trainer_model
+    from tools.bench.step_twin import generate_cuda_step, kernel_stats
+
+    config = dict(vocab_size=512, num_layers=2, model_dim=128, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=16)
+    now = {k: kernel_stats(p) for k, p in generate_cuda_step(config, 4, 128, tmp_path / "now").items()}
+    monkeypatch.setattr(trainer_model, "embed_as", lambda ids, weight, dtype: F.embedding(ids, weight).to(dtype))
+    old = {k: kernel_stats(p) for k, p in generate_cuda_step(config, 4, 128, tmp_path / "old").items()}
+    assert old["forward"].full_size_fp32(512, 128) == [(4, 128, 128)] and now["forward"].full_size_fp32(512, 128) == []
+    for part in ("forward", "backward"):
+        assert now[part].bytes_moved < old[part].bytes_moved, part

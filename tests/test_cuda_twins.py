@@ -6,8 +6,8 @@
 - FLOP counting on the meta device must never reach the flash kernel (FA3's fake backward queries
   the CUDA device and raises on meta).
 - The batched Muon equals torch.optim.Muon.
-- The training step compiles with Inductor, fullgraph, with no graph break and no recompile when
-  the QAT gate flips or across eval batches.
+- The training step compiles with Inductor, fullgraph, with no graph break, exactly one recompile when
+  QAT starts (the QAT-off graph has no fake-quant op) and none across eval batches.
 """
 
 import math
@@ -216,11 +216,12 @@ def run_train_in_process(tiny_dataset, tmp_path, *, compile, autocast_dtype, **o
 
 
 @pytest.mark.slow
-def test_compiled_training_step_has_no_graph_break_and_no_recompile_after_qat_flip(tiny_dataset, tmp_path):
-    """Inductor on CPU, fullgraph: the model's forward+backward (with the QAT gate and the flash
-    stand-in under bf16 autocast with fp32 rms_norm, as on an H100) and Muon's batched Newton-Schulz
-    compile once; the QAT flip at step 3 and the changing lr/momentum compile nothing new; eval
-    batches share one graph. AdamW (fused on CUDA) and the EMA (one foreach lerp) stay eager."""
+def test_compiled_training_step_has_no_graph_break_and_one_recompile_at_the_qat_flip(tiny_dataset, tmp_path):
+    """Inductor on CPU, fullgraph: the model's forward+backward (QAT off, then on; the flash stand-in
+    under bf16 autocast with fp32 rms_norm, as on an H100) and Muon's batched Newton-Schulz compile once
+    each; the QAT flip at step 3 (no warmup steps to compile it before) compiles exactly one more graph,
+    the changing lr/momentum nothing; eval batches share one graph. AdamW (fused on CUDA) and the EMA
+    (one foreach lerp) stay eager."""
     from torch._dynamo.utils import counters
 
     model = tiny_model(qat=True)
@@ -236,9 +237,9 @@ def test_compiled_training_step_has_no_graph_break_and_no_recompile_after_qat_fl
     assert any(line.startswith("late_qat:on step:3") for line in lines)
     assert all(math.isfinite(v) for v in losses) and len(losses) == 6
     assert sum(counters["graph_break"].values()) == 0
-    # one graph for the training forward (its backward is compiled with it by AOTAutograd) and one
-    # for Newton-Schulz (every block matrix is 64 x 64): nothing recompiled on the QAT flip
-    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
+    # one graph for the training forward (its backward is compiled with it by AOTAutograd), one for
+    # Newton-Schulz (every block matrix is 64 x 64) and the QAT-on forward at the flip: one recompile
+    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])
     from eval.sliding import eval_sliding
 
     model.eval()
@@ -248,7 +249,7 @@ def test_compiled_training_step_has_no_graph_break_and_no_recompile_after_qat_fl
         result = eval_sliding(model, tokens, luts, seq_len=32, stride=16, batch_seqs=4, device="cpu",
                               autocast_dtype=torch.bfloat16, compile_model=True, log=lambda msg: None)
     assert result["num_scored_tokens"] == 32 * 12 and math.isfinite(result["val_loss"])
-    assert counters["stats"]["unique_graphs"] == 3, dict(counters["stats"])  # 6 eval batches, one graph
+    assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])  # 6 eval batches, one graph
     assert sum(counters["graph_break"].values()) == 0
 
 
@@ -382,3 +383,56 @@ def test_gpu_forward_comparison_is_sound_on_the_cpu_twin():
     broken, broken_loss = forward_on(model, x, y, "cpu", autocast=True)
     with pytest.raises(AssertionError):
         assert_bf16_agreement(broken, broken_loss, ref_logits, ref_loss)
+
+
+# ----------------------------------------------------------------------------------------------- non-finite loss
+
+
+def test_non_finite_watch_reads_a_snapshot_every_ten_steps_without_a_sync_and_names_the_first_bad_step():
+    """The GPU form of the loss check, on a CPU: the flag stays on the device, a poll at step 10k reads the
+    snapshot copied at step 10(k-1) (no sync), and the error names the first bad step, however late it is seen."""
+    watch = trainer_loop.NonFiniteWatch(torch.device("cpu"), every=10, asynchronous=True)
+    seen = None
+    for step in range(40):
+        watch.record(torch.tensor(float("nan") if step in (12, 15) else 1.0), step)
+        try:
+            watch.poll(step + 1)
+        except trainer_loop.NonFiniteLossError as err:
+            seen = (step + 1, str(err))
+            break
+    assert seen == (30, "non-finite train loss at step 13")  # copied after step 20, read at step 30
+    with pytest.raises(trainer_loop.NonFiniteLossError, match="at step 13$"):
+        watch.check()  # the live flag: what log steps and the end of training read
+    watch.reset()
+    watch.check()
+    cpu = trainer_loop.NonFiniteWatch(torch.device("cpu"))  # on a CPU every poll reads the flag
+    cpu.record(torch.tensor(float("inf")), 4)
+    with pytest.raises(trainer_loop.NonFiniteLossError, match="at step 5$"):
+        cpu.poll(5)
+
+
+@pytest.mark.slow
+def test_a_loss_gone_non_finite_after_the_last_snapshot_still_stops_training(tiny_dataset, tmp_path, monkeypatch):
+    """With the GPU's snapshot check (every 10 steps, a snapshot read 10 steps after it is copied), no snapshot
+    is read in a 14-step run: a loss gone NaN (after step 1's log, which reads the flag) is caught by the check
+    at the end of training, before the EMA swap or anything is exported."""
+    real = trainer_loop.NonFiniteWatch
+    watches = []
+
+    def asynchronous_watch(device):
+        watches.append(real(device, asynchronous=True))
+        return watches[-1]
+
+    monkeypatch.setattr(trainer_loop, "NonFiniteWatch", asynchronous_watch)
+    hp = Hyperparameters(**{**STEP_TINY, "iterations": 14, "scalar_lr": 1e30, "qat_start_frac": 0.0},
+                         data_path=str(tiny_dataset))
+    ctx = trainer_context.RunContext(0, 1, 0, torch.device("cpu"), tmp_path, None, False)
+    ctx.log = lambda msg="", console=True: None
+    torch.manual_seed(hp.seed)
+    model = GPT(**build_model_config(hp))
+    model.init_weights()
+    loader = trainer_loader.DistributedTokenLoader(hp.data_path, hp.vocab_size)
+    with pytest.raises(trainer_loop.NonFiniteLossError, match=r"non-finite train loss at step (\d+)") as err:
+        trainer_loop.train(ctx, hp, model, loader, flops_per_token=1.0)
+    first = int(str(err.value).rsplit(" ", 1)[1])
+    assert 2 <= first <= 14 and watches[0].asynchronous

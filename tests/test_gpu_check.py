@@ -40,6 +40,10 @@ def test_cpu_twin_runs_every_check_and_passes():
                       "forward vs CPU fp32", "QAT fake-quant == export", "eval recompiles", "sliding eval",
                       "projected full-val eval", "projected TTT eval"]
     assert "attention backend         flash stand-in" in proc.stdout
+    # compile is off in the CPU twin: no graph (with compile on, QAT's start compiles exactly one graph, in warmup,
+    # tests/test_cuda_twins.py)
+    assert re.search(r"recompiles after step 1 +0 \(expected 0: one per graph state \(compile off\), compiled in "
+                     r"warmup; 0 after warmup; QAT on from step 2; 0 graphs in all\)", proc.stdout)
     assert re.search(r"forward vs CPU fp32 +loss [\d.]+ vs [\d.]+ \(rel \S+, bf16 tolerance 1e-2\)", proc.stdout)
     # the QAT row checks the bits QAT trains for: int8 when no QUANT_*_BITS is set (the fit's start)
     assert re.search(r"QAT fake-quant == export +int8 \[\d+, \d+\] eager on cpu: max \|diff\| 0\.0e\+00", proc.stdout)

@@ -14,6 +14,7 @@ from model.gpt import (
     apply_partial_rope,
     build_model_config,
     count_train_flops_per_token,
+    embed_as,
     exclusive_self_attention,
 )
 from trainer.optim import Muon, build_optimizers, split_params
@@ -130,6 +131,53 @@ def test_xsa_output_is_orthogonal_to_own_value_per_head_with_gqa():
         assert torch.allclose(z[:, :, head], y[:, :, head] - proj, atol=1e-6)
 
 
+def xsa_reference(y, v):
+    """XSA as first written (F.normalize, autograd's backward): [B, T, H, D], [B, T, Hkv, D]."""
+    b, t, h, d = y.shape
+    yg = y.reshape(b, t, v.size(2), h // v.size(2), d)
+    vn = F.normalize(v, dim=-1).unsqueeze(3)
+    return (yg - (yg * vn).sum(-1, keepdim=True) * vn).reshape(b, t, h, d)
+
+
+def test_xsa_projection_form_equals_the_normalize_form_with_its_gradients():
+    """XSA as y - (y.v / |v|^2) v: torch.autograd.gradcheck in float64 (GQA groups of 2 and 4, one zero value
+    vector, where F.normalize clamps), and forward and gradients equal to the F.normalize form."""
+    torch.manual_seed(0)
+    for h, hkv in ((4, 2), (8, 2), (4, 4)):
+        y = torch.randn(2, 5, h, 8, dtype=torch.float64, requires_grad=True)
+        v = torch.randn(2, 5, hkv, 8, dtype=torch.float64)
+        v[0, 1, 0] = 0.0
+        v.requires_grad_()
+        assert torch.autograd.gradcheck(exclusive_self_attention, (y, v))
+        grad = torch.randn_like(y)
+        out = exclusive_self_attention(y, v)
+        ref = xsa_reference(y, v)
+        assert torch.allclose(out, ref, rtol=0, atol=1e-12)
+        got, want = torch.autograd.grad(out, (y, v), grad), torch.autograd.grad(ref, (y, v), grad)
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-10) for a, b in zip(got, want))
+
+
+def test_xsa_in_bf16_rounds_no_worse_than_the_normalize_form():
+    """Under bf16 XSA computes in float32 and rounds once: its error against float64 is at most the F.normalize
+    form's (which rounds each bf16 intermediate), forward and backward; eager and compiled agree."""
+    torch.manual_seed(1)
+    y64, v64, g64 = torch.randn(4, 64, 8, 64, dtype=torch.float64), torch.randn(4, 64, 4, 64, dtype=torch.float64), \
+        torch.randn(4, 64, 8, 64, dtype=torch.float64)
+    errors = {}
+    compiled = torch.compile(exclusive_self_attention, backend="aot_eager", fullgraph=True)
+    for name, fn in (("fused", exclusive_self_attention), ("compiled", compiled), ("normalize", xsa_reference)):
+        y, v = y64.bfloat16().requires_grad_(), v64.bfloat16().requires_grad_()
+        out = fn(y, v)
+        assert out.dtype == torch.bfloat16
+        gy, gv = torch.autograd.grad(out, (y, v), g64.bfloat16())
+        yr, vr = y64.bfloat16().double().requires_grad_(), v64.bfloat16().double().requires_grad_()
+        ref = xsa_reference(yr, vr)
+        ry, rv = torch.autograd.grad(ref, (yr, vr), g64.bfloat16().double())
+        errors[name] = [(a.double() - b).abs().max().item() for a, b in ((out, ref), (gy, ry), (gv, rv))]
+    assert all(f <= n for f, n in zip(errors["fused"], errors["normalize"])), errors
+    assert errors["compiled"] == errors["fused"], errors
+
+
 def test_attention_gqa_matches_sdpa_with_repeated_kv():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 9, 4, 8), torch.randn(2, 9, 2, 8), torch.randn(2, 9, 2, 8)
@@ -168,8 +216,37 @@ def test_warmdown_and_qat_schedule_on_a_fake_clock():
     assert muon_momentum_at(1000, hp) == pytest.approx(0.95)
 
 
+def test_qat_switch_recompiles_the_compiled_model_once_and_keeps_fake_quant_out_until_then():
+    """Design §4: a flag read inside a compiled model must not be constant-folded at first trace. The
+    QAT-off graph holds no fake-quant op (no row amax); switching QAT on compiles exactly one more graph,
+    and switching back and forth after that compiles nothing."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = tiny_model(xsa_last_n=0)
+    model.configure_qat(QuantPolicy(mlp_bits=6, attn_bits=6))
+    compiled = torch.compile(model.forward_logits, backend=capture, fullgraph=True)
+    x = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        off = compiled(x)
+        model.set_qat(True)
+        on = compiled(x)
+        model.set_qat(False)
+        assert torch.equal(compiled(x), off)
+        model.set_qat(True)
+        assert torch.equal(compiled(x), on)
+    assert len(graphs) == 2, "QAT on/off: expected exactly one recompile"
+    amax = ["amax" in str(node.target) for node in graphs[0].graph.nodes], [
+        "amax" in str(node.target) for node in graphs[1].graph.nodes]
+    assert sum(amax[0]) == 0 and sum(amax[1]) == 6 * len(model.blocks)  # one per block matrix
+    torch._dynamo.reset()
+
+
 def test_qat_gate_switches_the_compiled_model_at_run_time():
-    """Design §4: a flag read inside a compiled model must not be constant-folded at first trace."""
+    """The compiled model (aot_eager) follows set_qat on both sides of the flip, and equals eager."""
     model = tiny_model(xsa_last_n=0)
     chosen = model.configure_qat(QuantPolicy())  # no bits set: QUANT_FIT's start, int8
     assert chosen["blocks.0.mlp.fc.weight"] == 8 and chosen["blocks.0.attn.c_q.weight"] == 8
@@ -186,10 +263,31 @@ def test_qat_gate_switches_the_compiled_model_at_run_time():
     assert torch.allclose(off_eager, off_compiled, atol=1e-5)
     assert not torch.allclose(off_compiled, on_compiled, atol=1e-4), "QAT gate was constant-folded"
     assert torch.allclose(on_eager, on_compiled, atol=1e-5)
-    # with the gate on, every block matrix is used exactly as the export will round it
+    # with QAT on, every block matrix is used exactly as the export will round it
     lin = model.blocks[0].mlp.fc
     out = lin(torch.eye(lin.in_features))
     assert torch.equal(out.T, fake_quantize_per_row(lin.weight, 6).detach())
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_embed_as_equals_the_float32_gather_cast_after_it_values_and_gradient(compiled):
+    """The bf16 gather (the compiled step keeps no float32 [B, T, D] copy) changes no value and no gradient:
+    the table's gradient is summed in float32 as the float32 gather's is (a bf16 table's own backward sums
+    in bf16 on a CPU); float32 runs take the plain gather."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 16)
+    ids = torch.randint(0, 64, (4, 512))  # each row gathered ~32 times: a bf16 sum would be visibly off
+    grad = torch.randn(4, 512, 16).bfloat16()
+    fn = torch.compile(embed_as, backend="aot_eager", fullgraph=True) if compiled else embed_as
+    new, old = w.clone().requires_grad_(), w.clone().requires_grad_()
+    out = fn(ids, new, torch.bfloat16)
+    out.backward(grad)
+    ref = F.embedding(ids, old).to(torch.bfloat16)
+    ref.backward(grad)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref)
+    assert new.grad.dtype == torch.float32 and torch.equal(new.grad, old.grad)
+    plain = w.clone().requires_grad_()
+    assert torch.equal(embed_as(ids, plain, torch.float32), F.embedding(ids, w))
 
 
 def test_ema_matches_closed_form():

@@ -1,6 +1,8 @@
 """Schedules relative to the run (issue 13): fractions of the run, the records' step forms, and the
 presets resolving to the records' values at the run length each was set for."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,6 +27,8 @@ from trainer.schedule import (
     schedule_warning,
 
     warmdown_frac_at,
+
+    warmup_graph_states,
 
 )
 
@@ -266,3 +270,18 @@ def test_the_trainer_logs_the_schedule_warning_once_before_the_clock(tiny_datase
     first_step = next(i for i, m in enumerate(logs) if m.startswith("step:1/"))
     assert len(warnings) == 1 and warnings[0] < first_step
     assert "Muon momentum is 0.0 for the whole run" in logs[warnings[0]] and "QAT_START_FRAC=0.1: late QAT" in logs[warnings[0]]
+
+
+def test_warmup_primes_each_graph_state_of_the_run_in_its_order():
+    """Each graph the run will compile (QAT on, looped) gets an equal share of the warmup steps, in the
+    order the run reaches them, so none compiles on the clock."""
+    hp = Hyperparameters(warmup_steps=6, qat_start_frac=0.15, num_loops=0)
+    assert warmup_graph_states(hp, has_qat=True) == [(False, False)] * 3 + [(False, True)] * 3
+    assert warmup_graph_states(hp, has_qat=False) == [(False, False)] * 6  # nothing for QAT to switch
+    assert warmup_graph_states(dataclasses.replace(hp, qat_start_frac=0.0), has_qat=True) == [(False, False)] * 6
+    looped = dataclasses.replace(hp, num_loops=2, enable_looping_at=0.35)  # looping at 0.35, QAT at 0.85
+    assert warmup_graph_states(looped, has_qat=True) == [(False, False)] * 2 + [(True, False)] * 2 + [(True, True)] * 2
+    late_loop = dataclasses.replace(looped, enable_looping_at=0.9)
+    assert warmup_graph_states(late_loop, has_qat=True) == [(False, False)] * 2 + [(False, True)] * 2 + [(True, True)] * 2
+    assert warmup_graph_states(dataclasses.replace(hp, warmup_steps=1), has_qat=True) == [(False, False)]
+    assert warmup_graph_states(dataclasses.replace(hp, warmup_steps=0), has_qat=True) == []

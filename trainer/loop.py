@@ -19,7 +19,7 @@ from model.gpt import GPT
 from trainer.optim import build_optimizers
 from trainer.schedule import (
     EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,
-    run_steps_estimate, schedule_warning, warmdown_frac_at, wd_taper_multiplier)
+    run_steps_estimate, schedule_warning, warmdown_frac_at, warmup_graph_states, wd_taper_multiplier)
 from primitives.settings import Hyperparameters
 
 
@@ -28,6 +28,53 @@ H100_BF16_PEAK_FLOPS = 989e12
 
 class NonFiniteLossError(RuntimeError):
     """The train loss became NaN or inf (the step is in the message); no artifact is written."""
+
+
+class NonFiniteWatch:
+    """The first step (0-based) whose train loss was NaN or inf, kept on the device in `flag` (int64, -1: none),
+    and read without stalling a GPU. `poll(step)` every `every` steps reads the snapshot it copied `every`
+    steps earlier (a non-blocking copy to pinned host memory, long finished: the GPU runs about one step
+    behind the host) and starts the next; `check()` reads the flag itself, a sync: at log steps (which
+    sync anyway) and at the end of training. On a CPU (no `asynchronous`) every poll is a check. Both raise
+    NonFiniteLossError naming the first bad step, whenever it is seen."""
+
+    def __init__(self, device: torch.device, every: int = 10, asynchronous: bool | None = None):
+        self.asynchronous = device.type == "cuda" if asynchronous is None else asynchronous
+        self.every, self.on_cuda = every, device.type == "cuda"
+        self.flag = torch.full((), -1, dtype=torch.int64, device=device)
+        self.host = torch.full((), -1, dtype=torch.int64, pin_memory=self.on_cuda)
+        self.copied = None  # (the snapshot's event, or True on a CPU) while a snapshot waits to be read
+
+    def record(self, loss: torch.Tensor, step: int) -> None:
+        """On the device, no sync: remember `step` if `loss` is not finite and no earlier step was."""
+        self.flag.copy_(torch.where(~torch.isfinite(loss) & (self.flag < 0), step, self.flag))
+
+    def reset(self) -> None:
+        self.flag.fill_(-1)
+        self.copied = None
+
+    def poll(self, step: int) -> None:
+        if not self.asynchronous:
+            return self.check()
+        if step % self.every:
+            return
+        if self.copied is not None:
+            if self.on_cuda:
+                self.copied.synchronize()  # recorded `every` steps ago: done unless the GPU is that far behind
+            self._raise_if(int(self.host))
+        self.host.copy_(self.flag, non_blocking=self.on_cuda)
+        self.copied = True
+        if self.on_cuda:
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def check(self) -> None:
+        self._raise_if(int(self.flag))
+
+    @staticmethod
+    def _raise_if(first_bad: int) -> None:
+        if first_bad >= 0:
+            raise NonFiniteLossError(f"non-finite train loss at step {first_bad + 1}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +144,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     ckpt = None
     if hp.checkpoint_every or hp.resume:  # package only, refused before the clock in the packed script
         from kit import checkpoint as ckpt
-    nonfinite_step = torch.full((), -1, dtype=torch.int64, device=ctx.device)
+    nonfinite = NonFiniteWatch(ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:
         for opt in optimizers.all:
@@ -123,22 +170,24 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         model.zero_grad(set_to_none=True)
         if ema:
             ema.update(ema_decay_at(step, progress, hp))
-        bad = ~torch.isfinite(total)
-        nonfinite_step.copy_(torch.where(bad & (nonfinite_step < 0), step, nonfinite_step))
+        nonfinite.record(total, step)
         return total
 
     if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
         initial = copy.deepcopy([model.state_dict(), [o.state_dict() for o in optimizers.all],
                                  (loader.shard_index, loader.offset)])
-        for i in range(hp.warmup_steps):  # with depth recurrence, the second half primes the looped graph
-            model.looping_active = bool(hp.num_loops) and i >= hp.warmup_steps // 2
-            one_step(i, hp.enable_looping_at * model.looping_active)
+        # each graph the run will use (looped, QAT on) is compiled here, not on the clock
+        for i, (looping, qat) in enumerate(warmup_graph_states(hp, model.has_qat)):
+            model.looping_active = looping
+            model.set_qat(qat)
+            one_step(i, hp.enable_looping_at * looping)
+        model.set_qat(False)
         model.load_state_dict(initial[0])
         for opt, sd in zip(optimizers.all, initial[1]):
             opt.load_state_dict(sd)
         loader.seek(*initial[2])
         ema = EMA(model) if ema else None
-        nonfinite_step.fill_(-1)
+        nonfinite.reset()
         ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
 
     step, train_ms, losses = 0, 0.0, []  # losses stay on the device: no sync per step
@@ -173,6 +222,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             want_stop = step >= hp.iterations or bool(signum) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
             last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
                 torch.tensor(float(want_stop), device=ctx.device)).item() > 0
+            if last:
+                nonfinite.check()  # before the last validation, the EMA swap, GPTQ and the artifact
             if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
                 ctx.sync()
                 train_ms += 1000.0 * (time.perf_counter() - t0)
@@ -193,11 +244,10 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             loss = one_step(step, progress)
             losses.append(loss)
             step += 1
-            check_now = ctx.device.type != "cuda" or step % 10 == 0 or step % hp.train_log_every == 0
-            if check_now and int(nonfinite_step) >= 0:
-                raise NonFiniteLossError(f"non-finite train loss at step {int(nonfinite_step) + 1}")
+            nonfinite.poll(step)  # on a GPU: no sync (a snapshot copied 10 steps before)
             if step % hp.train_log_every == 0 or step == 1:
                 ctx.sync()
+                nonfinite.check()
                 now = time.perf_counter()
                 ms = train_ms + 1000.0 * (now - t0)
                 tok_s = (step - log_step) * hp.train_batch_tokens / max(1e-9, now - log_t)

@@ -42,6 +42,21 @@ def qat_active(progress: float, qat_start_frac: float) -> bool:
     return qat_start_frac > 0 and progress >= 1.0 - qat_start_frac
 
 
+def warmup_graph_states(hp: Hyperparameters, has_qat: bool) -> list:
+    """(looping, qat) for each of the WARMUP_STEPS compile-priming steps: the graph states the run passes
+    through (depth recurrence from ENABLE_LOOPING_AT, late QAT for the last QAT_START_FRAC), in the run's
+    order, each given an equal share of the steps, so every graph compiles before the clock (with fewer
+    steps than states, the later states compile when the run reaches them)."""
+    events = sorted([(hp.enable_looping_at, "loop")] * bool(hp.num_loops)
+                    + [(1.0 - hp.qat_start_frac, "qat")] * bool(has_qat and hp.qat_start_frac > 0))
+    states = [(False, False)]
+    for _, what in events:
+        looping, qat = states[-1]
+        states.append((True, qat) if what == "loop" else (looping, True))
+    n = hp.warmup_steps
+    return [states[i * len(states) // n] for i in range(n)]
+
+
 def horizon_decay(horizon_frac: float, run_steps: float) -> float:
     """The per-step decay whose time constant 1/(1-decay) is `horizon_frac` of a run of `run_steps`
     steps (0 for a horizon of at most one step)."""

@@ -1,6 +1,7 @@
 """`tools/bench_step.py --cpu-twin`: the training step's H100 memory traffic, measured on a CPU.
 
-Prints, for one micro-batch at the preset's shape (TRAIN_BATCH_TOKENS / 8 micro-batches, as on one GPU):
+Prints, for one micro-batch at the preset's shape (TRAIN_BATCH_TOKENS / 8 micro-batches, as on one GPU; the
+trainer's model with its QUANT_* QAT bit widths, before QAT starts):
 the generated forward and backward modules' Triton kernels and launches, the bytes they move (Inductor's
 per-kernel estimate x launches; matmuls and attention are extern calls, not counted), their float32
 [tokens x hidden]-or-larger buffers, and the worst ptxas spill (bytes per thread, sm_90a) of their fused
@@ -13,6 +14,7 @@ import sys
 
 import torch
 
+from quant.policy import QuantPolicy
 from tools.bench.step_twin import generate_cuda_step, kernel_stats, ptxas_spills, saved_activation_census, triton_status
 
 H100_BYTES_PER_S = 3.0e12  # a round figure for an H100 SXM's HBM3 (datasheet: 3.35 TB/s)
@@ -45,10 +47,15 @@ def run_twin(hp, out_dir, log=print) -> int:
     config = {k: getattr(hp, k) for k in ("vocab_size", "num_layers", "model_dim", "num_heads", "num_kv_heads",
                                           "mlp_mult", "mlp_activation", "tie_embeddings", "rope_base", "rope_dims",
                                           "logit_softcap", "qk_gain_init", "xsa_last_n", "parallel_residual_start")}
+    try:  # the trainer's model: QAT bit widths from QUANT_*, QAT not yet on (the first 1 - QAT_START_FRAC of the run)
+        policy = QuantPolicy.from_env()
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     batch = max(1, hp.train_batch_tokens // (8 * hp.train_seq_len))
     num_tokens = batch * hp.train_seq_len
     try:
-        paths = generate_cuda_step(config, batch, hp.train_seq_len, out_dir, log=log)
+        paths = generate_cuda_step(config, batch, hp.train_seq_len, out_dir, qat_policy=policy, log=log)
     except RuntimeError as err:
         print(f"bench_step --cpu-twin: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
