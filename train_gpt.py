@@ -56,7 +56,8 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
                         estimate_scale=scale)
     model.configure_qat(policy)
     projected = estimate_artifact_bytes(shapes, policy, scale)
-    flops_per_token = count_train_flops_per_token(config, hp.train_seq_len)
+    flops_per_token = count_train_flops_per_token(config, hp.train_seq_len, hp.enable_looping_at,  # the run's mean
+                                                  by_time=hp.max_wallclock_seconds > 0)
     ctx.log(f"model_params:{sum(p.numel() for p in model.parameters())} attention:{attn_backend} "
             f"train_flops_per_token:{flops_per_token:.4g} code_bytes:{code_bytes}")
     ctx.log(f"projected_total_bytes:{projected + code_bytes} byte_budget:{hp.byte_budget}"

@@ -352,16 +352,28 @@ def build_model_config(hp: Hyperparameters) -> dict:
     return {k: getattr(hp, k) for k in params if k not in SWITCH_CONFIG or getattr(hp, k) != params[k].default}
 
 
-def count_train_flops_per_token(config: dict, seq_len: int) -> float:
+def count_train_flops_per_token(config: dict, seq_len: int, looping_from: float = None, by_time: bool = False) -> float:
     """Forward + backward FLOPs per token from torch.utils.flop_counter on the meta device.
 
-    Attention is counted as a full T x T matmul (no causal halving), the usual MFU convention.
+    Attention is counted as a full T x T matmul (no causal halving), the usual MFU convention. With depth
+    recurrence (config num_loops > 0) the looped graph is counted, or, given looping_from (ENABLE_LOOPING_AT),
+    the run's mean: the plain graph for that fraction of the run, the looped one after. by_time: the
+    fraction is of the wallclock (MAX_WALLCLOCK_SECONDS), in which the slower looped steps train fewer
+    tokens, so the mean weighs each graph by its tokens (a harmonic mean); else of the steps.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    with torch.device("meta"):
-        model = GPT(**config)
-        x = torch.zeros((1, seq_len), dtype=torch.int64)
-    with FlopCounterMode(display=False) as counter:
-        model(x, x).backward()
-    return counter.get_total_flops() / seq_len
+    def count(looping: bool) -> float:
+        with torch.device("meta"):
+            model = GPT(**config)
+            model.looping_active = looping
+            x = torch.zeros((1, seq_len), dtype=torch.int64)
+        with FlopCounterMode(display=False) as counter:
+            model(x, x).backward()
+        return counter.get_total_flops() / seq_len
+
+    looped = count(bool(config.get("num_loops")))
+    if not config.get("num_loops") or looping_from is None:
+        return looped
+    plain, f = count(False), looping_from
+    return 1 / (f / plain + (1 - f) / looped) if by_time else f * plain + (1 - f) * looped

@@ -295,3 +295,20 @@ def test_depth_recurrence_reuses_the_blocks_and_follows_the_flag_under_compile()
         eager_looped = model(targets, ids)
         torch.testing.assert_close(compiled(targets, ids), eager_looped, rtol=1e-5, atol=1e-5)
     assert (looped - unlooped).abs().max() > 1e-3 and abs(eager_looped - eager_unlooped) > 1e-4
+
+
+def test_flop_count_of_depth_recurrence_is_the_runs_mean_from_the_loop_start():
+    """The looped graph counts 2 x 2 more block passes; from ENABLE_LOOPING_AT=0.35 of the steps the run's mean is
+    0.35 plain + 0.65 looped, and of the wallclock the token-weighted (harmonic) mean, which is lower."""
+    from model.gpt import count_train_flops_per_token
+
+    plain_cfg = {**TINY, "num_layers": 5}
+    loop_cfg = {**plain_cfg, "num_loops": 2, "loop_start": 1, "loop_end": 2}
+    plain, looped = count_train_flops_per_token(plain_cfg, 64), count_train_flops_per_token(loop_cfg, 64)
+    one_block = plain - count_train_flops_per_token({**TINY, "num_layers": 4}, 64)
+    assert looped == pytest.approx(plain + 4 * one_block, rel=0.02) and looped > plain
+    by_steps = count_train_flops_per_token(loop_cfg, 64, looping_from=0.35)
+    assert by_steps == pytest.approx(0.35 * plain + 0.65 * looped, rel=1e-12)
+    by_time = count_train_flops_per_token(loop_cfg, 64, looping_from=0.35, by_time=True)
+    assert by_time == pytest.approx(1 / (0.35 / plain + 0.65 / looped), rel=1e-12) and plain < by_time < by_steps
+    assert count_train_flops_per_token(plain_cfg, 64, looping_from=0.35) == plain  # no loops: the one graph
