@@ -383,3 +383,22 @@ def test_h100_switch_ablation_file_builds_valid_runs_for_every_switch(tmp_path):
     alone = {k: v for name, env in configs.items() if name not in ("base", "frontier") for k, v in env.items()}
     for key, value in PRESETS["1xh100-frontier"].items():
         assert str(alone[key.upper()]).lower() in (str(value).lower(), str(int(value)) if isinstance(value, bool) else "")
+
+
+def test_proxy_switches_file_gives_each_configuration_the_steps_of_equal_training_flops(tmp_path):
+    """ITERATIONS x FLOPs per token (the run's mean, from the loop start) equals the base's 100 steps' to the
+    nearest step, so a costlier step gets fewer steps; every setting is one the trainer accepts."""
+    from model.gpt import build_model_config, count_train_flops_per_token
+    from primitives.settings import Hyperparameters
+
+    spec = sweep_spec.load_spec_file(REPO / "tools/sweeps/proxy_switches.yaml")
+    runs = sweep_spec.build_runs(spec, tmp_path)
+    sweep_spec.check_trainer_settings(runs, environ={})
+    flops, steps = {}, {}
+    for run in runs:
+        hp = Hyperparameters.from_env(run.env, log=lambda msg: None)
+        flops[run.config] = count_train_flops_per_token(build_model_config(hp), hp.train_seq_len, hp.enable_looping_at)
+        steps[run.config] = hp.iterations
+    assert steps["base"] == 100 and steps["depth_recurrence"] < 100
+    for name in flops:
+        assert steps[name] == round(100 * flops["base"] / flops[name]), name
