@@ -1,0 +1,196 @@
+"""Per-document LoRA score-first TTT (eval/lora_ttt.py): chunks per document, equivalence with the sliding
+eval, the adapter (identity at reset, removed after), per-document reset, legality (and an illegal
+variant the check refuses), learning on repeated text, the time guard."""
+
+import pytest
+import torch
+
+import eval.lora_ttt as lora_ttt
+from eval.bpb import build_sentencepiece_luts
+from eval.lora_ttt import LoRAAdapters, run_lora_ttt, split_lora_chunks
+from eval.sliding import eval_sliding
+from eval.ttt import check_ttt_legality
+from model.gpt import GPT
+from test_eval_support import load_sp, mixed_stream, read_docs
+
+QUIET = dict(device="cpu", log=lambda msg: None)
+CONFIG = dict(vocab_size=1024, num_layers=2, model_dim=32, num_heads=2, num_kv_heads=1, mlp_mult=2.0, rope_dims=8,
+              xsa_last_n=1)
+
+
+class ClockedGPT(GPT):
+    """GPT whose forward_logits advances a fake clock: score_seconds under inference mode, else train_seconds."""
+
+    def __init__(self, score_seconds=0.0, train_seconds=0.0, **kw):
+        super().__init__(**kw)
+        self.now, self.score_seconds, self.train_seconds = 0.0, score_seconds, train_seconds
+
+    def clock(self):
+        return self.now
+
+    def forward_logits(self, input_ids):
+        self.now += self.score_seconds if torch.is_inference_mode_enabled() else self.train_seconds
+        return super().forward_logits(input_ids)
+
+
+def tiny_gpt(seed=0, **clock):
+    torch.manual_seed(seed)
+    model = ClockedGPT(**clock, **CONFIG)
+    model.init_weights(0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def sp():
+    return load_sp(1024)
+
+
+@pytest.fixture(scope="module")
+def luts(sp):
+    return build_sentencepiece_luts(sp, 1024)
+
+
+@pytest.fixture(scope="module")
+def stream(sp):
+    return mixed_stream(sp, 1200)  # documents of <= 121 tokens, every other one the same text
+
+
+def repeated_docs(sp, num_docs=6, half=48, skip=0):
+    """Documents [BOS] + T + T, T the first `half` tokens of a real document: the second copy is
+    predictable from the first, so adapting on the scored tokens must help."""
+    ids = []
+    for d in read_docs(limit=num_docs + skip)[skip:]:
+        t = sp.encode(d)[:half]
+        ids += [sp.bos_id()] + t + t
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def test_chunks_cut_each_document(stream):
+    bounds, doc_starts = split_lora_chunks(stream, 16)
+    assert bounds[0] == 0 and bounds[-1] == len(stream) - 1 and bounds == sorted(set(bounds))
+    assert len(doc_starts) == len(bounds) - 1
+    for c, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        assert 0 < hi - lo <= 16 and lo >= doc_starts[c]
+        assert (lo == doc_starts[c]) == (lo == 0 or stream[lo + 1] == 1)  # a document starts with its BOS target
+        assert not (stream[lo + 2:hi + 1] == 1).any()  # no document start inside a chunk
+    assert split_lora_chunks(torch.tensor([1, 5, 6, 7, 1, 8, 9]), 2) == ([0, 2, 3, 5, 6], [0, 0, 3, 3])
+
+
+def test_adapter_is_the_identity_until_trained_and_leaves_no_trace():
+    model, x = tiny_gpt(), torch.randint(0, 1024, (2, 20))
+    before = model.forward_logits(x)
+    lora = LoRAAdapters(model, rank=4)
+    assert len(lora.modules) == 3 * 2 and all(n.endswith(("attn.c_q", "attn.c_v", "mlp.proj")) for n, _ in lora.modules)
+    assert torch.equal(model.forward_logits(x), before)
+    with torch.no_grad():
+        lora.params[1].fill_(0.1)
+    assert not torch.equal(model.forward_logits(x), before)
+    lora.reset()
+    assert torch.equal(model.forward_logits(x), before)
+    lora.remove()
+    with torch.no_grad():
+        lora.params[1].fill_(0.1)
+    assert torch.equal(model.forward_logits(x), before)
+    with pytest.raises(ValueError, match="no linear of the model matches"):
+        LoRAAdapters(model, rank=4, targets="nothing_here")
+
+
+@pytest.mark.parametrize("seq_len,stride,chunk,eval_batch_seqs", [(32, 16, 16, 4), (32, 32, 32, 3), (48, 20, 7, 5)])
+def test_without_updates_it_is_the_sliding_eval(stream, luts, seq_len, stride, chunk, eval_batch_seqs):
+    model = tiny_gpt(seed=1)
+    ref = eval_sliding(model, stream, luts, seq_len=seq_len, stride=stride, batch_seqs=eval_batch_seqs, **QUIET)
+    for kwargs in (dict(epochs=0), dict(lr=0.0)):
+        res = run_lora_ttt(model, stream, luts, seq_len=seq_len, stride=stride, chunk_tokens=chunk,
+                           eval_batch_seqs=eval_batch_seqs, **kwargs, **QUIET)
+        assert res["num_updates"] == 0 and res["num_documents"] == 1 + int((stream[2:] == 1).sum())
+        assert (res["num_scored_tokens"], res["num_bytes"]) == (ref["num_scored_tokens"], ref["num_bytes"])
+        assert res["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-12, abs=0)
+        assert res["val_bpb"] == pytest.approx(ref["val_bpb"], rel=1e-12, abs=0)
+
+
+def test_model_weights_are_bit_identical_after_the_eval(stream, luts):
+    model = tiny_gpt(seed=2)
+    model.tok_emb.weight.requires_grad_(False)  # a flag that must come back as it was
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = stream[None, :40]
+    before = model.forward_logits(x)
+    res = run_lora_ttt(model, stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.05, **QUIET)
+    assert res["num_updates"] > 0
+    after = model.state_dict()
+    assert state.keys() == after.keys() and all(torch.equal(state[k], after[k]) for k in state)
+    assert all(p.grad is None for p in model.parameters())
+    assert not any(m._forward_hooks for m in model.modules())
+    assert [n for n, p in model.named_parameters() if not p.requires_grad] == ["tok_emb.weight"]
+    assert torch.equal(model.forward_logits(x), before)
+
+
+def test_ledger_is_legal_and_training_before_scoring_is_refused(stream, luts, monkeypatch):
+    res = run_lora_ttt(tiny_gpt(seed=3), stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.05,
+                       **QUIET)
+    recs = res["chunks"]
+    check_ttt_legality(recs)
+    assert recs[0]["scored_at_step"] == 0 and res["num_updates"] == 2 * sum(
+        a["document"] == b["document"] for a, b in zip(recs, recs[1:]))  # every chunk but a document's last
+    for a, b in zip(recs, recs[1:]):
+        if a["document"] == b["document"]:  # trained on right after it was scored, never again
+            assert a["first_update_step"] == a["scored_at_step"] + 1 and a["last_update_step"] == b["scored_at_step"]
+        else:  # a document's last chunk: never trained on
+            assert a["first_update_step"] is None
+    # the illegal variant: the updates after chunk c train on chunk c + 1 too, before it is scored
+    monkeypatch.setattr(lora_ttt, "lora_train_span", lambda bounds, c: (bounds[c], bounds[min(c + 2, len(bounds) - 1)]))
+    with pytest.raises(ValueError, match=r"TTT illegal: chunk 1 \(targets 16\.\.\d+\) was scored after 2 updates, "
+                                         r"but update 1 had already trained on it"):
+        run_lora_ttt(tiny_gpt(seed=3), stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.05, **QUIET)
+
+
+def test_the_adapter_is_reset_at_each_document(sp, luts, monkeypatch):
+    """Two streams whose first documents differ except in their last seq_len tokens: the second
+    document's scores (same context) must not depend on what the adapter learnt on the first."""
+    one = repeated_docs(sp, num_docs=2, half=40)
+    other = one.clone()
+    other[1:40] = repeated_docs(sp, num_docs=1, half=40, skip=5)[1:40]  # first doc: 81 tokens, its last 42 kept
+    kwargs = dict(seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.05, **QUIET)
+    runs = [run_lora_ttt(tiny_gpt(seed=4), s, luts, **kwargs)["chunks"] for s in (one, other)]
+    firsts, seconds = ([[r["val_loss"] for r in recs if r["document"] == d] for recs in runs] for d in (0, 1))
+    assert firsts[0] != firsts[1] and len(seconds[0]) == 6  # the adapters trained on different text
+    assert seconds[0] == seconds[1]
+    monkeypatch.setattr(LoRAAdapters, "reset", lambda self: None)  # no reset: the first document leaks into the second
+    leaky = [run_lora_ttt(tiny_gpt(seed=4), s, luts, **kwargs)["chunks"] for s in (one, other)]
+    assert [r["val_loss"] for r in leaky[0] if r["document"] == 1] != [r["val_loss"] for r in leaky[1] if r["document"] == 1]
+
+
+def test_lora_ttt_learns_on_repeated_text(sp, luts):
+    tokens = repeated_docs(sp)
+    model = tiny_gpt(seed=5)
+    base = run_lora_ttt(model, tokens, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=0, **QUIET)
+    ttt = run_lora_ttt(model, tokens, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=3, lr=0.05, **QUIET)
+    assert ttt["num_updates"] == 3 * (ttt["num_chunks"] - ttt["num_documents"]) and ttt["num_documents"] == 6
+    assert ttt["num_bytes"] == base["num_bytes"]
+    assert ttt["val_bpb"] < base["val_bpb"] - 0.1
+    recs = ttt["chunks"]
+    gains = [b["val_loss"] - t["val_loss"] for b, t in zip(base["chunks"], recs)]
+    firsts = [c for c, r in enumerate(recs) if c == 0 or r["document"] != recs[c - 1]["document"]]
+    assert len(firsts) == 6 and all(gains[c] == 0 for c in firsts)  # a fresh adapter scores as the base model
+    # the gain is on the second copy of each document (position >= 48 in it), learnt from the first
+    offset = [r["first_target"] - recs[max(f for f in firsts if f <= c)]["first_target"] for c, r in enumerate(recs)]
+    second = [g for g, o in zip(gains, offset) if 48 <= o < 96]
+    first = [g for g, o in zip(gains, offset) if 0 < o < 48]
+    assert sum(second) / len(second) > 0.3 > 0.1 > sum(first) / len(first)
+
+
+def test_bad_settings_are_refused_before_anything_runs(stream, luts):
+    for bad in (dict(chunk_tokens=0), dict(chunk_tokens=33), dict(epochs=-1), dict(rank=0), dict(stride=0)):
+        kwargs = dict(dict(seq_len=32, stride=16, chunk_tokens=16), **bad)
+        with pytest.raises(ValueError, match="TTT_LORA_CHUNK_TOKENS="):
+            run_lora_ttt(tiny_gpt(), stream, luts, **kwargs, **QUIET)
+
+
+def test_time_guard_stops_updates(stream, luts):
+    model = tiny_gpt(seed=6, score_seconds=0.01, train_seconds=0.5)
+    logs = []
+    res = run_lora_ttt(model, stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=1, lr=0.05,
+                       max_seconds=20, clock=model.clock, device="cpu", log=logs.append)
+    stop = res["updates_stopped_at_chunk"]
+    assert stop is not None and "updates stop after document" in logs[0] and res["num_scored_tokens"] == len(stream) - 1
+    assert all(r["first_update_step"] is None for r in res["chunks"][stop:]) and res["num_updates"] > 0
+    check_ttt_legality(res["chunks"])
