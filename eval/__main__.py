@@ -33,6 +33,8 @@ TTT_EPOCHS (3), TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BAT
 (all), and the line says the score is the run's only if they match the run's.
 --ttt-mode phased (TTT_MODE; the artifact records it) scores with phased TTT (eval/phased_ttt.py):
 --ttt-phases phases (TTT_PHASES, 3), each scored, then SGD on every document scored so far.
+--ttt-mode lora: per-document LoRA TTT (eval/lora_ttt.py), --ttt-lora-rank (TTT_LORA_RANK, 8) adapters reset per
+document, chunks of --ttt-lora-chunk-tokens (256) scored then --ttt-epochs Adam steps at --ttt-lora-lr (0.01).
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -52,14 +54,14 @@ from primitives.settings import valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
-eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = run_phased_ttt = None
+eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = run_phased_ttt = run_lora_ttt = None
 ATTN_BACKENDS = ("auto", "fa3", "fa4", "fa2", "sdpa")
 LOSS_KERNELS = ("auto", "liger", "torch")
-TTT_MODES = ("chunked", "phased")
+TTT_MODES = ("chunked", "phased", "lora")
 
 
 def _import_evals() -> None:
-    global eval_roundtrip, eval_sliding, run_ttt, ttt_log_line, run_phased_ttt
+    global eval_roundtrip, eval_sliding, run_ttt, ttt_log_line, run_phased_ttt, run_lora_ttt
     if eval_roundtrip is None:
         from eval.roundtrip import eval_roundtrip
     if eval_sliding is None:
@@ -68,6 +70,8 @@ def _import_evals() -> None:
         from eval.ttt import run_ttt, ttt_log_line
     if run_phased_ttt is None:
         from eval.phased_ttt import run_phased_ttt
+    if run_lora_ttt is None:
+        from eval.lora_ttt import run_lora_ttt
 
 
 def _load_model(artifact_path, device, log, attn_backend="auto", loss_kernel="auto"):
@@ -196,7 +200,9 @@ def check_score_inputs(args, environ=None) -> None:
            ("ttt_momentum", "TTT_MOMENTUM", 0.9, float, dict(minimum=0)),
            ("ttt_grad_clip", "TTT_GRAD_CLIP", 1.0, float, dict(minimum=0)),
            ("ttt_batch_seqs", "TTT_BATCH_SEQS", 32, int, dict(minimum=1)),
-           ("ttt_phases", "TTT_PHASES", 3, int, dict(minimum=1)))
+           ("ttt_phases", "TTT_PHASES", 3, int, dict(minimum=1)), ("ttt_lora_rank", "TTT_LORA_RANK", 8, int, dict(minimum=1)),
+           ("ttt_lora_lr", "TTT_LORA_LR", 0.01, float, dict(minimum=0)),
+           ("ttt_lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", 256, int, dict(minimum=1)))
     # which TTT settings the flags gave (they beat the artifact's; the environment does not)
     args.ttt_flags = [attr for attr, *_ in ttt if getattr(args, attr) is not None] + [
         "ttt_params"] * (args.ttt_params is not None) + ["ttt_eval_batch_seqs"] * batch_seqs_flag + [
@@ -223,7 +229,13 @@ TTT_SETTINGS = {"ttt_epochs": ("epochs", "TTT_EPOCHS", int, 0), "ttt_chunk_token
                 "ttt_grad_clip": ("grad_clip", "TTT_GRAD_CLIP", float, 0),
                 "ttt_batch_seqs": ("batch_seqs", "TTT_BATCH_SEQS", int, 1), "ttt_params": ("params", "TTT_PARAMS", str, None),
                 "ttt_eval_batch_seqs": ("eval_batch_seqs", "EVAL_BATCH_SEQS", int, 1),
-                "ttt_mode": ("mode", "TTT_MODE", str, None), "ttt_phases": ("phases", "TTT_PHASES", int, 1)}
+                "ttt_mode": ("mode", "TTT_MODE", str, None), "ttt_phases": ("phases", "TTT_PHASES", int, 1),
+                "ttt_lora_rank": ("lora_rank", "TTT_LORA_RANK", int, 1), "ttt_lora_lr": ("lora_lr", "TTT_LORA_LR", float, 0),
+                "ttt_lora_chunk_tokens": ("lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", int, 1)}
+# the settings each mode does not use (not described in its `ttt settings:` line)
+LORA_ONLY = {"ttt_lora_rank", "ttt_lora_lr", "ttt_lora_chunk_tokens"}
+TTT_UNUSED = {"chunked": {"ttt_phases", *LORA_ONLY}, "phased": {"ttt_chunk_tokens", *LORA_ONLY}, "lora": {
+    "ttt_chunk_tokens", "ttt_phases", "ttt_lr", "ttt_momentum", "ttt_grad_clip", "ttt_batch_seqs", "ttt_params"}}
 
 
 def resolve_ttt_settings(args, meta: dict, log=print) -> None:
@@ -234,8 +246,8 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
     run's only if they match its TTT_* settings. Without --ttt, a run that scored with TTT gets a hint.
     ValueError naming the artifact for malformed settings."""
     ttt, name = (meta.get("run") or {}).get("ttt"), args.artifact
-    if isinstance(ttt, dict):  # artifacts written before the phased mode scored chunked
-        ttt = {"mode": "chunked", "phases": 1, **ttt}
+    if isinstance(ttt, dict):  # artifacts written before the phased mode scored chunked; lora keys only in lora's
+        ttt = {"mode": "chunked", "phases": 1, "lora_rank": 8, "lora_lr": 0.01, "lora_chunk_tokens": 256, **ttt}
     if ttt is not None:
         ok = isinstance(ttt, dict) and ttt.get("enabled") in (0, 1) and all(
             (isinstance(ttt.get(key), str) and (ttt[key] in TTT_MODES if key == "mode" else valid_ttt_params(ttt[key]))
@@ -249,9 +261,8 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
             log(f"artifact {name}: the run scored with TTT ({ttt['epochs']} epochs): this is the sliding score; "
                 f"pass --ttt 1 for the run's score")
         return
-    unused = {"chunked": "ttt_phases", "phased": "ttt_chunk_tokens"}  # the other mode's setting is not described
     described = lambda attrs: " ".join(f"{TTT_SETTINGS[a][1]}={getattr(args, a)}" for a in attrs
-                                       if a != unused[args.ttt_mode])
+                                       if a not in TTT_UNUSED[args.ttt_mode])
     flags = [a for a in TTT_SETTINGS if a in args.ttt_flags]
     if ttt is None:
         log(f"ttt settings: artifact {name} records none (written before artifacts recorded them, or outside the "
@@ -316,22 +327,21 @@ def cmd_score(args) -> None:
                       autocast_dtype=autocast_dtype, compile_model=bool(args.compile) and device.type == "cuda")
         val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
         log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
-        phased = args.ttt_mode == "phased"
-        if stride > 0 and args.ttt and phased:  # phased score-first TTT (eval/phased_ttt.py)
-            result = run_phased_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, phases=args.ttt_phases,
-                                    epochs=args.ttt_epochs, lr=args.ttt_lr, momentum=args.ttt_momentum,
-                                    params=args.ttt_params, batch_seqs=args.ttt_batch_seqs,
-                                    eval_batch_seqs=args.ttt_eval_batch_seqs, grad_clip=args.ttt_grad_clip,
-                                    max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9), log=log,
-                                    **{k: v for k, v in common.items() if k != "batch_seqs"})
+        ttt = dict(epochs=args.ttt_epochs, eval_batch_seqs=args.ttt_eval_batch_seqs, log=log,
+                   max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9),
+                   **{k: v for k, v in common.items() if k != "batch_seqs"})
+        sgd = dict(lr=args.ttt_lr, momentum=args.ttt_momentum, params=args.ttt_params, batch_seqs=args.ttt_batch_seqs,
+                   grad_clip=args.ttt_grad_clip)
+        if stride > 0 and args.ttt and args.ttt_mode == "lora":  # per-document LoRA TTT (eval/lora_ttt.py)
+            result = run_lora_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, lr=args.ttt_lora_lr,
+                                  chunk_tokens=args.ttt_lora_chunk_tokens, lora_rank=args.ttt_lora_rank, **ttt)
+            log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
+        elif stride > 0 and args.ttt and args.ttt_mode == "phased":  # phased score-first TTT (eval/phased_ttt.py)
+            result = run_phased_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, phases=args.ttt_phases, **sgd, **ttt)
             log(ttt_log_line(result) + f" stride:{stride} phases:{result['phases']} updates:{result['num_updates']}")
         elif stride > 0 and args.ttt:  # score-first TTT: its scoring pass is the sliding pass (eval/ttt.py)
             result = run_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, chunk_tokens=args.ttt_chunk_tokens,
-                             epochs=args.ttt_epochs, lr=args.ttt_lr, momentum=args.ttt_momentum, params=args.ttt_params,
-                             batch_seqs=args.ttt_batch_seqs, eval_batch_seqs=args.ttt_eval_batch_seqs,
-                             grad_clip=args.ttt_grad_clip,
-                             max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9), log=log,
-                             **{k: v for k, v in common.items() if k != "batch_seqs"})
+                             **sgd, **ttt)
             log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
             if not result["num_updates"] and args.ttt_epochs:
                 log(f"WARNING: TTT made 0 updates in {result['num_chunks']} chunk(s) of --ttt-chunk-tokens "
@@ -405,8 +415,12 @@ def main(argv=None) -> int:
     score.add_argument("--ttt-batch-seqs", type=int, default=None, help="default TTT_BATCH_SEQS or 32")
     score.add_argument("--ttt-mode", choices=TTT_MODES, default=None,
                        help="chunked: train on each scored chunk; phased: train on every scored document between "
-                            "phases (default TTT_MODE or chunked)")
+                            "phases; lora: per-document adapters (default TTT_MODE or chunked)")
     score.add_argument("--ttt-phases", type=int, default=None, help="phases of --ttt-mode phased (default TTT_PHASES or 3)")
+    for flag, kind, default, what in (("rank", int, 8, "adapter rank"), ("lr", float, 0.01, "Adam lr"),
+                                      ("chunk-tokens", int, 256, "targets scored per adapter step")):
+        score.add_argument(f"--ttt-lora-{flag}", type=kind, default=None, help=f"--ttt-mode lora: {what} (default "
+                           f"TTT_LORA_{flag.replace('-', '_').upper()} or {default})")
     score.add_argument("--ttt-params", default=None,
                        help="all | scalars | a regex of parameter names (default TTT_PARAMS or all)")
     score.add_argument("--code", metavar="FILE", default=None,

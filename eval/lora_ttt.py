@@ -97,27 +97,27 @@ def lora_train_span(bounds: list, c: int) -> tuple:
     return bounds[c], bounds[c + 1]
 
 
-def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, epochs=1, lr=0.01, rank=8,
-                 eval_batch_seqs=32, device="cpu", rank_id=0, world_size=1, autocast_dtype=None, compile_model=False,
+def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, epochs=1, lr=0.01, lora_rank=8,
+                 eval_batch_seqs=32, device="cpu", rank=0, world_size=1, autocast_dtype=None, compile_model=False,
                  max_seconds=600.0, bos_id=1, log=print, clock=time.perf_counter) -> dict:
     """Per-document LoRA score-first TTT over val_tokens int [N]; the model's weights are left as they were.
 
     model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] and nn.Linear modules matching
     LORA_TARGETS. chunk_tokens (TTT_LORA_CHUNK_TOKENS, <= seq_len): targets per scored chunk; epochs
     (TTT_EPOCHS): Adam steps (lr = TTT_LORA_LR, betas 0.9/0.95) after each chunk but a document's last;
-    rank: TTT_LORA_RANK. Multi-rank: every rank scores a share of each chunk's windows (sums
+    lora_rank: TTT_LORA_RANK. Multi-rank: every rank scores a share of each chunk's windows (sums
     all-reduced) and takes the same full step (the adapters stay equal). compile_model: the scoring
     forward only. Time guard as eval.ttt.run_ttt (after each document past the first: updates stop when
     the projection exceeds max_seconds; EvalTimeError when scoring alone would).
-    Returns run_ttt's dict (chunks = per-chunk ledger records, with `document`) plus rank, num_documents.
+    Returns run_ttt's dict (chunks = per-chunk ledger records, with `document`) plus lora_rank, num_documents.
     ValueError naming the setting for bad inputs before anything runs, and if the ledger is illegal.
     """
     if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
-            0 < stride <= seq_len and 0 < chunk_tokens <= seq_len and epochs >= 0 and lr >= 0 and rank >= 1
+            0 < stride <= seq_len and 0 < chunk_tokens <= seq_len and epochs >= 0 and lr >= 0 and lora_rank >= 1
             and eval_batch_seqs > 0 and max_seconds > 0):
         raise ValueError(f"run_lora_ttt: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
                          f"TRAIN_SEQ_LEN={seq_len}, TTT_LORA_CHUNK_TOKENS={chunk_tokens}, TTT_EPOCHS={epochs}, "
-                         f"TTT_LORA_LR={lr}, TTT_LORA_RANK={rank}, EVAL_BATCH_SEQS={eval_batch_seqs}, "
+                         f"TTT_LORA_LR={lr}, TTT_LORA_RANK={lora_rank}, EVAL_BATCH_SEQS={eval_batch_seqs}, "
                          f"EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], 0 < stride <= seq_len, "
                          "0 < chunk tokens <= seq_len, rank >= 1, others >= 0")
     t_start = clock()
@@ -127,7 +127,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
     bounds, doc_starts = split_lora_chunks(tokens, chunk_tokens, bos_id)
     num_chunks = len(bounds) - 1
     saved_flags = [(p, p.requires_grad) for p in model.parameters()]
-    lora = LoRAAdapters(model, rank)
+    lora = LoRAAdapters(model, lora_rank)
     score_fwd = torch.compile(model.forward_logits, dynamic=False) if compile_model else model.forward_logits
     doc_index = [0] * num_chunks
     for c in range(1, num_chunks):
@@ -137,7 +137,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
     step, stopped, optimizer = 0, None, None
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     seconds, measured_from = [0.0, 0.0], None  # scoring, updating (documents past the first)
-    window_ranges = ttt_window_ranges(bounds, seq_len=seq_len, stride=stride, rank=rank_id, world_size=world_size,
+    window_ranges = ttt_window_ranges(bounds, seq_len=seq_len, stride=stride, rank=rank, world_size=world_size,
                                       eval_batch_seqs=eval_batch_seqs)
     bar = Progress(f"lora ttt eval stride {stride}", sum(map(len, window_ranges)), "window batches")
     try:
@@ -191,7 +191,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
             projected = elapsed + (score_rate + update_rate) * left
             if stopped is None and epochs and lr > 0 and projected > max_seconds:
                 stopped = c + 1
-                if rank_id == 0:
+                if rank == 0:
                     log(f"lora ttt: projected {projected:.1f}s > EVAL_MAX_SECONDS {max_seconds:.1f}s: updates stop "
                         f"after document {records[c]['document']}, the rest is scored only")
     finally:
@@ -204,7 +204,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
     if num_scored != len(tokens) - 1:
         raise RuntimeError(f"run_lora_ttt: scored {num_scored:.0f} targets, expected each of {len(tokens) - 1} once")
     return dict(val_loss=nll / num_scored, val_bpb=nll / math.log(2) / num_bytes, stride=stride, epochs=epochs,
-                rank=rank, eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes),
+                lora_rank=lora_rank, eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes),
                 num_chunks=num_chunks, num_documents=records[-1]["document"] + 1, num_updates=step,
                 updates_stopped_at_chunk=stopped, chunks=records)
 

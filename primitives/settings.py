@@ -131,8 +131,15 @@ class Hyperparameters:
     # TTT_MODE=phased (eval/phased_ttt.py; PR #1610, #1626, #1736: about -0.012 bpb post-quant -> post-TTT on
     # 8xH100 with their per-document LoRA, which the kit does not build): TTT_PHASES phases of whole
     # documents, each scored, then TTT_EPOCHS of SGD on every scored document; TTT_CHUNK_TOKENS unused.
-    ttt_mode: str = "chunked"  # chunked | phased
+    ttt_mode: str = "chunked"  # chunked | phased | lora
     ttt_phases: int = 3
+    # TTT_MODE=lora (eval/lora_ttt.py; PR #77: per-document rank-8 LoRA on q and v, reset at each document,
+    # 256-token chunks, one Adam step of lr 0.01 per scored chunk; PR #1530/#1610/#1626/#1736 pair it with
+    # phased SGD for about -0.012 bpb in total on 8xH100): adapters on attn.c_q, attn.c_v and mlp.proj, each
+    # chunk of TTT_LORA_CHUNK_TOKENS scored then TTT_EPOCHS Adam steps; the base weights are never changed.
+    ttt_lora_rank: int = 8
+    ttt_lora_lr: float = 0.01
+    ttt_lora_chunk_tokens: int = 256
     byte_budget: int = 16_000_000
     # measured / estimated artifact bytes that the fit before training assumes (quant/estimate.py is
     # calibrated on Gaussian weights; 1 = trust it; the 1xh100-sp* presets use PR #1617's ratios)
@@ -204,10 +211,15 @@ class Hyperparameters:
             ("ROPE_DIMS", self.rope_dims % 2 == 0 and self.rope_dims <= hd, f"even and <= head_dim={hd}"),
             ("XSA_LAST_N", self.xsa_last_n <= self.num_layers, "<= NUM_LAYERS"),
             ("EVAL_STRIDE", self.eval_stride <= self.train_seq_len, "<= TRAIN_SEQ_LEN"),
-            ("TTT_CHUNK_TOKENS", not self.ttt_enabled or self.ttt_chunk_tokens >= self.train_seq_len,
+            ("TTT_CHUNK_TOKENS", not self.ttt_enabled or self.ttt_mode == "lora" or self.ttt_chunk_tokens >= self.train_seq_len,
              f">= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_ENABLED=1)"),
             ("TTT_BATCH_SEQS", self.ttt_batch_seqs > 0, "> 0"),
-            ("TTT_MODE", self.ttt_mode in ("chunked", "phased"), "chunked or phased"),
+            ("TTT_MODE", self.ttt_mode in ("chunked", "phased", "lora"), "chunked, phased or lora"),
+            ("TTT_LORA_RANK", self.ttt_lora_rank >= 1, ">= 1"),
+            ("TTT_LORA_LR", self.ttt_lora_lr >= 0, ">= 0"),
+            ("TTT_LORA_CHUNK_TOKENS", self.ttt_lora_chunk_tokens > 0 and not (
+                self.ttt_enabled and self.ttt_mode == "lora" and self.ttt_lora_chunk_tokens > self.train_seq_len),
+             f"> 0 and <= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_MODE=lora)"),
             ("TTT_PHASES", self.ttt_phases >= 1, ">= 1"),
             ("TTT_PARAMS", valid_ttt_params(self.ttt_params), "all, scalars or a regular expression of parameter names"),
             ("MLP_ACTIVATION", self.mlp_activation in ("relu2", "leaky_relu2"), "relu2 or leaky_relu2"),

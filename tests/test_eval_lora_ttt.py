@@ -179,7 +179,7 @@ def test_lora_ttt_learns_on_repeated_text(sp, luts):
 
 
 def test_bad_settings_are_refused_before_anything_runs(stream, luts):
-    for bad in (dict(chunk_tokens=0), dict(chunk_tokens=33), dict(epochs=-1), dict(rank=0), dict(stride=0)):
+    for bad in (dict(chunk_tokens=0), dict(chunk_tokens=33), dict(epochs=-1), dict(lora_rank=0), dict(stride=0)):
         kwargs = dict(dict(seq_len=32, stride=16, chunk_tokens=16), **bad)
         with pytest.raises(ValueError, match="TTT_LORA_CHUNK_TOKENS="):
             run_lora_ttt(tiny_gpt(), stream, luts, **kwargs, **QUIET)

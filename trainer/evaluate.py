@@ -10,6 +10,7 @@ import time
 import torch
 
 from eval.roundtrip import eval_roundtrip
+from eval.lora_ttt import run_lora_ttt
 from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
@@ -60,8 +61,14 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
     eval_seconds, num_scored_tokens, num_bytes, num_chunks, num_updates, updates_stopped_at_chunk, ...)
     with the TTT_* settings and `epochs` (the plan's); adapts `model` in place. Its time guard gets what
     is left of EVAL_MAX_SECONDS since `started`. Raises EvalTimeError when scoring alone cannot fit.
-    TTT_MODE=phased: eval.phased_ttt.run_phased_ttt with `phases` (the plan's) instead."""
+    TTT_MODE=phased: eval.phased_ttt.run_phased_ttt with `phases` (the plan's) instead; TTT_MODE=lora:
+    eval.lora_ttt.run_lora_ttt (TTT_LORA_*; the model's weights are left as they were)."""
     left = hp.eval_max_seconds - (time.perf_counter() - started)
+    if hp.ttt_mode == "lora":
+        return run_lora_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
+                            chunk_tokens=hp.ttt_lora_chunk_tokens, epochs=epochs, lr=hp.ttt_lora_lr,
+                            lora_rank=hp.ttt_lora_rank, eval_batch_seqs=hp.eval_batch_seqs,
+                            max_seconds=max(left, 1e-9), log=ctx.log, **eval_device_args(ctx))
     if hp.ttt_mode == "phased":
         return run_phased_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
                               phases=phases or hp.ttt_phases,
@@ -162,12 +169,18 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
     time_ttt_step) and eval.ttt.plan_ttt picks the stride (>= EVAL_STRIDE when EVAL_AUTO_STRIDE, else
     EVAL_STRIDE) and the most epochs <= TTT_EPOCHS that fit 90% of EVAL_MAX_SECONDS with the roundtrip,
     or skips TTT; logs `ttt_plan:` with the numbers and the reason. The eval's own guards still check
-    the real speed.
+    the real speed. TTT_MODE=lora is not timed: the stride as without TTT, TTT_EPOCHS as set (logged).
     """
     if not (hp.ttt_enabled and hp.ttt_epochs) or hp.skip_final_eval:
         stride = plan_eval_stride(ctx, model_config, hp, num_val_tokens) if (
             hp.eval_auto_stride and not hp.skip_final_eval) else hp.eval_stride
         return dict(stride=stride, ttt_epochs=0)
+    if hp.ttt_mode == "lora":  # not projected: the eval's time guard stops the updates when they would not fit
+        stride = plan_eval_stride(ctx, model_config, hp, num_val_tokens) if hp.eval_auto_stride else hp.eval_stride
+        ctx.log(f"ttt_plan: TTT_MODE=lora is not timed before training: stride {stride} epochs {hp.ttt_epochs}; "
+                f"its time guard stops the LoRA updates when the projected eval exceeds EVAL_MAX_SECONDS="
+                f"{hp.eval_max_seconds:g} (the score stays legal: the rest is scored by the adapters as they are)")
+        return dict(stride=stride, ttt_epochs=hp.ttt_epochs)
     model = GPT(**model_config).to(ctx.device).eval()
     per_batch, step = time_eval_forward(ctx, model, hp), time_ttt_step(ctx, model, hp)
     plan = plan_ttt_from_timings(hp, forward_seconds=per_batch, step_seconds=step, num_val_tokens=num_val_tokens,

@@ -90,12 +90,18 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                   tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
                   score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs, ttt_phases),
                   **({"score_command_unverified": why} if (why := ttt_score_command_caveat(tt)) else {}),
-                  **(dict(ttt_mode="phased", ttt_phases=tt["phases"]) if hp.ttt_mode == "phased" else {}))
+                  **(dict(ttt_mode="phased", ttt_phases=tt["phases"]) if hp.ttt_mode == "phased" else {}),
+                  **(dict(ttt_mode="lora", ttt_lora_rank=tt["lora_rank"], ttt_documents=tt["num_documents"])
+                     if hp.ttt_mode == "lora" else {}))
         ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} " + (f"phases:{tt['phases']}" if hp.ttt_mode == "phased" else
                                                                  f"chunks:{tt['num_chunks']}") + f" updates:{tt['num_updates']}")
         if ttt_score_command_caveat(tt):
             ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
-        if not tt["num_updates"]:
+        if not tt["num_updates"] and hp.ttt_mode == "lora":
+            ctx.log(f"WARNING: LoRA TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_LORA_CHUNK_TOKENS="
+                    f"{hp.ttt_lora_chunk_tokens} (a document's last chunk is never trained on): the TTT score is the "
+                    "plain sliding score")
+        elif not tt["num_updates"]:
             ctx.log(f"WARNING: TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} "
                     "(the last chunk is never trained on): the TTT score is the plain sliding score")
         return
@@ -129,11 +135,14 @@ def ttt_artifact_settings(hp: Hyperparameters, ttt_epochs: int, ttt_phases: int 
     uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
     chunk_tokens, lr, momentum, grad_clip, batch_seqs, params, eval_batch_seqs (the scoring batch); the
     stride is the run's eval_stride (the plan's); with TTT_MODE=phased also mode and phases (the plan's, else
-    TTT_PHASES); without them the mode is chunked (older artifacts, and chunked ones stay byte-identical)."""
+    TTT_PHASES); with TTT_MODE=lora mode, lora_rank, lora_lr, lora_chunk_tokens; without them the mode is
+    chunked (older artifacts, and chunked ones stay byte-identical)."""
     return dict(enabled=int(hp.ttt_enabled), epochs=ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens, lr=hp.ttt_lr,
                 momentum=hp.ttt_momentum, grad_clip=hp.ttt_grad_clip, batch_seqs=hp.ttt_batch_seqs,
                 params=hp.ttt_params, eval_batch_seqs=hp.eval_batch_seqs,
-                **(dict(mode="phased", phases=ttt_phases or hp.ttt_phases) if hp.ttt_mode == "phased" else {}))
+                **(dict(mode="phased", phases=ttt_phases or hp.ttt_phases) if hp.ttt_mode == "phased" else {}),
+                **(dict(mode="lora", lora_rank=hp.ttt_lora_rank, lora_lr=hp.ttt_lora_lr,
+                        lora_chunk_tokens=hp.ttt_lora_chunk_tokens) if hp.ttt_mode == "lora" else {}))
 
 
 def ttt_score_command_caveat(tt: dict):
@@ -152,7 +161,9 @@ def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epo
     ttt = (f" --ttt 1 --ttt-epochs {ttt_epochs} --ttt-chunk-tokens {hp.ttt_chunk_tokens} --ttt-lr {hp.ttt_lr} "
            f"--ttt-momentum {hp.ttt_momentum} --ttt-grad-clip {hp.ttt_grad_clip} --ttt-batch-seqs "
            f"{hp.ttt_batch_seqs} --ttt-params {shlex.quote(hp.ttt_params)} --ttt-mode {hp.ttt_mode}"
-           + f" --ttt-phases {ttt_phases or hp.ttt_phases}" * (hp.ttt_mode == "phased"))
+           + f" --ttt-phases {ttt_phases or hp.ttt_phases}" * (hp.ttt_mode == "phased")
+           + (f" --ttt-lora-rank {hp.ttt_lora_rank} --ttt-lora-lr {hp.ttt_lora_lr} --ttt-lora-chunk-tokens "
+              f"{hp.ttt_lora_chunk_tokens}") * (hp.ttt_mode == "lora"))
     return (f"python -m eval score --artifact {shlex.quote(str(artifact_path))} --data-path "
             f"{shlex.quote(hp.data_path)} --tokenizer {shlex.quote(hp.tokenizer_path)} --seq-len {hp.train_seq_len} "
             f"--stride {stride} --batch-seqs {hp.eval_batch_seqs}"
