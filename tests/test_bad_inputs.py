@@ -203,8 +203,10 @@ def eval_rows() -> list:
                  setup=lambda d: artifact_with_ttt(d, dict(enabled=1, epochs="three"))),
         BadInput(e, "--ttt-phases 0", SCORE + ("--ttt", "1", "--ttt-mode", "phased", "--ttt-phases", "0"),
                  r"--ttt-phases=0: expected an integer >= 1", setup=WITH_PTZ),
-        BadInput(e, "TTT_MODE=lora (not a TTT mode)", SCORE + ("--ttt", "1"),
-                 r"TTT_MODE='lora': expected one of chunked, phased", env={"TTT_MODE": "lora"}, setup=WITH_PTZ),
+        BadInput(e, "TTT_MODE=adapter (not a TTT mode)", SCORE + ("--ttt", "1"),
+                 r"TTT_MODE='adapter': expected one of chunked, phased, lora", env={"TTT_MODE": "adapter"}, setup=WITH_PTZ),
+        BadInput(e, "--ttt-lora-rank 0", SCORE + ("--ttt", "1", "--ttt-mode", "lora", "--ttt-lora-rank", "0"),
+                 r"--ttt-lora-rank=0: expected an integer >= 1", setup=WITH_PTZ),
     ]
 
 
@@ -541,8 +543,11 @@ def train_rows() -> list:
                  env=train_env(TTT_ENABLED=1, TTT_CHUNK_TOKENS=100), after=nothing),
         BadInput(t, "TTT_PARAMS not a regular expression", TRAIN, r"TTT_PARAMS='blocks\.\[': expected all, scalars or a "
                  r"regular expression", env=train_env(TTT_ENABLED=1, TTT_PARAMS="blocks.["), after=nothing),
-        BadInput(t, "TTT_MODE=lora (not a TTT mode)", TRAIN, r"TTT_MODE='lora': expected chunked or phased",
-                 env=train_env(TTT_ENABLED=1, TTT_MODE="lora"), after=nothing),
+        BadInput(t, "TTT_MODE=adapter (not a TTT mode)", TRAIN, r"TTT_MODE='adapter': expected chunked, phased or lora",
+                 env=train_env(TTT_ENABLED=1, TTT_MODE="adapter"), after=nothing),
+        BadInput(t, "TTT_LORA_CHUNK_TOKENS=512", TRAIN, r"TTT_LORA_CHUNK_TOKENS=512: expected > 0 and <= TRAIN_SEQ_LEN=256 "
+                 r"\(TTT_MODE=lora\)", env=train_env(TTT_ENABLED=1, TTT_MODE="lora", TTT_LORA_CHUNK_TOKENS=512),
+                 after=nothing),
         BadInput(t, "TTT_PHASES=0", TRAIN, r"TTT_PHASES=0: expected >= 1",
                  env=train_env(TTT_ENABLED=1, TTT_MODE="phased", TTT_PHASES=0), after=nothing),
         BadInput(t, "TTT_PARAMS matching no parameter", TRAIN, r"TTT_PARAMS='lora' matches no parameter",
