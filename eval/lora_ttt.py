@@ -218,3 +218,28 @@ def lora_step(model, optimizer, params, inputs, targets, num_trained: int, *, au
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def project_lora_seconds(*, chunk_forward_seconds, step_seconds, num_val_tokens, num_docs, epochs, chunk_tokens) -> float:
+    """Projected seconds of run_lora_ttt: every chunk one scoring batch (chunk_forward_seconds: a forward of
+    one chunk's windows, ceil(chunk_tokens / stride) + 1 of them, on this rank) + epochs x (chunks - documents)
+    Adam steps (step_seconds: forward + backward of [1, seq_len] and the step; every rank takes each).
+    Chunks = ceil(targets / chunk_tokens) + num_docs (a document adds at most one short chunk)."""
+    chunks = -(-(num_val_tokens - 1) // chunk_tokens) + num_docs
+    return chunks * chunk_forward_seconds + epochs * max(0, chunks - num_docs) * step_seconds
+
+
+def plan_lora_ttt(*, chunk_forward_seconds, step_seconds, num_val_tokens, num_docs, epochs, chunk_tokens, max_seconds,
+                  roundtrip_seconds=0.0, margin=0.9) -> dict:
+    """The most epochs <= TTT_EPOCHS whose projection (project_lora_seconds) fits margin x max_seconds
+    (EVAL_MAX_SECONDS) with the roundtrip, at the run's stride. Returns dict(epochs (0: TTT skipped, the
+    sliding pass scores), projected_seconds, reason (None, or what was cut / why TTT is skipped))."""
+    common = dict(chunk_forward_seconds=chunk_forward_seconds, step_seconds=step_seconds, num_val_tokens=num_val_tokens,
+                  num_docs=num_docs, chunk_tokens=chunk_tokens)
+    for e in range(epochs, 0, -1):
+        seconds = roundtrip_seconds + project_lora_seconds(epochs=e, **common)
+        if seconds <= margin * max_seconds:
+            return dict(epochs=e, projected_seconds=seconds, reason=None if e == epochs else f"TTT_EPOCHS={epochs} -> {e}")
+    wanted = roundtrip_seconds + project_lora_seconds(epochs=1, **common)
+    return dict(epochs=0, projected_seconds=None, reason=epochs and f"TTT skipped: 1 epoch of LoRA TTT projects "
+                f"{wanted:.0f}s > {margin:g} x EVAL_MAX_SECONDS={max_seconds:g}; the sliding pass scores" or None)

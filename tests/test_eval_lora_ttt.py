@@ -7,7 +7,7 @@ import torch
 
 import eval.lora_ttt as lora_ttt
 from eval.bpb import build_sentencepiece_luts
-from eval.lora_ttt import LoRAAdapters, run_lora_ttt, split_lora_chunks
+from eval.lora_ttt import LoRAAdapters, project_lora_seconds, run_lora_ttt, split_lora_chunks
 from eval.sliding import eval_sliding
 from eval.ttt import check_ttt_legality
 from model.gpt import GPT
@@ -194,3 +194,12 @@ def test_time_guard_stops_updates(stream, luts):
     assert stop is not None and "updates stop after document" in logs[0] and res["num_scored_tokens"] == len(stream) - 1
     assert all(r["first_update_step"] is None for r in res["chunks"][stop:]) and res["num_updates"] > 0
     check_ttt_legality(res["chunks"])
+
+
+def test_the_projection_counts_the_runs_chunks_and_steps(stream, luts):
+    res = run_lora_ttt(tiny_gpt(seed=7), stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.01, **QUIET)
+    common = dict(num_val_tokens=len(stream), num_docs=res["num_documents"], epochs=2, chunk_tokens=16)
+    chunks = project_lora_seconds(chunk_forward_seconds=1.0, step_seconds=0.0, **common)
+    steps = project_lora_seconds(chunk_forward_seconds=0.0, step_seconds=1.0, **common)
+    assert res["num_chunks"] <= chunks <= res["num_chunks"] + res["num_documents"]  # a bound: short chunks counted whole
+    assert res["num_updates"] <= steps <= res["num_updates"] + 2 * res["num_documents"]

@@ -1,4 +1,4 @@
-"""Per-document LoRA TTT (TTT_MODE=lora) in the trainer's final eval: not timed before training (said in
+"""Per-document LoRA TTT (TTT_MODE=lora) in the trainer's final eval: planned before training (timed, in
 the log), recorded in the artifact, and the same score as `python -m eval score --ttt 1` on the saved
 artifact; the settings' checks."""
 
@@ -27,7 +27,8 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
     assert result["ttt_mode"] == "lora" and result["ttt_lora_rank"] == 4 and result["ttt_epochs"] == 1
     assert result["ttt_updates"] > 0 and result["ttt_updates_stopped_at_chunk"] is None
     assert result["ttt_updates"] == result["ttt_chunks"] - result["ttt_documents"]  # all but each document's last
-    assert re.search(r"^ttt_plan: TTT_MODE=lora is not timed before training: stride 32 epochs 1; its time guard",
+    assert re.search(r"^ttt_plan: TTT_MODE=lora \S+ms per chunk forward, \S+ms per adapter step, 4096 val targets in "
+                     r"\d+ documents: stride 32 epochs 1 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\)$",
                      proc.stdout, re.M)
     m = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) eval_time:\d+ms stride:32 chunks:(\d+) updates:(\d+)$",
                   proc.stdout, re.M)
@@ -59,11 +60,30 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
     assert abs(sliding - result["val_bpb_ttt"]) > 1e-5
 
 
-def test_lora_is_not_planned_and_says_so(monkeypatch, tmp_path):
-    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 100.0, ttt_mode="lora", ttt_epochs=2)
-    assert plan == dict(stride=16, ttt_epochs=2)  # a step of 100 s would skip chunked TTT: lora is not timed
-    assert lines[-1].startswith("ttt_plan: TTT_MODE=lora is not timed before training: stride 16 epochs 2; its time "
-                                "guard stops the LoRA updates when the projected eval exceeds EVAL_MAX_SECONDS=600")
+def test_the_lora_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
+    """1,000,000 targets in 2,000 documents of 500 tokens, chunks of 64: 15,625 + 2,000 chunks (one forward
+    each), 15,625 adapter steps per epoch; roundtrip 3.9 s at 1 ms per forward batch (plan_with's)."""
+    import torch
+    import trainer.evaluate as trainer_evaluate
+
+    stream = torch.full((1_000_001,), 7)
+    stream[:-1:500] = 1
+    monkeypatch.setattr(trainer_evaluate, "load_validation_tokens", lambda *a, **k: stream)
+    common = dict(ttt_mode="lora", ttt_lora_chunk_tokens=64, ttt_epochs=2)
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.01))
+    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 100.0, **common)  # the SGD step's timing plays no part
+    assert plan == dict(stride=16, ttt_epochs=2)  # 17,625 x 2 ms + 2 x 15,625 x 10 ms + 3.9 s = 351.7 s
+    assert lines[-1] == ("ttt_plan: TTT_MODE=lora 2.0ms per chunk forward, 10.0ms per adapter step, 1000000 val "
+                         "targets in 2000 documents: stride 16 epochs 2 projected 352s with the roundtrip "
+                         "(EVAL_MAX_SECONDS=600)")
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.02))
+    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)  # 2 epochs: 664 s; 1 epoch: 352 s
+    assert plan == dict(stride=16, ttt_epochs=1) and lines[-1].endswith("; TTT_EPOCHS=2 -> 1")
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.04))
+    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
+    assert plan == dict(stride=16, ttt_epochs=0)
+    assert lines[-1].endswith("(EVAL_MAX_SECONDS=600); TTT skipped: 1 epoch of LoRA TTT projects 664s > 0.9 x "
+                              "EVAL_MAX_SECONDS=600; the sliding pass scores")
 
 
 def test_lora_settings_are_checked():

@@ -10,7 +10,7 @@ import time
 import torch
 
 from eval.roundtrip import eval_roundtrip
-from eval.lora_ttt import run_lora_ttt
+from eval.lora_ttt import LoRAAdapters, lora_step, plan_lora_ttt, run_lora_ttt
 from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
@@ -18,6 +18,7 @@ from trainer.context import RunContext
 from model.gpt import GPT
 from primitives.progress import Progress
 from primitives.settings import Hyperparameters
+from shards.format import load_validation_tokens
 
 
 def eval_device_args(ctx: RunContext) -> dict:
@@ -169,18 +170,14 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
     time_ttt_step) and eval.ttt.plan_ttt picks the stride (>= EVAL_STRIDE when EVAL_AUTO_STRIDE, else
     EVAL_STRIDE) and the most epochs <= TTT_EPOCHS that fit 90% of EVAL_MAX_SECONDS with the roundtrip,
     or skips TTT; logs `ttt_plan:` with the numbers and the reason. The eval's own guards still check
-    the real speed. TTT_MODE=lora is not timed: the stride as without TTT, TTT_EPOCHS as set (logged).
+    the real speed. TTT_MODE=lora: plan_lora_eval.
     """
     if not (hp.ttt_enabled and hp.ttt_epochs) or hp.skip_final_eval:
         stride = plan_eval_stride(ctx, model_config, hp, num_val_tokens) if (
             hp.eval_auto_stride and not hp.skip_final_eval) else hp.eval_stride
         return dict(stride=stride, ttt_epochs=0)
-    if hp.ttt_mode == "lora":  # not projected: the eval's time guard stops the updates when they would not fit
-        stride = plan_eval_stride(ctx, model_config, hp, num_val_tokens) if hp.eval_auto_stride else hp.eval_stride
-        ctx.log(f"ttt_plan: TTT_MODE=lora is not timed before training: stride {stride} epochs {hp.ttt_epochs}; "
-                f"its time guard stops the LoRA updates when the projected eval exceeds EVAL_MAX_SECONDS="
-                f"{hp.eval_max_seconds:g} (the score stays legal: the rest is scored by the adapters as they are)")
-        return dict(stride=stride, ttt_epochs=hp.ttt_epochs)
+    if hp.ttt_mode == "lora":
+        return plan_lora_eval(ctx, model_config, hp, num_val_tokens)
     model = GPT(**model_config).to(ctx.device).eval()
     per_batch, step = time_eval_forward(ctx, model, hp), time_ttt_step(ctx, model, hp)
     plan = plan_ttt_from_timings(hp, forward_seconds=per_batch, step_seconds=step, num_val_tokens=num_val_tokens,
@@ -213,3 +210,54 @@ def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, n
             f"{project(hp.eval_stride):.0f}s at EVAL_STRIDE={hp.eval_stride}, {project(stride):.0f}s at stride {stride} "
             f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
     return stride
+
+
+def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
+    """(seconds of one chunk's scoring forward, seconds of one adapter step) as eval/lora_ttt.py runs them on
+    this rank: a forward of [ceil((TTT_LORA_CHUNK_TOKENS // EVAL_STRIDE + 1) / ranks), TRAIN_SEQ_LEN] under
+    inference mode, and fwd + bwd + Adam of [1, TRAIN_SEQ_LEN] on rank-TTT_LORA_RANK adapters (removed after)."""
+    windows = -(-(hp.ttt_lora_chunk_tokens // hp.eval_stride + 1) // ctx.world_size)
+    x = torch.zeros(windows, hp.train_seq_len, dtype=torch.int64, device=ctx.device)
+    saved = [(p, p.requires_grad) for p in model.parameters()]
+    lora = LoRAAdapters(model, hp.ttt_lora_rank)
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
+        optimizer = torch.optim.Adam(lora.params, lr=1e-9, betas=(0.9, 0.95))
+
+        def score():
+            with torch.inference_mode(), ctx.autocast():
+                forward(x)
+
+        def step():
+            lora_step(model, optimizer, lora.params, x[0], x[0], hp.ttt_lora_chunk_tokens, autocast_dtype=ctx.autocast_dtype)
+
+        return (seconds_per_call(ctx, score, label="lora plan: timing a chunk's scoring"),
+                seconds_per_call(ctx, step, label="lora plan: timing an adapter step"))
+    finally:
+        lora.remove()
+        for p, flag in saved:
+            p.requires_grad_(flag)
+
+
+def plan_lora_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
+    """TTT_MODE=lora's plan before training: at EVAL_STRIDE, the most epochs <= TTT_EPOCHS whose projection
+    (eval.lora_ttt.plan_lora_ttt; documents counted in the val stream the eval scores, chunk forward and adapter
+    step timed on a fresh model, the roundtrip from time_eval_forward) fits 90% of EVAL_MAX_SECONDS, else
+    0 (the sliding pass). Logs `ttt_plan:`; returns dict(stride, ttt_epochs)."""
+    tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)[:num_val_tokens]  # document starts only
+    num_docs = int((tokens[1:] == 1).sum()) + 1
+    model = GPT(**model_config).to(ctx.device).eval()
+    per_batch = time_eval_forward(ctx, model, hp)
+    chunk_seconds, step_seconds = time_lora_ttt(ctx, model, hp)
+    n = num_val_tokens - 1
+    roundtrip = per_batch * count_sliding_windows(n, hp.train_seq_len, hp.train_seq_len) / (hp.eval_batch_seqs * ctx.world_size)
+    plan = plan_lora_ttt(chunk_forward_seconds=chunk_seconds, step_seconds=step_seconds, num_val_tokens=num_val_tokens,
+                         num_docs=num_docs, epochs=hp.ttt_epochs, chunk_tokens=hp.ttt_lora_chunk_tokens,
+                         max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip)
+    projected = f"projected {plan['projected_seconds']:.0f}s with the roundtrip " if plan["epochs"] else ""
+    ctx.log(f"ttt_plan: TTT_MODE=lora {1000 * chunk_seconds:.1f}ms per chunk forward, {1000 * step_seconds:.1f}ms per "
+            f"adapter step, {n} val targets in {num_docs} documents: stride {hp.eval_stride} epochs {plan['epochs']} "
+            f"{projected}(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
+    return dict(stride=hp.eval_stride, ttt_epochs=plan["epochs"])
