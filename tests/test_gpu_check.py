@@ -162,6 +162,8 @@ def test_ttt_projection_row_warns_when_the_plan_cuts_ttt():
     assert "plan: stride 64, 1 epochs, 448 s" in fixed.value
     off = gc.ttt_projection_row(0.49e-3, 4 * step, n, Hyperparameters(run_id="x"))
     assert off.verdict == "ok" and off.value.endswith("(TTT_ENABLED=0: information)")
+    lora = gc.ttt_projection_row(0.49e-3, step, n, Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora"))
+    assert lora.verdict == "WARN" and lora.value == "TTT_MODE=lora: not projected by this check"  # no chunked figure
 
 
 def test_ttt_projection_row_of_phased_ttt_uses_the_phased_projection():

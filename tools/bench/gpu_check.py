@@ -318,7 +318,10 @@ def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_t
     """Projected full-val legal TTT eval (eval/ttt.py) as the trainer plans it (eval.ttt.plan_ttt with
     the roundtrip): TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the plan keeps. seconds_per_window
     from the sliding eval, step_seconds: one TTT update (trainer.evaluate.time_ttt_step). With TTT_ENABLED,
-    WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only."""
+    WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only.
+    TTT_MODE=lora is not projected here (its plan needs the val split's documents): the row says so."""
+    if hp.ttt_mode == "lora":  # unverified here: the trainer's plan times it before training (its ttt_plan: line)
+        return Row("projected TTT eval", "TTT_MODE=lora: not projected by this check", warn="unverified" * hp.ttt_enabled)
     plan = trainer_evaluate.plan_ttt_from_timings(hp, forward_seconds=seconds_per_window * hp.eval_batch_seqs,
                                                   step_seconds=step_seconds, num_val_tokens=num_val_tokens,
                                                   world_size=world_size)
