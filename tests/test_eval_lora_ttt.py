@@ -203,3 +203,34 @@ def test_the_projection_counts_the_runs_chunks_and_steps(stream, luts):
     steps = project_lora_seconds(chunk_forward_seconds=0.0, step_seconds=1.0, **common)
     assert res["num_chunks"] <= chunks <= res["num_chunks"] + res["num_documents"]  # a bound: short chunks counted whole
     assert res["num_updates"] <= steps <= res["num_updates"] + 2 * res["num_documents"]
+
+
+def _dist_worker(rank, world_size, init_file, tokens, luts, out):
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        res = run_lora_ttt(tiny_gpt(seed=8), tokens, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.05,
+                           eval_batch_seqs=1, rank=rank, world_size=world_size, **QUIET)
+        out[rank] = (res["val_loss"], res["val_bpb"], res["num_bytes"], res["num_updates"],
+                     [(c["scored_at_step"], c["first_update_step"]) for c in res["chunks"]])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_match_one(stream, luts, tmp_path):
+    """Each rank scores a share of every chunk's windows (eval_batch_seqs=1: both ranks score) and takes
+    every adapter step itself: the same adapters, the same score as one rank."""
+    import torch.multiprocessing as mp
+
+    tokens = stream[:600]
+    res = run_lora_ttt(tiny_gpt(seed=8), tokens, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.05,
+                       eval_batch_seqs=1, **QUIET)
+    out = mp.Manager().dict()
+    mp.spawn(_dist_worker, args=(2, str(tmp_path / "init"), tokens, luts, out), nprocs=2, join=True)
+    for rank in (0, 1):
+        loss, bpb, num_bytes, num_updates, ledger = out[rank]
+        assert (num_bytes, num_updates) == (res["num_bytes"], res["num_updates"]) and num_updates > 0
+        assert ledger == [(c["scored_at_step"], c["first_update_step"]) for c in res["chunks"]]
+        assert (loss, bpb) == pytest.approx((res["val_loss"], res["val_bpb"]), rel=1e-6)
