@@ -92,6 +92,12 @@ def split_lora_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) 
     return bounds, doc_starts
 
 
+def lora_batch_windows(chunk_tokens: int, stride: int, world_size: int = 1, eval_batch_seqs: int = 1 << 30) -> int:
+    """Windows per scoring batch on each rank: a chunk's windows (at most ceil(chunk / stride) + 1) shared by
+    the ranks, capped at EVAL_BATCH_SEQS: one batch per chunk, not a full batch of mostly padding."""
+    return min(eval_batch_seqs, -(-(-(-chunk_tokens // stride) + 1) // world_size))
+
+
 def lora_train_span(bounds: list, c: int) -> tuple:
     """The targets the updates after scoring chunk c train on: chunk c's, [bounds[c], bounds[c + 1])."""
     return bounds[c], bounds[c + 1]
@@ -105,6 +111,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
     model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] and nn.Linear modules matching
     LORA_TARGETS. chunk_tokens (TTT_LORA_CHUNK_TOKENS, <= seq_len): targets per scored chunk; epochs
     (TTT_EPOCHS): Adam steps (lr = TTT_LORA_LR, betas 0.9/0.95) after each chunk but a document's last;
+    scoring batches of lora_batch_windows (one chunk's windows, at most eval_batch_seqs);
     lora_rank: TTT_LORA_RANK. Multi-rank: every rank scores a share of each chunk's windows (sums
     all-reduced) and takes the same full step (the adapters stay equal). compile_model: the scoring
     forward only. Time guard as eval.ttt.run_ttt (after each document past the first: updates stop when
@@ -121,6 +128,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
                          f"EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], 0 < stride <= seq_len, "
                          "0 < chunk tokens <= seq_len, rank >= 1, others >= 0")
     t_start = clock()
+    eval_batch_seqs = lora_batch_windows(chunk_tokens, stride, world_size, eval_batch_seqs)
     device = torch.device(device)
     tokens = val_tokens.to(device, torch.int64)
     luts = [t.to(device) for t in luts]

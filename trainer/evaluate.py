@@ -10,7 +10,7 @@ import time
 import torch
 
 from eval.roundtrip import eval_roundtrip
-from eval.lora_ttt import LoRAAdapters, lora_step, plan_lora_ttt, run_lora_ttt
+from eval.lora_ttt import LoRAAdapters, lora_batch_windows, lora_step, plan_lora_ttt, run_lora_ttt
 from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
@@ -214,9 +214,9 @@ def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, n
 
 def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
     """(seconds of one chunk's scoring forward, seconds of one adapter step) as eval/lora_ttt.py runs them on
-    this rank: a forward of [ceil((TTT_LORA_CHUNK_TOKENS // EVAL_STRIDE + 1) / ranks), TRAIN_SEQ_LEN] under
+    this rank: a forward of [eval.lora_ttt.lora_batch_windows, TRAIN_SEQ_LEN] under
     inference mode, and fwd + bwd + Adam of [1, TRAIN_SEQ_LEN] on rank-TTT_LORA_RANK adapters (removed after)."""
-    windows = -(-(hp.ttt_lora_chunk_tokens // hp.eval_stride + 1) // ctx.world_size)
+    windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, hp.eval_stride, ctx.world_size, hp.eval_batch_seqs)
     x = torch.zeros(windows, hp.train_seq_len, dtype=torch.int64, device=ctx.device)
     saved = [(p, p.requires_grad) for p in model.parameters()]
     lora = LoRAAdapters(model, hp.ttt_lora_rank)
