@@ -103,7 +103,8 @@ def test_flash_versions_names_fa4_and_skips_its_namespace_flash_attn(monkeypatch
 def test_cpu_twin_with_attn_backend_fa4_runs_through_the_fa4_twin():
     """Compiled, as on a GPU (COMPILE=1): the FA4 ops keep the graph whole, and the eval compiles nothing the
     second time (the row once counted the TTT step's own graph: a FAIL on an H100 that was no recompile)."""
-    proc = run_check("--cpu-twin", "--steps", "1", **TWIN_ENV, ATTN_BACKEND="fa4", COMPILE="1")
+    proc = run_check("--cpu-twin", "--steps", "1", **TWIN_ENV, ATTN_BACKEND="fa4", COMPILE="1", TTT_ENABLED="1",
+                     TTT_MODE="lora", TTT_LORA_CHUNK_TOKENS="64")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert re.search(r"ok +attention backend +fa4 twin\n", proc.stdout)
     assert re.search(r"ok +compile \+ warmup +[\d.]+ s \(\d+ warmup steps, compile on\)\n", proc.stdout)
@@ -111,6 +112,8 @@ def test_cpu_twin_with_attn_backend_fa4_runs_through_the_fa4_twin():
     assert re.search(r"ok +recompiles after step 1 +1 \(expected 1: one per graph state QAT on, compiled in warmup; "
                      r"0 after warmup", proc.stdout)
     assert re.search(r"ok +eval recompiles +0\n", proc.stdout)
+    assert re.search(r"projected TTT eval +[\d.]+ ms per chunk scored, [\d.]+ ms per adapter step; TTT_MODE=lora, "
+                     r"50,000 documents, TTT_EPOCHS=3: \d+ s incl\. roundtrip; plan: \d epochs", proc.stdout)
     assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")
 
 
@@ -181,6 +184,25 @@ def test_ttt_projection_row_of_phased_ttt_uses_the_phased_projection():
     tight = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="phased", eval_auto_stride=False, eval_max_seconds=420)
     cut = gc.ttt_projection_row(0.49e-3, 4 * step, n, tight)
     assert cut.verdict == "WARN" and "TTT_PHASES=3 -> 2" in cut.warn and ", 2 phases, " in cut.value
+
+
+def test_ttt_projection_row_of_lora_ttt_is_the_trainers_plan():
+    """TTT_MODE=lora on the full val split (50,000 documents) at 2 ms per chunk scored and 10 ms per adapter step:
+    ceil(40,540,159 / 256) + 50,000 = 208,360 chunks (416.7 s) + 3 x 158,360 steps (4,750.8 s) + roundtrip
+    19,795 windows x 0.49 ms (9.7 s) = 5,177 s; 1 epoch projects 2,010 s > 540 s, so the plan scores with the
+    sliding pass and the row warns why; 4x faster steps and forwards keep 1 epoch of 3."""
+    from primitives.settings import Hyperparameters
+
+    gc = gpu_check_module()
+    hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora")
+    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(2e-3, 10e-3), num_docs=50_000)
+    assert "TTT_MODE=lora, 50,000 documents, TTT_EPOCHS=3: 5177 s incl. roundtrip; plan: 0 epochs, the sliding pass" in row.value
+    assert row.verdict == "WARN" and row.warn.startswith("TTT skipped: 1 epoch of LoRA TTT projects 2010s > 0.9 x")
+    fast = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(0.5e-3, 2.5e-3), num_docs=50_000)
+    assert fast.verdict == "WARN" and fast.warn == "TTT_EPOCHS=3 -> 1" and "plan: 1 epochs, 510 s" in fast.value
+    off = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, Hyperparameters(run_id="x", ttt_mode="lora"),
+                                lora_timings=(2e-3, 10e-3), num_docs=50_000)
+    assert off.verdict == "ok" and off.value.endswith("(TTT_ENABLED=0: information)")
 
 
 def test_exit_code_is_0_with_warnings_and_1_with_a_fail(monkeypatch, capsys):

@@ -69,7 +69,9 @@ import trainer.loop as trainer_loop  # noqa: E402
 import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
+from eval.lora_ttt import plan_lora_ttt, project_lora_seconds  # noqa: E402
 from eval.phased_ttt import project_phased_seconds  # noqa: E402
+from shards.format import load_validation_tokens  # noqa: E402
 from model.fused_loss import resolve_loss_kernel  # noqa: E402
 from eval.ttt import project_ttt_seconds  # noqa: E402
 from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
@@ -77,6 +79,7 @@ from quant.policy import QuantPolicy  # noqa: E402
 from tools.bench.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
 from tools.bench.cpu_twin_size import CPU_TWIN_STEPS, cpu_twin_settings, data_given  # noqa: E402
 
+FINEWEB_VAL_DOCS = 50_000  # the challenge's val split: the first 50,000 FineWeb documents (design facts)
 H100_SXM_SMS = 132  # H100 SXM5 has 132 SMs; the PCIe card 114 (NVIDIA H100 datasheet)
 
 
@@ -314,13 +317,17 @@ def agreement_rows(ctx, model, hp) -> list:
 
 
 def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_tokens: int, hp,
-                       world_size: int = 1, enforce: bool = True) -> Row:
+                       world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, num_docs: int = 0) -> Row:
     """Projected full-val legal TTT eval (eval/ttt.py) as the trainer plans it (eval.ttt.plan_ttt with
     the roundtrip): TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the plan keeps. seconds_per_window
     from the sliding eval, step_seconds: one TTT update (trainer.evaluate.time_ttt_step). With TTT_ENABLED,
     WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only.
-    TTT_MODE=lora is not projected here (its plan needs the val split's documents): the row says so."""
-    if hp.ttt_mode == "lora":  # unverified here: the trainer's plan times it before training (its ttt_plan: line)
+    TTT_MODE=lora: lora_timings (chunk forward, adapter step: trainer.evaluate.time_lora_ttt) and num_docs, the
+    val split's documents, through eval.lora_ttt.plan_lora_ttt as the trainer plans it (without timings: "not
+    projected", a WARN "unverified" with TTT_ENABLED)."""
+    if hp.ttt_mode == "lora" and lora_timings:
+        return lora_projection_row(seconds_per_window, lora_timings, num_val_tokens, num_docs, hp, enforce)
+    if hp.ttt_mode == "lora":  # no timings given: nothing to project
         return Row("projected TTT eval", "TTT_MODE=lora: not projected by this check", warn="unverified" * hp.ttt_enabled)
     plan = trainer_evaluate.plan_ttt_from_timings(hp, forward_seconds=seconds_per_window * hp.eval_batch_seqs,
                                                   step_seconds=step_seconds, num_val_tokens=num_val_tokens,
@@ -345,7 +352,28 @@ def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_t
     return Row("projected TTT eval", value, warn=(plan["reason"] or "stride raised to fit the clock") if cut else "")
 
 
-def eval_rows(ctx, model, hp, num_val_tokens) -> list:
+def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_tokens: int, num_docs: int, hp,
+                        enforce: bool = True) -> Row:
+    """The projected eval of TTT_MODE=lora at EVAL_STRIDE: TTT_EPOCHS, and the epochs the trainer's plan keeps
+    (90% of EVAL_MAX_SECONDS with the roundtrip); WARN when it cuts or skips them, with TTT_ENABLED."""
+    chunk_s, step_s = lora_timings
+    roundtrip = seconds_per_window * count_sliding_windows(num_val_tokens - 1, hp.train_seq_len, hp.train_seq_len)
+    common = dict(chunk_forward_seconds=chunk_s, step_seconds=step_s, num_val_tokens=num_val_tokens, num_docs=num_docs,
+                  chunk_tokens=hp.ttt_lora_chunk_tokens)
+    wanted = roundtrip + project_lora_seconds(epochs=hp.ttt_epochs, **common)
+    plan = plan_lora_ttt(epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip, **common)
+    kept = f"{plan['projected_seconds']:.0f} s" if plan["epochs"] else "the sliding pass"
+    value = (f"{1000 * chunk_s:.1f} ms per chunk scored, {1000 * step_s:.1f} ms per adapter step; TTT_MODE=lora, "
+             f"{num_docs:,} documents, TTT_EPOCHS={hp.ttt_epochs}: {wanted:.0f} s incl. roundtrip; plan: "
+             f"{plan['epochs']} epochs, {kept} (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
+    if not enforce:
+        return Row("projected TTT eval", value + " (CPU twin: no verdict)")
+    if not hp.ttt_enabled:
+        return Row("projected TTT eval", value + " (TTT_ENABLED=0: information)")
+    return Row("projected TTT eval", value, warn=plan["reason"] or "")  # reason: None when the plan keeps them
+
+
+def eval_rows(ctx, model, hp, num_val_tokens, num_docs: int = FINEWEB_VAL_DOCS) -> list:
     """Sliding eval speed on synthetic tokens (the trainer's engine, compile and autocast), projected to the
     full val split: (roundtrip windows + sliding windows at stride s) x seconds per window."""
     from torch._dynamo.utils import counters
@@ -364,12 +392,14 @@ def eval_rows(ctx, model, hp, num_val_tokens) -> list:
     recompiles = counters["stats"]["unique_graphs"] - graphs  # before the TTT step, which compiles its own graph
     per_window = result["eval_seconds"] / count_sliding_windows(n, seq_len, 64)
     step = trainer_evaluate.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
+    lora = trainer_evaluate.time_lora_ttt(ctx, model, hp) if hp.ttt_mode == "lora" else None
     model.train()
     return [Row("eval recompiles", str(recompiles), ok=recompiles == 0),
             Row("sliding eval", f"{1000 * per_window:.2f} ms per window of {seq_len} (batch {b})"),
             eval_projection_row(per_window, num_val_tokens, seq_len, hp.eval_stride, hp.eval_max_seconds,
                                 hp.eval_auto_stride, enforce=ctx.device.type == "cuda"),
-            ttt_projection_row(per_window, step, num_val_tokens, hp, enforce=ctx.device.type == "cuda")]
+            ttt_projection_row(per_window, step, num_val_tokens, hp, enforce=ctx.device.type == "cuda",
+                               lora_timings=lora, num_docs=num_docs)]
 
 
 def print_table(rows) -> None:
@@ -443,7 +473,10 @@ def main(argv=None) -> int:
             loader = SyntheticLoader(hp.vocab_size, ctx.device)
             num_val = VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
         train_rows, model = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
-        rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val)
+        docs = FINEWEB_VAL_DOCS
+        if hp.ttt_mode == "lora" and data_given(hp):  # the documents of the val split the eval scores
+            docs = int((load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)[1:num_val] == 1).sum()) + 1
+        rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val, docs)
     print_table(rows)
     failed, warned = [r.check for r in rows if not r.ok], [r.check for r in rows if r.ok and r.warn]
     tail = f" ({len(warned)} warning{'s' * (len(warned) != 1)}: {', '.join(warned)})" if warned else ""
