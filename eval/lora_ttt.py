@@ -24,7 +24,6 @@ records, one per chunk) and check_ttt_legality prove every target was scored onc
 of whose updates trained on it.
 """
 
-import bisect
 import math
 import re
 import time
@@ -34,7 +33,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from eval.sliding import EvalTimeError
-from eval.ttt import check_ttt_legality, score_ttt_chunk, split_ttt_chunks, ttt_window_ranges
+from eval.ttt import (check_ttt_legality, mark_update, score_and_record, split_ttt_chunks, ttt_records, ttt_totals,
+                      ttt_window_ranges)
 from primitives.progress import Progress
 
 LORA_TARGETS = r"\.(attn\.c_q|attn\.c_v|mlp\.proj)$"
@@ -140,8 +140,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
     doc_index = [0] * num_chunks
     for c in range(1, num_chunks):
         doc_index[c] = doc_index[c - 1] + (doc_starts[c] != doc_starts[c - 1])
-    records = [dict(chunk=c, document=doc_index[c], first_target=bounds[c], num_targets=bounds[c + 1] - bounds[c],
-                    scored_at_step=None, first_update_step=None, last_update_step=None) for c in range(num_chunks)]
+    records = ttt_records(bounds, document=doc_index)
     step, stopped, optimizer = 0, None, None
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     seconds, measured_from = [0.0, 0.0], None  # scoring, updating (documents past the first)
@@ -160,12 +159,9 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
                 if c and records[c - 1]["document"] == 0:
                     measured_from = (clock(), lo)  # the first document paid for compilation: not a rate
             t0 = clock()
-            sums = score_ttt_chunk(score_fwd, tokens, luts, window_ranges[c], lo, hi, eval_batch_seqs=eval_batch_seqs,
-                                   seq_len=seq_len, stride=stride, autocast_dtype=autocast_dtype, bar=bar,
-                                   what=f"run_lora_ttt: chunk {c}")
-            nll, num_scored, num_bytes = sums.tolist()
-            totals += sums
-            records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
+            score_and_record(score_fwd, tokens, luts, window_ranges[c], bounds, records, c, totals, step,
+                             eval_batch_seqs=eval_batch_seqs, seq_len=seq_len, stride=stride,
+                             autocast_dtype=autocast_dtype, bar=bar, what=f"run_lora_ttt: chunk {c}")
             check_ttt_legality(records[max(0, c - 1):c + 1])
             t1 = clock()
             if not last_of_doc and stopped is None and lr > 0:
@@ -176,9 +172,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
                     lora_step(model, optimizer, lora.params, tokens[start:b], tokens[start + 1:b + 1], b - a,
                               autocast_dtype=autocast_dtype)
                     step += 1
-                    for k in range(bisect.bisect_right(bounds, a) - 1, bisect.bisect_left(bounds, b)):
-                        records[k]["first_update_step"] = records[k]["first_update_step"] or step
-                        records[k]["last_update_step"] = step
+                    mark_update(records, bounds, a, b, step)
             if measured_from is not None:
                 seconds[0] += t1 - t0
                 seconds[1] += clock() - t1
@@ -207,12 +201,9 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
         for p, flag in saved_flags:
             p.requires_grad_(flag)
     bar.close()
-    check_ttt_legality(records)
-    nll, num_scored, num_bytes = totals.tolist()
-    if num_scored != len(tokens) - 1:
-        raise RuntimeError(f"run_lora_ttt: scored {num_scored:.0f} targets, expected each of {len(tokens) - 1} once")
-    return dict(val_loss=nll / num_scored, val_bpb=nll / math.log(2) / num_bytes, stride=stride, epochs=epochs,
-                lora_rank=lora_rank, eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes),
+    val_loss, val_bpb, num_scored, num_bytes = ttt_totals(records, totals, len(tokens) - 1, "run_lora_ttt")
+    return dict(val_loss=val_loss, val_bpb=val_bpb, stride=stride, epochs=epochs,
+                lora_rank=lora_rank, eval_seconds=clock() - t_start, num_scored_tokens=num_scored, num_bytes=num_bytes,
                 num_chunks=num_chunks, num_documents=records[-1]["document"] + 1, num_updates=step,
                 updates_stopped_at_chunk=stopped, chunks=records)
 

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from eval.sliding import EvalTimeError, count_sliding_windows
-from eval.ttt import (check_ttt_legality, plan_chunk_sequences, score_ttt_chunk, select_ttt_params, ttt_step_seqs,
-                      ttt_window_ranges)
+from eval.ttt import (check_ttt_legality, mark_update, plan_chunk_sequences, score_and_record, select_ttt_params,
+                      sgd_step, ttt_records, ttt_step_seqs, ttt_totals, ttt_window_ranges)
 from primitives.progress import Progress
 
 
@@ -87,8 +87,7 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
         score_fwd, train_fwd = torch.compile(score_fwd, dynamic=False), torch.compile(model, dynamic=False)
     optimizer = torch.optim.SGD(chosen, lr=lr, momentum=momentum)
     distributed = dist.is_initialized()
-    records = [dict(chunk=c, first_target=bounds[c], num_targets=bounds[c + 1] - bounds[c], scored_at_step=None,
-                    first_update_step=None, last_update_step=None) for c in range(num_phases)]
+    records = ttt_records(bounds)
     step, stopped, trained_targets = 0, None, 0
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     seconds = [0.0, 0.0]  # scoring, updating (phases past the first)
@@ -101,14 +100,11 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
         for p in chosen:
             p.requires_grad_(True)
         for c in range(num_phases):
-            lo, hi = bounds[c], bounds[c + 1]
+            hi = bounds[c + 1]
             t0 = clock()
-            sums = score_ttt_chunk(score_fwd, tokens, luts, window_ranges[c], lo, hi, eval_batch_seqs=eval_batch_seqs,
-                                   seq_len=seq_len, stride=stride, autocast_dtype=autocast_dtype, bar=bar,
-                                   what=f"run_phased_ttt: phase {c}")
-            nll, num_scored, num_bytes = sums.tolist()
-            totals += sums
-            records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
+            score_and_record(score_fwd, tokens, luts, window_ranges[c], bounds, records, c, totals, step,
+                             eval_batch_seqs=eval_batch_seqs, seq_len=seq_len, stride=stride,
+                             autocast_dtype=autocast_dtype, bar=bar, what=f"run_phased_ttt: phase {c}")
             check_ttt_legality(records[:c + 1])
             t1 = clock()
             phase_lr = lr * 0.5 * (1 + math.cos(math.pi * c / max(1, num_phases - 1)))
@@ -122,11 +118,7 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
                              distributed=distributed)
                     step += 1
                     trained_targets += len(batch) * seq_len
-                    # the ledger: every phase whose targets this batch trained on (all ranks' sequences)
-                    for k in range(bisect.bisect_right(bounds, min(batch)) - 1,
-                                   bisect.bisect_left(bounds, max(batch) + seq_len)):
-                        records[k]["first_update_step"] = records[k]["first_update_step"] or step
-                        records[k]["last_update_step"] = step
+                    mark_update(records, bounds, min(batch), max(batch) + seq_len, step)  # all ranks' sequences
             t2 = clock()
             if c == 0:
                 trained_targets = 0
@@ -157,38 +149,11 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
         for p, flag in saved_flags:
             p.requires_grad_(flag)
     bar.close()
-    check_ttt_legality(records)
-    nll, num_scored, num_bytes = totals.tolist()
-    if num_scored != len(tokens) - 1:
-        raise RuntimeError(f"run_phased_ttt: scored {num_scored:.0f} targets, expected each of {len(tokens) - 1} once")
-    return dict(val_loss=nll / num_scored, val_bpb=nll / math.log(2) / num_bytes, stride=stride, epochs=epochs,
-                phases=num_phases, eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored),
-                num_bytes=int(num_bytes), num_chunks=num_phases, num_updates=step, updates_stopped_at_chunk=stopped,
+    val_loss, val_bpb, num_scored, num_bytes = ttt_totals(records, totals, len(tokens) - 1, "run_phased_ttt")
+    return dict(val_loss=val_loss, val_bpb=val_bpb, stride=stride, epochs=epochs,
+                phases=num_phases, eval_seconds=clock() - t_start, num_scored_tokens=num_scored,
+                num_bytes=num_bytes, num_chunks=num_phases, num_updates=step, updates_stopped_at_chunk=stopped,
                 chunks=records)
-
-
-def sgd_step(train_fwd, optimizer, chosen, tokens, batch, *, seq_len, rank, world_size, lr, grad_clip, autocast_dtype,
-             distributed):
-    """One update on the sequences starting at `batch` (global; this rank takes every world_size-th),
-    gradients all-reduced so every rank takes the same step; grad-norm clip (0: none), SGD at lr."""
-    device = tokens.device
-    mine = torch.tensor(batch[rank::world_size], device=device)[:, None] + torch.arange(seq_len + 1, device=device)
-    with torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
-        loss = train_fwd(tokens[mine[:, :-1]], tokens[mine[:, 1:]])
-    (loss * (len(mine) / len(batch))).backward()
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in chosen]
-    if distributed:
-        flat = torch.cat([g.flatten() for g in grads])
-        dist.all_reduce(flat)
-        grads = list(flat.split([g.numel() for g in grads]))
-    for p, g in zip(chosen, grads):
-        p.grad = g.view_as(p)
-    if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(chosen, grad_clip)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
 
 
 def project_phased_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_len, stride, epochs, phases,

@@ -136,6 +136,65 @@ def score_ttt_chunk(score_fwd, tokens, luts, windows, lo: int, hi: int, *, eval_
     return sums
 
 
+def ttt_records(bounds: list, **per_chunk) -> list:
+    """The ledger's empty records, one per chunk of `bounds` ([0, b_1, ..., N - 1]); per_chunk: name -> list
+    of a value per chunk (e.g. document)."""
+    return [dict(chunk=c, **{k: v[c] for k, v in per_chunk.items()}, first_target=bounds[c],
+                 num_targets=bounds[c + 1] - bounds[c], scored_at_step=None, first_update_step=None,
+                 last_update_step=None) for c in range(len(bounds) - 1)]
+
+
+def score_and_record(score_fwd, tokens, luts, windows, bounds, records, c: int, totals, step: int, *, what: str,
+                     **score_kw) -> None:
+    """Score chunk c's targets (score_ttt_chunk), add the sums to totals (float64 [3]) and write the chunk's
+    record: scored at update `step`, its val_loss and val_bpb."""
+    sums = score_ttt_chunk(score_fwd, tokens, luts, windows, bounds[c], bounds[c + 1], what=what, **score_kw)
+    nll, num_scored, num_bytes = sums.tolist()
+    totals += sums
+    records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
+
+
+def mark_update(records: list, bounds: list, lo: int, hi: int, step: int) -> None:
+    """The ledger: update `step` trained on targets [lo, hi): every chunk holding one of them records it."""
+    for k in range(bisect.bisect_right(bounds, lo) - 1, bisect.bisect_left(bounds, hi)):
+        records[k]["first_update_step"] = records[k]["first_update_step"] or step
+        records[k]["last_update_step"] = step
+
+
+def ttt_totals(records: list, totals, num_targets: int, what: str) -> tuple:
+    """(val_loss, val_bpb, num_scored, num_bytes) of a finished TTT eval after check_ttt_legality(records);
+    RuntimeError unless every one of num_targets was scored exactly once."""
+    check_ttt_legality(records)
+    nll, num_scored, num_bytes = totals.tolist()
+    if num_scored != num_targets:
+        raise RuntimeError(f"{what}: scored {num_scored:.0f} targets, expected every one of the {num_targets} exactly once")
+    return nll / num_scored, nll / math.log(2) / num_bytes, int(num_scored), int(num_bytes)
+
+
+def sgd_step(train_fwd, optimizer, chosen, tokens, batch, *, seq_len, rank, world_size, lr, grad_clip, autocast_dtype,
+             distributed):
+    """One update on the sequences starting at `batch` (global; this rank takes every world_size-th),
+    gradients all-reduced so every rank takes the same step; grad-norm clip (0: none), SGD at lr."""
+    device = tokens.device
+    mine = torch.tensor(batch[rank::world_size], device=device)[:, None] + torch.arange(seq_len + 1, device=device)
+    with torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
+        loss = train_fwd(tokens[mine[:, :-1]], tokens[mine[:, 1:]])
+    (loss * (len(mine) / len(batch))).backward()
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in chosen]
+    if distributed:
+        flat = torch.cat([g.flatten() for g in grads])
+        dist.all_reduce(flat)
+        grads = list(flat.split([g.numel() for g in grads]))
+    for p, g in zip(chosen, grads):
+        p.grad = g.view_as(p)
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(chosen, grad_clip)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epochs=3, lr=0.002, momentum=0.9,
             params="all", batch_seqs=32, eval_batch_seqs=32, grad_clip=1.0, device="cpu", rank=0, world_size=1,
             autocast_dtype=None, compile_model=False, max_seconds=600.0, bos_id=1, log=print,
@@ -189,8 +248,7 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
         score_fwd, train_fwd = torch.compile(score_fwd, dynamic=False), torch.compile(model, dynamic=False)
     optimizer = torch.optim.SGD(chosen, lr=lr, momentum=momentum)
     distributed = dist.is_initialized()
-    records = [dict(chunk=c, first_target=bounds[c], num_targets=bounds[c + 1] - bounds[c], scored_at_step=None,
-                    first_update_step=None, last_update_step=None) for c in range(num_chunks)]
+    records = ttt_records(bounds)
     step, stopped = 0, None
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     seconds = [0.0, 0.0]  # scoring, updating (chunks past the first)
@@ -205,12 +263,9 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
         for c in range(num_chunks):
             lo, hi = bounds[c], bounds[c + 1]
             t0 = clock()
-            sums = score_ttt_chunk(score_fwd, tokens, luts, window_ranges[c], lo, hi, eval_batch_seqs=eval_batch_seqs,
-                                   seq_len=seq_len, stride=stride, autocast_dtype=autocast_dtype, bar=bar,
-                                   what=f"run_ttt: chunk {c}")
-            nll, num_scored, num_bytes = sums.tolist()
-            totals += sums
-            records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
+            score_and_record(score_fwd, tokens, luts, window_ranges[c], bounds, records, c, totals, step,
+                             eval_batch_seqs=eval_batch_seqs, seq_len=seq_len, stride=stride,
+                             autocast_dtype=autocast_dtype, bar=bar, what=f"run_ttt: chunk {c}")
             check_ttt_legality(records[c:c + 1])
             t1 = clock()
             chunk_lr = lr * 0.5 * (1 + math.cos(math.pi * c / max(1, num_chunks - 1)))
@@ -218,30 +273,11 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
             for _ in range(epochs if chunk_lr > 0 else 0):
                 for b in range(0, len(starts), batch_seqs):
                     batch = starts[b:b + batch_seqs]
-                    mine = torch.tensor(batch[rank::world_size], device=device)[:, None]
-                    mine = mine + torch.arange(seq_len + 1, device=device)
-                    with torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
-                        loss = train_fwd(tokens[mine[:, :-1]], tokens[mine[:, 1:]])
-                    (loss * (len(mine) / len(batch))).backward()
-                    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in chosen]
-                    if distributed:
-                        flat = torch.cat([g.flatten() for g in grads])
-                        dist.all_reduce(flat)
-                        grads = list(flat.split([g.numel() for g in grads]))
-                    for p, g in zip(chosen, grads):
-                        p.grad = g.view_as(p)
-                    if grad_clip > 0:
-                        torch.nn.utils.clip_grad_norm_(chosen, grad_clip)
-                    for group in optimizer.param_groups:
-                        group["lr"] = chunk_lr
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
+                    sgd_step(train_fwd, optimizer, chosen, tokens, batch, seq_len=seq_len, rank=rank,
+                             world_size=world_size, lr=chunk_lr, grad_clip=grad_clip, autocast_dtype=autocast_dtype,
+                             distributed=distributed)
                     step += 1
-                    # The ledger: every chunk whose targets this batch trained on (all ranks' sequences).
-                    for k in range(bisect.bisect_right(bounds, min(batch)) - 1,
-                                   bisect.bisect_left(bounds, max(batch) + seq_len)):
-                        records[k]["first_update_step"] = records[k]["first_update_step"] or step
-                        records[k]["last_update_step"] = step
+                    mark_update(records, bounds, min(batch), max(batch) + seq_len, step)  # all ranks' sequences
             t2 = clock()
             if c == 0:
                 continue  # chunk 0 pays for compilation: not a rate
@@ -271,12 +307,9 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
         for p, flag in saved_flags:
             p.requires_grad_(flag)
     bar.close()
-    check_ttt_legality(records)
-    nll, num_scored, num_bytes = totals.tolist()
-    if num_scored != len(tokens) - 1:
-        raise RuntimeError(f"run_ttt: scored {num_scored:.0f} targets, expected every one of the {len(tokens) - 1} exactly once")
-    return dict(val_loss=nll / num_scored, val_bpb=nll / math.log(2) / num_bytes, stride=stride, epochs=epochs,
-                eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes),
+    val_loss, val_bpb, num_scored, num_bytes = ttt_totals(records, totals, len(tokens) - 1, "run_ttt")
+    return dict(val_loss=val_loss, val_bpb=val_bpb, stride=stride, epochs=epochs,
+                eval_seconds=clock() - t_start, num_scored_tokens=num_scored, num_bytes=num_bytes,
                 num_chunks=num_chunks, num_updates=step, updates_stopped_at_chunk=stopped, chunks=records)
 
 
