@@ -343,13 +343,19 @@ def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_t
     value = (f"{1000 * step_seconds:.1f} ms per TTT step; {mode}TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: "
              f"{wanted:.0f} s incl. roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs{kept}, "
              f"{plan['projected_seconds']:.0f} s (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
+    cut = (plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
+           or (phased and plan.get("phases") != hp.ttt_phases))
+    return ttt_row(value, hp, enforce, (plan["reason"] or "stride raised to fit the clock") if cut else "")
+
+
+def ttt_row(value: str, hp, enforce: bool, warn: str) -> Row:
+    """The "projected TTT eval" row: no verdict on a CPU twin, information without TTT_ENABLED, else `warn`
+    (what the plan cut; "" when it keeps the settings)."""
     if not enforce:
         return Row("projected TTT eval", value + " (CPU twin: no verdict)")
     if not hp.ttt_enabled:
         return Row("projected TTT eval", value + " (TTT_ENABLED=0: information)")
-    cut = (plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
-           or (phased and plan.get("phases") != hp.ttt_phases))
-    return Row("projected TTT eval", value, warn=(plan["reason"] or "stride raised to fit the clock") if cut else "")
+    return Row("projected TTT eval", value, warn=warn)
 
 
 def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_tokens: int, num_docs: int, hp,
@@ -366,11 +372,7 @@ def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_
     value = (f"{1000 * chunk_s:.1f} ms per chunk scored, {1000 * step_s:.1f} ms per adapter step; TTT_MODE=lora, "
              f"{num_docs:,} documents, TTT_EPOCHS={hp.ttt_epochs}: {wanted:.0f} s incl. roundtrip; plan: "
              f"{plan['epochs']} epochs, {kept} (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
-    if not enforce:
-        return Row("projected TTT eval", value + " (CPU twin: no verdict)")
-    if not hp.ttt_enabled:
-        return Row("projected TTT eval", value + " (TTT_ENABLED=0: information)")
-    return Row("projected TTT eval", value, warn=plan["reason"] or "")  # reason: None when the plan keeps them
+    return ttt_row(value, hp, enforce, plan["reason"] or "")  # reason: None when the plan keeps them
 
 
 def eval_rows(ctx, model, hp, num_val_tokens, num_docs: int = FINEWEB_VAL_DOCS) -> list:
