@@ -77,3 +77,19 @@ def tiny_dataset(real_text_docs, sp1024_model, tmp_path_factory) -> Path:
     prepare_jsonl_dataset([text_path], sp1024_model, out, num_val_docs=TINY_DATASET_VAL_DOCS,
                           shard_tokens=TINY_DATASET_SHARD_TOKENS, progress=False, log=lambda msg: None)
     return out
+
+
+@pytest.fixture(scope="module")
+def sp():
+    """The challenge's sp1024 tokenizer (or the sample's without ../shared): the eval tests' (test_eval_support)."""
+    from test_eval_support import load_sp
+
+    return load_sp(1024)
+
+
+@pytest.fixture(scope="module")
+def luts(sp):
+    """The byte-count lookup tables of `sp` (eval.bpb.build_sentencepiece_luts)."""
+    from eval.bpb import build_sentencepiece_luts
+
+    return build_sentencepiece_luts(sp, 1024)

@@ -6,12 +6,11 @@ import pytest
 import torch
 
 import eval.lora_ttt as lora_ttt
-from eval.bpb import build_sentencepiece_luts
 from eval.lora_ttt import LoRAAdapters, project_lora_seconds, run_lora_ttt, split_lora_chunks
 from eval.sliding import eval_sliding
 from eval.ttt import check_ttt_legality
 from model.gpt import GPT
-from test_eval_support import load_sp, mixed_stream, read_docs
+from test_eval_support import mixed_stream, read_docs
 
 QUIET = dict(device="cpu", log=lambda msg: None)
 CONFIG = dict(vocab_size=1024, num_layers=2, model_dim=32, num_heads=2, num_kv_heads=1, mlp_mult=2.0, rope_dims=8,
@@ -38,16 +37,6 @@ def tiny_gpt(seed=0, **clock):
     model = ClockedGPT(**clock, **CONFIG)
     model.init_weights(0.05)
     return model
-
-
-@pytest.fixture(scope="module")
-def sp():
-    return load_sp(1024)
-
-
-@pytest.fixture(scope="module")
-def luts(sp):
-    return build_sentencepiece_luts(sp, 1024)
 
 
 @pytest.fixture(scope="module")

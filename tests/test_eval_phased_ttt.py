@@ -5,17 +5,11 @@ import pytest
 import torch
 
 import eval.phased_ttt as phased
-from eval.bpb import build_sentencepiece_luts
 from eval.phased_ttt import plan_phased_ttt, project_phased_seconds, run_phased_ttt, split_phases
 from eval.sliding import eval_sliding
 from eval.ttt import check_ttt_legality, run_ttt
 from test_eval_support import load_sp, mixed_stream
 from test_eval_ttt import QUIET, TTTLM
-
-
-@pytest.fixture(scope="module")
-def luts():
-    return build_sentencepiece_luts(load_sp(1024), 1024)
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from eval.bpb import build_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import count_sliding_windows, eval_sliding
-from test_eval_support import BigramLM, TinyCausalLM, load_sp, mixed_stream, reference_sliding_sums
+from test_eval_support import BigramLM, TinyCausalLM, mixed_stream, reference_sliding_sums
 
 QUIET = dict(device="cpu", log=lambda msg: None)
-
-
-@pytest.fixture(scope="module")
-def sp():
-    return load_sp(1024)
-
-
-@pytest.fixture(scope="module")
-def luts(sp):
-    return build_sentencepiece_luts(sp, 1024)
 
 
 @pytest.fixture(scope="module")

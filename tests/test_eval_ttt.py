@@ -9,10 +9,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import eval.ttt as ttt
-from eval.bpb import build_sentencepiece_luts
 from eval.sliding import EvalTimeError, eval_sliding
 from eval.ttt import check_ttt_legality, plan_chunk_sequences, plan_ttt, run_ttt, select_ttt_params, split_ttt_chunks
-from test_eval_support import TinyCausalLM, load_sp, mixed_stream
+from test_eval_support import TinyCausalLM, mixed_stream
 
 QUIET = dict(device="cpu", log=lambda msg: None)
 
@@ -34,16 +33,6 @@ class TTTLM(TinyCausalLM):
 
     def forward(self, input_ids, target_ids):
         return F.cross_entropy(self.forward_logits(input_ids).flatten(0, 1), target_ids.flatten())
-
-
-@pytest.fixture(scope="module")
-def sp():
-    return load_sp(1024)
-
-
-@pytest.fixture(scope="module")
-def luts(sp):
-    return build_sentencepiece_luts(sp, 1024)
 
 
 @pytest.fixture(scope="module")
