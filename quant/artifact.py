@@ -72,7 +72,7 @@ import torch
 import zstandard
 
 from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
-from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
+from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
@@ -110,7 +110,8 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
                     hessians: dict | None = None) -> tuple:
     """cache[name, bits], computed on first use: tensor t (>= 2 dims, as [shape[0], -1]) at `bits`.
 
-    Full GPTQ (quant/gptq.py) when policy.gptq and hessians has `name` (a [C, C] H), GPTQ-lite
+    Full GPTQ (quant/gptq.py) when policy.gptq and hessians has `name` (a [C, C] H; for the embedding
+    group also policy.gptq_embed, its H being the head input's), GPTQ-lite
     clip search when policy.gptq_lite, else max-abs round-to-nearest (the QAT forward's rule);
     magnitude pruning first (policy.prune_fraction). Value: (q int8 [R, C], scale float16 [R],
     clip, rel_err, sq_err, sq_norm): rel_err = tr(dW H dW^T) / tr(W H W^T) (H = I without a
@@ -120,7 +121,8 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         w = t.detach().cpu().double().reshape(t.shape[0], -1)
         k = int(policy.prune_fraction * w.numel())  # magnitude pruning: zero the k smallest |w|
         v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
-        h = (hessians or {}).get(name) if policy.gptq else None
+        embed = policy.group_of(name, tuple(t.shape)) == "embed"
+        h = (hessians or {}).get(name) if policy.gptq and (policy.gptq_embed or not embed) else None
         if policy.sdclip:  # quant/sdclip.py: k * std(row) scales (GPTQ keeps them fixed)
             q, s, c = sdclip_quantize(v, bits, sdclip_k(policy, name, tuple(t.shape)))
             q, s, c = gptq_quantize(v, h, bits, (c,), s) if h is not None else (q, s, c)
@@ -263,13 +265,18 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
                 raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
                                  f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
             name, bits = step
-            over -= ratio * (estimate_tensor_bytes(shapes[name], bits + 1) - estimate_tensor_bytes(shapes[name], bits))
+            over -= ratio * (policy_tensor_bytes(name, shapes[name], policy, bits + 1)
+                             - policy_tensor_bytes(name, shapes[name], policy, bits))
             policy = policy.with_bits(name, bits)
             steps.append(f"{name}=int{bits}")
             log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits, policy):.3e}")
     atomic_write_bytes(path, blob)
+    measured_scale = len(blob) / estimate_artifact_bytes(shapes, policy)  # what QUANT_ESTIMATE_SCALE should be
+    log(f"quant_estimate: measured / estimated model bytes {measured_scale:.3f} for the stored policy "
+        f"(the QUANT_ESTIMATE_SCALE that projects this run's artifact)")
     return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], shuffle=job[1],
-                compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse)
+                compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse,
+                quant_estimate_scale_measured=round(measured_scale, 4))
 
 
 def decode_artifact(data: bytes, label: str = "artifact") -> tuple:

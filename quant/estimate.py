@@ -15,6 +15,16 @@ max relative to the bulk: most values land near 0 and compress better), 0.92 on 
 (every level used evenly), and 0.982-1.004 on tiny GPTs trained 8-200 Muon steps
 (tests/test_quant_artifact.py, tests/test_train.py). The export's QUANT_FIT steps down when the real
 artifact is over the budget. Pruning is ignored (it only shrinks the artifact).
+
+With QUANT_SDCLIP=1 the row step is k * std / qmax, so the stored values are a rounded Gaussian (in
+units of the row's std) whatever the weights' scale: bits per value = its entropy
+    H(N, k) = -sum_i p_i log2 p_i,  p_i = P(|z - i * k / qmax| < k / (2 qmax)), z ~ N(0, 1),
+the two outermost levels taking the tails, plus the coder's overhead: MEASURED (brotli-11 / zstd-22,
+Gaussian rows of 256 and 1,024 values, N 4..8, k 6..40) 0.02-0.05 bits above H for H >= 2.3, 0.17 at
+H = 1.5: counted as 0.05 for H >= 2, else 0.17. With QUANT_LQER=1 the QUANT_LQER_TOP_N largest quantized
+matrices count their factors' exact bytes (quant/lqer.py lqer_nbytes; the export picks by error, not
+size). The export logs the measured / estimated ratio of the policy it stored (`quant_estimate` line):
+the value to set QUANT_ESTIMATE_SCALE to for that preset.
 """
 
 import math
@@ -26,12 +36,32 @@ QUANT_EST_BITS_PER_VALUE = {2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5
                             7: (6.39, 0.065), 8: (7.41, 0.065)}
 
 
-def estimate_tensor_bytes(shape: tuple, bits: int | None) -> float:
+def sdclip_bits_per_value(bits: int, k: float) -> float:
+    """Projected compressed bits per value of SDClip at `bits` (2..8) and clip k (> 0): the entropy of a
+    Gaussian rounded to steps of k / qmax std, tails on the outermost levels, plus the measured coder
+    overhead (module docstring)."""
+    m = (1 << bits - 1) - 1
+    cdf = [0.0] + [0.5 * (1 + math.erf((i + 0.5) * k / m / math.sqrt(2))) for i in range(-m, m)] + [1.0]
+    h = -sum(p * math.log2(p) for p in (b - a for a, b in zip(cdf, cdf[1:])) if p > 0)
+    return h + (0.05 if h >= 2 else 0.17)
+
+
+def estimate_tensor_bytes(shape: tuple, bits: int | None, sdclip_k: float | None = None) -> float:
     """Projected compressed bytes of one matrix of `shape` (ints, numel > 0) stored at `bits` (2..8),
-    without its 120-byte header share: values plus the float16 scale of each row."""
+    without its 120-byte header share: values plus the float16 scale of each row. sdclip_k: the
+    SDClip k the policy gives the tensor (QUANT_SDCLIP=1), else None (the GPTQ-lite table)."""
     n = math.prod(shape)
+    if sdclip_k:
+        return n * sdclip_bits_per_value(bits, sdclip_k) / 8 + 2 * shape[0]
     base, slope = QUANT_EST_BITS_PER_VALUE[bits]
     return n * (base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)) / 8 + 2 * shape[0]
+
+
+def policy_tensor_bytes(name: str, shape: tuple, policy: QuantPolicy, bits: int) -> float:
+    """estimate_tensor_bytes of parameter `name` at `bits` under the policy's technique (SDClip's k by group)."""
+    k = policy.sdclip and getattr(policy, "sdclip_k_" + {"attn": "attn", "mlp": "mlp", "embed": "embed"}.get(
+        policy.group_of(name, shape), "other"))
+    return estimate_tensor_bytes(shape, bits, k or None)
 
 
 def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = None, scale: float = 1.0) -> int:
@@ -43,9 +73,14 @@ def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = Non
     compress better than the Gaussian ones this is calibrated on), applied to the total.
     """
     policy = policy or QuantPolicy.from_env()
-    total = 1200
+    total, quantized = 1200, []
     for name, shape in param_shapes.items():
         n = math.prod(shape)
         bits = n and policy.bits_for(name, shape)
-        total += estimate_tensor_bytes(shape, bits) + 120 if bits else n * (4 if policy.float_dtype == "float32" else 2) + 60
+        total += policy_tensor_bytes(name, shape, policy, bits) + 120 if bits else n * (4 if policy.float_dtype == "float32" else 2) + 60
+        quantized += [(n, shape)] if bits else []
+    if policy.lqer:  # the factors of the top-N tensors (by size here: the export picks them by error)
+        for _, shape in sorted(quantized, key=lambda x: -x[0])[:policy.lqer_top_n]:
+            r = min(policy.lqer_rank, shape[0], math.prod(shape[1:]))
+            total += sum(36 * -(-r * d // 64) for d in (shape[0], math.prod(shape[1:])))  # = quant.lqer.lqer_nbytes
     return math.ceil(total * scale)

@@ -23,7 +23,7 @@ Size note: bundled into the counted train_gpt.py.
 import collections
 from collections.abc import Callable
 
-from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
+from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.policy import QuantPolicy
 
 QUANT_FIT_PRIOR = {"mlp": 1.0, "attn": 2.0, "other": 2.0, "embed": 4.0}
@@ -43,7 +43,8 @@ def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable) -> tuple 
         b, embed = policy.bits_for(name, shape), policy.group_of(name, shape) == "embed"
         if b > (5 if embed else 4):
             key = (1 if embed else 0 if b > 5 else 2,
-                   score(name, b - 1) / max(1e-9, estimate_tensor_bytes(shape, b) - estimate_tensor_bytes(shape, b - 1)))
+                   score(name, b - 1) / max(1e-9, policy_tensor_bytes(name, shape, policy, b)
+                                            - policy_tensor_bytes(name, shape, policy, b - 1)))
             if best is None or key < best[0]:
                 best = key, name, b - 1
     return best and best[1:]

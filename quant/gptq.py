@@ -70,10 +70,14 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QU
 def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batches: int, *, deadline: float = math.inf,
                           autocast: Callable = contextlib.nullcontext, batch_seconds: float = 0.0,
                           clock: Callable = time.perf_counter) -> tuple:
-    """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, over training batches.
+    """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, and of the output head's input,
+    over training batches.
 
     next_batch() -> (x, y) int64 [B, T] token batches (the trainer's train loader: calibration never
-    touches val tokens); model(x, y) runs the forward (its output is ignored). Reads up to
+    touches val tokens); model(x, y) runs the forward (its output is ignored). The head: a model with
+    `forward_hidden` and `head_weight()` (model.gpt.GPT: the tied embedding is not a module call) gets the
+    H of forward_hidden's output (the final norm's, [D, D]) under the head parameter's name
+    ("tok_emb.weight" when tied): GPTQ on the tied embedding, PR #1394 / #1586. Reads up to
     num_batches batches (at least one, so that every rank has every H to average); after the first,
     a batch starts only if it is projected to end by `deadline` (clock() seconds), at the larger of
     batch_seconds (e.g. timed before the training clock) and the mean measured so far. Returns
@@ -91,15 +95,28 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
         sums[mod] = last[1] + h, c + last[2]
 
     hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    names = {m: k + ".weight" for k, m in model.named_modules()}
+    head = getattr(model, "head_weight", None)
+    if callable(head) and hasattr(model, "forward_hidden"):  # the head's input: the final norm's output
+        hidden, key = model.forward_hidden, object()
+        names[key] = next(k for k, p in model.named_parameters() if p is head())
+
+        def forward_hidden(*args, **kwargs):
+            out = hidden(*args, **kwargs)
+            hook(key, (out,), None)
+            return out
+        model.forward_hidden = forward_hidden  # an instance attribute: the class is unchanged
     start = clock()
     bar = Progress("gptq calibration", num_batches, "batches")
-    while n < num_batches and (n == 0 or clock() + max(batch_seconds, (clock() - start) / n) <= deadline):
-        with autocast():
-            model(*next_batch())
-        n += 1
-        bar.update()
-    bar.close()
-    for x in hooks:
-        x.remove()
-    names = {m: k + ".weight" for k, m in model.named_modules()}
+    try:
+        while n < num_batches and (n == 0 or clock() + max(batch_seconds, (clock() - start) / n) <= deadline):
+            with autocast():
+                model(*next_batch())
+            n += 1
+            bar.update()
+    finally:
+        bar.close()
+        for x in hooks:
+            x.remove()
+        model.__dict__.pop("forward_hidden", None)
     return {names[m]: h / c for m, (h, c) in sums.items()}, n

@@ -36,6 +36,8 @@ warning line, a bad value a ValueError naming the variable):
   QUANT_LQER=0                rank-QUANT_LQER_RANK (4) correction of the QUANT_LQER_TOP_N (3) tensors with the
                               largest quantization error, int4 factors (quant/lqer.py)
   QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
+  QUANT_GPTQ_EMBED=0          full GPTQ on the embedding / output head too, with the Hessian of the head's input
+                              (the final norm's output; without it the embedding gets the GPTQ-lite clip search)
 from_env validates each variable on its own (a one-field policy) and prefixes the message with the
 variable and its raw value.
 """
@@ -50,7 +52,7 @@ from primitives.env import parse_env_value, warn_unknown_env
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
-                      "lqer_top_n", "grouped")
+                      "lqer_top_n", "grouped", "gptq_embed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,8 @@ class QuantPolicy:
     lqer_top_n: int = 3
     # QUANT_GROUPED (quant/grouped.py, PR #1855 / #1218): role groups, sorted rows, one coder each
     grouped: bool = False
+    # QUANT_GPTQ_EMBED (PR #1394, #1586): full GPTQ also on the tied embedding, with the head input's Hessian
+    gptq_embed: bool = False
 
     def __post_init__(self) -> None:
         bits = (0, *range(2, 9))

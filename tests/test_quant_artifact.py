@@ -166,7 +166,7 @@ def test_auto_keeps_the_smallest_candidate(tmp_path):
     assert report["bytes_model"] == min(sizes.values()) == sizes[report["packing"], report["shuffle"], report["compressor"]]
     assert report["policy"]["compressor"] == report["policy"]["shuffle"] == "auto"  # the file header holds the choice
     assert load_artifact(tmp_path / "m.ptz")[2]["compressor"] == report["compressor"]
-    assert len(logs) == 1 and f"model {report['bytes_model']} " in logs[0]
+    assert len(logs) == 2 and f"model {report['bytes_model']} " in logs[0] and logs[1].startswith("quant_estimate: ")
 
 
 def test_artifact_bytes_are_identical_across_processes(tmp_path):

@@ -43,7 +43,7 @@ def test_bench_runs_end_to_end(tmp_path, tiny_dataset, sp1024_model):
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
     frontier = [r for r in rows if r.split("|")[1].strip() in ("6", "5")]
     assert [r.split("|")[2].strip() for r in frontier] == list(METHODS) * 2
-    assert all("+zlib" in r for r in frontier) and "GPTQ calibration: 2 train batches x 1024 tokens, 12 Hessians" in table
+    assert all("+zlib" in r for r in frontier) and "GPTQ calibration: 2 train batches x 1024 tokens, 13 Hessians" in table
     assert "int5 check: full GPTQ d val_bpb" in table
     comp = [r for r in rows if r.split("|")[2].strip() in ("on", "off")]
     assert len(comp) == 16 and sum("(auto)" in r for r in comp) >= 1
@@ -78,3 +78,35 @@ def test_technique_table(tmp_path, tiny_dataset, sp1024_model):
     with pytest.raises(SystemExit) as exit_info:
         main([str(ckpt), "--data-path", str(tiny_dataset), "--tokenizer", str(sp1024_model), "--techniques", "5/9"])
     assert exit_info.value.code == 2
+
+
+def test_gptq_technique_and_equal_bytes_tables(tmp_path, tiny_dataset, sp1024_model):
+    """--gptq: the technique table on full GPTQ (with the tied embedding's GPTQ rows); --budget: every
+    technique set fitted to the same bytes/param, under it, its fitted bits listed."""
+    import model.gpt as trainer_model
+    from safetensors.torch import save_file
+
+    from tests.test_quant_artifact import tiny_model_config
+    from tools.bench.bench_quant import FIT_TECHNIQUES, GPTQ_TECHNIQUES
+
+    config = tiny_model_config(vocab_size=1024)
+    torch.manual_seed(0)
+    model = trainer_model.GPT(**config)
+    model.init_weights(0.02)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    ckpt = tmp_path / "prequant.safetensors"
+    save_file(state, str(ckpt), metadata={"model_config": json.dumps(config)})
+    num_params = sum(t.numel() for t in state.values())
+    args = SimpleNamespace(checkpoint=str(ckpt), data_path=str(tiny_dataset), tokenizer=str(sp1024_model),
+                           val_tokens=1024, seq_len=128, compressor="zlib", techniques="6/8", gptq=True, budget=[0.8],
+                           calib_batches=2, calib_tokens=1024)
+    table = run_bench(args)
+    assert "13 Hessians" in table and "full GPTQ on" in table
+    rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| blocks int6, embed int8")]
+    by = {r[1].strip(): r for r in rows}
+    assert list(by) == list(GPTQ_TECHNIQUES)
+    assert by["+ GPTQ embed"][2] != by["full GPTQ (today)"][2]  # the embedding is quantized another way
+    fitted = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| 0.8 |")]
+    assert [r[1].strip() for r in fitted] == list(FIT_TECHNIQUES)
+    for r in fitted:
+        assert int(r[2].replace(",", "")) <= int(0.8 * num_params) and r[6].strip()

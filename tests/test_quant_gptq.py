@@ -94,7 +94,10 @@ def test_collected_hessians_are_the_inputs_second_moment_of_every_linear():
         handle.remove()
     stream = iter(batches)
     hessians, n = collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 5)
-    assert n == 5 and len(hessians) == len(inputs) == 2 * 6  # (the untied head is applied by F.linear: no module)
+    assert n == 5 and len(inputs) == 2 * 6 and set(hessians) == {*inputs, "lm_head.weight"}
+    hidden = torch.cat([model.forward_hidden(x).detach().reshape(-1, 32) for x in batches])  # the head's input
+    torch.testing.assert_close(hessians["lm_head.weight"], hidden.T @ hidden / len(hidden), rtol=1e-5, atol=1e-6)
+    assert "forward_hidden" not in model.__dict__  # the capture is gone: the class's method again
     for name, xs in inputs.items():
         x = torch.cat(xs)
         torch.testing.assert_close(hessians[name], x.T @ x / len(x), rtol=1e-5, atol=1e-6)
@@ -103,6 +106,22 @@ def test_collected_hessians_are_the_inputs_second_moment_of_every_linear():
     # the deadline stops it early, after at least one batch (every rank must have every H)
     stream = iter(batches)
     assert collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 5, deadline=0)[1] == 1
+
+
+def test_the_tied_head_gets_the_final_norm_outputs_hessian_under_the_embeddings_name():
+    """The tied embedding is the head (F.linear, no module): its H is forward_hidden's output second moment."""
+    model = _tiny_gpt(train_gpt, vocab_size=64)
+    batches = [torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    stream = iter(batches)
+    hessians, n = collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 3)
+    with torch.no_grad():
+        hidden = torch.cat([model.forward_hidden(x).reshape(-1, 32) for x in batches])
+    assert n == 3 and "tok_emb.weight" in hessians and "lm_head.weight" not in hessians
+    torch.testing.assert_close(hessians["tok_emb.weight"], hidden.T @ hidden / len(hidden), rtol=1e-5, atol=1e-6)
+    stream = iter([batches[0]])  # an error inside the forward leaves no capture behind
+    with pytest.raises(StopIteration):
+        collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 2, deadline=float("inf"))
+    assert "forward_hidden" not in model.__dict__
 
 
 def test_hessians_are_summed_in_float32_under_bf16_autocast():
@@ -179,7 +198,7 @@ def test_calibration_inside_the_clock_reads_train_shards_only(real_text_docs, sp
     assert line.startswith(f"gptq_calibration batches:{hp.gptq_calib_batches} tokens:{hp.gptq_calib_batches * 2048} ")
     assert "reserve:5000ms" in line
     linears = [n + ".weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    assert sorted(model.gptq_hessians) == sorted(linears) and len(linears) == 12
+    assert sorted(model.gptq_hessians) == sorted(linears + ["tok_emb.weight"]) and len(linears) == 12
 
 
 class FakeClock:
@@ -252,3 +271,31 @@ def test_calibration_with_no_time_left_is_skipped_and_says_so(monkeypatch, tmp_p
     assert "WARNING: gptq_calibration skipped: 0.5s left of MAX_WALLCLOCK_SECONDS=4, one batch takes 1.0s: the export " \
            "uses GPTQ-lite" in logs
     assert model.gptq_hessians == {}
+
+
+def test_gptq_on_the_tied_embedding_lowers_the_head_output_error_and_decodes_to_what_it_evaluated(tmp_path):
+    """QUANT_GPTQ_EMBED=1: the embedding is solved with the head input's H; the artifact decodes to exactly
+    that solve's weights, and its head-output error tr(dW H dW^T) is below the GPTQ-lite clip search's."""
+    from quant.artifact import export_artifact, load_artifact
+    from quant.policy import QuantPolicy
+
+    model = _tiny_gpt(train_gpt, vocab_size=64)
+    with torch.no_grad():  # a heavy-tailed, trained-looking embedding
+        model.tok_emb.weight.copy_(torch.distributions.StudentT(3).sample(model.tok_emb.weight.shape) * 0.05)
+    batches = [torch.randint(0, 64, (4, 32), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    stream = iter(batches)
+    hessians, _ = collect_gptq_hessians(model, lambda: (lambda x: (x, x))(next(stream)), 4)
+    h, w = hessians["tok_emb.weight"].double(), model.tok_emb.weight.detach().double()
+    state, config = model.state_dict(), {"vocab_size": 64}
+    errors = {}
+    for on in (False, True):
+        policy = QuantPolicy(embed_bits=5, fit=False, gptq_embed=on, compressor="zlib")
+        export_artifact(state, config, tmp_path / f"{on}.ptz", code_bytes=0, policy=policy, hessians=hessians,
+                        log=lambda msg: None)
+        d = load_artifact(tmp_path / f"{on}.ptz")[0]["tok_emb.weight"].double() - w
+        errors[on] = float(((d @ h) * d).sum())
+        if on:
+            q, s, _ = gptq_quantize(w.float(), h.float(), 5)
+            torch.testing.assert_close(d + w, dequantize_per_row(q, s, torch.double), rtol=0, atol=0)
+    assert errors[True] < 0.9 * errors[False], errors
+    assert "gptq_embed" not in QuantPolicy().to_dict() and QuantPolicy(gptq_embed=True).to_dict()["gptq_embed"] is True

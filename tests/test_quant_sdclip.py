@@ -1,5 +1,6 @@
 """quant/sdclip.py: SDClip against a plain per-row loop, its k per group, the export round trip."""
 
+import dataclasses
 import statistics
 
 import numpy as np
@@ -99,3 +100,32 @@ def test_gptq_keeps_the_sdclip_scales():
     h = x.T @ x
     err = lambda q_: float((((q_.float() * s0.float()[:, None] - w) @ h) * (q_.float() * s0.float()[:, None] - w)).sum())  # noqa: E731
     assert err(q) < err(q0)  # error feedback lowers the output error at the same scales
+
+
+def test_the_size_estimate_knows_sdclip_and_lqer(tmp_path):
+    """The pre-training estimate with QUANT_SDCLIP=1 is the rounded Gaussian's entropy (plus the coder's
+    overhead), not the GPTQ-lite table (~2 bits per value more at int6, k 11.5): it tracks real exports of
+    Gaussian weights at each k and bits; QUANT_LQER=1 adds the top-N factors' exact bytes."""
+    import math
+
+    from quant.estimate import estimate_artifact_bytes, sdclip_bits_per_value
+
+    z = torch.randn(200_000, dtype=torch.float64)
+    for bits, k in ((6, 11.5), (4, 6.0), (8, 40.0)):  # the entropy formula against the rounded draws' entropy
+        m = (1 << bits - 1) - 1
+        counts = torch.unique(torch.round(z / (k / m)).clamp(-m, m), return_counts=True)[1].double() / len(z)
+        assert abs(sdclip_bits_per_value(bits, k) - 0.05 - float(-(counts * counts.log2()).sum())) < 0.02
+    sd = _state(num_layers=3, dim=256, vocab=1024, seed=4)
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+    for fields in (dict(), dict(attn_bits=5, mlp_bits=5, sdclip_k_mlp=8.0), dict(mlp_bits=4, sdclip_k_mlp=6.0)):
+        # brotli: zstd-22 loses ~8% on a payload that mixes int8 and int5 rows (per tensor it is within 1%)
+        policy = QuantPolicy(sdclip=True, gptq=False, compressor="brotli", shuffle="off", fit=False, **fields)
+        real = export_artifact(sd, CONFIG, tmp_path / "m.ptz", code_bytes=0, byte_budget=10**9, policy=policy,
+                               **QUIET)["bytes_model"]
+        est = estimate_artifact_bytes(shapes, policy)
+        assert 0.97 * real <= est <= 1.04 * real, (fields, est, real)
+        assert estimate_artifact_bytes(shapes, dataclasses.replace(policy, sdclip=False)) > 1.2 * est
+    lqer = QuantPolicy(lqer=True, lqer_rank=4, lqer_top_n=2)
+    big = sorted((math.prod(s), s) for n, s in shapes.items() if len(s) == 2 and lqer.bits_for(n, s))[-2:]
+    extra = sum(36 * -(-4 * d // 64) for _, (r, c) in big for d in (r, c))
+    assert estimate_artifact_bytes(shapes, lqer) - estimate_artifact_bytes(shapes, QuantPolicy()) == extra

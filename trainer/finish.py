@@ -60,7 +60,8 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                    ttt=ttt_artifact_settings(hp, ttt_epochs, ttt_phases))
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
-        yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps")}
+        yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps",
+                                      "quant_estimate_scale_measured")}
         ctx.log(f"Total submission size: {report['bytes_total']} bytes")
     if ctx.world_size > 1:
         dist.barrier()

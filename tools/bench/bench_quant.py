@@ -44,6 +44,7 @@ clip at quantile 0.9999984, scale clamped to >= 1/127, fp16 scales, fp16/fp32 pa
 """
 
 import argparse
+import collections
 import io
 import json
 import sys
@@ -73,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compressor", default="auto", choices=("auto",) + QUANT_COMPRESSORS)
     parser.add_argument("--techniques", help="only the technique table (SDClip, LQER, grouped and combinations) at "
                         "these BLOCK/EMBED bit pairs, e.g. 5/6,6/8")
+    parser.add_argument("--gptq", action="store_true", help="the technique table on full GPTQ (calibration Hessians, "
+                        "as the trainer's export) instead of GPTQ-lite")
+    parser.add_argument("--budget", help="comma-separated bytes/param: each technique set fitted by QUANT_FIT to "
+                        "that many bytes (equal bytes), full GPTQ")
     parser.add_argument("--out", help="also write the table to this file")
     parser.add_argument("--calibrate", action="store_true")
     return parser
@@ -187,18 +192,30 @@ TECHNIQUES = {  # label -> policy fields on top of the technique table's bits (S
 }
 
 
-def technique_rows(state, config, score, policies: dict, compressor="auto") -> list[dict]:
+GPTQ_TECHNIQUES = {  # the same on full GPTQ (QUANT_GPTQ=1, the trainer's default export), plus the tied embedding's GPTQ
+    "full GPTQ (today)": {},
+    "+ GPTQ embed": dict(gptq_embed=True),
+    "SDClip": dict(sdclip=True),
+    "SDClip + GPTQ embed": dict(sdclip=True, gptq_embed=True),
+    "+ GPTQ embed + LQER": dict(gptq_embed=True, lqer=True),
+    "SDClip + GPTQ embed + LQER": dict(sdclip=True, gptq_embed=True, lqer=True),
+    "+ GPTQ embed + grouped": dict(gptq_embed=True, grouped=True),
+}
+
+
+def technique_rows(state, config, score, policies: dict, compressor="auto", hessians=None) -> list[dict]:
     """One row per (bits label, technique): the export's bytes (every encoding candidate, or
     --compressor, plus the grouped container where on), val_bpb of the decoded file, seconds.
-    policies: bits label -> QuantPolicy fields (bits, fit off); full GPTQ off (no Hessians)."""
+    policies: bits label -> QuantPolicy fields (bits, fit off); hessians None: TECHNIQUES with full GPTQ
+    off, else GPTQ_TECHNIQUES with full GPTQ on these Hessians."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for bits_label, base in policies.items():
-            for label, fields in TECHNIQUES.items():
-                policy = QuantPolicy(**{**base, **fields, "fit": False, "gptq": False})
+            for label, fields in (TECHNIQUES if hessians is None else GPTQ_TECHNIQUES).items():
+                policy = QuantPolicy(**{**base, **fields, "fit": False, "gptq": hessians is not None})
                 t0 = time.perf_counter()
                 report = export_artifact(state, config, Path(tmp) / "m.ptz", code_bytes=0, byte_budget=10**12,
-                                         policy=policy, compressor=compressor, log=lambda msg: None)
+                                         policy=policy, compressor=compressor, hessians=hessians, log=lambda msg: None)
                 seconds = time.perf_counter() - t0
                 loaded = load_artifact(Path(tmp) / "m.ptz")[0]
                 rows.append(dict(bits=bits_label, technique=label, bytes=report["bytes_model"], val_bpb=score(loaded),
@@ -206,6 +223,55 @@ def technique_rows(state, config, score, policies: dict, compressor="auto") -> l
                                                            f"+{report['compressor']}"))
                 print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
     return rows
+
+
+FIT_TECHNIQUES = {  # the technique sets the equal-bytes table fits to each budget (full GPTQ, QUANT_FIT=1)
+    "full GPTQ (today)": {},
+    "+ GPTQ embed": dict(gptq_embed=True),
+    "SDClip + GPTQ embed": dict(sdclip=True, gptq_embed=True),
+    "+ GPTQ embed + LQER": dict(gptq_embed=True, lqer=True),
+    "SDClip + GPTQ embed + LQER": dict(sdclip=True, gptq_embed=True, lqer=True),
+}
+
+
+def budget_rows(state, config, score, hessians, budgets: list, compressor="auto") -> list[dict]:
+    """One row per (bytes/param budget, FIT_TECHNIQUES set): the export fit (QUANT_FIT=1 from int8, full GPTQ)
+    to budget * params bytes (code 0); bytes, val_bpb of the decoded file, the fitted bits, seconds. A set
+    that cannot fit gets bytes None and the fit's message."""
+    rows, num_params = [], sum(t.numel() for t in state.values())
+    with tempfile.TemporaryDirectory() as tmp:
+        for budget in budgets:
+            for label, fields in FIT_TECHNIQUES.items():
+                policy = QuantPolicy(**fields)
+                t0 = time.perf_counter()
+                try:
+                    report = export_artifact(state, config, Path(tmp) / "m.ptz", code_bytes=0,
+                                             byte_budget=int(budget * num_params), policy=policy, compressor=compressor,
+                                             hessians=hessians, log=lambda msg: None)
+                except ValueError as err:
+                    rows.append(dict(budget=budget, technique=label, bytes=None, error=str(err)))
+                    continue
+                bits = collections.Counter(report["policy"].get("fitted") and dict(report["policy"]["fitted"]).values())
+                rows.append(dict(budget=budget, technique=label, bytes=report["bytes_model"],
+                                 val_bpb=score(load_artifact(Path(tmp) / "m.ptz")[0]), seconds=time.perf_counter() - t0,
+                                 bits=" ".join(f"int{b}:{c}" for b, c in sorted(bits.items(), reverse=True)) or "none"))
+                print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def budget_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
+    """Markdown lines of budget_rows: bytes, bytes/param, d val_bpb, and d val_bpb vs the first set of its budget."""
+    lines = ["| budget B/param | technique | bytes | bytes/param | d val_bpb | vs today | fitted tensors (others int8) | seconds |",
+             "|---:|---|---:|---:|---:|---:|---|---:|"]
+    first = {}
+    for r in rows:
+        if r["bytes"] is None:
+            lines.append(f"| {r['budget']} | {r['technique']} | does not fit: {r['error']} | | | | | |")
+            continue
+        f = first.setdefault(r["budget"], r)
+        lines.append(f"| {r['budget']} | {r['technique']} | {r['bytes']:,} | {r['bytes'] / num_params:.4f} | "
+                     f"{r['val_bpb'] - base_bpb:+.5f} | {r['val_bpb'] - f['val_bpb']:+.5f} | {r['bits']} | {r['seconds']:.1f} |")
+    return lines
 
 
 def technique_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
@@ -256,22 +322,28 @@ def run_bench(args) -> str:
 
     base_bpb = score(state)
     print(f"prequant val_bpb {base_bpb:.5f}", file=sys.stderr, flush=True)
-    if getattr(args, "techniques", None):  # the technique table alone (no Hessians: full GPTQ off in every row)
-        policies = {f"blocks int{b}, embed int{e}": dict(attn_bits=b, mlp_bits=b, embed_bits=e)
-                    for b, e in (p.split("/") for p in args.techniques.split(","))}
-        rows = technique_rows(state, config, score, {k: {f: int(v) for f, v in d.items()} for k, d in policies.items()},
-                              args.compressor)
-        return "\n".join([f"checkpoint {args.checkpoint}: {num_params:,} params, config {json.dumps(config)}",
-                          f"val: {val_tokens.numel() - 1:,} tokens, seq_len {args.seq_len}; prequant val_bpb {base_bpb:.5f}",
-                          "", "Techniques (QUANT_FIT off, full GPTQ off; d val_bpb = roundtrip - prequant):", ""]
-                         + technique_table(rows, num_params, base_bpb))
-    hessians, calib_seconds = collect_hessians(config, state, args.data_path, args.calib_batches, args.calib_tokens,
-                                               args.seq_len)
-    lines = [
-        f"checkpoint {args.checkpoint}: {num_params:,} params, config {json.dumps(config)}",
-        f"val: {val_tokens.numel() - 1:,} tokens, seq_len {args.seq_len}; prequant val_bpb {base_bpb:.5f}",
-        f"GPTQ calibration: {args.calib_batches} train batches x {args.calib_tokens} tokens, {len(hessians)} Hessians, "
-        f"{calib_seconds:.1f} s (CPU)",
+    head = [f"checkpoint {args.checkpoint}: {num_params:,} params, config {json.dumps(config)}",
+            f"val: {val_tokens.numel() - 1:,} tokens, seq_len {args.seq_len}; prequant val_bpb {base_bpb:.5f}"]
+    hessians, gptq, budget = None, getattr(args, "gptq", False), getattr(args, "budget", [])
+    if not getattr(args, "techniques", None) or gptq or budget:
+        hessians, calib_seconds = collect_hessians(config, state, args.data_path, args.calib_batches, args.calib_tokens,
+                                                   args.seq_len)
+        head.append(f"GPTQ calibration: {args.calib_batches} train batches x {args.calib_tokens} tokens, {len(hessians)} "
+                    f"Hessians, {calib_seconds:.1f} s (CPU)")
+    if getattr(args, "techniques", None) or budget:  # the technique / equal-bytes tables alone
+        lines = head
+        if getattr(args, "techniques", None):
+            policies = {f"blocks int{b}, embed int{e}": dict(attn_bits=int(b), mlp_bits=int(b), embed_bits=int(e))
+                        for b, e in (p.split("/") for p in args.techniques.split(","))}
+            rows = technique_rows(state, config, score, policies, args.compressor, hessians if gptq else None)
+            lines += ["", f"Techniques (QUANT_FIT off, full GPTQ {'on' if gptq else 'off'}; d val_bpb = roundtrip - "
+                          "prequant):", ""] + technique_table(rows, num_params, base_bpb)
+        if budget:
+            rows = budget_rows(state, config, score, hessians, budget, args.compressor)
+            lines += ["", "Equal bytes (QUANT_FIT=1 from int8 to budget x params bytes, full GPTQ; d val_bpb = roundtrip - "
+                          "prequant):", ""] + budget_table(rows, num_params, base_bpb)
+        return "\n".join(lines)
+    lines = head + [
         "",
         "Frontier (block matrices at `bits`, embedding int8; bytes = smallest encoding):",
         "",
@@ -326,6 +398,9 @@ def main(argv=None) -> int:
             parser.error("checkpoint, --data-path and --tokenizer are required (or --calibrate)")
         try:
             args.bits = [int(b) for b in args.bits.split(",")]
+            args.budget = [float(b) for b in args.budget.split(",")] if args.budget else []
+            if not all(0 < b < 8 for b in args.budget):
+                raise ValueError
             pairs = [p.split("/") for p in (args.techniques or "8/8").split(",")]
             if any(len(p) != 2 or not all(x.isdigit() and 2 <= int(x) <= 8 for x in p) for p in pairs):
                 raise ValueError
@@ -333,8 +408,9 @@ def main(argv=None) -> int:
                     or args.calib_tokens % args.seq_len:
                 raise ValueError
         except ValueError:
-            parser.error(f"--bits {args.bits!r} / --techniques {args.techniques!r}: expected integers in 2..8 (--techniques:"
-                         " BLOCK/EMBED pairs); counts >= 1; --calib-tokens a multiple of --seq-len")
+            parser.error(f"--bits {args.bits!r} / --techniques {args.techniques!r} / --budget {args.budget!r}: expected "
+                         "integers in 2..8 (--techniques: BLOCK/EMBED pairs); --budget bytes/param in (0, 8); counts >= 1; "
+                         "--calib-tokens a multiple of --seq-len")
         text = run_bench(args)
     print(text)
     if args.out:
