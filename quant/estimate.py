@@ -77,7 +77,8 @@ def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = Non
     for name, shape in param_shapes.items():
         n = math.prod(shape)
         bits = n and policy.bits_for(name, shape)
-        total += policy_tensor_bytes(name, shape, policy, bits) + 120 if bits else n * (4 if policy.float_dtype == "float32" else 2) + 60
+        float_bytes = n * (4 if policy.float_dtype == "float32" else 2) + 60
+        total += policy_tensor_bytes(name, shape, policy, bits) + 120 if bits else float_bytes
         quantized += [(n, shape)] if bits else []
     if policy.lqer:  # the factors of the top-N tensors (by size here: the export picks them by error)
         for _, shape in sorted(quantized, key=lambda x: -x[0])[:policy.lqer_top_n]:

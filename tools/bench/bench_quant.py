@@ -261,7 +261,8 @@ def budget_rows(state, config, score, hessians, budgets: list, compressor="auto"
 
 def budget_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
     """Markdown lines of budget_rows: bytes, bytes/param, d val_bpb, and d val_bpb vs the first set of its budget."""
-    lines = ["| budget B/param | technique | bytes | bytes/param | d val_bpb | vs today | fitted tensors (others int8) | seconds |",
+    lines = ["| budget B/param | technique | bytes | bytes/param | d val_bpb | vs today | fitted tensors (others int8) "
+             "| seconds |",
              "|---:|---|---:|---:|---:|---:|---|---:|"]
     first = {}
     for r in rows:
