@@ -86,11 +86,18 @@ def count_lora_work(tokens, *, chunk_tokens, batch_docs, seq_len, stride, batch_
     TTT_EPOCHS batched steps))."""
     bounds, doc_starts = split_lora_chunks(tokens, chunk_tokens, bos_id)
     rounds, doc_index, _ = lora_schedule(bounds, doc_starts, batch_docs)
-    first = lambda t: first_sliding_window(t, seq_len, stride)
-    span = lambda c: first(bounds[c + 1] - 1) - first(bounds[c]) + 1  # the chunk's windows
-    return dict(chunks=len(bounds) - 1, documents=doc_index[-1] + 1, rounds=len(rounds),
-                forwards=sum(count_round_forwards(sum(span(c) for _, c, _ in r), batch_windows, world_size) for r in rounds),
+    forwards = round_forwards(bounds, rounds, seq_len=seq_len, stride=stride, batch_windows=batch_windows,
+                              world_size=world_size)
+    return dict(chunks=len(bounds) - 1, documents=doc_index[-1] + 1, rounds=len(rounds), forwards=sum(forwards),
                 update_rounds=sum(not all(last for *_, last in r) for r in rounds))
+
+
+def round_forwards(bounds: list, rounds: list, *, seq_len, stride, batch_windows, world_size) -> list:
+    """Scoring forwards of the busiest rank in each of lora_schedule's rounds: its chunks' windows of the exact
+    sliding set (first_sliding_window of each chunk's first and last target) in forwards of batch_windows."""
+    first = lambda t: first_sliding_window(t, seq_len, stride)
+    return [count_round_forwards(sum(first(bounds[c + 1] - 1) - first(bounds[c]) + 1 for _, c, _ in r), batch_windows,
+                                 world_size) for r in rounds]
 
 
 def estimate_lora_work(*, num_val_tokens, num_docs, chunk_tokens, batch_docs, stride, batch_windows, world_size=1) -> dict:
@@ -138,8 +145,8 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
     luts = [t.to(device) for t in luts]
     bounds, doc_starts = split_lora_chunks(tokens, chunk_tokens, bos_id)
     rounds, doc_index, _ = lora_schedule(bounds, doc_starts, batch_docs)
-    windows = [round_windows(bounds, [c for _, c, _ in r], seq_len=seq_len, stride=stride) for r in rounds]
-    forwards = [count_round_forwards(len(w), batch_windows, world_size) for w in windows]
+    forwards = round_forwards(bounds, rounds, seq_len=seq_len, stride=stride, batch_windows=batch_windows,
+                              world_size=world_size)
     trains = [not all(last for *_, last in r) for r in rounds]
     forwards_after, trains_after = forwards[:], trains[:]  # suffix sums: what is left after round r
     for r in range(len(rounds) - 2, -1, -1):
@@ -163,9 +170,10 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
                 if bounds[c] == doc_starts[c]:  # the slot takes a new document: a fresh adapter
                     lora.reset_slot(s)
             sums = torch.zeros(batch_docs, 3, dtype=torch.float64, device=device)
+            windows = round_windows(bounds, [c for _, c, _ in now], seq_len=seq_len, stride=stride)
             with torch.inference_mode():
-                for first in range(rank * batch_windows, len(windows[r]), world_size * batch_windows):
-                    sums += score_lora_batch(score_fwd, lora, tokens, luts, windows[r][first:first + batch_windows],
+                for first in range(rank * batch_windows, len(windows), world_size * batch_windows):
+                    sums += score_lora_batch(score_fwd, lora, tokens, luts, windows[first:first + batch_windows],
                                              bounds, slot_of, batch_windows, seq_len=seq_len, stride=stride,
                                              autocast_dtype=autocast_dtype)
             if dist.is_initialized():

@@ -10,7 +10,7 @@ import eval.lora_ttt as lora_ttt
 from eval.lora_batch import BatchedLoRA, plan_lora_rounds
 from eval.lora_ttt import (count_lora_work, estimate_lora_work, lora_batch_windows, project_lora_seconds, run_lora_ttt,
                            split_lora_chunks)
-from eval.sliding import eval_sliding
+from eval.sliding import EvalTimeError, eval_sliding
 from eval.ttt import check_ttt_legality
 from lora_reference import sequential_lora_ttt
 from model.gpt import GPT
@@ -237,6 +237,17 @@ def test_time_guard_stops_updates(stream, luts):
     assert all(r["first_update_step"] is None for r in res["chunks"] if r["round"] >= stop) and res["num_updates"] > 0
     assert any(r["first_update_step"] is not None for r in res["chunks"] if r["round"] == stop - 1)
     check_ttt_legality(res["chunks"])
+
+
+def test_time_guard_refuses_when_scoring_alone_cannot_fit(stream, luts):
+    model = tiny_gpt(seed=6, score_seconds=1.0)
+    with pytest.raises(EvalTimeError, match=r"run_lora_ttt: projected [\d.]+s for scoring alone after round 2/\d+ "
+                                            r"\([\d.]+s elapsed\) > EVAL_MAX_SECONDS 20\.0s: raise EVAL_STRIDE") as err:
+        run_lora_ttt(model, stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=1, lr=0.05, batch_docs=2,
+                     eval_batch_seqs=2, max_seconds=20, clock=model.clock, device="cpu", log=lambda msg: None)
+    partial = err.value.partial
+    assert {r["round"] for r in partial} == {0, 1} and len(partial) == 4  # 2 rounds of 2 slots, then refused
+    assert all(r["scored_at_step"] is not None for r in partial)
 
 
 def test_the_projection_counts_the_runs_forwards_and_steps(stream, luts, monkeypatch):
