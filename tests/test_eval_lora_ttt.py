@@ -176,6 +176,15 @@ def test_ledger_is_legal_and_training_before_scoring_is_refused(stream, luts, mo
             assert a["first_update_step"] == a["scored_at_step"] + 1 and a["last_update_step"] == b["scored_at_step"]
         else:  # a document's last chunk: never trained on
             assert a["first_update_step"] is None
+    # documents are scored side by side (a later document's first chunk before an earlier one's last), but within a
+    # document the chunks must come in scoring order: swapping two of them is refused
+    assert any(b["scored_at_step"] < a["scored_at_step"] for a, b in zip(recs, recs[1:]))
+    c = next(c for c in range(len(recs) - 1) if recs[c]["document"] == recs[c + 1]["document"])
+    swapped = [dict(r) for r in recs]
+    swapped[c]["scored_at_step"], swapped[c + 1]["scored_at_step"] = recs[c + 1]["scored_at_step"], recs[c]["scored_at_step"]
+    swapped[c]["first_update_step"] = swapped[c + 1]["first_update_step"] = None  # only the order is wrong
+    with pytest.raises(ValueError, match=f"TTT illegal: chunk {c + 1} .* in scoring order"):
+        check_ttt_legality(swapped)
     # the illegal variant: the updates after chunk c train on chunk c + 1 too, before it is scored
     monkeypatch.setattr(lora_ttt, "lora_train_span", lambda bounds, c: (bounds[c], bounds[min(c + 2, len(bounds) - 1)]))
     with pytest.raises(ValueError, match=r"TTT illegal: chunk 1 \(targets 16\.\.\d+\) was scored after 2 updates, "
