@@ -106,3 +106,13 @@ def test_lora_settings_are_checked():
             Hyperparameters.from_env(dict(base, **bad), log=lambda *_: None)
     # the LoRA chunk only matters with TTT_MODE=lora: the default 256 does not refuse a short TRAIN_SEQ_LEN otherwise
     Hyperparameters.from_env(dict(base, TTT_MODE="chunked", TTT_CHUNK_TOKENS="64"), log=lambda *_: None)
+
+
+def test_a_stopped_lora_eval_names_the_round_in_its_caveat():
+    from trainer.finish import ttt_score_command_caveat
+
+    assert ttt_score_command_caveat(dict(updates_stopped_at_chunk=None, num_rounds=10, num_chunks=40)) is None
+    assert ttt_score_command_caveat(dict(updates_stopped_at_chunk=3, num_rounds=10, num_chunks=40)) == (
+        "the eval time guard stopped TTT updates at round 3 of 10: the score is legal, but score_command reproduces it "
+        "only if its own run stops at the same round (unverified)")
+    assert "at chunk 3 of 40:" in ttt_score_command_caveat(dict(updates_stopped_at_chunk=3, num_chunks=40))
