@@ -34,7 +34,8 @@ TTT_EPOCHS (3), TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BAT
 --ttt-mode phased (TTT_MODE; the artifact records it) scores with phased TTT (eval/phased_ttt.py):
 --ttt-phases phases (TTT_PHASES, 3), each scored, then SGD on every document scored so far.
 --ttt-mode lora: per-document LoRA TTT (eval/lora_ttt.py), --ttt-lora-rank (TTT_LORA_RANK, 8) adapters reset per
-document, chunks of --ttt-lora-chunk-tokens (256) scored then --ttt-epochs Adam steps at --ttt-lora-lr (0.01).
+document, chunks of --ttt-lora-chunk-tokens (256) scored then --ttt-epochs Adam steps at --ttt-lora-lr (0.01),
+--ttt-lora-batch-docs (TTT_LORA_BATCH_DOCS, 64) documents side by side.
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -62,16 +63,10 @@ TTT_MODES = ("chunked", "phased", "lora")
 
 def _import_evals() -> None:
     global eval_roundtrip, eval_sliding, run_ttt, ttt_log_line, run_phased_ttt, run_lora_ttt
-    if eval_roundtrip is None:
-        from eval.roundtrip import eval_roundtrip
-    if eval_sliding is None:
-        from eval.sliding import eval_sliding
-    if run_ttt is None:
-        from eval.ttt import run_ttt, ttt_log_line
-    if run_phased_ttt is None:
-        from eval.phased_ttt import run_phased_ttt
-    if run_lora_ttt is None:
-        from eval.lora_ttt import run_lora_ttt
+    from eval import lora_ttt, phased_ttt, roundtrip, sliding, ttt  # the names below: unless a test patched them
+    eval_roundtrip, eval_sliding = eval_roundtrip or roundtrip.eval_roundtrip, eval_sliding or sliding.eval_sliding
+    run_ttt, ttt_log_line = run_ttt or ttt.run_ttt, ttt_log_line or ttt.ttt_log_line
+    run_phased_ttt, run_lora_ttt = run_phased_ttt or phased_ttt.run_phased_ttt, run_lora_ttt or lora_ttt.run_lora_ttt
 
 
 def _load_model(artifact_path, device, log, attn_backend="auto", loss_kernel="auto"):
@@ -202,7 +197,8 @@ def check_score_inputs(args, environ=None) -> None:
            ("ttt_batch_seqs", "TTT_BATCH_SEQS", 32, int, dict(minimum=1)),
            ("ttt_phases", "TTT_PHASES", 3, int, dict(minimum=1)), ("ttt_lora_rank", "TTT_LORA_RANK", 8, int, dict(minimum=1)),
            ("ttt_lora_lr", "TTT_LORA_LR", 0.01, float, dict(minimum=0)),
-           ("ttt_lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", 256, int, dict(minimum=1)))
+           ("ttt_lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", 256, int, dict(minimum=1)),
+           ("ttt_lora_batch_docs", "TTT_LORA_BATCH_DOCS", 64, int, dict(minimum=1)))
     # which TTT settings the flags gave (they beat the artifact's; the environment does not)
     args.ttt_flags = [attr for attr, *_ in ttt if getattr(args, attr) is not None] + [
         "ttt_params"] * (args.ttt_params is not None) + ["ttt_eval_batch_seqs"] * batch_seqs_flag + [
@@ -231,9 +227,10 @@ TTT_SETTINGS = {"ttt_epochs": ("epochs", "TTT_EPOCHS", int, 0), "ttt_chunk_token
                 "ttt_eval_batch_seqs": ("eval_batch_seqs", "EVAL_BATCH_SEQS", int, 1),
                 "ttt_mode": ("mode", "TTT_MODE", str, None), "ttt_phases": ("phases", "TTT_PHASES", int, 1),
                 "ttt_lora_rank": ("lora_rank", "TTT_LORA_RANK", int, 1), "ttt_lora_lr": ("lora_lr", "TTT_LORA_LR", float, 0),
-                "ttt_lora_chunk_tokens": ("lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", int, 1)}
+                "ttt_lora_chunk_tokens": ("lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", int, 1),
+                "ttt_lora_batch_docs": ("lora_batch_docs", "TTT_LORA_BATCH_DOCS", int, 1)}
 # the settings each mode does not use (not described in its `ttt settings:` line)
-LORA_ONLY = {"ttt_lora_rank", "ttt_lora_lr", "ttt_lora_chunk_tokens"}
+LORA_ONLY = {"ttt_lora_rank", "ttt_lora_lr", "ttt_lora_chunk_tokens", "ttt_lora_batch_docs"}
 TTT_UNUSED = {"chunked": {"ttt_phases", *LORA_ONLY}, "phased": {"ttt_chunk_tokens", *LORA_ONLY}, "lora": {
     "ttt_chunk_tokens", "ttt_phases", "ttt_lr", "ttt_momentum", "ttt_grad_clip", "ttt_batch_seqs", "ttt_params"}}
 
@@ -246,8 +243,9 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
     run's only if they match its TTT_* settings. Without --ttt, a run that scored with TTT gets a hint.
     ValueError naming the artifact for malformed settings."""
     ttt, name = (meta.get("run") or {}).get("ttt"), args.artifact
-    if isinstance(ttt, dict):  # artifacts written before the phased mode scored chunked; lora keys only in lora's
-        ttt = {"mode": "chunked", "phases": 1, "lora_rank": 8, "lora_lr": 0.01, "lora_chunk_tokens": 256, **ttt}
+    if isinstance(ttt, dict):  # before the phased mode: chunked; lora keys only in lora's; before batching: 1 document
+        ttt = {"mode": "chunked", "phases": 1, "lora_rank": 8, "lora_lr": 0.01, "lora_chunk_tokens": 256,
+               "lora_batch_docs": 1, **ttt}
     if ttt is not None:
         ok = isinstance(ttt, dict) and ttt.get("enabled") in (0, 1) and all(
             (isinstance(ttt.get(key), str) and (ttt[key] in TTT_MODES if key == "mode" else valid_ttt_params(ttt[key]))
@@ -334,7 +332,8 @@ def cmd_score(args) -> None:
                    grad_clip=args.ttt_grad_clip)
         if stride > 0 and args.ttt and args.ttt_mode == "lora":  # per-document LoRA TTT (eval/lora_ttt.py)
             result = run_lora_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, lr=args.ttt_lora_lr,
-                                  chunk_tokens=args.ttt_lora_chunk_tokens, lora_rank=args.ttt_lora_rank, **ttt)
+                                  chunk_tokens=args.ttt_lora_chunk_tokens, lora_rank=args.ttt_lora_rank,
+                                  batch_docs=args.ttt_lora_batch_docs, **ttt)
             log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
         elif stride > 0 and args.ttt and args.ttt_mode == "phased":  # phased score-first TTT (eval/phased_ttt.py)
             result = run_phased_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, phases=args.ttt_phases, **sgd, **ttt)
@@ -352,10 +351,8 @@ def cmd_score(args) -> None:
             budget_seconds = max(args.max_seconds - (time.perf_counter() - t_start), 1e-9)
             result = eval_sliding(model, val_tokens, luts, seq_len=seq_len, stride=stride, max_seconds=budget_seconds,
                                   auto_stride=bool(args.auto_stride), log=log, **common)
-            log(
-                f"final_sliding_window_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
-                f"stride:{result['stride']} eval_time:{1000 * result['eval_seconds']:.0f}ms"
-            )
+            log(f"final_sliding_window_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
+                f"stride:{result['stride']} eval_time:{1000 * result['eval_seconds']:.0f}ms")
         else:
             log("sliding eval skipped: stride 0")
         log(f"eval_total_time:{1000 * (time.perf_counter() - t_start):.0f}ms seq_len:{seq_len} "
@@ -418,7 +415,8 @@ def main(argv=None) -> int:
                             "phases; lora: per-document adapters (default TTT_MODE or chunked)")
     score.add_argument("--ttt-phases", type=int, default=None, help="phases of --ttt-mode phased (default TTT_PHASES or 3)")
     for flag, kind, default, what in (("rank", int, 8, "adapter rank"), ("lr", float, 0.01, "Adam lr"),
-                                      ("chunk-tokens", int, 256, "targets scored per adapter step")):
+                                      ("chunk-tokens", int, 256, "targets scored per adapter step"),
+                                      ("batch-docs", int, 64, "documents adapted side by side")):
         score.add_argument(f"--ttt-lora-{flag}", type=kind, default=None, help=f"--ttt-mode lora: {what} (default "
                            f"TTT_LORA_{flag.replace('-', '_').upper()} or {default})")
     score.add_argument("--ttt-params", default=None,

@@ -75,12 +75,14 @@ def check_ttt_legality(records: list) -> None:
 
     records: dicts with chunk, scored_at_step (updates applied before the chunk was scored) and
     first_update_step (1-based counter of the first update whose batch held any of its targets,
-    None if none). Consecutive records must tile the targets in scoring order (each starts where the
-    previous ended, scored_at_step never decreasing): a target scored twice or skipped is refused too.
+    None if none). Consecutive records must tile the targets (each starts where the previous ended), in
+    scoring order (scored_at_step never decreasing; with a `document` key, only within a document: the
+    per-document LoRA adapters score documents side by side): a target scored twice or skipped is refused too.
     """
     for a, b in zip(records, records[1:]):
         if b["first_target"] != a["first_target"] + a["num_targets"] or (
-                None not in (a["scored_at_step"], b["scored_at_step"]) and b["scored_at_step"] < a["scored_at_step"]):
+                None not in (a["scored_at_step"], b["scored_at_step"]) and b["scored_at_step"] < a["scored_at_step"]
+                and a.get("document") == b.get("document")):
             raise ValueError(f"TTT illegal: chunk {b['chunk']} (targets from {b['first_target']}) does not follow chunk "
                              f"{a['chunk']} (targets {a['first_target']}..{a['first_target'] + a['num_targets'] - 1}) "
                              "in scoring order: a target scored twice, skipped or out of order")

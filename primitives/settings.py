@@ -140,6 +140,9 @@ class Hyperparameters:
     ttt_lora_rank: int = 8
     ttt_lora_lr: float = 0.01
     ttt_lora_chunk_tokens: int = 256
+    # adapter slots: documents adapted side by side, each with its own adapter (64: PR #77's batch of documents,
+    # the batching PR #1530's records keep); the score is the same at any value, up to float rounding
+    ttt_lora_batch_docs: int = 64
     byte_budget: int = 16_000_000
     # measured / estimated artifact bytes that the fit before training assumes (quant/estimate.py is
     # calibrated on Gaussian weights; 1 = trust it; the 1xh100-sp* presets use PR #1617's ratios)
@@ -217,6 +220,7 @@ class Hyperparameters:
             ("TTT_MODE", self.ttt_mode in ("chunked", "phased", "lora"), "chunked, phased or lora"),
             ("TTT_LORA_RANK", self.ttt_lora_rank >= 1, ">= 1"),
             ("TTT_LORA_LR", self.ttt_lora_lr >= 0, ">= 0"),
+            ("TTT_LORA_BATCH_DOCS", self.ttt_lora_batch_docs >= 1, ">= 1"),
             ("TTT_LORA_CHUNK_TOKENS", self.ttt_lora_chunk_tokens > 0 and not (
                 self.ttt_enabled and self.ttt_mode == "lora" and self.ttt_lora_chunk_tokens > self.train_seq_len),
              f"> 0 and <= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_MODE=lora)"),

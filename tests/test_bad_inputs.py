@@ -207,6 +207,8 @@ def eval_rows() -> list:
                  r"TTT_MODE='adapter': expected one of chunked, phased, lora", env={"TTT_MODE": "adapter"}, setup=WITH_PTZ),
         BadInput(e, "--ttt-lora-rank 0", SCORE + ("--ttt", "1", "--ttt-mode", "lora", "--ttt-lora-rank", "0"),
                  r"--ttt-lora-rank=0: expected an integer >= 1", setup=WITH_PTZ),
+        BadInput(e, "--ttt-lora-batch-docs 0", SCORE + ("--ttt", "1", "--ttt-mode", "lora", "--ttt-lora-batch-docs", "0"),
+                 r"--ttt-lora-batch-docs=0: expected an integer >= 1", setup=WITH_PTZ),
     ]
 
 
@@ -548,6 +550,8 @@ def train_rows() -> list:
         BadInput(t, "TTT_LORA_CHUNK_TOKENS=512", TRAIN, r"TTT_LORA_CHUNK_TOKENS=512: expected > 0 and <= TRAIN_SEQ_LEN=256 "
                  r"\(TTT_MODE=lora\)", env=train_env(TTT_ENABLED=1, TTT_MODE="lora", TTT_LORA_CHUNK_TOKENS=512),
                  after=nothing),
+        BadInput(t, "TTT_LORA_BATCH_DOCS=0", TRAIN, r"TTT_LORA_BATCH_DOCS=0: expected >= 1",
+                 env=train_env(TTT_ENABLED=1, TTT_MODE="lora", TTT_LORA_BATCH_DOCS=0), after=nothing),
         BadInput(t, "TTT_PHASES=0", TRAIN, r"TTT_PHASES=0: expected >= 1",
                  env=train_env(TTT_ENABLED=1, TTT_MODE="phased", TTT_PHASES=0), after=nothing),
         BadInput(t, "TTT_PARAMS matching no parameter", TRAIN, r"TTT_PARAMS='lora' matches no parameter",

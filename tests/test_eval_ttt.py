@@ -270,7 +270,7 @@ def _score_args(**flags):
 
     defaults = dict(ttt_epochs=3, ttt_chunk_tokens=32768, ttt_lr=0.002, ttt_momentum=0.9, ttt_grad_clip=1.0,
                     ttt_batch_seqs=32, ttt_params="all", ttt_eval_batch_seqs=32, ttt_mode="chunked", ttt_phases=3,
-                    ttt_lora_rank=8, ttt_lora_lr=0.01, ttt_lora_chunk_tokens=256)
+                    ttt_lora_rank=8, ttt_lora_lr=0.01, ttt_lora_chunk_tokens=256, ttt_lora_batch_docs=64)
     return argparse.Namespace(artifact="A.ptz", ttt=1, ttt_flags=list(flags), **{**defaults, **flags})
 
 
@@ -291,13 +291,19 @@ def test_score_takes_the_artifacts_ttt_settings_unless_a_flag_overrides():
     resolve_ttt_settings(args, dict(run=dict(ttt=dict(recorded, mode="phased", phases=4))), log=logs.append)
     assert (args.ttt_mode, args.ttt_phases) == ("phased", 4) and "TTT_CHUNK_TOKENS" not in logs[0]
     assert logs[0].endswith("EVAL_BATCH_SEQS=16 TTT_MODE=phased TTT_PHASES=4; from flags none")
-    # a LoRA run's artifact: its rank, lr and chunk, none of the SGD settings it does not use
+    # a LoRA run's artifact: its rank, lr, chunk and slots, none of the SGD settings it does not use
     logs, args = [], _score_args(ttt_lora_lr=0.03)
-    lora = dict(recorded, mode="lora", lora_rank=4, lora_lr=0.05, lora_chunk_tokens=64)
+    lora = dict(recorded, mode="lora", lora_rank=4, lora_lr=0.05, lora_chunk_tokens=64, lora_batch_docs=16)
     resolve_ttt_settings(args, dict(run=dict(ttt=lora)), log=logs.append)
-    assert (args.ttt_mode, args.ttt_lora_rank, args.ttt_lora_lr, args.ttt_lora_chunk_tokens) == ("lora", 4, 0.03, 64)
+    assert (args.ttt_mode, args.ttt_lora_rank, args.ttt_lora_lr, args.ttt_lora_chunk_tokens,
+            args.ttt_lora_batch_docs) == ("lora", 4, 0.03, 64, 16)
     assert logs == ["ttt settings: from the artifact TTT_EPOCHS=1 EVAL_BATCH_SEQS=16 TTT_MODE=lora TTT_LORA_RANK=4 "
-                    "TTT_LORA_CHUNK_TOKENS=64; from flags TTT_LORA_LR=0.03"]
+                    "TTT_LORA_CHUNK_TOKENS=64 TTT_LORA_BATCH_DOCS=16; from flags TTT_LORA_LR=0.03"]
+    # a LoRA artifact written before the slots: one document at a time, as its run scored
+    logs, args = [], _score_args()
+    resolve_ttt_settings(args, dict(run=dict(ttt={k: v for k, v in lora.items() if k != "lora_batch_docs"})),
+                         log=logs.append)
+    assert args.ttt_lora_batch_docs == 1 and "TTT_LORA_BATCH_DOCS=1;" in logs[0]
     # an older artifact (no settings recorded) still scores, with the CLI's, and says the score may not be the run's
     logs, args = [], _score_args()
     resolve_ttt_settings(args, dict(run=dict(train_seq_len=64)), log=logs.append)

@@ -112,8 +112,10 @@ def test_cpu_twin_with_attn_backend_fa4_runs_through_the_fa4_twin():
     assert re.search(r"ok +recompiles after step 1 +1 \(expected 1: one per graph state QAT on, compiled in warmup; "
                      r"0 after warmup", proc.stdout)
     assert re.search(r"ok +eval recompiles +0\n", proc.stdout)
-    assert re.search(r"projected TTT eval +[\d.]+ ms per chunk scored, [\d.]+ ms per adapter step; TTT_MODE=lora, "
-                     r"50,000 documents, TTT_EPOCHS=3: \d+ s incl\. roundtrip; plan: \d epochs", proc.stdout)
+    assert re.search(r"projected TTT eval +[\d.]+ ms per scoring forward, [\d.]+ ms per batched adapter step; TTT_MODE="
+                     r"lora, 50,000 documents assumed \(no DATA_PATH: the challenge's val split\), [\d,]+ rounds of "
+                     r"TTT_LORA_BATCH_DOCS=64 \([\d,]+ forwards\), TTT_EPOCHS=3: \d+ s incl\. roundtrip; plan: \d epochs",
+                     proc.stdout)
     assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")
 
 
@@ -187,22 +189,49 @@ def test_ttt_projection_row_of_phased_ttt_uses_the_phased_projection():
 
 
 def test_ttt_projection_row_of_lora_ttt_is_the_trainers_plan():
-    """TTT_MODE=lora on the full val split (50,000 documents) at 2 ms per chunk scored and 10 ms per adapter step:
-    ceil(40,540,159 / 256) + 50,000 = 208,360 chunks (416.7 s) + 3 x 158,360 steps (4,750.8 s) + roundtrip
-    19,795 windows x 0.49 ms (9.7 s) = 5,177 s; 1 epoch projects 2,010 s > 540 s, so the plan scores with the
-    sliding pass and the row warns why; 4x faster steps and forwards keep 1 epoch of 3."""
+    """TTT_MODE=lora on the full val split, 50,000 documents assumed (no data): ceil(40,540,159 / 256) + 50,000 =
+    208,360 chunks, 3,256 rounds of 64 slots, each 64 x 5 windows = 5 forwards of 64 (16,280 forwards). At 20 ms
+    per forward and 100 ms per batched step: 325.6 s + 3 x 3,256 x 0.1 s (976.8 s) + roundtrip 19,795 windows x
+    0.49 ms (9.7 s) = 1,312 s; 1 epoch 661 s > 540 s, so the plan scores with the sliding pass and the row warns
+    why; at 15 ms and 60 ms 1 epoch of 3 fits (449 s)."""
     from primitives.settings import Hyperparameters
+    from trainer.evaluate import lora_work
 
     gc = gpu_check_module()
     hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora")
-    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(2e-3, 10e-3), num_docs=50_000)
-    assert "TTT_MODE=lora, 50,000 documents, TTT_EPOCHS=3: 5177 s incl. roundtrip; plan: 0 epochs, the sliding pass" in row.value
-    assert row.verdict == "WARN" and row.warn.startswith("TTT skipped: 1 epoch of LoRA TTT projects 2010s > 0.9 x")
-    fast = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(0.5e-3, 2.5e-3), num_docs=50_000)
-    assert fast.verdict == "WARN" and fast.warn == "TTT_EPOCHS=3 -> 1" and "plan: 1 epochs, 510 s" in fast.value
+    work = lora_work(hp, 40_540_160, 1, None, 50_000)[1]
+    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(20e-3, 100e-3), lora_work=work)
+    assert ("TTT_MODE=lora, 50,000 documents assumed (no DATA_PATH: the challenge's val split), 3,256 rounds of "
+            "TTT_LORA_BATCH_DOCS=64 (16,280 forwards), TTT_EPOCHS=3: 1312 s incl. roundtrip; plan: 0 epochs, the "
+            "sliding pass") in row.value
+    assert row.verdict == "WARN" and row.warn.startswith("TTT skipped: 1 epoch of LoRA TTT projects 661s > 0.9 x")
+    fast = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(15e-3, 60e-3), lora_work=work)
+    assert fast.verdict == "WARN" and fast.warn == "TTT_EPOCHS=3 -> 1" and "plan: 1 epochs, 449 s" in fast.value
     off = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, Hyperparameters(run_id="x", ttt_mode="lora"),
-                                lora_timings=(2e-3, 10e-3), num_docs=50_000)
+                                lora_timings=(20e-3, 100e-3), lora_work=work)
     assert off.verdict == "ok" and off.value.endswith("(TTT_ENABLED=0: information)")
+
+
+def test_lora_row_says_whether_its_documents_were_counted_or_assumed(sp):
+    """With the val tokens the row counts their documents and the schedule's rounds; without, it says it assumed."""
+    import torch
+
+    from primitives.settings import Hyperparameters
+    from test_eval_support import mixed_stream
+    from trainer.evaluate import lora_work
+
+    gc = gpu_check_module()
+    hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora", train_seq_len=256, ttt_lora_batch_docs=4)
+    tokens = mixed_stream(sp, 1200)
+    docs = int((tokens[1:] == 1).sum()) + 1
+    counted = lora_work(hp, len(tokens), 1, tokens, 50_000)[1]
+    assert counted["counted"] and counted["documents"] == docs < 50_000 and counted["rounds"] >= -(-docs // 4)
+    row = gc.ttt_projection_row(0.49e-3, 0.0, len(tokens), hp, lora_timings=(1e-3, 1e-3), lora_work=counted)
+    assert f"TTT_MODE=lora, {docs} documents counted from the val data, {counted['rounds']} rounds of " in row.value
+    assumed = lora_work(hp, len(tokens), 1, None, 50_000)[1]
+    row = gc.ttt_projection_row(0.49e-3, 0.0, len(tokens), hp, lora_timings=(1e-3, 1e-3), lora_work=assumed)
+    assert "TTT_MODE=lora, 50,000 documents assumed (no DATA_PATH: the challenge's val split)" in row.value
+    assert torch.equal(tokens, mixed_stream(sp, 1200))  # counting left the stream as it was
 
 
 def test_exit_code_is_0_with_warnings_and_1_with_a_fail(monkeypatch, capsys):

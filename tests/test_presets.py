@@ -23,7 +23,8 @@ ADDED_AFTER_THE_MOVE = ("ttt_enabled", "ttt_chunk_tokens", "ttt_epochs", "ttt_lr
                         "ttt_batch_seqs", "ttt_params", "muon_ns_coeffs", "muon_row_normalize", "min_lr",
                         "wd_taper_start_frac", "wd_taper_final_mult", "smear_gate_enabled", "sparse_attn_gate_enabled",
                         "sparse_attn_gate_scale", "gate_window", "num_loops", "loop_start", "loop_end", "enable_looping_at", "ttt_mode", "ttt_phases",
-                        "loss_kernel", "ttt_lora_rank", "ttt_lora_lr", "ttt_lora_chunk_tokens")
+                        "loss_kernel", "ttt_lora_rank", "ttt_lora_lr", "ttt_lora_chunk_tokens",
+                        "ttt_lora_batch_docs")
 
 
 def test_every_preset_resolves_as_before_the_package_move():

@@ -15,7 +15,7 @@ from trainer.finish import score_command
 from primitives.settings import Hyperparameters
 
 LORA_ENV = dict(TTT_ENABLED=1, TTT_MODE="lora", TTT_EPOCHS=1, TTT_LORA_RANK=4, TTT_LORA_LR=0.02,
-                TTT_LORA_CHUNK_TOKENS=32)
+                TTT_LORA_CHUNK_TOKENS=32, TTT_LORA_BATCH_DOCS=4)
 
 
 @pytest.mark.slow
@@ -25,29 +25,32 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
     result = read_result(tmp_path, "lora")
     assert result["status"] == "ok" and result["phase"] == "done", proc.stdout[-3000:]
     assert result["ttt_mode"] == "lora" and result["ttt_lora_rank"] == 4 and result["ttt_epochs"] == 1
+    assert result["ttt_lora_batch_docs"] == 4 and 0 < result["ttt_rounds"] < result["ttt_chunks"]
     assert result["ttt_updates"] > 0 and result["ttt_updates_stopped_at_chunk"] is None
     assert result["ttt_updates"] == result["ttt_chunks"] - result["ttt_documents"]  # all but each document's last
-    assert re.search(r"^ttt_plan: TTT_MODE=lora \S+ms per chunk forward, \S+ms per adapter step, 4096 val targets in "
-                     r"\d+ documents: stride 32 epochs 1 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\)$",
+    assert re.search(r"^ttt_plan: TTT_MODE=lora \S+ms per scoring forward of \d+x\d+, \S+ms per batched adapter step "
+                     r"of 4x\d+, 4096 val targets in \d+ documents: \d+ rounds of TTT_LORA_BATCH_DOCS=4 \(\d+ forwards, "
+                     r"\d+ with steps\): stride 32 epochs 1 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\)$",
                      proc.stdout, re.M)
     m = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) eval_time:\d+ms stride:32 chunks:(\d+) updates:(\d+)$",
                   proc.stdout, re.M)
     assert m and float(m.group(2)) == pytest.approx(result["val_bpb_ttt"], abs=1e-8)
     artifact = tmp_path / "lora" / "final_model.ptz"
     recorded = load_artifact(artifact)[2]["run"]["ttt"]
-    assert {k: recorded[k] for k in ("mode", "epochs", "lora_rank", "lora_lr", "lora_chunk_tokens")} == dict(
-        mode="lora", epochs=1, lora_rank=4, lora_lr=0.02, lora_chunk_tokens=32)
+    assert {k: recorded[k] for k in ("mode", "epochs", "lora_rank", "lora_lr", "lora_chunk_tokens", "lora_batch_docs")} == dict(
+        mode="lora", epochs=1, lora_rank=4, lora_lr=0.02, lora_chunk_tokens=32, lora_batch_docs=4)
     # `python -m eval score --ttt 1`: every TTT setting from the artifact, none from flags or the environment
     hp = Hyperparameters.from_env(env, log=lambda *_: None)
     command = score_command(hp, artifact, result["eval_stride"], result["ttt_epochs"])
-    assert command.endswith(" --ttt-mode lora --ttt-lora-rank 4 --ttt-lora-lr 0.02 --ttt-lora-chunk-tokens 32")
+    assert command.endswith(" --ttt-mode lora --ttt-lora-rank 4 --ttt-lora-lr 0.02 --ttt-lora-chunk-tokens 32 "
+                            "--ttt-lora-batch-docs 4")
     bare = command[:command.index(" --ttt 1 ")] + " --ttt 1"
     cli_env = {k: v for k, v in env.items() if not k.startswith("TTT_")}
     score = subprocess.run([sys.executable, *bare.split()[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
                            env=cli_env)
     assert score.returncode == 0, score.stderr[-2000:]
     assert re.search(r"^ttt settings: from the artifact TTT_EPOCHS=1 .*TTT_MODE=lora TTT_LORA_RANK=4 TTT_LORA_LR=0.02 "
-                     r"TTT_LORA_CHUNK_TOKENS=32; from flags (none|EVAL_BATCH_SEQS=\d+)$", score.stdout, re.M)
+                     r"TTT_LORA_CHUNK_TOKENS=32 TTT_LORA_BATCH_DOCS=4; from flags (none|EVAL_BATCH_SEQS=\d+)$", score.stdout, re.M)
     cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* chunks:(\d+) updates:(\d+)$", score.stdout, re.M)
     assert cli, score.stdout[-2000:]
     assert float(cli.group(2)) == pytest.approx(result["val_bpb_ttt"], abs=1e-7)
@@ -61,40 +64,55 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
 
 
 def test_the_lora_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
-    """1,000,000 targets in 2,000 documents of 500 tokens, chunks of 64: 15,625 + 2,000 chunks (one forward
-    each), 15,625 adapter steps per epoch; roundtrip 3.9 s at 1 ms per forward batch (plan_with's)."""
+    """1,000,000 targets in 2,000 documents of 500 tokens, chunks of 64, 16 slots: 8 chunks per document, so 125
+    waves of 16 documents, 8 rounds each (1,000 rounds; a wave's last round scores last chunks only: 875 with
+    steps); a chunk spans 4 or 5 windows of stride 16 (its start mod 16), 19,624 forwards of 4 counted from the
+    stream; roundtrip 3.9 s at 1 ms per forward batch (plan_with's)."""
     import torch
     import trainer.evaluate as trainer_evaluate
 
     stream = torch.full((1_000_001,), 7)
     stream[:-1:500] = 1
     monkeypatch.setattr(trainer_evaluate, "load_validation_tokens", lambda *a, **k: stream)
-    common = dict(ttt_mode="lora", ttt_lora_chunk_tokens=64, ttt_epochs=2)
+    common = dict(ttt_mode="lora", ttt_lora_chunk_tokens=64, ttt_epochs=2, ttt_lora_batch_docs=16)
     monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.01))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 100.0, **common)  # the SGD step's timing plays no part
-    assert plan == dict(stride=16, ttt_epochs=2)  # 17,625 x 2 ms + 2 x 15,625 x 10 ms + 3.9 s = 351.7 s
-    assert lines[-1] == ("ttt_plan: TTT_MODE=lora 2.0ms per chunk forward, 10.0ms per adapter step, 1000000 val "
-                         "targets in 2000 documents: stride 16 epochs 2 projected 352s with the roundtrip "
+    assert plan == dict(stride=16, ttt_epochs=2)  # 19,624 x 2 ms + 2 x 875 x 10 ms + 3.9 s = 60.7 s
+    assert lines[-1] == ("ttt_plan: TTT_MODE=lora 2.0ms per scoring forward of 4x64, 10.0ms per batched adapter step "
+                         "of 16x64, 1000000 val targets in 2000 documents: 1000 rounds of TTT_LORA_BATCH_DOCS=16 (19624 "
+                         "forwards, 875 with steps): stride 16 epochs 2 projected 61s with the roundtrip "
                          "(EVAL_MAX_SECONDS=600)")
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.02))
-    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)  # 2 epochs: 664 s; 1 epoch: 352 s
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.4))
+    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)  # 2 epochs: 743 s; 1 epoch: 393 s
     assert plan == dict(stride=16, ttt_epochs=1) and lines[-1].endswith("; TTT_EPOCHS=2 -> 1")
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.04))
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.8))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
     assert plan == dict(stride=16, ttt_epochs=0)
-    assert lines[-1].endswith("(EVAL_MAX_SECONDS=600); TTT skipped: 1 epoch of LoRA TTT projects 664s > 0.9 x "
+    assert lines[-1].endswith("(EVAL_MAX_SECONDS=600); TTT skipped: 1 epoch of LoRA TTT projects 743s > 0.9 x "
                               "EVAL_MAX_SECONDS=600; the sliding pass scores")
 
 
 def test_lora_settings_are_checked():
     base = {"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora", "TRAIN_SEQ_LEN": "64"}
     hp = Hyperparameters.from_env(dict(base, TTT_LORA_CHUNK_TOKENS="64"), log=lambda *_: None)
-    assert (hp.ttt_mode, hp.ttt_lora_rank, hp.ttt_lora_lr, hp.ttt_lora_chunk_tokens) == ("lora", 8, 0.01, 64)
+    assert (hp.ttt_mode, hp.ttt_lora_rank, hp.ttt_lora_lr, hp.ttt_lora_chunk_tokens, hp.ttt_lora_batch_docs) == (
+        "lora", 8, 0.01, 64, 64)
     for bad, message in ((dict(TTT_LORA_CHUNK_TOKENS="65"), "TTT_LORA_CHUNK_TOKENS=65: expected > 0 and <= TRAIN_SEQ_LEN=64"),
                          (dict(TTT_LORA_RANK="0"), "TTT_LORA_RANK=0: expected >= 1"),
+                         (dict(TTT_LORA_BATCH_DOCS="0"), "TTT_LORA_BATCH_DOCS=0: expected >= 1"),
                          (dict(TTT_LORA_LR="-1"), "TTT_LORA_LR=-1.0: expected a finite value >= 0"),
                          (dict(TTT_MODE="adapter"), "TTT_MODE='adapter': expected chunked, phased or lora")):
         with pytest.raises(ValueError, match=re.escape(message)):
             Hyperparameters.from_env(dict(base, **bad), log=lambda *_: None)
     # the LoRA chunk only matters with TTT_MODE=lora: the default 256 does not refuse a short TRAIN_SEQ_LEN otherwise
     Hyperparameters.from_env(dict(base, TTT_MODE="chunked", TTT_CHUNK_TOKENS="64"), log=lambda *_: None)
+
+
+def test_a_stopped_lora_eval_names_the_round_in_its_caveat():
+    from trainer.finish import ttt_score_command_caveat
+
+    assert ttt_score_command_caveat(dict(updates_stopped_at_chunk=None, num_rounds=10, num_chunks=40)) is None
+    assert ttt_score_command_caveat(dict(updates_stopped_at_chunk=3, num_rounds=10, num_chunks=40)) == (
+        "the eval time guard stopped TTT updates at round 3 of 10: the score is legal, but score_command reproduces it "
+        "only if its own run stops at the same round (unverified)")
+    assert "at chunk 3 of 40:" in ttt_score_command_caveat(dict(updates_stopped_at_chunk=3, num_chunks=40))

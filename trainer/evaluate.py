@@ -10,7 +10,8 @@ import time
 import torch
 
 from eval.roundtrip import eval_roundtrip
-from eval.lora_ttt import LoRAAdapters, lora_batch_windows, lora_step, plan_lora_ttt, run_lora_ttt
+from eval.lora_ttt import (BatchedLoRA, count_lora_work, estimate_lora_work, lora_batch_windows, lora_train_batch,
+                           plan_lora_ttt, run_lora_ttt)
 from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
 from eval.sliding import count_sliding_windows, eval_sliding
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
@@ -68,7 +69,7 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
     if hp.ttt_mode == "lora":
         return run_lora_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
                             chunk_tokens=hp.ttt_lora_chunk_tokens, epochs=epochs, lr=hp.ttt_lora_lr,
-                            lora_rank=hp.ttt_lora_rank, eval_batch_seqs=hp.eval_batch_seqs,
+                            lora_rank=hp.ttt_lora_rank, batch_docs=hp.ttt_lora_batch_docs, eval_batch_seqs=hp.eval_batch_seqs,
                             max_seconds=max(left, 1e-9), log=ctx.log, **eval_device_args(ctx))
     if hp.ttt_mode == "phased":
         return run_phased_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
@@ -213,51 +214,72 @@ def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, n
 
 
 def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
-    """(seconds of one chunk's scoring forward, seconds of one adapter step) as eval/lora_ttt.py runs them on
-    this rank: a forward of [eval.lora_ttt.lora_batch_windows, TRAIN_SEQ_LEN] under
-    inference mode, and fwd + bwd + Adam of [1, TRAIN_SEQ_LEN] on rank-TTT_LORA_RANK adapters (removed after)."""
-    windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, hp.eval_stride, ctx.world_size, hp.eval_batch_seqs)
+    """(seconds of one scoring forward, seconds of one batched adapter step) as eval/lora_ttt.py runs them on
+    this rank with TTT_LORA_BATCH_DOCS slots: a forward of [eval.lora_ttt.lora_batch_windows, TRAIN_SEQ_LEN]
+    under inference mode, its rows spread over the slots, and fwd + bwd + Adam of every slot on [slots,
+    TRAIN_SEQ_LEN] (the longest a step's rows get), rank-TTT_LORA_RANK adapters (removed after)."""
+    slots = hp.ttt_lora_batch_docs
+    windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, hp.eval_stride, ctx.world_size, hp.eval_batch_seqs, slots)
     x = torch.zeros(windows, hp.train_seq_len, dtype=torch.int64, device=ctx.device)
+    tokens = torch.zeros(hp.train_seq_len + 1, dtype=torch.int64, device=ctx.device)
+    spans = [(s, 0, hp.train_seq_len - hp.ttt_lora_chunk_tokens, hp.train_seq_len) for s in range(slots)]
     saved = [(p, p.requires_grad) for p in model.parameters()]
-    lora = LoRAAdapters(model, hp.ttt_lora_rank)
+    lora = BatchedLoRA(model, hp.ttt_lora_rank, slots)
     try:
         for p in model.parameters():
             p.requires_grad_(False)
         forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
-        optimizer = torch.optim.Adam(lora.params, lr=1e-9, betas=(0.9, 0.95))
 
         def score():
+            lora.set_rows(torch.arange(windows) % slots)
             with torch.inference_mode(), ctx.autocast():
                 forward(x)
 
         def step():
-            lora_step(model, optimizer, lora.params, x[0], x[0], hp.ttt_lora_chunk_tokens, autocast_dtype=ctx.autocast_dtype)
+            lora_train_batch(model, lora, tokens, spans, autocast_dtype=ctx.autocast_dtype)
+            lora.adam_step(list(range(slots)), 1e-9)
 
-        return (seconds_per_call(ctx, score, label="lora plan: timing a chunk's scoring"),
-                seconds_per_call(ctx, step, label="lora plan: timing an adapter step"))
+        return (seconds_per_call(ctx, score, label="lora plan: timing a scoring forward"),
+                seconds_per_call(ctx, step, label="lora plan: timing a batched adapter step"))
     finally:
         lora.remove()
         for p, flag in saved:
             p.requires_grad_(flag)
 
 
+def lora_work(hp: Hyperparameters, num_val_tokens: int, world_size: int, tokens=None, assumed_docs: int = 0) -> tuple:
+    """(scoring windows per forward, the work of TTT_MODE=lora at EVAL_STRIDE): eval.lora_ttt.count_lora_work on
+    the first num_val_tokens of tokens (int64, the val stream the eval scores), else estimate_lora_work for
+    assumed_docs documents; work["counted"] says which."""
+    windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, hp.eval_stride, world_size, hp.eval_batch_seqs,
+                                 hp.ttt_lora_batch_docs)
+    common = dict(chunk_tokens=hp.ttt_lora_chunk_tokens, batch_docs=hp.ttt_lora_batch_docs, stride=hp.eval_stride,
+                  batch_windows=windows, world_size=world_size)
+    if tokens is not None:
+        return windows, dict(count_lora_work(tokens[:num_val_tokens], seq_len=hp.train_seq_len, **common), counted=True)
+    return windows, dict(estimate_lora_work(num_val_tokens=num_val_tokens, num_docs=assumed_docs, **common), counted=False)
+
+
 def plan_lora_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
     """TTT_MODE=lora's plan before training: at EVAL_STRIDE, the most epochs <= TTT_EPOCHS whose projection
-    (eval.lora_ttt.plan_lora_ttt; documents counted in the val stream the eval scores, chunk forward and adapter
-    step timed on a fresh model, the roundtrip from time_eval_forward) fits 90% of EVAL_MAX_SECONDS, else
-    0 (the sliding pass). Logs `ttt_plan:`; returns dict(stride, ttt_epochs)."""
-    tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)[:num_val_tokens]  # document starts only
-    num_docs = int((tokens[1:] == 1).sum()) + 1
+    (eval.lora_ttt.plan_lora_ttt: the scoring forwards and batched steps of the schedule of the val stream the
+    eval scores, eval.lora_ttt.count_lora_work, each timed on a fresh model by time_lora_ttt; the roundtrip
+    from time_eval_forward) fits 90% of EVAL_MAX_SECONDS, else 0 (the sliding pass). Logs `ttt_plan:`;
+    returns dict(stride, ttt_epochs)."""
+    tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
+    windows, work = lora_work(hp, num_val_tokens, ctx.world_size, tokens)
     model = GPT(**model_config).to(ctx.device).eval()
     per_batch = time_eval_forward(ctx, model, hp)
-    chunk_seconds, step_seconds = time_lora_ttt(ctx, model, hp)
+    forward_seconds, step_seconds = time_lora_ttt(ctx, model, hp)
     n = num_val_tokens - 1
     roundtrip = per_batch * count_sliding_windows(n, hp.train_seq_len, hp.train_seq_len) / (hp.eval_batch_seqs * ctx.world_size)
-    plan = plan_lora_ttt(chunk_forward_seconds=chunk_seconds, step_seconds=step_seconds, num_val_tokens=num_val_tokens,
-                         num_docs=num_docs, epochs=hp.ttt_epochs, chunk_tokens=hp.ttt_lora_chunk_tokens,
+    plan = plan_lora_ttt(forward_seconds=forward_seconds, step_seconds=step_seconds, work=work, epochs=hp.ttt_epochs,
                          max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip)
     projected = f"projected {plan['projected_seconds']:.0f}s with the roundtrip " if plan["epochs"] else ""
-    ctx.log(f"ttt_plan: TTT_MODE=lora {1000 * chunk_seconds:.1f}ms per chunk forward, {1000 * step_seconds:.1f}ms per "
-            f"adapter step, {n} val targets in {num_docs} documents: stride {hp.eval_stride} epochs {plan['epochs']} "
-            f"{projected}(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
+    ctx.log(f"ttt_plan: TTT_MODE=lora {1000 * forward_seconds:.1f}ms per scoring forward of {windows}x{hp.train_seq_len}, "
+            f"{1000 * step_seconds:.1f}ms per batched adapter step of {hp.ttt_lora_batch_docs}x{hp.train_seq_len}, {n} val "
+            f"targets in {work['documents']} documents: {work['rounds']} rounds of TTT_LORA_BATCH_DOCS="
+            f"{hp.ttt_lora_batch_docs} ({work['forwards']} forwards, {work['update_rounds']} with steps): stride "
+            f"{hp.eval_stride} epochs {plan['epochs']} {projected}(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})"
+            + f"; {plan['reason']}" * bool(plan["reason"]))
     return dict(stride=hp.eval_stride, ttt_epochs=plan["epochs"])

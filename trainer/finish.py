@@ -92,7 +92,8 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                   score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs, ttt_phases),
                   **({"score_command_unverified": why} if (why := ttt_score_command_caveat(tt)) else {}),
                   **(dict(ttt_mode="phased", ttt_phases=tt["phases"]) if hp.ttt_mode == "phased" else {}),
-                  **(dict(ttt_mode="lora", ttt_lora_rank=tt["lora_rank"], ttt_documents=tt["num_documents"])
+                  **(dict(ttt_mode="lora", ttt_lora_rank=tt["lora_rank"], ttt_documents=tt["num_documents"],
+                          ttt_lora_batch_docs=tt["batch_docs"], ttt_rounds=tt["num_rounds"])
                      if hp.ttt_mode == "lora" else {}))
         ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} " + (f"phases:{tt['phases']}" if hp.ttt_mode == "phased" else
                                                                  f"chunks:{tt['num_chunks']}") + f" updates:{tt['num_updates']}")
@@ -136,14 +137,15 @@ def ttt_artifact_settings(hp: Hyperparameters, ttt_epochs: int, ttt_phases: int 
     uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
     chunk_tokens, lr, momentum, grad_clip, batch_seqs, params, eval_batch_seqs (the scoring batch); the
     stride is the run's eval_stride (the plan's); with TTT_MODE=phased also mode and phases (the plan's, else
-    TTT_PHASES); with TTT_MODE=lora mode, lora_rank, lora_lr, lora_chunk_tokens; without them the mode is
+    TTT_PHASES); with TTT_MODE=lora mode, lora_rank, lora_lr, lora_chunk_tokens, lora_batch_docs; without them the mode is
     chunked (older artifacts, and chunked ones stay byte-identical)."""
     return dict(enabled=int(hp.ttt_enabled), epochs=ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens, lr=hp.ttt_lr,
                 momentum=hp.ttt_momentum, grad_clip=hp.ttt_grad_clip, batch_seqs=hp.ttt_batch_seqs,
                 params=hp.ttt_params, eval_batch_seqs=hp.eval_batch_seqs,
                 **(dict(mode="phased", phases=ttt_phases or hp.ttt_phases) if hp.ttt_mode == "phased" else {}),
                 **(dict(mode="lora", lora_rank=hp.ttt_lora_rank, lora_lr=hp.ttt_lora_lr,
-                        lora_chunk_tokens=hp.ttt_lora_chunk_tokens) if hp.ttt_mode == "lora" else {}))
+                        lora_chunk_tokens=hp.ttt_lora_chunk_tokens, lora_batch_docs=hp.ttt_lora_batch_docs)
+                   if hp.ttt_mode == "lora" else {}))
 
 
 def ttt_score_command_caveat(tt: dict):
@@ -152,8 +154,9 @@ def ttt_score_command_caveat(tt: dict):
     stopped = tt.get("updates_stopped_at_chunk")
     if stopped is None:
         return None
-    return (f"the eval time guard stopped TTT updates at chunk {stopped} of {tt['num_chunks']}: the score is legal, "
-            "but score_command reproduces it only if its own run stops at the same chunk (unverified)")
+    unit, of = ("round", tt["num_rounds"]) if "num_rounds" in tt else ("chunk", tt["num_chunks"])  # lora: rounds
+    return (f"the eval time guard stopped TTT updates at {unit} {stopped} of {of}: the score is legal, "
+            f"but score_command reproduces it only if its own run stops at the same {unit} (unverified)")
 
 
 def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epochs: int = 0, ttt_phases: int = 0) -> str:
@@ -164,7 +167,7 @@ def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epo
            f"{hp.ttt_batch_seqs} --ttt-params {shlex.quote(hp.ttt_params)} --ttt-mode {hp.ttt_mode}"
            + f" --ttt-phases {ttt_phases or hp.ttt_phases}" * (hp.ttt_mode == "phased")
            + (f" --ttt-lora-rank {hp.ttt_lora_rank} --ttt-lora-lr {hp.ttt_lora_lr} --ttt-lora-chunk-tokens "
-              f"{hp.ttt_lora_chunk_tokens}") * (hp.ttt_mode == "lora"))
+              f"{hp.ttt_lora_chunk_tokens} --ttt-lora-batch-docs {hp.ttt_lora_batch_docs}") * (hp.ttt_mode == "lora"))
     return (f"python -m eval score --artifact {shlex.quote(str(artifact_path))} --data-path "
             f"{shlex.quote(hp.data_path)} --tokenizer {shlex.quote(hp.tokenizer_path)} --seq-len {hp.train_seq_len} "
             f"--stride {stride} --batch-seqs {hp.eval_batch_seqs}"

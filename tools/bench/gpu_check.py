@@ -317,16 +317,17 @@ def agreement_rows(ctx, model, hp) -> list:
 
 
 def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_tokens: int, hp,
-                       world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, num_docs: int = 0) -> Row:
+                       world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, lora_work: dict = None) -> Row:
     """Projected full-val legal TTT eval (eval/ttt.py) as the trainer plans it (eval.ttt.plan_ttt with
     the roundtrip): TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the plan keeps. seconds_per_window
     from the sliding eval, step_seconds: one TTT update (trainer.evaluate.time_ttt_step). With TTT_ENABLED,
     WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only.
-    TTT_MODE=lora: lora_timings (chunk forward, adapter step: trainer.evaluate.time_lora_ttt) and num_docs, the
-    val split's documents, through eval.lora_ttt.plan_lora_ttt as the trainer plans it (without timings: "not
-    projected", a WARN "unverified" with TTT_ENABLED)."""
+    TTT_MODE=lora: lora_timings (scoring forward, batched adapter step: trainer.evaluate.time_lora_ttt) and
+    lora_work (trainer.evaluate.lora_work: the val split's schedule, counted or assumed), through
+    eval.lora_ttt.plan_lora_ttt as the trainer plans it (without timings: "not projected", a WARN
+    "unverified" with TTT_ENABLED)."""
     if hp.ttt_mode == "lora" and lora_timings:
-        return lora_projection_row(seconds_per_window, lora_timings, num_val_tokens, num_docs, hp, enforce)
+        return lora_projection_row(seconds_per_window, lora_timings, num_val_tokens, lora_work, hp, enforce)
     if hp.ttt_mode == "lora":  # no timings given: nothing to project
         return Row("projected TTT eval", "TTT_MODE=lora: not projected by this check", warn="unverified" * hp.ttt_enabled)
     plan = trainer_evaluate.plan_ttt_from_timings(hp, forward_seconds=seconds_per_window * hp.eval_batch_seqs,
@@ -358,26 +359,30 @@ def ttt_row(value: str, hp, enforce: bool, warn: str) -> Row:
     return Row("projected TTT eval", value, warn=warn)
 
 
-def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_tokens: int, num_docs: int, hp,
+def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_tokens: int, work: dict, hp,
                         enforce: bool = True) -> Row:
     """The projected eval of TTT_MODE=lora at EVAL_STRIDE: TTT_EPOCHS, and the epochs the trainer's plan keeps
-    (90% of EVAL_MAX_SECONDS with the roundtrip); WARN when it cuts or skips them, with TTT_ENABLED."""
-    chunk_s, step_s = lora_timings
+    (90% of EVAL_MAX_SECONDS with the roundtrip); WARN when it cuts or skips them, with TTT_ENABLED. The row
+    says whether the documents were counted from the val data or assumed (no DATA_PATH: the challenge's)."""
+    forward_s, step_s = lora_timings
     roundtrip = seconds_per_window * count_sliding_windows(num_val_tokens - 1, hp.train_seq_len, hp.train_seq_len)
-    common = dict(chunk_forward_seconds=chunk_s, step_seconds=step_s, num_val_tokens=num_val_tokens, num_docs=num_docs,
-                  chunk_tokens=hp.ttt_lora_chunk_tokens)
+    common = dict(forward_seconds=forward_s, step_seconds=step_s, work=work)
     wanted = roundtrip + project_lora_seconds(epochs=hp.ttt_epochs, **common)
     plan = plan_lora_ttt(epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip, **common)
     kept = f"{plan['projected_seconds']:.0f} s" if plan["epochs"] else "the sliding pass"
-    value = (f"{1000 * chunk_s:.1f} ms per chunk scored, {1000 * step_s:.1f} ms per adapter step; TTT_MODE=lora, "
-             f"{num_docs:,} documents, TTT_EPOCHS={hp.ttt_epochs}: {wanted:.0f} s incl. roundtrip; plan: "
+    docs = (f"{work['documents']:,} documents counted from the val data" if work["counted"] else
+            f"{work['documents']:,} documents assumed (no DATA_PATH: the challenge's val split)")
+    value = (f"{1000 * forward_s:.1f} ms per scoring forward, {1000 * step_s:.1f} ms per batched adapter step; "
+             f"TTT_MODE=lora, {docs}, {work['rounds']:,} rounds of TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} "
+             f"({work['forwards']:,} forwards), TTT_EPOCHS={hp.ttt_epochs}: {wanted:.0f} s incl. roundtrip; plan: "
              f"{plan['epochs']} epochs, {kept} (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
     return ttt_row(value, hp, enforce, plan["reason"] or "")  # reason: None when the plan keeps them
 
 
-def eval_rows(ctx, model, hp, num_val_tokens, num_docs: int = FINEWEB_VAL_DOCS) -> list:
+def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
     """Sliding eval speed on synthetic tokens (the trainer's engine, compile and autocast), projected to the
-    full val split: (roundtrip windows + sliding windows at stride s) x seconds per window."""
+    full val split: (roundtrip windows + sliding windows at stride s) x seconds per window. val_tokens (int64,
+    the val split; None: none given): TTT_MODE=lora's documents, else FINEWEB_VAL_DOCS assumed."""
     from torch._dynamo.utils import counters
 
     model.eval()
@@ -401,7 +406,8 @@ def eval_rows(ctx, model, hp, num_val_tokens, num_docs: int = FINEWEB_VAL_DOCS) 
             eval_projection_row(per_window, num_val_tokens, seq_len, hp.eval_stride, hp.eval_max_seconds,
                                 hp.eval_auto_stride, enforce=ctx.device.type == "cuda"),
             ttt_projection_row(per_window, step, num_val_tokens, hp, enforce=ctx.device.type == "cuda",
-                               lora_timings=lora, num_docs=num_docs)]
+                               lora_timings=lora, lora_work=lora and trainer_evaluate.lora_work(
+                                   hp, num_val_tokens, 1, val_tokens, FINEWEB_VAL_DOCS)[1])]
 
 
 def print_table(rows) -> None:
@@ -475,10 +481,10 @@ def main(argv=None) -> int:
             loader = SyntheticLoader(hp.vocab_size, ctx.device)
             num_val = VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
         train_rows, model = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
-        docs = FINEWEB_VAL_DOCS
+        val = None
         if hp.ttt_mode == "lora" and data_given(hp):  # the documents of the val split the eval scores
-            docs = int((load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)[1:num_val] == 1).sum()) + 1
-        rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val, docs)
+            val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
+        rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val, val)
     print_table(rows)
     failed, warned = [r.check for r in rows if not r.ok], [r.check for r in rows if r.ok and r.warn]
     tail = f" ({len(warned)} warning{'s' * (len(warned) != 1)}: {', '.join(warned)})" if warned else ""
