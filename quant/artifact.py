@@ -123,7 +123,7 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
         embed = policy.group_of(name, tuple(t.shape)) == "embed"
         h = (hessians or {}).get(name) if policy.gptq and (policy.gptq_embed or not embed) else None
-        if policy.sdclip:  # quant/sdclip.py: k * std(row) scales (GPTQ keeps them fixed)
+        if policy.sdclip and sdclip_k(policy, name, tuple(t.shape)):  # k * std(row) scales (GPTQ keeps them fixed)
             q, s, c = sdclip_quantize(v, bits, sdclip_k(policy, name, tuple(t.shape)))
             q, s, c = gptq_quantize(v, h, bits, (c,), s) if h is not None else (q, s, c)
         else:

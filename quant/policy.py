@@ -32,7 +32,8 @@ warning line, a bad value a ValueError naming the variable):
   QUANT_FITTED="blocks.3.mlp.fc.weight:6"   name:bits pairs, normally written by the fit itself
   QUANT_CONTROL_PATTERNS="attn_scale,mlp_scale,..."  replaces the default control patterns
   QUANT_SDCLIP=0              row scale k * std(row) / qmax instead of the clip search (quant/sdclip.py);
-                              k per group: QUANT_SDCLIP_K_ATTN=13 _MLP=11.5 _EMBED=15 _OTHER=12.85
+                              k per group: QUANT_SDCLIP_K_ATTN=13 _MLP=11.5 _EMBED=15 _OTHER=12.85 (0: that group
+                              keeps the GPTQ-lite clip search)
   QUANT_LQER=0                rank-QUANT_LQER_RANK (4) correction of the QUANT_LQER_TOP_N (3) tensors with the
                               largest quantization error, int4 factors (quant/lqer.py)
   QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
@@ -113,8 +114,8 @@ class QuantPolicy:
             raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides} / fitted="
                              f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
         for name in QUANT_NEWER_FIELDS[1:5]:
-            if not 0 < getattr(self, name) <= 1000:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected a number in (0, 1000]")
+            if not 0 <= getattr(self, name) <= 1000:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected a number in [0, 1000] (0: the clip search)")
         if not 1 <= self.lqer_rank <= 64 or not 0 <= self.lqer_top_n <= 10_000:
             raise ValueError(f"lqer_rank={self.lqer_rank!r} / lqer_top_n={self.lqer_top_n!r}: expected 1..64 / 0..10000")
 

@@ -39,6 +39,7 @@ def sdclip_quantize(w: torch.Tensor, bits: int, k: float) -> tuple:
 
 def sdclip_k(policy, name: str, shape: tuple) -> float:
     """The policy's SDClip k for parameter `name` of `shape`: by its group (attn / mlp / embed;
-    anything else, an override-quantized control tensor included, uses sdclip_k_other)."""
+    anything else, an override-quantized control tensor included, uses sdclip_k_other). 0: the group
+    keeps the GPTQ-lite clip search (e.g. QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks only)."""
     group = policy.group_of(name, shape)
     return getattr(policy, f"sdclip_k_{group}" if group in ("attn", "mlp", "embed") else "sdclip_k_other")

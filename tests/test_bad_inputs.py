@@ -261,8 +261,8 @@ def quant_rows() -> list:
         BadInput(q, "QUANT_FIT=2", est, r"QUANT_FIT='2': expected 0/1/true/false", env={"QUANT_FIT": "2"}, setup=shapes),
         BadInput(q, "QUANT_COMPRESSOR=gzip", est, r"QUANT_COMPRESSOR='gzip': ", env={"QUANT_COMPRESSOR": "gzip"},
                  setup=shapes),
-        BadInput(q, "QUANT_SDCLIP_K_MLP=0", est, r"QUANT_SDCLIP_K_MLP='0': sdclip_k_mlp=0.0: expected a number in \(0, 1000\]",
-                 env={"QUANT_SDCLIP_K_MLP": "0"}, setup=shapes),
+        BadInput(q, "QUANT_SDCLIP_K_MLP=-1", est, r"QUANT_SDCLIP_K_MLP='-1': sdclip_k_mlp=-1.0: expected a number in "
+                 r"\[0, 1000\] \(0: the clip search\)", env={"QUANT_SDCLIP_K_MLP": "-1"}, setup=shapes),
         BadInput(q, "QUANT_LQER_RANK=0", est, r"QUANT_LQER_RANK='0': lqer_rank=0 / lqer_top_n=3: expected 1\.\.64",
                  env={"QUANT_LQER_RANK": "0"}, setup=shapes),
     ]

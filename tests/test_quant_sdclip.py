@@ -129,3 +129,23 @@ def test_the_size_estimate_knows_sdclip_and_lqer(tmp_path):
     big = sorted((math.prod(s), s) for n, s in shapes.items() if len(s) == 2 and lqer.bits_for(n, s))[-2:]
     extra = sum(36 * -(-4 * d // 64) for _, (r, c) in big for d in (r, c))
     assert estimate_artifact_bytes(shapes, lqer) - estimate_artifact_bytes(shapes, QuantPolicy()) == extra
+
+
+def test_k_zero_keeps_the_clip_search_for_its_group(tmp_path):
+    """QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks, the embedding by the GPTQ-lite clip search, exactly as
+    without SDClip; the size estimate follows the same split."""
+    from quant.estimate import estimate_artifact_bytes
+
+    sd = _state()
+    blocks_only = QuantPolicy(sdclip=True, sdclip_k_embed=0, gptq=False, fit=False, compressor="zlib")
+    entries, _ = quantize_state_dict(sd, blocks_only)
+    lite, _ = quantize_state_dict(sd, dataclasses.replace(blocks_only, sdclip=False))
+    every_group = dataclasses.replace(blocks_only, sdclip_k_embed=15.0)
+    full, _ = quantize_state_dict(sd, every_group)
+    emb = "tok_emb.weight"
+    assert torch.equal(entries[emb][2], lite[emb][2]) and not torch.equal(entries[emb][2], full[emb][2])
+    block = next(n for n in entries if ".mlp." in n and entries[n][1])
+    assert torch.equal(entries[block][2], full[block][2]) and not torch.equal(entries[block][2], lite[block][2])
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+    assert (estimate_artifact_bytes(shapes, every_group) < estimate_artifact_bytes(shapes, blocks_only)
+            < estimate_artifact_bytes(shapes, dataclasses.replace(blocks_only, sdclip=False)))
