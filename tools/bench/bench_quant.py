@@ -253,6 +253,7 @@ def budget_rows(state, config, score, hessians, budgets: list, compressor="auto"
                     continue
                 bits = collections.Counter(report["policy"].get("fitted") and dict(report["policy"]["fitted"]).values())
                 rows.append(dict(budget=budget, technique=label, bytes=report["bytes_model"],
+                                 est_ratio=report["quant_estimate_scale_measured"],
                                  val_bpb=score(load_artifact(Path(tmp) / "m.ptz")[0]), seconds=time.perf_counter() - t0,
                                  bits=" ".join(f"int{b}:{c}" for b, c in sorted(bits.items(), reverse=True)) or "none"))
                 print(f"done: {rows[-1]}", file=sys.stderr, flush=True)
@@ -262,16 +263,17 @@ def budget_rows(state, config, score, hessians, budgets: list, compressor="auto"
 def budget_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
     """Markdown lines of budget_rows: bytes, bytes/param, d val_bpb, and d val_bpb vs the first set of its budget."""
     lines = ["| budget B/param | technique | bytes | bytes/param | d val_bpb | vs today | fitted tensors (others int8) "
-             "| seconds |",
-             "|---:|---|---:|---:|---:|---:|---|---:|"]
+             "| real / estimate | seconds |",
+             "|---:|---|---:|---:|---:|---:|---|---:|---:|"]
     first = {}
     for r in rows:
         if r["bytes"] is None:
-            lines.append(f"| {r['budget']} | {r['technique']} | does not fit: {r['error']} | | | | | |")
+            lines.append(f"| {r['budget']} | {r['technique']} | does not fit: {r['error']} | | | | | | |")
             continue
         f = first.setdefault(r["budget"], r)
         lines.append(f"| {r['budget']} | {r['technique']} | {r['bytes']:,} | {r['bytes'] / num_params:.4f} | "
-                     f"{r['val_bpb'] - base_bpb:+.5f} | {r['val_bpb'] - f['val_bpb']:+.5f} | {r['bits']} | {r['seconds']:.1f} |")
+                     f"{r['val_bpb'] - base_bpb:+.5f} | {r['val_bpb'] - f['val_bpb']:+.5f} | {r['bits']} | "
+                     f"{r['est_ratio']:.3f} | {r['seconds']:.1f} |")
     return lines
 
 
