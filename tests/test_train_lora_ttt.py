@@ -92,6 +92,43 @@ def test_the_lora_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
                               "EVAL_MAX_SECONDS=600; the sliding pass scores")
 
 
+def test_with_auto_stride_the_lora_plan_coarsens_the_stride_before_it_cuts_epochs(monkeypatch, tmp_path):
+    """EVAL_AUTO_STRIDE as the chunked plan: strides 16, 17, ..., 64 recounted from the stream of the test above
+    (forwards at 16, 19, 31, 32: 19,624, 17,624, 12,326, 11,875), the most epochs first, each at every stride.
+    30 ms per forward: stride 16 scores alone in 589 s (skipped without auto stride); 2 epochs (175 s of steps)
+    fit first at stride 32: 11,875 x 30 ms + 175 s + 3.9 s = 535 s. 20 ms: 1 epoch would fit at 16 (484 s), but
+    2 epochs fit at 19 (352.5 + 175 + 3.9 = 531 s). No epoch fits (700 ms steps) with a slow eval forward (40 ms
+    a batch: roundtrip 156 s): the sliding pass at the first stride whose pass fits, 27 (37,036 windows, 370 s; 26:
+    38,461, 385 s)."""
+    import torch
+    import trainer.evaluate as trainer_evaluate
+
+    stream = torch.full((1_000_001,), 7)
+    stream[:-1:500] = 1
+    monkeypatch.setattr(trainer_evaluate, "load_validation_tokens", lambda *a, **k: stream)
+    common = dict(ttt_mode="lora", ttt_lora_chunk_tokens=64, ttt_epochs=2, ttt_lora_batch_docs=16)
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.03, 0.1))
+    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
+    assert plan == dict(stride=16, ttt_epochs=0)  # without EVAL_AUTO_STRIDE: as before
+    assert lines[-1].endswith("; TTT skipped: 1 epoch of LoRA TTT projects 680s > 0.9 x EVAL_MAX_SECONDS=600; "
+                              "the sliding pass scores")
+    plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, eval_auto_stride=True, **common)
+    assert plan == dict(stride=32, ttt_epochs=2)
+    assert lines[-1].endswith("2000 documents: 1000 rounds of TTT_LORA_BATCH_DOCS=16 (11875 forwards, 875 with steps): "
+                              "stride 32 epochs 2 projected 535s with the roundtrip (EVAL_MAX_SECONDS=600)")
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.02, 0.1))
+    plan, _ = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
+    assert plan == dict(stride=16, ttt_epochs=1)
+    plan, _ = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, eval_auto_stride=True, **common)
+    assert plan == dict(stride=19, ttt_epochs=2)
+    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.7))
+    plan, lines = plan_with(monkeypatch, tmp_path, 0.04, 0.1, eval_auto_stride=True, **common)
+    assert plan == dict(stride=27, ttt_epochs=0)
+    assert re.search(r" stride 27 epochs 0 projected 527s with the roundtrip \(EVAL_MAX_SECONDS=600\); TTT skipped: 1 "
+                     r"epoch of LoRA TTT at stride 64 projects \d+s > 0.9 x EVAL_MAX_SECONDS=600; the sliding pass "
+                     r"scores$", lines[-1])
+
+
 def test_lora_settings_are_checked():
     base = {"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora", "TRAIN_SEQ_LEN": "64"}
     hp = Hyperparameters.from_env(dict(base, TTT_LORA_CHUNK_TOKENS="64"), log=lambda *_: None)
