@@ -238,6 +238,27 @@ def test_lora_row_shows_the_stride_the_auto_stride_plan_chooses():
     assert "plan: stride 64, 3 epochs, " in fits.value and fits.verdict == "ok"  # it fits: the stride stays
 
 
+def test_the_frontier_preset_plans_its_lora_ttt_at_a_coarser_stride():
+    """PRESET=1xh100-frontier keeps EVAL_AUTO_STRIDE on (the class default): with the one-H100 projection's
+    timings (31 ms per scoring forward: scoring alone about 505 s at stride 64; 80 ms per batched step) its
+    LoRA TTT fits 1 epoch at stride 256 (2 forwards a round: 6,512 x 31 ms + 3,256 x 80 ms + 9.7 s = 472 s),
+    where at stride 64 alone it falls back to the sliding pass."""
+    import dataclasses
+
+    from primitives.settings import Hyperparameters
+    from trainer.evaluate import lora_work_at
+
+    gc = gpu_check_module()
+    hp = Hyperparameters.from_env({"PRESET": "1xh100-frontier", "RUN_ID": "x"}, log=lambda *_: None)
+    assert hp.eval_auto_stride and hp.eval_stride == 64 and hp.ttt_enabled and hp.ttt_mode == "lora"
+    work = lora_work_at(hp, 40_540_160, 1, None, 50_000)
+    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(31e-3, 80e-3), lora_work=work)
+    assert "plan: stride 256, 1 epochs, 472 s " in row.value and row.warn == "TTT_EPOCHS=3 -> 1"
+    fixed = dataclasses.replace(hp, eval_auto_stride=False)
+    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, fixed, lora_timings=(31e-3, 80e-3), lora_work=work)
+    assert "plan: stride 64, 0 epochs, the sliding pass " in row.value and row.warn.startswith("TTT skipped")
+
+
 def test_lora_row_says_whether_its_documents_were_counted_or_assumed(sp):
     """With the val tokens the row counts their documents and the schedule's rounds; without, it says it assumed."""
     import torch
