@@ -63,6 +63,48 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
     assert abs(sliding - result["val_bpb_ttt"]) > 1e-5
 
 
+@pytest.mark.slow
+def test_a_coarser_lora_stride_is_the_one_the_artifact_scores_with(tiny_dataset, sp1024_model, tmp_path):
+    """EVAL_AUTO_STRIDE with the plan's timings injected (the trainer run in a process that replaces the timing
+    functions): scoring forwards slow enough that stride 16 cannot fit but 32 can. The chosen stride is in
+    the ttt_plan line, the final_ttt line, result.json and the artifact, and `python -m eval score --ttt 1`
+    without --stride scores the artifact at it to the same val_bpb."""
+    from shards.format import load_validation_tokens
+    from trainer.evaluate import lora_work_at
+
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="coarse", **LORA_ENV, EVAL_AUTO_STRIDE=1,
+                      EVAL_STRIDE=16, EVAL_BATCH_SEQS=4)
+    hp = Hyperparameters.from_env(env, log=lambda *_: None)
+    val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)[:4097]
+    work_at = lora_work_at(hp, len(val), 1, val)
+    fine, coarse = work_at(16)["forwards"], work_at(32)["forwards"]
+    assert coarse < fine
+    forward_seconds = 540 / ((fine + coarse) / 2)  # 16 projects over 90% of 600 s, 32 under it
+    patch = ("import runpy, sys, trainer.evaluate as e\n"
+             "e.time_eval_forward = lambda *a: 1e-6\n"
+             f"e.time_lora_ttt = lambda *a: ({forward_seconds!r}, 1e-6)\n"
+             "sys.argv = ['train_gpt.py']\nrunpy.run_path('train_gpt.py', run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", patch], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = read_result(tmp_path, "coarse")
+    stride = result["eval_stride"]
+    assert 16 < stride <= 32 and result["ttt_epochs"] == 1 and result["ttt_updates"] > 0
+    assert re.search(rf"^ttt_plan: TTT_MODE=lora .*: stride {stride} epochs 1 projected \d+s with the roundtrip", proc.stdout, re.M)
+    assert re.search(rf"^final_ttt_exact .* stride:{stride} chunks:", proc.stdout, re.M)
+    artifact = tmp_path / "coarse" / "final_model.ptz"
+    assert load_artifact(artifact)[2]["run"]["eval_stride"] == stride
+    assert f" --stride {stride} " in result["score_command"]
+    bare = result["score_command"].replace(f" --stride {stride} ", " ")
+    bare = bare[:bare.index(" --ttt 1 ")] + " --ttt 1"
+    cli_env = {k: v for k, v in env.items() if not k.startswith(("TTT_", "EVAL_"))}
+    score = subprocess.run([sys.executable, *bare.split()[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
+                           env=cli_env)
+    assert score.returncode == 0, score.stderr[-2000:]
+    cli = re.search(rf"^final_ttt_exact val_loss:\S+ val_bpb:(\S+) .* stride:{stride} chunks:", score.stdout, re.M)
+    assert cli, score.stdout[-2000:]
+    assert float(cli.group(1)) == pytest.approx(result["val_bpb_ttt"], abs=1e-7)
+
+
 def test_the_lora_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
     """1,000,000 targets in 2,000 documents of 500 tokens, chunks of 64, 16 slots: 8 chunks per document, so 125
     waves of 16 documents, 8 rounds each (1,000 rounds; a wave's last round scores last chunks only: 875 with
