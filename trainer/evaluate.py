@@ -290,9 +290,9 @@ def plan_lora_from_timings(hp: Hyperparameters, *, eval_forward_seconds: float, 
 
 
 def plan_lora_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
-    """TTT_MODE=lora's plan before training: plan_lora_from_timings (the stride, with EVAL_AUTO_STRIDE coarser
-    than EVAL_STRIDE when that keeps more epochs, and the most epochs <= TTT_EPOCHS whose projection fits
-    90% of EVAL_MAX_SECONDS, else 0: the sliding pass) from the schedule of the val stream the eval scores
+    """TTT_MODE=lora's plan before training: plan_lora_from_timings (the most epochs <= TTT_EPOCHS whose projection
+    fits 90% of EVAL_MAX_SECONDS, at EVAL_STRIDE or with EVAL_AUTO_STRIDE the first stride from it up where they
+    fit; else 0 epochs: the sliding pass) from the schedule of the val stream the eval scores
     (lora_work_at, counted at each stride tried) and the scoring forward and batched step timed on a fresh
     model by time_lora_ttt (the roundtrip from time_eval_forward). Logs `ttt_plan:`; returns dict(stride,
     ttt_epochs)."""
