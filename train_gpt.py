@@ -154,7 +154,7 @@ def train_and_score() -> int:
             if no_room(err):  # a full disk or a file-size limit: the weights where they fit, and how to finish
                 return no_room_after_training(ctx, hp, err, summary, record, model=model, config=config, trained=trained)
             summary["status"] = after_training_error(ctx, hp, err, artifact_path, ttt_epochs=ttt_epochs,
-                                                     ttt_phases=ttt_phases)
+                                                     ttt_phases=ttt_phases, eval_stride=eval_stride)
             summary["error"] = f"{type(err).__name__}: {err}"
             rc = 1
             record(summary)

@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from eval.lora_batch import (BatchedLoRA, count_round_forwards, lora_train_batch, plan_lora_rounds, round_windows,
                              score_lora_batch)
-from eval.sliding import EvalTimeError, first_sliding_window
+from eval.sliding import EvalTimeError
 from eval.ttt import check_ttt_legality, mark_update, split_ttt_chunks, ttt_records, ttt_totals
 from primitives.progress import Progress
 
@@ -84,20 +84,44 @@ def count_lora_work(tokens, *, chunk_tokens, batch_docs, seq_len, stride, batch_
     """What run_lora_ttt will run on tokens int64 [N]: dict(chunks, documents, rounds, forwards (the busiest
     rank's scoring forwards, all rounds), update_rounds (rounds where some slot trains: each takes
     TTT_EPOCHS batched steps))."""
+    return lora_work_counter(tokens, chunk_tokens=chunk_tokens, batch_docs=batch_docs, seq_len=seq_len,
+                             world_size=world_size, bos_id=bos_id)(stride, batch_windows)
+
+
+def lora_work_counter(tokens, *, chunk_tokens, batch_docs, seq_len, world_size=1, bos_id=1):
+    """count_lora_work as a function of (stride, batch_windows): the schedule (documents, chunks, rounds: the
+    stride plays no part in it) is built once, each call counts only the forwards (for the plan's strides)."""
     bounds, doc_starts = split_lora_chunks(tokens, chunk_tokens, bos_id)
     rounds, doc_index, _ = lora_schedule(bounds, doc_starts, batch_docs)
-    forwards = round_forwards(bounds, rounds, seq_len=seq_len, stride=stride, batch_windows=batch_windows,
-                              world_size=world_size)
-    return dict(chunks=len(bounds) - 1, documents=doc_index[-1] + 1, rounds=len(rounds), forwards=sum(forwards),
-                update_rounds=sum(not all(last for *_, last in r) for r in rounds))
+    fixed = dict(chunks=len(bounds) - 1, documents=doc_index[-1] + 1, rounds=len(rounds),
+                 update_rounds=sum(not all(last for *_, last in r) for r in rounds))
+    index = round_index(rounds)
+
+    def count(stride: int, batch_windows: int) -> dict:
+        forwards = round_forwards(bounds, rounds, seq_len=seq_len, stride=stride, batch_windows=batch_windows,
+                                  world_size=world_size, index=index)
+        return dict(fixed, forwards=sum(forwards))
+
+    return count
 
 
-def round_forwards(bounds: list, rounds: list, *, seq_len, stride, batch_windows, world_size) -> list:
+def round_index(rounds: list) -> tuple:
+    """(chunk of each entry, round of each entry) of lora_schedule's rounds, int64 [entries] each."""
+    return (torch.tensor([c for r in rounds for _, c, _ in r], dtype=torch.int64),
+            torch.tensor([i for i, r in enumerate(rounds) for _ in r], dtype=torch.int64))
+
+
+def round_forwards(bounds: list, rounds: list, *, seq_len, stride, batch_windows, world_size, index=None) -> list:
     """Scoring forwards of the busiest rank in each of lora_schedule's rounds: its chunks' windows of the exact
-    sliding set (first_sliding_window of each chunk's first and last target) in forwards of batch_windows."""
-    first = lambda t: first_sliding_window(t, seq_len, stride)
-    return [count_round_forwards(sum(first(bounds[c + 1] - 1) - first(bounds[c]) + 1 for _, c, _ in r), batch_windows,
-                                 world_size) for r in rounds]
+    sliding set (first_sliding_window of each chunk's first and last target) in forwards of batch_windows
+    (count_round_forwards); index: round_index(rounds), when already built."""
+    chunks, round_of = index or round_index(rounds)
+    edges = torch.tensor(bounds, dtype=torch.int64)
+    # eval.sliding.first_sliding_window of every chunk edge at once
+    first = lambda t: torch.div(t - seq_len + stride, stride, rounding_mode="floor").clamp_min(0)
+    per_chunk = first(edges[1:] - 1) - first(edges[:-1]) + 1
+    windows = torch.zeros(len(rounds), dtype=torch.int64).index_add_(0, round_of, per_chunk[chunks])
+    return [count_round_forwards(w, batch_windows, world_size) for w in windows.tolist()]
 
 
 def estimate_lora_work(*, num_val_tokens, num_docs, chunk_tokens, batch_docs, stride, batch_windows, world_size=1) -> dict:
@@ -244,15 +268,32 @@ def project_lora_seconds(*, forward_seconds, step_seconds, work, epochs) -> floa
     return work["forwards"] * forward_seconds + epochs * work["update_rounds"] * step_seconds
 
 
-def plan_lora_ttt(*, forward_seconds, step_seconds, work, epochs, max_seconds, roundtrip_seconds=0.0, margin=0.9) -> dict:
-    """The most epochs <= TTT_EPOCHS whose projection (project_lora_seconds) fits margin x max_seconds
-    (EVAL_MAX_SECONDS) with the roundtrip, at the run's stride. Returns dict(epochs (0: TTT skipped, the
-    sliding pass scores), projected_seconds, reason (None, or what was cut / why TTT is skipped))."""
-    common = dict(forward_seconds=forward_seconds, step_seconds=step_seconds, work=work)
+def plan_lora_ttt(*, forward_seconds, step_seconds, work_at, strides, epochs, max_seconds, sliding_seconds,
+                  roundtrip_seconds=0.0, margin=0.9) -> dict:
+    """Pick (stride, epochs) of run_lora_ttt that fit margin x max_seconds (EVAL_MAX_SECONDS) with the roundtrip,
+    by eval.ttt.plan_ttt's rule: strides are the candidates, preferred first (EVAL_STRIDE, then with
+    EVAL_AUTO_STRIDE every coarser one up to TRAIN_SEQ_LEN); more epochs beat a smaller stride (TTT_EPOCHS,
+    TTT_EPOCHS - 1, ..., 1, each tried at every stride). work_at(stride): the work at that stride
+    (count_lora_work / estimate_lora_work), projected by project_lora_seconds. forward_seconds: one scoring
+    forward at strides[0] (a coarser stride's forwards have at most as many windows: an upper bound there).
+    sliding_seconds(stride): the plain sliding pass; when no epoch fits, TTT is skipped and the stride is the
+    first whose sliding pass fits (the last if none does; the eval's own guard then decides).
+    Returns dict(stride, epochs (0: TTT skipped, the sliding pass scores), projected_seconds (with the
+    roundtrip; of the sliding pass when skipped), reason (None, or what was cut / why TTT is skipped), work
+    (work_at of the stride))."""
+    budget = margin * max_seconds - roundtrip_seconds
+    project = lambda s, e: project_lora_seconds(forward_seconds=forward_seconds, step_seconds=step_seconds,
+                                                work=work_at(s), epochs=e)
+    fixed = work_at(strides[0])  # rounds and update rounds do not depend on the stride; every round has a forward
     for e in range(epochs, 0, -1):
-        seconds = roundtrip_seconds + project_lora_seconds(epochs=e, **common)
-        if seconds <= margin * max_seconds:
-            return dict(epochs=e, projected_seconds=seconds, reason=None if e == epochs else f"TTT_EPOCHS={epochs} -> {e}")
-    wanted = roundtrip_seconds + project_lora_seconds(epochs=1, **common)
-    return dict(epochs=0, projected_seconds=None, reason=epochs and f"TTT skipped: 1 epoch of LoRA TTT projects "
-                f"{wanted:.0f}s > {margin:g} x EVAL_MAX_SECONDS={max_seconds:g}; the sliding pass scores" or None)
+        if fixed["rounds"] * forward_seconds + e * fixed["update_rounds"] * step_seconds > budget:
+            continue  # no stride can fit e epochs: skipping them changes no choice, only saves counting
+        for s in strides:
+            if (seconds := project(s, e)) <= budget:
+                return dict(stride=s, epochs=e, projected_seconds=roundtrip_seconds + seconds, work=work_at(s),
+                            reason=None if e == epochs else f"TTT_EPOCHS={epochs} -> {e}")
+    s = next((s for s in strides if sliding_seconds(s) <= budget), strides[-1])
+    at = f" at stride {strides[-1]}" * (len(strides) > 1)
+    reason = epochs and (f"TTT skipped: 1 epoch of LoRA TTT{at} projects {roundtrip_seconds + project(strides[-1], 1):.0f}s"
+                         f" > {margin:g} x EVAL_MAX_SECONDS={max_seconds:g}; the sliding pass scores") or None
+    return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + sliding_seconds(s), work=work_at(s), reason=reason)

@@ -39,7 +39,9 @@ Evidence, per preset:
   none is measured on one GPU yet. Depth recurrence (NUM_LOOPS) costs steps: left off. And per-document
   LoRA TTT (TTT_MODE=lora; PR #1530, #1610, #1736: about -0.012 post-quant -> post-TTT on 8xH100 with phased
   SGD; -0.071 on the CPU proxy where full-parameter SGD gained -0.0026), planned before training to fit
-  EVAL_MAX_SECONDS (the sliding pass when it cannot).
+  EVAL_MAX_SECONDS (the sliding pass when it cannot). EVAL_AUTO_STRIDE stays on (the class default): at
+  stride 64 LoRA TTT's scoring alone is projected at about 510 s of one H100's 600 s, so its plan takes a
+  coarser stride (about 256 for one epoch, projected; an H100 run measures it) before it falls back.
 - smoke: ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
   Muon's momentum (0.99 remembers ~100 steps, two thirds of the run). So smoke takes the baseline's
@@ -71,7 +73,7 @@ PRESETS = {
     "1xh100-frontier": {"muon_momentum": 0.97, "qk_gain_init": 5.25, "muon_ns_coeffs": "polar_express",
                         "muon_row_normalize": True, "min_lr": 0.1, "wd_taper_final_mult": 0.5, "smear_gate_enabled": True,
                         "sparse_attn_gate_enabled": True, "sparse_attn_gate_scale": 0.5, "ttt_enabled": True,
-                        "ttt_mode": "lora"},
+                        "ttt_mode": "lora"},  # eval_auto_stride stays on: LoRA TTT fits one H100 only coarser than 64
     "8xh100": {**PR1559_1XH100, "num_layers": 11, "train_batch_tokens": 786_432, "xsa_last_n": 4, "expected_steps": 7000,
                "muon_momentum_warmup_frac": 1500 / 7000, "ema_horizon_frac": (1 / 0.003) / 7000},
     "smoke": {

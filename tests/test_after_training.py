@@ -154,3 +154,21 @@ def test_eval_auto_stride_recovers_in_the_trainer_within_what_load_and_roundtrip
     assert f"eval_sliding: stride 8 -> {stride}" in out
     assert result["status"] == "ok" and result["eval_stride"] == stride and f"stride:{stride} " in out
     assert result["compliance"]["eval_time_ok"] is True and result["val_tokens"] == 4097
+
+
+def test_the_next_command_after_a_ttt_overrun_scores_at_the_plans_stride(tmp_path):
+    """A TTT eval that overruns after the plan coarsened the stride (EVAL_AUTO_STRIDE): `next:` names the plan's
+    stride (what the artifact records), not EVAL_STRIDE, so the command repeats the run's eval."""
+    from eval.sliding import EvalTimeError
+
+    hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora", ttt_epochs=3)
+    lines = []
+    ctx = RunContext(0, 1, 0, torch.device("cpu"), tmp_path)
+    ctx.log = lambda msg="", console=True: lines.append(msg)
+    artifact = tmp_path / "final_model.ptz"
+    artifact.write_bytes(b"x")
+    status = trainer_finish.after_training_error(ctx, hp, EvalTimeError("over", 0), artifact, ttt_epochs=1, eval_stride=256)
+    assert status == "eval_over_time"
+    assert re.search(r"^next: python -m eval score .* --stride 256 .*--ttt 1 --ttt-epochs 1 .*--ttt-mode lora", lines[-1])
+    trainer_finish.after_training_error(ctx, hp, EvalTimeError("over", 0), artifact, ttt_epochs=1)
+    assert " --stride 64 " in lines[-1]  # no plan stride given: EVAL_STRIDE, as before

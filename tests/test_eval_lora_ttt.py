@@ -276,6 +276,24 @@ def test_the_projection_counts_the_runs_forwards_and_steps(stream, luts, monkeyp
     assert est["rounds"] == -(-est["chunks"] // 3) and est["forwards"] == est["rounds"] * 2  # 3 x 2 windows: 2 forwards of 4
 
 
+def test_the_forward_count_at_every_stride_is_the_runs_window_list(stream):
+    """lora_work_counter (the plan's recount at each stride it tries) counts, for every stride, slot count and
+    rank count, the forwards of the windows the run scores (eval.lora_batch.round_windows of each round)."""
+    from eval.lora_batch import count_round_forwards, round_windows
+
+    for batch_docs in (1, 3):
+        bounds, doc_starts = lora_ttt.split_lora_chunks(stream, 16)
+        rounds, _, _ = lora_ttt.lora_schedule(bounds, doc_starts, batch_docs)
+        for world_size in (1, 2):
+            counter = lora_ttt.lora_work_counter(stream, chunk_tokens=16, batch_docs=batch_docs, seq_len=32,
+                                                 world_size=world_size)
+            for stride in (1, 5, 8, 16, 17, 31, 32):
+                bw = lora_batch_windows(16, stride, world_size, 4, batch_docs)
+                run = sum(count_round_forwards(len(round_windows(bounds, [c for _, c, _ in r], seq_len=32, stride=stride)),
+                                               bw, world_size) for r in rounds)
+                assert counter(stride, bw)["forwards"] == run, (batch_docs, world_size, stride)
+
+
 def _dist_worker(rank, world_size, init_file, tokens, luts, out):
     import torch.distributed as dist
 

@@ -189,27 +189,74 @@ def test_ttt_projection_row_of_phased_ttt_uses_the_phased_projection():
 
 
 def test_ttt_projection_row_of_lora_ttt_is_the_trainers_plan():
-    """TTT_MODE=lora on the full val split, 50,000 documents assumed (no data): ceil(40,540,159 / 256) + 50,000 =
-    208,360 chunks, 3,256 rounds of 64 slots, each 64 x 5 windows = 5 forwards of 64 (16,280 forwards). At 20 ms
-    per forward and 100 ms per batched step: 325.6 s + 3 x 3,256 x 0.1 s (976.8 s) + roundtrip 19,795 windows x
-    0.49 ms (9.7 s) = 1,312 s; 1 epoch 661 s > 540 s, so the plan scores with the sliding pass and the row warns
-    why; at 15 ms and 60 ms 1 epoch of 3 fits (449 s)."""
+    """TTT_MODE=lora on the full val split at stride 64 (EVAL_AUTO_STRIDE=0), 50,000 documents assumed (no data):
+    ceil(40,540,159 / 256) + 50,000 = 208,360 chunks, 3,256 rounds of 64 slots, each 64 x 5 windows = 5 forwards of
+    64 (16,280 forwards). At 20 ms per forward and 100 ms per batched step: 325.6 s + 3 x 3,256 x 0.1 s (976.8 s)
+    + roundtrip 19,795 windows x 0.49 ms (9.7 s) = 1,312 s; 1 epoch 661 s > 540 s, so the plan scores with the
+    sliding pass and the row warns why; at 15 ms and 60 ms 1 epoch of 3 fits (449 s)."""
     from primitives.settings import Hyperparameters
-    from trainer.evaluate import lora_work
+    from trainer.evaluate import lora_work_at
 
     gc = gpu_check_module()
-    hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora")
-    work = lora_work(hp, 40_540_160, 1, None, 50_000)[1]
+    hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora", eval_auto_stride=False)
+    work = lora_work_at(hp, 40_540_160, 1, None, 50_000)
     row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(20e-3, 100e-3), lora_work=work)
     assert ("TTT_MODE=lora, 50,000 documents assumed (no DATA_PATH: the challenge's val split), 3,256 rounds of "
-            "TTT_LORA_BATCH_DOCS=64 (16,280 forwards), TTT_EPOCHS=3: 1312 s incl. roundtrip; plan: 0 epochs, the "
-            "sliding pass") in row.value
+            "TTT_LORA_BATCH_DOCS=64 (16,280 forwards), TTT_EPOCHS=3 at stride 64: 1312 s incl. roundtrip; plan: stride "
+            "64, 0 epochs, the sliding pass") in row.value
     assert row.verdict == "WARN" and row.warn.startswith("TTT skipped: 1 epoch of LoRA TTT projects 661s > 0.9 x")
     fast = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(15e-3, 60e-3), lora_work=work)
-    assert fast.verdict == "WARN" and fast.warn == "TTT_EPOCHS=3 -> 1" and "plan: 1 epochs, 449 s" in fast.value
+    assert fast.verdict == "WARN" and fast.warn == "TTT_EPOCHS=3 -> 1" and "plan: stride 64, 1 epochs, 449 s" in fast.value
     off = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, Hyperparameters(run_id="x", ttt_mode="lora"),
                                 lora_timings=(20e-3, 100e-3), lora_work=work)
     assert off.verdict == "ok" and off.value.endswith("(TTT_ENABLED=0: information)")
+
+
+def test_lora_row_shows_the_stride_the_auto_stride_plan_chooses():
+    """EVAL_AUTO_STRIDE (the default) as the chunked plan: a coarser stride before fewer epochs. At 20 ms and 100 ms
+    (above: skipped at stride 64) no 2 epochs fit at any stride (2 x 325.6 s of steps); 1 epoch fits first at
+    stride 128: chunks of 256 span 3 windows, 64 x 3 = 3 forwards a round, 9,768 x 20 ms + 325.6 s + 9.7 s = 531 s
+    (stride 127: 4 forwards a round, 596 s). At 15 ms and 60 ms 2 epochs fit from stride 256 (2 forwards a round:
+    97.7 + 390.7 + 9.7 = 498 s) rather than 1 epoch at stride 64. Steps of 200 ms fit no epoch: the sliding pass at
+    stride 64 (its 320 s fit)."""
+    from primitives.settings import Hyperparameters
+    from trainer.evaluate import lora_work_at
+
+    gc = gpu_check_module()
+    hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora")
+    assert hp.eval_auto_stride and hp.eval_stride == 64
+    work = lora_work_at(hp, 40_540_160, 1, None, 50_000)
+    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(20e-3, 100e-3), lora_work=work)
+    assert "TTT_EPOCHS=3 at stride 64: 1312 s incl. roundtrip; plan: stride 128, 1 epochs, 531 s " in row.value
+    assert row.verdict == "WARN" and row.warn == "TTT_EPOCHS=3 -> 1"
+    fast = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(15e-3, 60e-3), lora_work=work)
+    assert "plan: stride 256, 2 epochs, 498 s " in fast.value and fast.warn == "TTT_EPOCHS=3 -> 2"
+    slow = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(20e-3, 200e-3), lora_work=work)
+    assert "plan: stride 64, 0 epochs, the sliding pass " in slow.value
+    assert slow.warn.startswith("TTT skipped: 1 epoch of LoRA TTT at stride 2048 projects ")
+    fits = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(2e-3, 10e-3), lora_work=work)
+    assert "plan: stride 64, 3 epochs, " in fits.value and fits.verdict == "ok"  # it fits: the stride stays
+
+
+def test_the_frontier_preset_plans_its_lora_ttt_at_a_coarser_stride():
+    """PRESET=1xh100-frontier keeps EVAL_AUTO_STRIDE on (the class default): with the one-H100 projection's
+    timings (31 ms per scoring forward: scoring alone about 505 s at stride 64; 80 ms per batched step) its
+    LoRA TTT fits 1 epoch at stride 256 (2 forwards a round: 6,512 x 31 ms + 3,256 x 80 ms + 9.7 s = 472 s),
+    where at stride 64 alone it falls back to the sliding pass."""
+    import dataclasses
+
+    from primitives.settings import Hyperparameters
+    from trainer.evaluate import lora_work_at
+
+    gc = gpu_check_module()
+    hp = Hyperparameters.from_env({"PRESET": "1xh100-frontier", "RUN_ID": "x"}, log=lambda *_: None)
+    assert hp.eval_auto_stride and hp.eval_stride == 64 and hp.ttt_enabled and hp.ttt_mode == "lora"
+    work = lora_work_at(hp, 40_540_160, 1, None, 50_000)
+    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, hp, lora_timings=(31e-3, 80e-3), lora_work=work)
+    assert "plan: stride 256, 1 epochs, 472 s " in row.value and row.warn == "TTT_EPOCHS=3 -> 1"
+    fixed = dataclasses.replace(hp, eval_auto_stride=False)
+    row = gc.ttt_projection_row(0.49e-3, 0.0, 40_540_160, fixed, lora_timings=(31e-3, 80e-3), lora_work=work)
+    assert "plan: stride 64, 0 epochs, the sliding pass " in row.value and row.warn.startswith("TTT skipped")
 
 
 def test_lora_row_says_whether_its_documents_were_counted_or_assumed(sp):
@@ -218,17 +265,18 @@ def test_lora_row_says_whether_its_documents_were_counted_or_assumed(sp):
 
     from primitives.settings import Hyperparameters
     from test_eval_support import mixed_stream
-    from trainer.evaluate import lora_work
+    from trainer.evaluate import lora_work_at
 
     gc = gpu_check_module()
     hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora", train_seq_len=256, ttt_lora_batch_docs=4)
     tokens = mixed_stream(sp, 1200)
     docs = int((tokens[1:] == 1).sum()) + 1
-    counted = lora_work(hp, len(tokens), 1, tokens, 50_000)[1]
+    counter = lora_work_at(hp, len(tokens), 1, tokens, 50_000)
+    counted = counter(hp.eval_stride)
     assert counted["counted"] and counted["documents"] == docs < 50_000 and counted["rounds"] >= -(-docs // 4)
-    row = gc.ttt_projection_row(0.49e-3, 0.0, len(tokens), hp, lora_timings=(1e-3, 1e-3), lora_work=counted)
+    row = gc.ttt_projection_row(0.49e-3, 0.0, len(tokens), hp, lora_timings=(1e-3, 1e-3), lora_work=counter)
     assert f"TTT_MODE=lora, {docs} documents counted from the val data, {counted['rounds']} rounds of " in row.value
-    assumed = lora_work(hp, len(tokens), 1, None, 50_000)[1]
+    assumed = lora_work_at(hp, len(tokens), 1, None, 50_000)
     row = gc.ttt_projection_row(0.49e-3, 0.0, len(tokens), hp, lora_timings=(1e-3, 1e-3), lora_work=assumed)
     assert "TTT_MODE=lora, 50,000 documents assumed (no DATA_PATH: the challenge's val split)" in row.value
     assert torch.equal(tokens, mixed_stream(sp, 1200))  # counting left the stream as it was

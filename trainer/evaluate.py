@@ -5,12 +5,13 @@ Autocast and compile as in training; the scoring itself lives in eval/ (exact by
 challenge's sliding-window rule).
 """
 
+import functools
 import time
 
 import torch
 
 from eval.roundtrip import eval_roundtrip
-from eval.lora_ttt import (BatchedLoRA, count_lora_work, estimate_lora_work, lora_batch_windows, lora_train_batch,
+from eval.lora_ttt import (BatchedLoRA, estimate_lora_work, lora_batch_windows, lora_train_batch, lora_work_counter,
                            plan_lora_ttt, run_lora_ttt)
 from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
 from eval.sliding import count_sliding_windows, eval_sliding
@@ -139,6 +140,12 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     return seconds
 
 
+def plan_strides(hp: Hyperparameters) -> list:
+    """The strides a TTT plan may choose, preferred first: EVAL_STRIDE, then with EVAL_AUTO_STRIDE every
+    coarser one up to TRAIN_SEQ_LEN."""
+    return list(range(hp.eval_stride, hp.train_seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
+
+
 def plan_ttt_from_timings(hp: Hyperparameters, *, forward_seconds: float, step_seconds: float, num_val_tokens: int,
                           world_size: int = 1) -> dict:
     """eval.ttt.plan_ttt for this run's settings from the measured seconds of one eval forward batch
@@ -148,7 +155,7 @@ def plan_ttt_from_timings(hp: Hyperparameters, *, forward_seconds: float, step_s
     eval.phased_ttt.plan_phased_ttt (TTT_PHASES; the dict adds phases)."""
     b, seq_len, n = hp.eval_batch_seqs, hp.train_seq_len, num_val_tokens - 1
     roundtrip = forward_seconds * count_sliding_windows(n, seq_len, seq_len) / (b * world_size)
-    strides = list(range(hp.eval_stride, seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
+    strides = plan_strides(hp)
     if hp.ttt_mode == "phased":
         plan = plan_phased_ttt(forward_seconds=forward_seconds, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
                                seq_len=seq_len, strides=strides, epochs=hp.ttt_epochs, phases=hp.ttt_phases,
@@ -247,39 +254,61 @@ def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
             p.requires_grad_(flag)
 
 
-def lora_work(hp: Hyperparameters, num_val_tokens: int, world_size: int, tokens=None, assumed_docs: int = 0) -> tuple:
-    """(scoring windows per forward, the work of TTT_MODE=lora at EVAL_STRIDE): eval.lora_ttt.count_lora_work on
-    the first num_val_tokens of tokens (int64, the val stream the eval scores), else estimate_lora_work for
-    assumed_docs documents; work["counted"] says which."""
-    windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, hp.eval_stride, world_size, hp.eval_batch_seqs,
-                                 hp.ttt_lora_batch_docs)
-    common = dict(chunk_tokens=hp.ttt_lora_chunk_tokens, batch_docs=hp.ttt_lora_batch_docs, stride=hp.eval_stride,
-                  batch_windows=windows, world_size=world_size)
-    if tokens is not None:
-        return windows, dict(count_lora_work(tokens[:num_val_tokens], seq_len=hp.train_seq_len, **common), counted=True)
-    return windows, dict(estimate_lora_work(num_val_tokens=num_val_tokens, num_docs=assumed_docs, **common), counted=False)
+def lora_work_at(hp: Hyperparameters, num_val_tokens: int, world_size: int, tokens=None, assumed_docs: int = 0):
+    """stride -> the work of TTT_MODE=lora at that stride (memoized): eval.lora_ttt.count_lora_work on the first
+    num_val_tokens of tokens (int64, the val stream the eval scores; its schedule built once), else
+    estimate_lora_work for assumed_docs documents; the dict adds windows (scoring windows per forward,
+    eval.lora_ttt.lora_batch_windows) and counted (which of the two)."""
+    common = dict(chunk_tokens=hp.ttt_lora_chunk_tokens, batch_docs=hp.ttt_lora_batch_docs, world_size=world_size)
+    counter = lora_work_counter(tokens[:num_val_tokens], seq_len=hp.train_seq_len, **common) if tokens is not None else None
+
+    @functools.cache
+    def work_at(stride: int) -> dict:
+        windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, stride, world_size, hp.eval_batch_seqs, hp.ttt_lora_batch_docs)
+        if counter is not None:
+            return dict(counter(stride, windows), windows=windows, counted=True)
+        return dict(estimate_lora_work(num_val_tokens=num_val_tokens, num_docs=assumed_docs, stride=stride,
+                                       batch_windows=windows, **common), windows=windows, counted=False)
+
+    return work_at
+
+
+def plan_lora_from_timings(hp: Hyperparameters, *, eval_forward_seconds: float, forward_seconds: float,
+                           step_seconds: float, work_at, num_val_tokens: int, world_size: int = 1) -> dict:
+    """eval.lora_ttt.plan_lora_ttt for this run's settings: the strides of plan_strides (as the chunked plan),
+    forward_seconds and step_seconds from time_lora_ttt, work_at from lora_work_at; the roundtrip and the
+    sliding pass (when TTT is skipped) from eval_forward_seconds, one forward of [EVAL_BATCH_SEQS,
+    TRAIN_SEQ_LEN]. Returns plan_lora_ttt's dict plus roundtrip_seconds. Used by the trainer's plan and by
+    tools/gpu_check.py."""
+    per_window, seq_len, n = eval_forward_seconds / (hp.eval_batch_seqs * world_size), hp.train_seq_len, num_val_tokens - 1
+    roundtrip = per_window * count_sliding_windows(n, seq_len, seq_len)
+    plan = plan_lora_ttt(forward_seconds=forward_seconds, step_seconds=step_seconds, work_at=work_at,
+                         strides=plan_strides(hp), epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds,
+                         sliding_seconds=lambda s: per_window * count_sliding_windows(n, seq_len, s),
+                         roundtrip_seconds=roundtrip)
+    return dict(plan, roundtrip_seconds=roundtrip)
 
 
 def plan_lora_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
-    """TTT_MODE=lora's plan before training: at EVAL_STRIDE, the most epochs <= TTT_EPOCHS whose projection
-    (eval.lora_ttt.plan_lora_ttt: the scoring forwards and batched steps of the schedule of the val stream the
-    eval scores, eval.lora_ttt.count_lora_work, each timed on a fresh model by time_lora_ttt; the roundtrip
-    from time_eval_forward) fits 90% of EVAL_MAX_SECONDS, else 0 (the sliding pass). Logs `ttt_plan:`;
-    returns dict(stride, ttt_epochs)."""
+    """TTT_MODE=lora's plan before training: plan_lora_from_timings (the most epochs <= TTT_EPOCHS whose projection
+    fits 90% of EVAL_MAX_SECONDS, at EVAL_STRIDE or with EVAL_AUTO_STRIDE the first stride from it up where they
+    fit; else 0 epochs: the sliding pass) from the schedule of the val stream the eval scores
+    (lora_work_at, counted at each stride tried) and the scoring forward and batched step timed on a fresh
+    model by time_lora_ttt (the roundtrip from time_eval_forward). Logs `ttt_plan:`; returns dict(stride,
+    ttt_epochs)."""
     tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
-    windows, work = lora_work(hp, num_val_tokens, ctx.world_size, tokens)
+    work_at = lora_work_at(hp, num_val_tokens, ctx.world_size, tokens)
     model = GPT(**model_config).to(ctx.device).eval()
     per_batch = time_eval_forward(ctx, model, hp)
     forward_seconds, step_seconds = time_lora_ttt(ctx, model, hp)
-    n = num_val_tokens - 1
-    roundtrip = per_batch * count_sliding_windows(n, hp.train_seq_len, hp.train_seq_len) / (hp.eval_batch_seqs * ctx.world_size)
-    plan = plan_lora_ttt(forward_seconds=forward_seconds, step_seconds=step_seconds, work=work, epochs=hp.ttt_epochs,
-                         max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip)
-    projected = f"projected {plan['projected_seconds']:.0f}s with the roundtrip " if plan["epochs"] else ""
-    ctx.log(f"ttt_plan: TTT_MODE=lora {1000 * forward_seconds:.1f}ms per scoring forward of {windows}x{hp.train_seq_len}, "
-            f"{1000 * step_seconds:.1f}ms per batched adapter step of {hp.ttt_lora_batch_docs}x{hp.train_seq_len}, {n} val "
-            f"targets in {work['documents']} documents: {work['rounds']} rounds of TTT_LORA_BATCH_DOCS="
-            f"{hp.ttt_lora_batch_docs} ({work['forwards']} forwards, {work['update_rounds']} with steps): stride "
-            f"{hp.eval_stride} epochs {plan['epochs']} {projected}(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})"
-            + f"; {plan['reason']}" * bool(plan["reason"]))
-    return dict(stride=hp.eval_stride, ttt_epochs=plan["epochs"])
+    plan = plan_lora_from_timings(hp, eval_forward_seconds=per_batch, forward_seconds=forward_seconds,
+                                  step_seconds=step_seconds, work_at=work_at, num_val_tokens=num_val_tokens,
+                                  world_size=ctx.world_size)
+    work, timed = plan["work"], work_at(hp.eval_stride)["windows"]
+    ctx.log(f"ttt_plan: TTT_MODE=lora {1000 * forward_seconds:.1f}ms per scoring forward of {timed}x{hp.train_seq_len}, "
+            f"{1000 * step_seconds:.1f}ms per batched adapter step of {hp.ttt_lora_batch_docs}x{hp.train_seq_len}, "
+            f"{num_val_tokens - 1} val targets in {work['documents']} documents: {work['rounds']} rounds of "
+            f"TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} ({work['forwards']} forwards, {work['update_rounds']} with "
+            f"steps): stride {plan['stride']} epochs {plan['epochs']} projected {plan['projected_seconds']:.0f}s with the "
+            f"roundtrip (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
+    return dict(stride=plan["stride"], ttt_epochs=plan["epochs"])

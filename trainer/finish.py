@@ -118,16 +118,17 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
 
 
 def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path, *,
-                         ttt_epochs: int = 0, ttt_phases: int = 0) -> str:
+                         ttt_epochs: int = 0, ttt_phases: int = 0, eval_stride: int = 0) -> str:
     """The status for result.json of a run whose training finished but a later step failed; logs the
-    one-line cause (for OOM: the knob that lowers memory) and what to run next."""
+    one-line cause (for OOM: the knob that lowers memory) and what to run next (at the stride that would fit
+    the sliding pass, else the plan's eval_stride, else EVAL_STRIDE)."""
     if isinstance(err, torch.OutOfMemoryError):
         ctx.log(f"ERROR: CUDA out of memory after training: lower EVAL_BATCH_SEQS={hp.eval_batch_seqs} "
                 f"(sliding) or VAL_BATCH_SIZE={hp.val_batch_size} (roundtrip)")
     else:
         ctx.log(f"ERROR: {type(err).__name__}: {err}")
     if artifact_path.is_file():
-        stride = getattr(err, 'fit_stride', 0) or hp.eval_stride
+        stride = getattr(err, 'fit_stride', 0) or eval_stride or hp.eval_stride
         ctx.log(f"next: {score_command(hp, artifact_path, stride, ttt_epochs, ttt_phases)}")
     return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
 

@@ -69,7 +69,7 @@ import trainer.loop as trainer_loop  # noqa: E402
 import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
-from eval.lora_ttt import plan_lora_ttt, project_lora_seconds  # noqa: E402
+from eval.lora_ttt import project_lora_seconds  # noqa: E402
 from eval.phased_ttt import project_phased_seconds  # noqa: E402
 from shards.format import load_validation_tokens  # noqa: E402
 from model.fused_loss import resolve_loss_kernel  # noqa: E402
@@ -317,14 +317,14 @@ def agreement_rows(ctx, model, hp) -> list:
 
 
 def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_tokens: int, hp,
-                       world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, lora_work: dict = None) -> Row:
+                       world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, lora_work=None) -> Row:
     """Projected full-val legal TTT eval (eval/ttt.py) as the trainer plans it (eval.ttt.plan_ttt with
     the roundtrip): TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the plan keeps. seconds_per_window
     from the sliding eval, step_seconds: one TTT update (trainer.evaluate.time_ttt_step). With TTT_ENABLED,
     WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only.
     TTT_MODE=lora: lora_timings (scoring forward, batched adapter step: trainer.evaluate.time_lora_ttt) and
-    lora_work (trainer.evaluate.lora_work: the val split's schedule, counted or assumed), through
-    eval.lora_ttt.plan_lora_ttt as the trainer plans it (without timings: "not projected", a WARN
+    lora_work (trainer.evaluate.lora_work_at: the val split's schedule at a stride, counted or assumed), through
+    trainer.evaluate.plan_lora_from_timings as the trainer plans it (without timings: "not projected", a WARN
     "unverified" with TTT_ENABLED)."""
     if hp.ttt_mode == "lora" and lora_timings:
         return lora_projection_row(seconds_per_window, lora_timings, num_val_tokens, lora_work, hp, enforce)
@@ -359,24 +359,30 @@ def ttt_row(value: str, hp, enforce: bool, warn: str) -> Row:
     return Row("projected TTT eval", value, warn=warn)
 
 
-def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_tokens: int, work: dict, hp,
+def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_tokens: int, work_at, hp,
                         enforce: bool = True) -> Row:
-    """The projected eval of TTT_MODE=lora at EVAL_STRIDE: TTT_EPOCHS, and the epochs the trainer's plan keeps
-    (90% of EVAL_MAX_SECONDS with the roundtrip); WARN when it cuts or skips them, with TTT_ENABLED. The row
-    says whether the documents were counted from the val data or assumed (no DATA_PATH: the challenge's)."""
+    """The projected eval of TTT_MODE=lora: TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the trainer's plan
+    keeps (trainer.evaluate.plan_lora_from_timings: with EVAL_AUTO_STRIDE a coarser stride before fewer epochs;
+    90% of EVAL_MAX_SECONDS with the roundtrip); WARN when it cuts the epochs, coarsens the stride or skips
+    TTT, with TTT_ENABLED. work_at: trainer.evaluate.lora_work_at. The row says whether the documents were
+    counted from the val data or assumed (no DATA_PATH: the challenge's)."""
     forward_s, step_s = lora_timings
-    roundtrip = seconds_per_window * count_sliding_windows(num_val_tokens - 1, hp.train_seq_len, hp.train_seq_len)
-    common = dict(forward_seconds=forward_s, step_seconds=step_s, work=work)
-    wanted = roundtrip + project_lora_seconds(epochs=hp.ttt_epochs, **common)
-    plan = plan_lora_ttt(epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds, roundtrip_seconds=roundtrip, **common)
+    plan = trainer_evaluate.plan_lora_from_timings(hp, eval_forward_seconds=seconds_per_window * hp.eval_batch_seqs,
+                                                   forward_seconds=forward_s, step_seconds=step_s, work_at=work_at,
+                                                   num_val_tokens=num_val_tokens)
+    work = work_at(hp.eval_stride)
+    wanted = plan["roundtrip_seconds"] + project_lora_seconds(forward_seconds=forward_s, step_seconds=step_s, work=work,
+                                                              epochs=hp.ttt_epochs)
     kept = f"{plan['projected_seconds']:.0f} s" if plan["epochs"] else "the sliding pass"
     docs = (f"{work['documents']:,} documents counted from the val data" if work["counted"] else
             f"{work['documents']:,} documents assumed (no DATA_PATH: the challenge's val split)")
     value = (f"{1000 * forward_s:.1f} ms per scoring forward, {1000 * step_s:.1f} ms per batched adapter step; "
              f"TTT_MODE=lora, {docs}, {work['rounds']:,} rounds of TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} "
-             f"({work['forwards']:,} forwards), TTT_EPOCHS={hp.ttt_epochs}: {wanted:.0f} s incl. roundtrip; plan: "
-             f"{plan['epochs']} epochs, {kept} (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
-    return ttt_row(value, hp, enforce, plan["reason"] or "")  # reason: None when the plan keeps them
+             f"({work['forwards']:,} forwards), TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: {wanted:.0f} s incl. "
+             f"roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs, {kept} "
+             f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
+    cut = plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
+    return ttt_row(value, hp, enforce, (plan["reason"] or "stride raised to fit the clock") if cut else "")
 
 
 def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
@@ -406,8 +412,8 @@ def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
             eval_projection_row(per_window, num_val_tokens, seq_len, hp.eval_stride, hp.eval_max_seconds,
                                 hp.eval_auto_stride, enforce=ctx.device.type == "cuda"),
             ttt_projection_row(per_window, step, num_val_tokens, hp, enforce=ctx.device.type == "cuda",
-                               lora_timings=lora, lora_work=lora and trainer_evaluate.lora_work(
-                                   hp, num_val_tokens, 1, val_tokens, FINEWEB_VAL_DOCS)[1])]
+                               lora_timings=lora, lora_work=lora and trainer_evaluate.lora_work_at(
+                                   hp, num_val_tokens, 1, val_tokens, FINEWEB_VAL_DOCS))]
 
 
 def print_table(rows) -> None:
