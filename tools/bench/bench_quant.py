@@ -195,11 +195,11 @@ TECHNIQUES = {  # label -> policy fields on top of the technique table's bits (S
 GPTQ_TECHNIQUES = {  # the same on full GPTQ (QUANT_GPTQ=1, the trainer's default export), plus the tied embedding's GPTQ
     "full GPTQ (today)": {},
     "+ GPTQ embed": dict(gptq_embed=True),
-    "SDClip": dict(sdclip=True),
-    "SDClip + GPTQ embed": dict(sdclip=True, gptq_embed=True),
-    "+ GPTQ embed + LQER": dict(gptq_embed=True, lqer=True),
-    "SDClip + GPTQ embed + LQER": dict(sdclip=True, gptq_embed=True, lqer=True),
-    "+ GPTQ embed + grouped": dict(gptq_embed=True, grouped=True),
+    "SDClip (records' k, every group)": dict(sdclip=True),
+    "SDClip blocks (embed: clip search)": dict(sdclip=True, sdclip_k_embed=0.0),
+    "+ LQER": dict(lqer=True),
+    "SDClip blocks + LQER": dict(sdclip=True, sdclip_k_embed=0.0, lqer=True),
+    "+ grouped": dict(grouped=True),
 }
 
 
@@ -228,9 +228,9 @@ def technique_rows(state, config, score, policies: dict, compressor="auto", hess
 FIT_TECHNIQUES = {  # the technique sets the equal-bytes table fits to each budget (full GPTQ, QUANT_FIT=1)
     "full GPTQ (today)": {},
     "+ GPTQ embed": dict(gptq_embed=True),
-    "SDClip + GPTQ embed": dict(sdclip=True, gptq_embed=True),
-    "+ GPTQ embed + LQER": dict(gptq_embed=True, lqer=True),
-    "SDClip + GPTQ embed + LQER": dict(sdclip=True, gptq_embed=True, lqer=True),
+    "+ LQER": dict(lqer=True),
+    "SDClip blocks": dict(sdclip=True, sdclip_k_embed=0.0),
+    "SDClip blocks + LQER": dict(sdclip=True, sdclip_k_embed=0.0, lqer=True),
 }
 
 
