@@ -4,8 +4,14 @@ Every matrix the fit may change (QuantPolicy.fittable: its group's bits not set,
 starts at int8. While the artifact is over budget, the fit takes the one-bit step (one tensor,
 int8 -> 7 -> 6 -> 5) with the smallest error increase per byte saved, in stages:
   0. block matrices (attention, MLP, other) down to int5;
-  1. then the embedding down to int5 (the tied embedding is also the output head: last);
-  2. then block matrices down to int4; beyond that the export fails with the numbers.
+  1. then block matrices down to int4;
+  2. then the embedding down to int5 (the tied embedding is also the output head: last); beyond that
+     the export fails with the numbers.
+Why the embedding comes after int4 blocks: measured on the CPU proxy (docs/quantization.md, 2 seeds),
+int4 blocks cost +0.0055 / +0.0061 bpb over int8 everywhere at 0.45 bytes/param, the embedding at
+int6 with int5 blocks +0.0091 / +0.0067 at 0.54 (+0.0136 / +0.0155 without QUANT_GPTQ_EMBED): per
+byte saved an embedding step costs about 10x a block step; the per-tensor relative errors the steps
+are ranked by do not see that, so the order is fixed.
 The same greedy runs twice (quant.artifact.export_artifact for the second):
   - before training (`fit_policy`), on the size estimate (quant/estimate.py) with a prior error
     model, so that late QAT trains for the bits that will be stored: a one-bit step multiplies a
@@ -42,7 +48,7 @@ def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable) -> tuple 
             continue
         b, embed = policy.bits_for(name, shape), policy.group_of(name, shape) == "embed"
         if b > (5 if embed else 4):
-            key = (1 if embed else 0 if b > 5 else 2,
+            key = (2 if embed else 0 if b > 5 else 1,
                    score(name, b - 1) / max(1e-9, policy_tensor_bytes(name, shape, policy, b)
                                             - policy_tensor_bytes(name, shape, policy, b - 1)))
             if best is None or key < best[0]:

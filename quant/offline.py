@@ -39,7 +39,7 @@ def quant_policy_from_dict(d: dict) -> QuantPolicy:
     names = {f.name for f in dataclasses.fields(QuantPolicy)}
     if not isinstance(d, dict) or not set(d) <= names:
         raise ValueError(f"policy {d!r}: expected a dict with fields from {sorted(names)}")
-    d = dict(d)
+    d = {"gptq_embed": False, **d}  # written since QUANT_GPTQ_EMBED exists: an artifact without it quantized without
     for key in ("overrides", "fitted"):
         if key in d:
             d[key] = tuple((str(p), int(b)) for p, b in d[key])

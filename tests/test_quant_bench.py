@@ -105,7 +105,7 @@ def test_gptq_technique_and_equal_bytes_tables(tmp_path, tiny_dataset, sp1024_mo
     rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| blocks int6, embed int8")]
     by = {r[1].strip(): r for r in rows}
     assert list(by) == list(GPTQ_TECHNIQUES)
-    assert by["+ GPTQ embed"][2] != by["full GPTQ (today)"][2]  # the embedding is quantized another way
+    assert by["+ GPTQ embed (default)"][2] != by["full GPTQ, embedding by clip search"][2]  # another embedding
     fitted = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith("| 0.8 |")]
     assert [r[1].strip() for r in fitted] == list(FIT_TECHNIQUES)
     for r in fitted:

@@ -1,5 +1,5 @@
 """quant/fit.py + the export's fit: int8 everywhere when it fits, otherwise one-bit steps in the logged
-order (block matrices by error per byte down to int5, the embedding last, int4 as the last resort),
+order (block matrices by error per byte down to int5, then to int4, the embedding last),
 explicit bits never touched, real sizes confirmed at export."""
 
 import dataclasses
@@ -48,12 +48,12 @@ def test_steps_down_in_the_logged_order_until_it_fits():
         assert int(bits[3:]) == before - 1
         sizes.append(estimate_artifact_bytes(SHAPES, replay))
     assert replay == policy and sizes == sorted(sizes, reverse=True) and sizes[-2] > 0.62 * full  # no step too many
-    # order: MLP first (prior 1 < attention 2), all block matrices reach int5 before the embedding moves
+    # order: MLP first (prior 1 < attention 2), all block matrices reach int4 before the embedding moves
     assert steps[0][0].endswith("mlp.fc.weight") and steps[0][1] == "int7"
     first_attn = next(i for i, (n, _) in enumerate(steps) if ".attn." in n)
     assert all(".mlp." in n for n, _ in steps[:first_attn])
     emb = [i for i, (n, _) in enumerate(steps) if n == "tok_emb.weight"]
-    assert not emb or all(int(b[3:]) >= 5 for _, b in steps[:emb[0]])
+    assert not emb or {int(b[3:]) for n, b in steps[:emb[0]] if n.startswith("blocks.")} >= {4}
     # the greedy's choice: the lowest prior error increase per estimated byte saved
     name, bits = steps[0]
     b = int(bits[3:])
@@ -61,14 +61,16 @@ def test_steps_down_in_the_logged_order_until_it_fits():
                           * 4.0 ** -nb) == (name, b)
 
 
-def test_embedding_last_then_int4_then_nothing():
+def test_int5_then_int4_blocks_then_the_embedding_then_nothing():
     policy, logs = _fit(1)  # nothing fits: every step is taken, then the smallest policy is returned
     bits = _bits(policy)
     assert bits["tok_emb.weight"] == 5 and {b for n, b in bits.items() if n.startswith("blocks.")} == {4}
-    names = [line.split()[2] for line in logs[:-1]]
-    first_emb, last_emb = names.index("tok_emb.weight"), len(names) - 1 - names[::-1].index("tok_emb.weight")
-    assert last_emb - first_emb == 2  # int8 -> 7 -> 6 -> 5 in a row, after every block matrix reached int5
-    assert len(names) == first_emb + 3 + 5 * L  # then the int5 -> int4 steps of the block matrices
+    steps = [line.split()[2::2] for line in logs[:-1]]
+    names = [n for n, _ in steps]
+    first_emb = names.index("tok_emb.weight")
+    assert names[first_emb:] == ["tok_emb.weight"] * 3  # int8 -> 7 -> 6 -> 5, the last steps of all
+    first_int4 = next(i for i, (_, b) in enumerate(steps) if b == "int4")
+    assert first_int4 == 3 * 5 * L and all(b == "int4" for _, b in steps[first_int4:first_emb])  # every block at int5 first
     assert quant_fit_step(policy, SHAPES, lambda n, b: 1.0) is None
 
 

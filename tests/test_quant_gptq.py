@@ -298,4 +298,9 @@ def test_gptq_on_the_tied_embedding_lowers_the_head_output_error_and_decodes_to_
             q, s, _ = gptq_quantize(w.float(), h.float(), 5)
             torch.testing.assert_close(d + w, dequantize_per_row(q, s, torch.double), rtol=0, atol=0)
     assert errors[True] < 0.9 * errors[False], errors
-    assert "gptq_embed" not in QuantPolicy().to_dict() and QuantPolicy(gptq_embed=True).to_dict()["gptq_embed"] is True
+    from quant.offline import quant_policy_from_dict
+
+    # on by default and always in the artifact's policy; a policy written before the setting existed reads as off
+    assert QuantPolicy().to_dict()["gptq_embed"] is True and QuantPolicy(gptq_embed=False).to_dict()["gptq_embed"] is False
+    older = {k: v for k, v in QuantPolicy().to_dict().items() if k != "gptq_embed"}
+    assert quant_policy_from_dict(older).gptq_embed is False and quant_policy_from_dict(QuantPolicy().to_dict()).gptq_embed

@@ -34,7 +34,17 @@ Techniques (--techniques 5/6,6/8: block/embedding bit pairs): only this table, o
 technique and combination of tools/bench_quant.TECHNIQUES (SDClip with the records' k per group,
 LQER rank 4 on the top 3 tensors, the grouped container) at each pair, QUANT_FIT and full GPTQ off:
 bytes of the smallest encoding, bytes/param, d val_bpb (exact, decoded file through eval.roundtrip)
-and both against the row "GPTQ-lite (today)" of the same bits.
+and both against the first row of the same bits. With --gptq the rows are GPTQ_TECHNIQUES on full GPTQ
+(Hessians collected as below, as the trainer's export): GPTQ on the tied embedding, SDClip on every
+group or on the blocks only, LQER, the grouped container.
+Equal bytes (--budget 0.4,0.5: bytes per parameter): each FIT_TECHNIQUES set exported with QUANT_FIT=1
+from int8 to budget x params bytes (the export fit, measured errors, full GPTQ): bytes, d val_bpb, the
+fitted bits and the real / estimated bytes (the QUANT_ESTIMATE_SCALE the export implies).
+The tables in docs/quantization.md: the checkpoints of tools/sweeps/proxy_quant.yaml (2 seeds),
+  python tools/bench_quant.py runs/proxy_quant/q/seed1337/prequant.safetensors \
+      --data-path data/datasets/proxy_tune_sp1024 --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model \
+      --compressor brotli --gptq --techniques 6/8,5/8,4/8,5/6 --budget 0.40,0.50
+(about 30 minutes per checkpoint on one loaded core).
 
 Compressors: one payload (the int6-blocks / int8-embedding policy of the records, GPTQ-lite) under
 every packing x byte-shuffle x compressor, with compression seconds (on whatever the machine is
@@ -192,14 +202,14 @@ TECHNIQUES = {  # label -> policy fields on top of the technique table's bits (S
 }
 
 
-GPTQ_TECHNIQUES = {  # the same on full GPTQ (QUANT_GPTQ=1, the trainer's default export), plus the tied embedding's GPTQ
-    "full GPTQ (today)": {},
-    "+ GPTQ embed": dict(gptq_embed=True),
-    "SDClip (records' k, every group)": dict(sdclip=True),
-    "SDClip blocks (embed: clip search)": dict(sdclip=True, sdclip_k_embed=0.0),
-    "+ LQER": dict(lqer=True),
-    "SDClip blocks + LQER": dict(sdclip=True, sdclip_k_embed=0.0, lqer=True),
-    "+ grouped": dict(grouped=True),
+GPTQ_TECHNIQUES = {  # the same on full GPTQ (QUANT_GPTQ=1, the trainer's export); the first row without QUANT_GPTQ_EMBED
+    "full GPTQ, embedding by clip search": dict(gptq_embed=False),
+    "+ GPTQ embed (default)": {},
+    "SDClip (records' k, every group)": dict(sdclip=True, gptq_embed=False),
+    "SDClip blocks (embed: clip search)": dict(sdclip=True, sdclip_k_embed=0.0, gptq_embed=False),
+    "+ LQER": dict(lqer=True, gptq_embed=False),
+    "SDClip blocks + LQER": dict(sdclip=True, sdclip_k_embed=0.0, lqer=True, gptq_embed=False),
+    "+ grouped": dict(grouped=True, gptq_embed=False),
 }
 
 
@@ -226,11 +236,11 @@ def technique_rows(state, config, score, policies: dict, compressor="auto", hess
 
 
 FIT_TECHNIQUES = {  # the technique sets the equal-bytes table fits to each budget (full GPTQ, QUANT_FIT=1)
-    "full GPTQ (today)": {},
-    "+ GPTQ embed": dict(gptq_embed=True),
-    "+ LQER": dict(lqer=True),
-    "SDClip blocks": dict(sdclip=True, sdclip_k_embed=0.0),
-    "SDClip blocks + LQER": dict(sdclip=True, sdclip_k_embed=0.0, lqer=True),
+    "full GPTQ, embedding by clip search": dict(gptq_embed=False),
+    "+ GPTQ embed (default)": {},
+    "+ LQER": dict(lqer=True, gptq_embed=False),
+    "SDClip blocks": dict(sdclip=True, sdclip_k_embed=0.0, gptq_embed=False),
+    "SDClip blocks + LQER": dict(sdclip=True, sdclip_k_embed=0.0, lqer=True, gptq_embed=False),
 }
 
 
@@ -262,7 +272,7 @@ def budget_rows(state, config, score, hessians, budgets: list, compressor="auto"
 
 def budget_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
     """Markdown lines of budget_rows: bytes, bytes/param, d val_bpb, and d val_bpb vs the first set of its budget."""
-    lines = ["| budget B/param | technique | bytes | bytes/param | d val_bpb | vs today | fitted tensors (others int8) "
+    lines = ["| budget B/param | technique | bytes | bytes/param | d val_bpb | vs first set | fitted tensors (others int8) "
              "| real / estimate | seconds |",
              "|---:|---|---:|---:|---:|---:|---|---:|---:|"]
     first = {}
@@ -279,7 +289,7 @@ def budget_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
 
 def technique_table(rows: list, num_params: int, base_bpb: float) -> list[str]:
     """Markdown lines of technique_rows: bytes, bytes/param, d val_bpb, bytes and d val_bpb vs the first row of its bits."""
-    lines = ["| bits | technique | bytes | bytes/param | d val_bpb | vs today: bytes | vs today: d val_bpb | encoding "
+    lines = ["| bits | technique | bytes | bytes/param | d val_bpb | vs first row: bytes | vs first row: d val_bpb | encoding "
              "| seconds |", "|---|---|---:|---:|---:|---:|---:|---|---:|"]
     first = {}
     for r in rows:
