@@ -258,12 +258,14 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
         if total <= byte_budget:
             break
         # the fit: cheapest error per byte until the estimated saving (scaled to real bytes) covers the overshoot
-        over, ratio = total - byte_budget, len(blob) / estimate_artifact_bytes(shapes, policy)
+        over, ratio, num_steps = total - byte_budget, len(blob) / estimate_artifact_bytes(shapes, policy), len(steps)
         while over > 0:
             step = quant_fit_step(policy, shapes, lambda n, b, p=policy: err(n, b, p) - err(n, b + 1, p))
-            if not step:
+            if not step and len(steps) == num_steps:  # nothing left to step: these are the smallest policy's real bytes
                 raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
                                  f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
+            if not step:  # compress the smallest policy: its real bytes decide
+                break
             name, bits = step
             over -= ratio * (policy_tensor_bytes(name, shapes[name], policy, bits + 1)
                              - policy_tensor_bytes(name, shapes[name], policy, bits))

@@ -437,9 +437,16 @@ def test_load_artifact_names_the_file(tmp_path):
 
 def test_cannot_fit_fails_loudly(tmp_path):
     sd = _state()
-    with pytest.raises(ValueError, match=r"model \d+ \+ code 0 bytes > BYTE_BUDGET=20000 \(QUANT_FIT=1, \d+ fit steps"):
+    with pytest.raises(ValueError, match=r"model \d+ \+ code 0 bytes > BYTE_BUDGET=20000 \(QUANT_FIT=1, \d+ fit steps") as err:
         export_artifact(sd, CONFIG, tmp_path / "m.ptz", code_bytes=0, byte_budget=20_000,
                         policy=QuantPolicy(compressor="zlib", packing="int8"), **QUIET)
+    # the bytes named are the smallest policy's (every fittable tensor at its floor), not the first round's
+    smallest = QuantPolicy(compressor="zlib", packing="int8", attn_bits=4, mlp_bits=4, embed_bits=5, fit=False)
+    floor = export_artifact(sd, CONFIG, tmp_path / "s.ptz", code_bytes=0, byte_budget=10**9, policy=smallest, **QUIET)
+    first_round = export_artifact(sd, CONFIG, tmp_path / "f.ptz", code_bytes=0, byte_budget=10**9,
+                                  policy=QuantPolicy(compressor="zlib", packing="int8"), **QUIET)["bytes_model"]
+    named = int(str(err.value).split()[1])  # (the header differs: the fitted list vs bits per group)
+    assert abs(named - floor["bytes_model"]) < 200 and named < 0.75 * first_round
     with pytest.raises(ValueError, match="QUANT_FIT=0"):
         export_artifact(sd, CONFIG, tmp_path / "m.ptz", code_bytes=0, byte_budget=20_000,
                         policy=QuantPolicy(compressor="zlib", fit=False), **QUIET)
