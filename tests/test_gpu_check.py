@@ -114,7 +114,8 @@ def test_cpu_twin_with_attn_backend_fa4_runs_through_the_fa4_twin():
     assert re.search(r"ok +eval recompiles +0\n", proc.stdout)
     assert re.search(r"projected TTT eval +[\d.]+ ms per scoring forward, [\d.]+ ms per batched adapter step; TTT_MODE="
                      r"lora, 50,000 documents assumed \(no DATA_PATH: the challenge's val split\), [\d,]+ rounds of "
-                     r"TTT_LORA_BATCH_DOCS=64 \([\d,]+ forwards\), TTT_EPOCHS=3: \d+ s incl\. roundtrip; plan: \d epochs",
+                     r"TTT_LORA_BATCH_DOCS=64 \([\d,]+ forwards\), TTT_EPOCHS=3 at stride \d+: \d+ s incl\. roundtrip; "
+                     r"plan: stride \d+, \d epochs",
                      proc.stdout)
     assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")
 

@@ -42,7 +42,7 @@ from int8 to budget x params bytes (the export fit, measured errors, full GPTQ):
 fitted bits and the real / estimated bytes (the QUANT_ESTIMATE_SCALE the export implies).
 The tables in docs/quantization.md: the checkpoints of tools/sweeps/proxy_quant.yaml (2 seeds),
   python tools/bench_quant.py runs/proxy_quant/q/seed1337/prequant.safetensors \
-      --data-path data/datasets/proxy_tune_sp1024 --tokenizer ../shared/data/tokenizers/fineweb_1024_bpe.model \
+      --data-path data/datasets/proxy_tune_sp1024 --tokenizer data/tokenizers/fineweb_1024_bpe.model \
       --compressor brotli --gptq --techniques 6/8,5/8,4/8,5/6 --budget 0.40,0.50
 (about 30 minutes per checkpoint on one loaded core).
 
