@@ -7,20 +7,20 @@ GPTQ-lite and full GPTQ at int8/6/5/4, and the table of entropy coders.
   python tools/bench_quant.py --calibrate      # Gaussian bits/value table behind quant/estimate.py
 
 Checkpoint: a .safetensors state dict whose metadata "model_config" holds the GPT config JSON (the
-trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The reference checkpoint
-(docs/quantization.md): config B of tools/sweeps/proxy_ablation.yaml (the CPU proxy: 4 layers, d 256, MLP 2x,
-sp1024, 2.1 M params, the official baseline's knobs, no QAT so that no bit width is favoured), seed
-1337, 150 Muon steps of 8,192 tokens of local web text, prequant val_bpb 2.31089 on the
-first 65,536 tokens of the proxy's tune split; the script's defaults otherwise:
+trainer writes runs/<RUN_ID>/prequant.safetensors when SAVE_PREQUANT=1). The reference checkpoints
+(docs/quantization.md): tools/sweeps/proxy_quant.yaml (the CPU proxy: 4 layers, d 256, MLP 3x, sp1024,
+2.6 M params, the default preset's weight-shaping ingredients, no QAT so that no bit width is favoured),
+seeds 1337 and 42, 1,200 Muon steps of 8,192 tokens of local web text, scored on the first 65,536
+tokens of the proxy's tune split:
 
   python tools/sweeps/proxy_data.py
-  python tools/sweep.py --file tools/sweeps/proxy_ablation.yaml --only B --seeds 1337   # SAVE_PREQUANT=1
-  python tools/bench_quant.py runs/proxy_ablation_t1/B/seed1337/prequant.safetensors \
+  python tools/sweep.py --file tools/sweeps/proxy_quant.yaml   # SAVE_PREQUANT=1; ~50 min, two runs side by side
+  python tools/bench_quant.py runs/proxy_quant/q/seed1337/prequant.safetensors \
       --data-path data/datasets/proxy_tune_sp1024 --tokenizer data/tokenizers/fineweb_1024_bpe.model \
       --compressor brotli
 
-(about 10 minutes on 2 shared cores, 5 of them the 64 x 8,192-token Hessian collection; rows print
-to stderr as they finish).
+(the frontier: about 10 minutes on 2 shared cores, 5 of them the 64 x 8,192-token Hessian collection;
+rows print to stderr as they finish).
 
 Frontier: the block matrices (attention + MLP) at each --bits, the embedding at int8, float16
 control tensors, QUANT_FIT off; per method the artifact is exported with every encoding candidate
