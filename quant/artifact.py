@@ -73,7 +73,7 @@ import zstandard
 
 from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
-from quant.fit import quant_fit_step
+from quant.fit import quant_fit_step, quant_fit_step_up
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 from quant.grouped import GROUPED_ID, grouped_compress, grouped_inflate
@@ -243,7 +243,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     def err(name: str, bits: int, policy: QuantPolicy) -> float:  # measured relative error of `name` at `bits`
         return quantize_matrix(cache, name, state_dict[name], bits, policy, hessians)[3]
 
-    while True:
+    def compress(policy: QuantPolicy) -> tuple:  # (blob, its job, rel_mse): the smallest of the candidate encodings
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
         lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n) if policy.lqer else None
         with ThreadPoolExecutor(len(jobs)) as pool:
@@ -252,9 +252,14 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
             bar = Progress("quant export: compressing", len(jobs), "candidates")
             blob, job = min(zip(map(lambda b: bar.update() or b, blobs), jobs), key=lambda bj: len(bj[0]))
             bar.close()
+        log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = "
+            f"{len(blob) + code_bytes} bytes (budget {byte_budget}) rel_mse {rel_mse:.3e}")
+        return blob, job, rel_mse
+
+    start = policy
+    while True:
+        blob, job, rel_mse = compress(policy)
         jobs, total = [job], len(blob) + code_bytes
-        log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = {total} bytes "
-            f"(budget {byte_budget}) rel_mse {rel_mse:.3e}")
         if total <= byte_budget:
             break
         # the fit: cheapest error per byte until the estimated saving (scaled to real bytes) covers the overshoot
@@ -272,6 +277,21 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
             policy = policy.with_bits(name, bits)
             steps.append(f"{name}=int{bits}")
             log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits, policy):.3e}")
+    if steps:  # one-bit steps overshoot: give back, largest error saved per byte first, what the slack holds (one round)
+        slack, ratio, trial, ups = byte_budget - total, len(blob) / estimate_artifact_bytes(shapes, policy), policy, []
+        while up := quant_fit_step_up(trial, start, shapes, lambda n, b, p=trial: err(n, b - 1, p) - err(n, b, p),
+                                      0.99 * slack / ratio):  # (a 1% margin: the estimate's error)
+            slack, trial = slack - ratio * up[2], trial.with_bits(*up[:2])
+            ups.append(f"{up[0]}=int{up[1]}")
+            log(f"quant_fit export step up:{len(ups)} {up[0]} -> int{up[1]} rel_err {err(up[0], up[1], trial):.3e}")
+        if ups:
+            up_blob, up_job, up_mse = compress(trial)
+            if len(up_blob) + code_bytes <= byte_budget:
+                blob, job, rel_mse, policy, steps = up_blob, up_job, up_mse, trial, steps + ups
+                total = len(blob) + code_bytes
+            else:
+                log(f"quant_fit export: the steps up come to {len(up_blob) + code_bytes} bytes, over the budget: "
+                    f"the previous round is kept")
     atomic_write_bytes(path, blob)
     measured_scale = len(blob) / estimate_artifact_bytes(shapes, policy)  # what QUANT_ESTIMATE_SCALE should be
     log(f"quant_estimate: measured / estimated model bytes {measured_scale:.3f} for the stored policy "

@@ -21,6 +21,9 @@ The same greedy runs twice (quant.artifact.export_artifact for the second):
     the relative layer-output error tr(dW H dW^T) / tr(W H W^T) under the calibration Hessian H
     (relative Frobenius error without one), and steps until the estimated saving, scaled by the
     real / estimated size ratio, covers the overshoot; then it compresses again.
+One-bit steps of large tensors overshoot: once the export's real artifact fits, the tensors it stepped go
+back up (quant_fit_step_up: the reverse order) while the estimated bytes added, scaled to real bytes, fit
+the slack; one more compression confirms, else the fitting round is kept.
 Each step is logged; the chosen bits live in QuantPolicy.fitted (stored in the artifact header).
 
 Size note: bundled into the counted train_gpt.py.
@@ -53,6 +56,26 @@ def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable) -> tuple 
                                             - policy_tensor_bytes(name, shape, policy, b - 1)))
             if best is None or key < best[0]:
                 best = key, name, b - 1
+    return best and best[1:]
+
+
+def quant_fit_step_up(policy: QuantPolicy, start: QuantPolicy, shapes: dict, gain: Callable,
+                      max_bytes: float) -> tuple | None:
+    """The export fit's step back up (name, new bits, estimated bytes added), or None: a tensor the fit
+    stepped below its bits in `start` goes up one bit, if the estimated bytes added fit max_bytes; the
+    reverse of quant_fit_step's order (the highest stage, then the largest gain(name, new_bits), the error
+    it removes, per byte added), ties to the earlier name."""
+    best = None
+    for name, shape in shapes.items():
+        if not policy.fittable(name, shape):
+            continue
+        b = policy.bits_for(name, shape)
+        added = policy_tensor_bytes(name, shape, policy, b + 1) - policy_tensor_bytes(name, shape, policy, b) if b < 8 else 0
+        if b < start.bits_for(name, shape) and added <= max_bytes:
+            key = (2 if policy.group_of(name, shape) == "embed" else 0 if b + 1 > 5 else 1,
+                   gain(name, b + 1) / max(1e-9, added))
+            if best is None or key > best[0]:
+                best = key, name, b + 1, added
     return best and best[1:]
 
 

@@ -101,15 +101,21 @@ def test_export_steps_down_by_measured_error_and_confirms_real_bytes(tmp_path):
     report = export_artifact(sd, {}, tmp_path / "b.ptz", code_bytes=100, byte_budget=budget, policy=policy,
                              log=logs.append)
     assert report["bytes_total"] <= budget and (tmp_path / "b.ptz").stat().st_size == report["bytes_model"]
-    changes = report["fit_steps"]
-    fit_lines = [line for line in logs if line.startswith("quant_fit export step")]
-    assert len(fit_lines) == len(changes) > 0 and logs[0].startswith("quant export:") and "= " in logs[-2]
+    downs = [line for line in logs if line.startswith("quant_fit export step:")]
+    ups = [line for line in logs if line.startswith("quant_fit export step up:")]
+    kept = any("the previous round is kept" in line for line in logs)
+    changes = report["fit_steps"][:len(downs)]  # (the steps back up, when the slack held them, come after)
+    assert len(report["fit_steps"]) == len(downs) + len(ups) * (not kept)
+    fit_lines = downs
+    assert len(fit_lines) == len(changes) > 0 and logs[0].startswith("quant export:")
     assert logs[-1] == (f"quant_estimate: measured / estimated model bytes {report['quant_estimate_scale_measured']:.3f} "
                         "for the stored policy (the QUANT_ESTIMATE_SCALE that projects this run's artifact)")
     assert [f"{line.split()[3]}={line.split()[5]}" for line in fit_lines] == changes
     assert fit_lines[0].startswith("quant_fit export step:1 ")
     rounds = [int(line.split(" model ")[1].split()[0]) for line in logs if line.startswith("quant export:")]
-    assert len(rounds) >= 2 and rounds == sorted(rounds, reverse=True) and rounds[-1] == report["bytes_model"]
+    down_rounds = rounds[:-1] if ups else rounds
+    assert len(down_rounds) >= 2 and down_rounds == sorted(down_rounds, reverse=True)
+    assert rounds[-2 if kept else -1] == report["bytes_model"]
     assert "blocks.1.mlp.fc.weight=int7" not in changes[:len(changes) // 2 + 1]  # the sensitive one goes late
     assert all(c.startswith("blocks.") for c in changes)  # block matrices before the embedding
     meta = load_artifact(tmp_path / "b.ptz")[2]
@@ -140,3 +146,29 @@ def test_pre_training_fit_then_export_confirms_or_steps_down_further(tmp_path):
             assert all(kinds[n] == b for n, b in _bits(fitted).items())
         else:  # the estimate undershoots int5 rows of 128 values by ~7%: the export steps down further
             assert report["fit_steps"] and len(logs) > 3 and logs[-2].startswith("quant export:")
+
+
+def test_the_export_steps_back_up_into_the_slack_its_last_step_left(tmp_path):
+    """One-bit steps of whole tensors overshoot the budget: the export gives back what the slack holds (the
+    tensors it stepped, the reverse order), confirmed by one more compression, never over the budget."""
+    sd = _state()
+    policy = QuantPolicy(compressor="zstd", shuffle="off", gptq_lite=False)
+    full = export_artifact(sd, {}, tmp_path / "a.ptz", code_bytes=0, policy=policy, log=lambda m: None)["bytes_model"]
+    accepted = 0
+    for frac in (0.62, 0.7, 0.78, 0.86):
+        logs, budget = [], int(frac * full)
+        report = export_artifact(sd, {}, tmp_path / "b.ptz", code_bytes=0, byte_budget=budget, policy=policy,
+                                 log=logs.append)
+        assert report["bytes_total"] <= budget == int(frac * full)
+        downs = [line.split()[3] for line in logs if line.startswith("quant_fit export step:")]
+        ups = [line.split()[4] for line in logs if line.startswith("quant_fit export step up:")]
+        assert set(ups) <= set(downs)  # only what this export stepped down goes back up
+        rounds = [(int(line.split(" model ")[1].split()[0]), float(line.split()[-1]))
+                  for line in logs if line.startswith("quant export:")]
+        if ups and not any("previous round is kept" in line for line in logs):
+            accepted += 1
+            (last_down, down_mse), (up_bytes, up_mse) = rounds[-2], rounds[-1]
+            assert last_down < up_bytes == report["bytes_model"] <= budget and up_mse < down_mse
+            assert report["fit_steps"][-len(ups):] == [f"{n}=int{line.split()[-3][3:]}" for n, line in zip(
+                ups, [x for x in logs if x.startswith("quant_fit export step up:")])]
+    assert accepted >= 2
