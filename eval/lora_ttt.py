@@ -37,7 +37,7 @@ import torch.distributed as dist
 from eval.lora_batch import (BatchedLoRA, count_round_forwards, lora_train_batch, plan_lora_rounds, round_windows,
                              score_lora_batch)
 from eval.sliding import EvalTimeError
-from eval.ttt import check_ttt_legality, mark_update, split_ttt_chunks, ttt_records, ttt_totals
+from eval.ttt import check_ttt_legality, mark_update, pick_ttt_plan, split_ttt_chunks, ttt_records, ttt_totals
 from primitives.progress import Progress
 
 
@@ -285,15 +285,14 @@ def plan_lora_ttt(*, forward_seconds, step_seconds, work_at, strides, epochs, ma
     project = lambda s, e: project_lora_seconds(forward_seconds=forward_seconds, step_seconds=step_seconds,
                                                 work=work_at(s), epochs=e)
     fixed = work_at(strides[0])  # rounds and update rounds do not depend on the stride; every round has a forward
-    for e in range(epochs, 0, -1):
-        if fixed["rounds"] * forward_seconds + e * fixed["update_rounds"] * step_seconds > budget:
-            continue  # no stride can fit e epochs: skipping them changes no choice, only saves counting
-        for s in strides:
-            if (seconds := project(s, e)) <= budget:
-                return dict(stride=s, epochs=e, projected_seconds=roundtrip_seconds + seconds, work=work_at(s),
-                            reason=None if e == epochs else f"TTT_EPOCHS={epochs} -> {e}")
-    s = next((s for s in strides if sliding_seconds(s) <= budget), strides[-1])
+    # an epoch count that no stride can fit (one forward per round already over) is not counted stride by stride
+    hopeless = lambda e: fixed["rounds"] * forward_seconds + e * fixed["update_rounds"] * step_seconds > budget
+    s, e, seconds = pick_ttt_plan(lambda s, e: math.inf if hopeless(e) else project(s, e), range(epochs, 0, -1), strides,
+                                  budget, sliding_seconds)
+    if e:
+        return dict(stride=s, epochs=e, projected_seconds=roundtrip_seconds + seconds, work=work_at(s),
+                    reason=None if e == epochs else f"TTT_EPOCHS={epochs} -> {e}")
     at = f" at stride {strides[-1]}" * (len(strides) > 1)
     reason = epochs and (f"TTT skipped: 1 epoch of LoRA TTT{at} projects {roundtrip_seconds + project(strides[-1], 1):.0f}s"
                          f" > {margin:g} x EVAL_MAX_SECONDS={max_seconds:g}; the sliding pass scores") or None
-    return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + sliding_seconds(s), work=work_at(s), reason=reason)
+    return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + seconds, work=work_at(s), reason=reason)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from eval.sliding import EvalTimeError, count_sliding_windows
-from eval.ttt import (check_ttt_legality, mark_update, plan_chunk_sequences, score_and_record, select_ttt_params,
+from eval.ttt import (check_ttt_legality, mark_update, pick_ttt_plan, plan_chunk_sequences, score_and_record, select_ttt_params,
                       sgd_step, ttt_records, ttt_step_seqs, ttt_totals, ttt_window_ranges)
 from primitives.progress import Progress
 
@@ -182,19 +182,18 @@ def plan_phased_ttt(*, forward_seconds, train_seconds, num_val_tokens, seq_len, 
     budget = margin * max_seconds - roundtrip_seconds
     common = dict(forward_seconds=forward_seconds, train_seconds=train_seconds, num_val_tokens=num_val_tokens,
                   seq_len=seq_len, eval_batch_seqs=eval_batch_seqs, batch_seqs=batch_seqs, world_size=world_size)
-    for e in range(epochs if phases > 1 else 0, 0, -1):
-        for ph in range(phases, 1, -1):
-            for s in strides:
-                seconds = project_phased_seconds(stride=s, epochs=e, phases=ph, **common)
-                if seconds <= budget:
-                    cut = [f"TTT_EPOCHS={epochs} -> {e}"] * (e != epochs) + [f"TTT_PHASES={phases} -> {ph}"] * (ph != phases)
-                    return dict(stride=s, epochs=e, phases=ph, projected_seconds=roundtrip_seconds + seconds,
-                                reason=f"does not fit: {', '.join(cut)}" if cut else None)
+    candidates = [(e, ph) for e in range(epochs if phases > 1 else 0, 0, -1) for ph in range(phases, 1, -1)]
     score_only = lambda s: project_phased_seconds(stride=s, epochs=0, phases=1, **common)
-    s = next((s for s in strides if score_only(s) <= budget), strides[-1])
+    s, cand, seconds = pick_ttt_plan(lambda s, c: project_phased_seconds(stride=s, epochs=c[0], phases=c[1], **common),
+                                     candidates, strides, budget, score_only)
+    if cand:
+        e, ph = cand
+        cut = [f"TTT_EPOCHS={epochs} -> {e}"] * (e != epochs) + [f"TTT_PHASES={phases} -> {ph}"] * (ph != phases)
+        return dict(stride=s, epochs=e, phases=ph, projected_seconds=roundtrip_seconds + seconds,
+                    reason=f"does not fit: {', '.join(cut)}" if cut else None)
     wanted = roundtrip_seconds + project_phased_seconds(stride=strides[-1], epochs=1, phases=2, **common)
     reason = ("TTT skipped: TTT_PHASES=1 scores the whole stream before any update (the score is the sliding one)"
               if phases <= 1 else f"TTT skipped: 1 epoch of 2 phases at stride {strides[-1]} projects {wanted:.0f}s > "
               f"{margin:g} x EVAL_MAX_SECONDS={max_seconds:g}")
-    return dict(stride=s, epochs=0, phases=phases, projected_seconds=roundtrip_seconds + score_only(s),
+    return dict(stride=s, epochs=0, phases=phases, projected_seconds=roundtrip_seconds + seconds,
                 reason=reason if epochs else None)

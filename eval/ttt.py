@@ -337,6 +337,19 @@ def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_l
     return forward_batches * forward_seconds + steps * train_seconds
 
 
+def pick_ttt_plan(project, candidates: list, strides: list, budget: float, score_only) -> tuple:
+    """The TTT plans' one rule (plan_ttt, eval.phased_ttt.plan_phased_ttt, eval.lora_ttt.plan_lora_ttt): the
+    first of `candidates` (the TTT settings, preferred first: more epochs, then more phases) that fits
+    `budget` seconds at any of `strides` (tried in order) -> (stride, candidate, project(stride, candidate));
+    when none fits, (the first stride whose score-only pass fits, else the last, None, score_only(stride))."""
+    for cand in candidates:
+        for s in strides:
+            if (seconds := project(s, cand)) <= budget:
+                return s, cand, seconds
+    s = next((s for s in strides if score_only(s) <= budget), strides[-1])
+    return s, None, score_only(s)
+
+
 def plan_ttt(*, forward_seconds, train_seconds, num_val_tokens, seq_len, strides, epochs, chunk_tokens,
              eval_batch_seqs, batch_seqs, max_seconds, roundtrip_seconds=0.0, world_size=1, margin=0.9) -> dict:
     """Pick (stride, ttt epochs) that fit margin x max_seconds (EVAL_MAX_SECONDS) with the roundtrip.
@@ -356,17 +369,15 @@ def plan_ttt(*, forward_seconds, train_seconds, num_val_tokens, seq_len, strides
                   world_size=world_size)
     # one chunk: it is the last one, which score-first TTT never trains on; no epoch would update anything
     one_chunk = num_val_tokens - 1 <= chunk_tokens
-    for e in range(0 if one_chunk else epochs, 0, -1):
-        for s in strides:
-            seconds = project_ttt_seconds(stride=s, epochs=e, **common)
-            if seconds <= budget:
-                return dict(stride=s, epochs=e, projected_seconds=roundtrip_seconds + seconds,
-                            reason=None if e == epochs else f"TTT_EPOCHS={epochs} does not fit: {e}")
-    s = next((s for s in strides if project_ttt_seconds(stride=s, epochs=0, **common) <= budget), strides[-1])
+    project = lambda s, e: project_ttt_seconds(stride=s, epochs=e, **common)
+    s, e, seconds = pick_ttt_plan(project, range(0 if one_chunk else epochs, 0, -1), strides, budget,
+                                  lambda s: project(s, 0))
+    if e:
+        return dict(stride=s, epochs=e, projected_seconds=roundtrip_seconds + seconds,
+                    reason=None if e == epochs else f"TTT_EPOCHS={epochs} does not fit: {e}")
     wanted = project_ttt_seconds(stride=strides[-1], epochs=1, **common)
     reason = (f"TTT skipped: the {num_val_tokens - 1} val targets are one chunk of TTT_CHUNK_TOKENS={chunk_tokens}, "
               f"the last one, which score-first TTT never trains on: 0 updates (the score is the sliding one)"
               if one_chunk else f"TTT skipped: 1 epoch at stride {strides[-1]} projects {roundtrip_seconds + wanted:.0f}s > "
               f"{margin:g} x EVAL_MAX_SECONDS={max_seconds:g}")
-    return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + project_ttt_seconds(stride=s, epochs=0, **common),
-                reason=reason if epochs else None)
+    return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + seconds, reason=reason if epochs else None)
