@@ -14,26 +14,15 @@ from eval.sliding import EvalTimeError, eval_sliding
 from eval.ttt import check_ttt_legality
 from lora_reference import sequential_lora_ttt
 from model.gpt import GPT
-from test_eval_support import mixed_stream, read_docs
+from test_eval_support import ClockedForward, mixed_stream, read_docs
 
 QUIET = dict(device="cpu", log=lambda msg: None)
 CONFIG = dict(vocab_size=1024, num_layers=2, model_dim=32, num_heads=2, num_kv_heads=1, mlp_mult=2.0, rope_dims=8,
               xsa_last_n=1)
 
 
-class ClockedGPT(GPT):
+class ClockedGPT(ClockedForward, GPT):
     """GPT whose forward_logits advances a fake clock: score_seconds under inference mode, else train_seconds."""
-
-    def __init__(self, score_seconds=0.0, train_seconds=0.0, **kw):
-        super().__init__(**kw)
-        self.now, self.score_seconds, self.train_seconds = 0.0, score_seconds, train_seconds
-
-    def clock(self):
-        return self.now
-
-    def forward_logits(self, input_ids):
-        self.now += self.score_seconds if torch.is_inference_mode_enabled() else self.train_seconds
-        return super().forward_logits(input_ids)
 
 
 def tiny_gpt(seed=0, **clock):

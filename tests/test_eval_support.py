@@ -173,6 +173,22 @@ def test_reference_windows_cover_each_target_once():
         assert seen == list(range(num_targets))
 
 
+class ClockedForward:
+    """Mixin for a model with forward_logits: each call advances a fake clock (`clock()`) by score_seconds
+    under inference mode (a scoring forward), else by train_seconds (a TTT step's forward)."""
+
+    def __init__(self, *args, score_seconds: float = 0.0, train_seconds: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.now, self.score_seconds, self.train_seconds = 0.0, score_seconds, train_seconds
+
+    def clock(self) -> float:
+        return self.now
+
+    def forward_logits(self, input_ids):
+        self.now += self.score_seconds if torch.is_inference_mode_enabled() else self.train_seconds
+        return super().forward_logits(input_ids)
+
+
 class BatchClock:
     """A clock for eval_sliding's time guard that advances `seconds_per_batch` per forward call of
     the models it wraps: the guard's projections become exact and independent of a loaded machine."""

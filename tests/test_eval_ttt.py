@@ -11,25 +11,14 @@ import torch.nn.functional as F
 import eval.ttt as ttt
 from eval.sliding import EvalTimeError, eval_sliding
 from eval.ttt import check_ttt_legality, plan_chunk_sequences, plan_ttt, run_ttt, select_ttt_params, split_ttt_chunks
-from test_eval_support import TinyCausalLM, mixed_stream
+from test_eval_support import ClockedForward, TinyCausalLM, mixed_stream
 
 QUIET = dict(device="cpu", log=lambda msg: None)
 
 
-class TTTLM(TinyCausalLM):
+class TTTLM(ClockedForward, TinyCausalLM):
     """TinyCausalLM with the trainer model's `forward(x, y)` -> mean cross-entropy; optionally
     advances a fake clock per scoring forward and per training forward."""
-
-    def __init__(self, seed=0, score_seconds=0.0, train_seconds=0.0):
-        super().__init__(seed=seed)
-        self.now, self.score_seconds, self.train_seconds = 0.0, score_seconds, train_seconds
-
-    def clock(self):
-        return self.now
-
-    def forward_logits(self, input_ids):
-        self.now += self.score_seconds if torch.is_inference_mode_enabled() else self.train_seconds
-        return super().forward_logits(input_ids)
 
     def forward(self, input_ids, target_ids):
         return F.cross_entropy(self.forward_logits(input_ids).flatten(0, 1), target_ids.flatten())
