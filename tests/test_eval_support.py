@@ -8,7 +8,10 @@ import atexit
 import functools
 import json
 import math
+import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -217,3 +220,25 @@ def expected_auto_stride(num_targets: int, seq_len: int, stride: int, batch_seqs
     batches = lambda s: -(-count_sliding_windows(num_targets, seq_len, s) // batch_seqs)
     return next((s for s in range(stride + 1, seq_len + 1)
                  if (probe + 1 + batches(s)) * seconds_per_batch <= max_seconds), 0)
+
+
+def assert_cli_scores_as_the_trainer(command: str, env: dict, result: dict, settings_re: str, final_re: str) -> None:
+    """`python -m eval score` of a TTT run's score_command cut after `--ttt 1` (every TTT setting from the
+    artifact, none from flags or the TTT_* environment) reproduces the trainer's val_loss_ttt, val_bpb_ttt
+    and ttt_updates, and its `ttt settings:` line matches settings_re; `--ttt-epochs 0` gives another score
+    (the plain sliding one). final_re: the end of the final_ttt_exact line, its last group the updates."""
+    bare = command[:command.index(" --ttt 1 ")] + " --ttt 1"
+    cli_env = {k: v for k, v in env.items() if not k.startswith("TTT_")}
+    repo = Path(__file__).resolve().parents[1]
+    score = subprocess.run([sys.executable, *bare.split()[1:]], cwd=repo, capture_output=True, text=True, timeout=300,
+                           env=cli_env)
+    assert score.returncode == 0, score.stderr[-2000:]
+    assert re.search(settings_re, score.stdout, re.M), score.stdout[-2000:]
+    cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* " + final_re + "$", score.stdout, re.M)
+    assert cli, score.stdout[-2000:]
+    assert abs(float(cli.group(2)) - result["val_bpb_ttt"]) <= 1e-7 and abs(float(cli.group(1)) - result["val_loss_ttt"]) <= 1e-7
+    assert int(cli.group(cli.lastindex)) == result["ttt_updates"]
+    plain = subprocess.run([sys.executable, *bare.split()[1:], "--ttt-epochs", "0"], cwd=repo, capture_output=True,
+                           text=True, timeout=300, env=cli_env)
+    sliding = float(re.search(r"^final_ttt_exact val_loss:\S+ val_bpb:(\S+)", plain.stdout, re.M).group(1))
+    assert abs(sliding - result["val_bpb_ttt"]) > 1e-5

@@ -13,6 +13,7 @@ from tests.test_train import REPO, one_thread, read_result, run_trainer, trainer
 from tests.test_train_ttt import plan_with
 from trainer.finish import score_command
 from primitives.settings import Hyperparameters
+from test_eval_support import assert_cli_scores_as_the_trainer
 
 LORA_ENV = dict(TTT_ENABLED=1, TTT_MODE="lora", TTT_EPOCHS=1, TTT_LORA_RANK=4, TTT_LORA_LR=0.02,
                 TTT_LORA_CHUNK_TOKENS=32, TTT_LORA_BATCH_DOCS=4)
@@ -44,23 +45,10 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
     command = score_command(hp, artifact, result["eval_stride"], result["ttt_epochs"])
     assert command.endswith(" --ttt-mode lora --ttt-lora-rank 4 --ttt-lora-lr 0.02 --ttt-lora-chunk-tokens 32 "
                             "--ttt-lora-batch-docs 4")
-    bare = command[:command.index(" --ttt 1 ")] + " --ttt 1"
-    cli_env = {k: v for k, v in env.items() if not k.startswith("TTT_")}
-    score = subprocess.run([sys.executable, *bare.split()[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
-                           env=cli_env)
-    assert score.returncode == 0, score.stderr[-2000:]
-    assert re.search(r"^ttt settings: from the artifact TTT_EPOCHS=1 .*TTT_MODE=lora TTT_LORA_RANK=4 TTT_LORA_LR=0.02 "
-                     r"TTT_LORA_CHUNK_TOKENS=32 TTT_LORA_BATCH_DOCS=4; from flags (none|EVAL_BATCH_SEQS=\d+)$", score.stdout, re.M)
-    cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* chunks:(\d+) updates:(\d+)$", score.stdout, re.M)
-    assert cli, score.stdout[-2000:]
-    assert float(cli.group(2)) == pytest.approx(result["val_bpb_ttt"], abs=1e-7)
-    assert float(cli.group(1)) == pytest.approx(result["val_loss_ttt"], abs=1e-7)
-    assert int(cli.group(4)) == result["ttt_updates"]
-    # the adapters changed the score: --ttt-epochs 0 gives the plain sliding score
-    plain = subprocess.run([sys.executable, *bare.split()[1:], "--ttt-epochs", "0"], cwd=REPO, capture_output=True,
-                           text=True, timeout=300, env=cli_env)
-    sliding = float(re.search(r"^final_ttt_exact val_loss:\S+ val_bpb:(\S+)", plain.stdout, re.M).group(1))
-    assert abs(sliding - result["val_bpb_ttt"]) > 1e-5
+    assert_cli_scores_as_the_trainer(
+        command, env, result, r"^ttt settings: from the artifact TTT_EPOCHS=1 .*TTT_MODE=lora TTT_LORA_RANK=4 "
+        r"TTT_LORA_LR=0.02 TTT_LORA_CHUNK_TOKENS=32 TTT_LORA_BATCH_DOCS=4; from flags (none|EVAL_BATCH_SEQS=\d+)$",
+        r"chunks:(\d+) updates:(\d+)")
 
 
 @pytest.mark.slow

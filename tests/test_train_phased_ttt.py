@@ -2,8 +2,6 @@
 recorded in the artifact, and the same score as `python -m eval score --ttt 1` on the saved artifact."""
 
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -12,6 +10,7 @@ from tests.test_train import REPO, one_thread, read_result, run_trainer, trainer
 from tests.test_train_ttt import plan_with
 from trainer.finish import score_command
 from primitives.settings import Hyperparameters
+from test_eval_support import assert_cli_scores_as_the_trainer
 
 # 4096 val targets in 3 phases of whole documents; each update round trains on the scored prefix
 PHASED_ENV = dict(TTT_ENABLED=1, TTT_MODE="phased", TTT_PHASES=3, TTT_EPOCHS=1, TTT_BATCH_SEQS=8, TTT_LR=0.01)
@@ -37,22 +36,10 @@ def test_trainer_phased_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_dat
     hp = Hyperparameters.from_env(env, log=lambda *_: None)
     command = score_command(hp, artifact, result["eval_stride"], result["ttt_epochs"], result["ttt_phases"])
     assert command.endswith(" --ttt-mode phased --ttt-phases 3")
-    bare = command[:command.index(" --ttt 1 ")] + " --ttt 1"
-    cli_env = {k: v for k, v in env.items() if not k.startswith("TTT_")}
-    score = subprocess.run([sys.executable, *bare.split()[1:]], cwd=REPO, capture_output=True, text=True, timeout=300,
-                           env=cli_env)
-    assert score.returncode == 0, score.stderr[-2000:]
-    assert re.search(r"^ttt settings: from the artifact .*TTT_MODE=phased TTT_PHASES=3; from flags (none|EVAL_BATCH_SEQS=\d+)$", score.stdout, re.M)
-    cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* phases:3 updates:(\d+)$", score.stdout, re.M)
-    assert cli, score.stdout[-2000:]
-    assert float(cli.group(2)) == pytest.approx(result["val_bpb_ttt"], abs=1e-7)
-    assert float(cli.group(1)) == pytest.approx(result["val_loss_ttt"], abs=1e-7)
-    assert int(cli.group(3)) == result["ttt_updates"]
-    # the prefix updates changed the score: --ttt-epochs 0 gives the plain sliding score
-    plain = subprocess.run([sys.executable, *bare.split()[1:], "--ttt-epochs", "0"], cwd=REPO, capture_output=True,
-                           text=True, timeout=300, env=cli_env)
-    sliding = float(re.search(r"^final_ttt_exact val_loss:\S+ val_bpb:(\S+)", plain.stdout, re.M).group(1))
-    assert abs(sliding - result["val_bpb_ttt"]) > 1e-5
+    assert_cli_scores_as_the_trainer(
+        command, env, result,
+        r"^ttt settings: from the artifact .*TTT_MODE=phased TTT_PHASES=3; from flags (none|EVAL_BATCH_SEQS=\d+)$",
+        r"phases:3 updates:(\d+)")
 
 
 def test_the_phased_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
