@@ -78,7 +78,7 @@ from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 from quant.grouped import GROUPED_ID, grouped_compress, grouped_inflate
 from quant.lqer import lqer_correction, lqer_factors, lqer_nbytes, lqer_pack, lqer_unpack
-from quant.sdclip import sdclip_k, sdclip_quantize
+from quant.sdclip import sdclip_quantize
 from primitives.files import atomic_write_bytes
 from primitives.progress import Progress
 
@@ -123,8 +123,8 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
         embed = policy.group_of(name, tuple(t.shape)) == "embed"
         h = (hessians or {}).get(name) if policy.gptq and (policy.gptq_embed or not embed) else None
-        if policy.sdclip and sdclip_k(policy, name, tuple(t.shape)):  # k * std(row) scales (GPTQ keeps them fixed)
-            q, s, c = sdclip_quantize(v, bits, sdclip_k(policy, name, tuple(t.shape)))
+        if k_sd := policy.sdclip_k_for(name, tuple(t.shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
+            q, s, c = sdclip_quantize(v, bits, k_sd)
             q, s, c = gptq_quantize(v, h, bits, (c,), s) if h is not None else (q, s, c)
         else:
             q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None

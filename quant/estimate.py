@@ -29,6 +29,7 @@ the value to set QUANT_ESTIMATE_SCALE to for that preset.
 
 import math
 
+from quant.lqer import lqer_nbytes
 from quant.policy import QuantPolicy
 
 # bits -> (bits per stored value at row length 512, fewer bits per doubling of the row length)
@@ -59,9 +60,7 @@ def estimate_tensor_bytes(shape: tuple, bits: int | None, sdclip_k: float | None
 
 def policy_tensor_bytes(name: str, shape: tuple, policy: QuantPolicy, bits: int) -> float:
     """estimate_tensor_bytes of parameter `name` at `bits` under the policy's technique (SDClip's k by group)."""
-    k = policy.sdclip and getattr(policy, "sdclip_k_" + {"attn": "attn", "mlp": "mlp", "embed": "embed"}.get(
-        policy.group_of(name, shape), "other"))
-    return estimate_tensor_bytes(shape, bits, k or None)
+    return estimate_tensor_bytes(shape, bits, policy.sdclip_k_for(name, shape) or None)
 
 
 def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = None, scale: float = 1.0) -> int:
@@ -83,5 +82,5 @@ def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = Non
     if policy.lqer:  # the factors of the top-N tensors (by size here: the export picks them by error)
         for _, shape in sorted(quantized, key=lambda x: -x[0])[:policy.lqer_top_n]:
             r = min(policy.lqer_rank, shape[0], math.prod(shape[1:]))
-            total += sum(36 * -(-r * d // 64) for d in (shape[0], math.prod(shape[1:])))  # = quant.lqer.lqer_nbytes
+            total += lqer_nbytes(r, shape[0], math.prod(shape[1:]))
     return math.ceil(total * scale)

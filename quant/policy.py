@@ -178,6 +178,13 @@ class QuantPolicy:
             return None
         return dict(self.fitted).get(name) or getattr(self, group + "_bits") or 8
 
+    def sdclip_k_for(self, name: str, shape: tuple) -> float:
+        """The SDClip k of parameter `name` of `shape` (quant/sdclip.py): its group's (attn / mlp / embed; anything
+        else, an override-quantized control tensor included, sdclip_k_other); 0 (the GPTQ-lite clip search)
+        without QUANT_SDCLIP or where the group's k is 0 (e.g. QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks only)."""
+        group = self.group_of(name, shape)
+        return getattr(self, f"sdclip_k_{group if group in ('attn', 'mlp', 'embed') else 'other'}") if self.sdclip else 0.0
+
     def fittable(self, name: str, shape: tuple) -> bool:
         """True when the fit may change this tensor's bits: QUANT_FIT=1, quantized, its group's bits
         not set explicitly and no override matches it."""

@@ -35,11 +35,3 @@ def sdclip_quantize(w: torch.Tensor, bits: int, k: float) -> tuple:
     """SDClip quantization of w [R, C] -> (q int8 [R, C] in [-qmax, qmax], scale float16 [R], k)."""
     m, s = (1 << bits - 1) - 1, sdclip_scale(w, bits, k)
     return torch.round(w.detach().float() / s.float()[:, None]).clamp(-m, m).to(torch.int8), s, float(k)
-
-
-def sdclip_k(policy, name: str, shape: tuple) -> float:
-    """The policy's SDClip k for parameter `name` of `shape`: by its group (attn / mlp / embed;
-    anything else, an override-quantized control tensor included, uses sdclip_k_other). 0: the group
-    keeps the GPTQ-lite clip search (e.g. QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks only)."""
-    group = policy.group_of(name, shape)
-    return getattr(policy, f"sdclip_k_{group}" if group in ("attn", "mlp", "embed") else "sdclip_k_other")
