@@ -15,7 +15,9 @@ import torch.nn.functional as F
 
 from primitives.rowquant import fake_quantize_per_row
 from model.attention import attention
+from model.attn_ops import apply_partial_rope, qk_norm_rope  # noqa: F401 (apply_partial_rope: model.gpt's API)
 from model.fused_loss import fused_loss_active, fused_softcap_op, linear_softcap_cross_entropy, linear_softcap_nll
+from model.softcap_loss import head_softcap_cross_entropy
 from primitives.settings import Hyperparameters
 
 
@@ -29,17 +31,6 @@ def residual_dtype(x: torch.Tensor) -> torch.dtype:
     """
     dev = x.device.type  # meta (FLOP counting) has no autocast state
     return torch.get_autocast_dtype(dev) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else x.dtype
-
-
-def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first 2*cos.size(-1) dims of each head (half-split RoPE); the rest pass unrotated.
-
-    x [B, T, H, D]; cos, sin [T, R/2]. Partial RoPE as in the records (ROPE_DIMS=32 of 64).
-    """
-    half = cos.size(-1)
-    x1, x2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
-    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
-    return torch.cat((x1 * c + x2 * s, x2 * c - x1 * s, rest), dim=-1)
 
 
 def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -146,11 +137,7 @@ class CausalSelfAttention(nn.Module):
         q = self.c_q(x).view(b, t, self.num_heads, self.head_dim)
         k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim)
-        # rms_norm returns float32 under CUDA autocast from torch 2.12: back to the projections' dtype (bf16),
-        # as on torch <= 2.11, so RoPE and the q gain do not run on float32 [B, T, H, D] copies
-        q = apply_partial_rope(F.rms_norm(q, (self.head_dim,)).to(q.dtype), cos, sin)
-        k = apply_partial_rope(F.rms_norm(k, (self.head_dim,)).to(k.dtype), cos, sin)
-        q = q * self.q_gain.to(q.dtype)[None, None, :, None]
+        q, k = qk_norm_rope(q, cos, sin, self.q_gain), qk_norm_rope(k, cos, sin)
         y = attention(q, k, v)
         if self.use_xsa:
             y = exclusive_self_attention(y, v)
@@ -325,6 +312,9 @@ class GPT(nn.Module):
             x = self.forward_hidden(input_ids)
             return linear_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
                                                 self.logit_softcap)
+        if torch.is_grad_enabled():
+            x = self.forward_hidden(input_ids)
+            return head_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1), self.logit_softcap)
         logits = self.forward_logits(input_ids)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
 

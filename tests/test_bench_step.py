@@ -111,3 +111,39 @@ def test_cpu_twin_the_embedding_gather_keeps_no_float32_copy_of_the_tokens(tmp_p
     assert old["forward"].full_size_fp32(512, 128) == [(4, 128, 128)] and now["forward"].full_size_fp32(512, 128) == []
     for part in ("forward", "backward"):
         assert now[part].bytes_moved < old[part].bytes_moved, part
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package (no GPU): pip install --target DIR triton")
+def test_cpu_twin_the_hand_written_backwards_move_fewer_bytes_than_autograds(tmp_path, monkeypatch):
+    """The loss's logits gradient made in the forward saves one read of the [N, V] logits (Inductor cannot move
+    work from the backward into the forward), and the q gain's gradient from the QK-norm backward's own row sum
+    saves writing the rotated queries and a separate reduction over them."""
+    import torch.nn.functional as F
+
+    import model.gpt as trainer_model
+    from model.attn_ops import apply_partial_rope
+    from tools.bench.step_twin import generate_cuda_step, kernel_stats
+
+    def plain_loss(x, weight, target, softcap):
+        logits = F.linear(x, weight.to(x.dtype)).float()
+        return F.cross_entropy(softcap * torch.tanh(logits / softcap), target)
+
+    def plain_qk(x, cos, sin, gain=None):
+        out = apply_partial_rope(F.rms_norm(x, (x.size(-1),)).to(x.dtype), cos, sin)
+        return out if gain is None else out * gain.to(out.dtype)[None, None, :, None]
+
+    config = dict(vocab_size=2048, num_layers=2, model_dim=128, num_heads=4, num_kv_heads=2, mlp_mult=2.0,
+                  rope_dims=16)
+
+    def total(name):
+        return sum(kernel_stats(p).bytes_moved for p in generate_cuda_step(config, 4, 128, tmp_path / name).values())
+
+    now = total("now")
+    monkeypatch.setattr(trainer_model, "head_softcap_cross_entropy", plain_loss)
+    plain_head = total("loss")
+    monkeypatch.setattr(trainer_model, "qk_norm_rope", plain_qk)
+    plain_both = total("both")
+    logits_bytes = 4 * 128 * 2048 * 2  # bf16 [N, V]
+    assert plain_head - now >= 0.9 * logits_bytes, (plain_head, now)
+    assert plain_both > plain_head, (plain_both, plain_head)

@@ -1,0 +1,131 @@
+"""The hand-written backwards of the step: QK-norm + RoPE + q gain (model/attn_ops.py) and the loss whose
+logits' gradient is made in the forward (model/softcap_loss.py), each against the plain ops under autograd."""
+
+import torch
+import torch.nn.functional as F
+
+from model.attn_ops import apply_partial_rope, qk_norm_rope
+from model.gpt import GPT
+from model.softcap_loss import head_softcap_cross_entropy
+
+
+def plain_qk(x, cos, sin, gain=None):
+    """The ops qk_norm_rope replaced, as model/gpt.py wrote them."""
+    out = apply_partial_rope(F.rms_norm(x, (x.size(-1),)).to(x.dtype), cos, sin)
+    return out if gain is None else out * gain.to(out.dtype)[None, None, :, None]
+
+
+def plain_loss(x, weight, target, softcap):
+    """GPT.forward_logits' softcap and F.cross_entropy under autograd (float64 kept as float64)."""
+    logits = F.linear(x, weight.to(x.dtype))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(softcap * torch.tanh(logits / softcap), target)
+
+
+def rope_tables(t, rotated=16, dtype=torch.float32):
+    freqs = torch.outer(torch.arange(t, dtype=torch.float32), 1 / 10_000 ** (torch.arange(0, rotated, 2) / rotated))
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+def test_rope_without_cat_gives_the_half_split_values_bit_for_bit():
+    def half_split(x, cos, sin):  # the form the records write
+        h = cos.size(-1)
+        x1, x2, rest = x[..., :h], x[..., h:2 * h], x[..., 2 * h:]
+        c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+        return torch.cat((x1 * c + x2 * s, x2 * c - x1 * s, rest), dim=-1)
+
+    cos, sin = rope_tables(9)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 9, 3, 32).to(dtype)
+        assert torch.equal(apply_partial_rope(x, cos, sin), half_split(x, cos, sin)), dtype
+
+
+def test_qk_norm_rope_forward_is_the_plain_ops_bit_for_bit_and_its_gradients_match():
+    torch.manual_seed(0)
+    cos, sin = rope_tables(12)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 12, 4, 32).to(dtype)
+        gain = torch.tensor([1.5, -0.5, 0.0, 4.0])
+        for g in (gain, None):
+            assert torch.equal(qk_norm_rope(x, cos, sin, g), plain_qk(x, cos, sin, g)), (dtype, g is None)
+    for g in (torch.tensor([1.5, -0.5, 0.0, 4.0], dtype=torch.float64), None):
+        x = torch.randn(2, 12, 4, 32, dtype=torch.float64, requires_grad=True)
+        cos64, sin64 = rope_tables(12, dtype=torch.float64)
+        inputs = (x,) if g is None else (x, g.requires_grad_())
+        assert torch.autograd.gradcheck(lambda *a: qk_norm_rope(a[0], cos64, sin64, *a[1:]), inputs)
+        grad = torch.randn(2, 12, 4, 32, dtype=torch.float64)
+        got = torch.autograd.grad(qk_norm_rope(x, cos64, sin64, g), inputs, grad)
+        want = torch.autograd.grad(plain_qk(x, cos64, sin64, g), inputs, grad)
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(got, want))
+
+
+def test_qk_norm_rope_bf16_gradient_is_no_further_from_float64_than_the_plain_ops():
+    """In bf16 the hand-written backward rounds once (float32 math); the plain ops round each intermediate."""
+    torch.manual_seed(1)
+    cos, sin = rope_tables(64)
+    x64, g64 = torch.randn(4, 64, 8, 64, dtype=torch.float64), torch.randn(4, 64, 8, 64, dtype=torch.float64)
+    gain = torch.full((8,), 4.0)
+    exact = torch.autograd.grad(plain_qk(x64.requires_grad_(), cos.double(), sin.double(), gain.double()), x64, g64)[0]
+    errors = []
+    for fn in (qk_norm_rope, plain_qk):
+        x = x64.detach().bfloat16().requires_grad_()
+        got = torch.autograd.grad(fn(x, cos, sin, gain), x, g64.bfloat16())[0].double()
+        errors.append((got - exact).abs().max().item())
+    assert errors[0] <= errors[1], errors
+
+
+def test_softcap_loss_and_gradients_equal_the_plain_loss():
+    torch.manual_seed(2)
+    x = torch.randn(40, 16, dtype=torch.float64, requires_grad=True)
+    w = (3 * torch.randn(50, 16, dtype=torch.float64)).requires_grad_()  # logits well into the softcap
+    target = torch.randint(0, 50, (40,))
+    assert torch.autograd.gradcheck(lambda a, b: head_softcap_cross_entropy(a, b, target, 5.0), (x, w))
+    got, want = head_softcap_cross_entropy(x, w, target, 5.0), plain_loss(x, w, target, 5.0)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(got, (x, w)), torch.autograd.grad(want, (x, w))):
+        assert torch.allclose(a, b, rtol=0, atol=1e-14)
+
+
+def test_softcap_loss_under_bf16_autocast_matches_the_plain_path_and_scales_exactly():
+    """CPU bf16 autocast (the CUDA dtypes): the loss value equals the plain path's to float32 rounding, the
+    gradients to bf16 rounding; a 1/8 incoming gradient (8 micro-batches) scales them bit for bit."""
+    torch.manual_seed(3)
+    x = torch.randn(256, 64).bfloat16().requires_grad_()
+    w = (0.3 * torch.randn(512, 64)).requires_grad_()
+    target = torch.randint(0, 512, (256,))
+    with torch.autocast("cpu", torch.bfloat16):
+        got, want = head_softcap_cross_entropy(x, w, target, 30.0), plain_loss(x, w, target, 30.0)
+        got8 = head_softcap_cross_entropy(x, w, target, 30.0) / 8
+    assert got.dtype == torch.float32 and abs(got.item() - want.item()) < 1e-5
+    gx, gw = torch.autograd.grad(got, (x, w))
+    px, pw = torch.autograd.grad(want, (x, w))
+    assert gx.dtype == x.dtype and gw.dtype == w.dtype
+    assert (gx.float() - px.float()).abs().max() <= 2 ** -7 * px.float().abs().max()
+    assert (gw - pw).abs().max() <= 2 ** -7 * pw.abs().max()
+    g8x, g8w = torch.autograd.grad(got8, (x, w))
+    assert torch.equal(g8x, gx / 8) and torch.equal(g8w, gw / 8)
+
+
+def test_softcap_loss_computes_no_gradient_for_a_frozen_head():
+    x = torch.randn(8, 4, requires_grad=True)
+    w = torch.randn(6, 4)
+    loss = head_softcap_cross_entropy(x, w, torch.randint(0, 6, (8,)), 2.0)
+    (gx,) = torch.autograd.grad(loss, (x,))
+    assert w.grad is None and gx.shape == x.shape
+
+
+def test_gpt_loss_is_the_plain_cross_entropy_with_and_without_gradients():
+    torch.manual_seed(4)
+    model = GPT(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=4,
+                xsa_last_n=1).double()
+    model.init_weights()
+    x, y = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    trained = model(x, y)
+    with torch.no_grad():
+        scored = model(x, y)
+    plain = plain_loss(model.forward_hidden(x).flatten(0, 1), model.head_weight(), y.flatten(), model.logit_softcap)
+    assert torch.allclose(trained, plain, rtol=0, atol=1e-12)
+    assert torch.allclose(scored.double(), plain, rtol=0, atol=1e-6)  # forward_logits' float32 logits
+    got = torch.autograd.grad(trained, list(model.parameters()))
+    want = torch.autograd.grad(plain, list(model.parameters()))
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-14) for a, b in zip(got, want))
