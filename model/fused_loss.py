@@ -3,10 +3,11 @@
 LOSS_KERNEL=liger runs Liger-Kernel's fused linear cross entropy (PyPI liger-kernel==0.8.5, Triton, CUDA only):
 logits are made, softcapped, reduced and turned into gradients one chunk of tokens at a time, so the bf16
 logits and their float32 softcap/cross-entropy copies of the plain loss (tens of GB of traffic per step at
-524,288 tokens and V=8192) are never materialized. LOSS_KERNEL=torch is the plain F.linear -> softcap ->
-F.cross_entropy of GPT.forward_logits, compiled with the step. auto = torch: on one H100 (torch 2.11, 2026-11-26)
-Liger took 4.87 ms against the compiled plain loss's 4.28 ms per 65,536-token micro-batch fwd+bwd at V=8192, d=512
-(peak memory 136 vs 1,024 MiB): take liger where memory binds, until a step-level measurement says otherwise.
+524,288 tokens and V=8192) are never materialized. LOSS_KERNEL=torch is model/softcap_loss.py's loss (whole
+bf16 logits, their gradient made in the forward), compiled with the step. auto = torch: on one H100 (torch 2.11,
+2026-11-26) Liger took 4.87 ms against the compiled plain autograd loss's 4.28 ms per 65,536-token micro-batch
+fwd+bwd at V=8192, d=512 (peak memory 136 vs 1,024 MiB; softcap_loss.py came later and reads the logits once
+less): take liger where memory binds, until a step-level measurement says otherwise.
 
 Liger computes the gradients inside the forward; its autograd.Function and Python chunk loop cannot be traced
 by torch.compile(fullgraph=True), so one custom op wraps it: `pgkit::linear_softcap_ce` (x, W, target,

@@ -201,7 +201,8 @@ class GPT(nn.Module):
     embeddings and sparse head-output gates in every attention (GATE_WINDOW dims feed both).
 
     `GPT(**config)` with `config` a JSON dict (stored in the artifact). `forward(x, y)` -> mean
-    cross-entropy in nats (the fused loss of model/fused_loss.py when LOSS_KERNEL chose it);
+    cross-entropy in nats (the fused loss of model/fused_loss.py when LOSS_KERNEL chose it; with gradients on,
+    model/softcap_loss.py's, whose forward makes the logits' gradient);
     `forward_logits(x)` -> softcapped logits [B, T, vocab_size].
     """
 
@@ -312,9 +313,10 @@ class GPT(nn.Module):
             x = self.forward_hidden(input_ids)
             return linear_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
                                                 self.logit_softcap)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled():  # training: the logits' gradient made in the forward, read once less
             x = self.forward_hidden(input_ids)
-            return head_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1), self.logit_softcap)
+            return head_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
+                                              self.logit_softcap)
         logits = self.forward_logits(input_ids)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
 

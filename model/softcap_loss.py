@@ -6,8 +6,8 @@ derivative). `head_softcap_cross_entropy` computes the gradient while the forwar
 Liger-Kernel's fused linear cross entropy does, without its chunk loop), saves it in the logits' dtype and
 leaves the backward two matmuls: at the default preset (65,536 tokens x V 8192 per micro-batch) Inductor's
 generated CUDA code moves 1 GiB less per micro-batch. Same values: the gradient is the plain path's to
-rounding, and the incoming gradient (1 / grad-accum steps, a power of two) scales the matmuls' outputs, which
-is exact.
+rounding, and the incoming gradient (1 / grad-accum steps) scales the matmuls' outputs in float32, which is
+exact for a power of two.
 """
 
 import torch
@@ -24,9 +24,11 @@ class _HeadSoftcapCE(torch.autograd.Function):
         s = softcap * t
         lse = torch.logsumexp(s, dim=-1, keepdim=True)
         n = x.size(0)
-        onehot = F.one_hot(target, s.size(-1)).to(s.dtype)
+        # the target's column as a comparison, never an int64 one-hot [N, V] (4 GiB at 65,536 x 8192 in eager)
+        is_target = torch.arange(s.size(-1), device=s.device)[None, :] == target[:, None]
+        p = torch.exp(s - lse)
         loss = (lse.squeeze(-1) - s.gather(-1, target[:, None]).squeeze(-1)).mean()
-        grad = ((torch.exp(s - lse) - onehot) * ((1 - t * t) / n)).to(x.dtype)
+        grad = (torch.where(is_target, p - 1, p) * ((1 - t * t) / n)).to(x.dtype)
         ctx.save_for_backward(grad, x, w)
         ctx.weight_dtype = weight.dtype
         return loss
@@ -34,9 +36,10 @@ class _HeadSoftcapCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         grad, x, w = ctx.saved_tensors
-        scale = grad_loss.to(x.dtype)  # 1 / grad-accum steps: a power of two scales the products exactly
-        grad_x = (grad @ w) * scale if ctx.needs_input_grad[0] else None
-        grad_w = ((grad.t() @ x) * scale).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
+        # the incoming gradient (1 / grad-accum steps) scales the products in float32: exact for a power of two
+        scale = grad_loss.to(torch.promote_types(grad_loss.dtype, torch.float32))
+        grad_x = ((grad @ w).to(scale.dtype) * scale).to(x.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = ((grad.t() @ x).to(scale.dtype) * scale).to(ctx.weight_dtype) if ctx.needs_input_grad[1] else None
         return grad_x, grad_w, None, None
 
 

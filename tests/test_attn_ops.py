@@ -48,9 +48,9 @@ def test_qk_norm_rope_forward_is_the_plain_ops_bit_for_bit_and_its_gradients_mat
         gain = torch.tensor([1.5, -0.5, 0.0, 4.0])
         for g in (gain, None):
             assert torch.equal(qk_norm_rope(x, cos, sin, g), plain_qk(x, cos, sin, g)), (dtype, g is None)
+    cos64, sin64 = rope_tables(12, dtype=torch.float64)
     for g in (torch.tensor([1.5, -0.5, 0.0, 4.0], dtype=torch.float64), None):
         x = torch.randn(2, 12, 4, 32, dtype=torch.float64, requires_grad=True)
-        cos64, sin64 = rope_tables(12, dtype=torch.float64)
         inputs = (x,) if g is None else (x, g.requires_grad_())
         assert torch.autograd.gradcheck(lambda *a: qk_norm_rope(a[0], cos64, sin64, *a[1:]), inputs)
         grad = torch.randn(2, 12, 4, 32, dtype=torch.float64)
@@ -88,7 +88,8 @@ def test_softcap_loss_and_gradients_equal_the_plain_loss():
 
 def test_softcap_loss_under_bf16_autocast_matches_the_plain_path_and_scales_exactly():
     """CPU bf16 autocast (the CUDA dtypes): the loss value equals the plain path's to float32 rounding, the
-    gradients to bf16 rounding; a 1/8 incoming gradient (8 micro-batches) scales them bit for bit."""
+    gradients to bf16 rounding; a 1/8 incoming gradient (8 micro-batches) scales them bit for bit, a 1/3 one
+    to one rounding."""
     torch.manual_seed(3)
     x = torch.randn(256, 64).bfloat16().requires_grad_()
     w = (0.3 * torch.randn(512, 64)).requires_grad_()
@@ -96,6 +97,7 @@ def test_softcap_loss_under_bf16_autocast_matches_the_plain_path_and_scales_exac
     with torch.autocast("cpu", torch.bfloat16):
         got, want = head_softcap_cross_entropy(x, w, target, 30.0), plain_loss(x, w, target, 30.0)
         got8 = head_softcap_cross_entropy(x, w, target, 30.0) / 8
+        got3 = head_softcap_cross_entropy(x, w, target, 30.0) / 3
     assert got.dtype == torch.float32 and abs(got.item() - want.item()) < 1e-5
     gx, gw = torch.autograd.grad(got, (x, w))
     px, pw = torch.autograd.grad(want, (x, w))
@@ -104,6 +106,9 @@ def test_softcap_loss_under_bf16_autocast_matches_the_plain_path_and_scales_exac
     assert (gw - pw).abs().max() <= 2 ** -7 * pw.abs().max()
     g8x, g8w = torch.autograd.grad(got8, (x, w))
     assert torch.equal(g8x, gx / 8) and torch.equal(g8w, gw / 8)
+    g3x, g3w = torch.autograd.grad(got3, (x, w))  # not a power of two: scaled in float32, rounded once
+    assert (g3x.float() - gx.float() / 3).abs().max() <= 2 ** -8 * gx.float().abs().max() / 3
+    assert (g3w - gw / 3).abs().max() <= 1e-6 * gw.abs().max()
 
 
 def test_softcap_loss_computes_no_gradient_for_a_frozen_head():

@@ -147,3 +147,39 @@ def test_cpu_twin_the_hand_written_backwards_move_fewer_bytes_than_autograds(tmp
     logits_bytes = 4 * 128 * 2048 * 2  # bf16 [N, V]
     assert plain_head - now >= 0.9 * logits_bytes, (plain_head, now)
     assert plain_both > plain_head, (plain_both, plain_head)
+
+
+def test_kernel_stats_finds_the_in_place_outputs_inductors_estimate_charges_as_read(tmp_path):
+    """Inductor's kernel_num_gb counts an in_out_ptr twice; where the kernel never loads it, that read is
+    reported apart (bytes from the call's buffer: an allocation, a view, a reuse, an input's size assert)."""
+    from tools.bench.step_twin import kernel_stats
+
+    def kernel(name, loads_in_out, gb):
+        load = "    tmp1 = tl.load(in_out_ptr0 + (x0), None)\n" if loads_in_out else ""
+        return (f"{name} = async_compile.triton('{name}', '''\n@triton_heuristics.pointwise(\n"
+                f"    triton_meta={{'signature': {{'in_out_ptr0': '*bf16', 'in_ptr0': '*fp32', 'xnumel': 'i32'}}, "
+                f"'device': 0}},\n    inductor_meta={{'kernel_num_gb': {gb}}},\n)\n@triton.jit\n"
+                f"def {name}(in_out_ptr0, in_ptr0, xnumel, XBLOCK : tl.constexpr):\n"
+                f"    tmp0 = tl.load(in_ptr0 + (x0), None)\n{load}    tl.store(in_out_ptr0 + (x0), tmp0, None)\n"
+                "''', device_str='cuda')\n")
+
+    body = """
+def call(args):
+    primals_1, primals_2 = args
+    assert_size_stride(primals_1, (8, 16), (16, 1))
+    assert_size_stride(primals_2, (4, 4), (4, 1))
+    buf0 = empty_strided_cuda((8, 16), (16, 1), torch.bfloat16)
+    buf1 = buf0; del buf0  # reuse
+    triton_poi_write_only.run(buf1, primals_1, 128, stream=stream0)
+    triton_poi_write_only.run(reinterpret_tensor(primals_1, (2, 16), (16, 1), 0), primals_1, 32, stream=stream0)
+    triton_poi_reads.run(primals_2, primals_2, 16, stream=stream0)
+"""
+    path = tmp_path / "module.py"
+    path.write_text(kernel("triton_poi_write_only", False, 1e-6) + kernel("triton_poi_reads", True, 1e-7)
+                    + "async_compile.wait(globals())\n" + body + "def benchmark_compiled_module():\n    pass\n")
+    stats = kernel_stats(path)
+    by_name = {k.name: k for k in stats.kernels}
+    assert by_name["triton_poi_write_only"].launches == 2 and by_name["triton_poi_reads"].launches == 1
+    assert by_name["triton_poi_write_only"].unread_inplace_bytes == 2 * (8 * 16 + 2 * 16)
+    assert by_name["triton_poi_reads"].unread_inplace_bytes == 0
+    assert stats.unread_inplace_bytes == 320 and stats.bytes_moved == 2 * 1e3 + 1e2

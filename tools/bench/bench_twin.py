@@ -3,7 +3,8 @@
 Prints, for one micro-batch at the preset's shape (TRAIN_BATCH_TOKENS / 8 micro-batches, as on one GPU; the
 trainer's model with its QUANT_* QAT bit widths, before QAT starts):
 the generated forward and backward modules' Triton kernels and launches, the bytes they move (Inductor's
-per-kernel estimate x launches; matmuls and attention are extern calls, not counted), their float32
+per-kernel estimate x launches; matmuls and attention are extern calls, not counted; "unread in-place": the
+part of it Inductor charges as reads of in-place outputs the kernel never loads), their float32
 [tokens x hidden]-or-larger buffers, and the worst ptxas spill (bytes per thread, sm_90a) of their fused
 reductions, each at its least-spilling launch config (the spill autotuning cannot avoid); then the CPU
 bf16-autocast census of float32 [B, T, model_dim] activations saved for backward (tools/bench/step_twin.py).
@@ -61,15 +62,16 @@ def run_twin(hp, out_dir, log=print) -> int:
         return 2
     log(f"bench_step --cpu-twin: torch {torch.__version__}, preset {hp.preset}, one micro-batch of {batch} x "
         f"{hp.train_seq_len} tokens, {hp.num_layers}L d{hp.model_dim}, vocab {hp.vocab_size} (predictions, not timings)")
-    log(f"{'module':<9} {'kernels':>7} {'launches':>8} {'GiB moved':>9} {'~ms @3TB/s':>10} {'fp32 full-size':>14}  "
-        "worst unavoidable spill")
+    log(f"{'module':<9} {'kernels':>7} {'launches':>8} {'GiB moved':>9} {'unread in-place':>15} {'~ms @3TB/s':>10} "
+        f"{'fp32 full-size':>14}  worst unavoidable spill")
     for part, stats, worst, name in twin_rows(paths, num_tokens, hp.model_dim, f"{out_dir}/ptxas"):
         gib = stats.bytes_moved / 2**30
         spill = (f"{worst['spill_stores_bytes']} B stores, {worst['registers']} regs, {worst['num_warps']} warps "
                  f"{worst['config']} ({name})" if worst else "none")
         full = len(stats.full_size_fp32(num_tokens, hp.model_dim))
         log(f"{part:<9} {len(stats.kernels):>7} {sum(k.launches for k in stats.kernels):>8} {gib:>9.2f} "
-            f"{1000 * stats.bytes_moved / H100_BYTES_PER_S:>10.1f} {full:>14}  {spill}")
+            f"{stats.unread_inplace_bytes / 2**30:>15.2f} {1000 * stats.bytes_moved / H100_BYTES_PER_S:>10.1f} "
+            f"{full:>14}  {spill}")
     census = saved_activation_census(config, 1, hp.train_seq_len)
     log(f"saved for backward (CPU bf16 autocast, 1 x {hp.train_seq_len}): {len(census.residual_fp32())} float32 "
         f"[B, T, {hp.model_dim}] residual tensors; float32 {census.bytes_by_dtype(True).get(torch.float32, 0) / 2**20:.1f} "

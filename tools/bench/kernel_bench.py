@@ -138,24 +138,31 @@ def twin_variant(name: str):
 
 
 def plain_loss(x, w, y, softcap):
-    """GPT.forward's loss with LOSS_KERNEL=torch: logits in x's dtype, softcap and cross entropy in float32."""
+    """The softcapped loss under autograd (GPT.forward's before model/softcap_loss.py): logits in x's dtype,
+    softcap and cross entropy in float32, the logits re-read by the backward."""
     return F.cross_entropy(softcap * torch.tanh(F.linear(x, w.to(x.dtype)).float() / softcap), y)
 
 
 def loss_variants(device: torch.device) -> list:
-    """(label, fn(x, w, y, softcap) -> mean loss, why-not): the plain loss compiled as the trainer compiles it
+    """(label, fn(x, w, y, softcap) -> mean loss, why-not): GPT.forward's loss with LOSS_KERNEL=torch (the
+    logits' gradient made in the forward) and the plain autograd loss, compiled as the trainer compiles them
     (eager on the CPU twin), then the fused op (Liger on CUDA, its chunked twin on the CPU)."""
     from model import fused_loss
+    from model.softcap_loss import head_softcap_cross_entropy
 
-    out = [("torch (compiled)" if device.type == "cuda" else "torch",
-            torch.compile(plain_loss, fullgraph=True) if device.type == "cuda" else plain_loss, "")]
+    def compiled(fn):
+        return torch.compile(fn, fullgraph=True) if device.type == "cuda" else fn
+
+    suffix = " (compiled)" if device.type == "cuda" else ""
+    out = [(f"LOSS_KERNEL=torch{suffix}", compiled(head_softcap_cross_entropy), ""),
+           (f"plain autograd softcap CE{suffix}", compiled(plain_loss), "")]
     try:
-        name = "liger" if device.type == "cuda" else "liger twin (CPU)"
+        name = "LOSS_KERNEL=liger" if device.type == "cuda" else "LOSS_KERNEL=liger twin (CPU)"
         if device.type == "cuda":
             fused_loss.choose_loss_kernel("liger", device)
         out.append((name, fused_loss.linear_softcap_cross_entropy, ""))
     except ValueError as err:
-        out.append(("liger", None, str(err)))
+        out.append(("LOSS_KERNEL=liger", None, str(err)))
     return out
 
 
@@ -169,7 +176,7 @@ def bench_loss(hp, device: torch.device, twin: bool) -> None:
     reference = None
     for name, fn, why in loss_variants(device):
         if fn is None:
-            emit(f"loss LOSS_KERNEL={name}", "not available", why)
+            emit(f"loss {name}", "not available", why)
             continue
         xl, wl = x.detach().requires_grad_(), w.detach().requires_grad_()
 
@@ -182,13 +189,13 @@ def bench_loss(hp, device: torch.device, twin: bool) -> None:
             loss = step().item()
             ms, peak = time_call(step, device)
         except Exception as err:
-            emit(f"loss LOSS_KERNEL={name}", "failed", f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
+            emit(f"loss {name}", "failed", f"{type(err).__name__}: {str(err).splitlines()[0][:160]}")
             continue
         grads = torch.cat([xl.grad.float().flatten(), wl.grad.float().flatten()])
         if reference is None:
             reference = (loss, grads)
         diff = max(abs(loss - reference[0]), (grads - reference[1]).abs().max().item())
-        emit(f"loss LOSS_KERNEL={name}", f"{ms:.2f} ms fwd+bwd",
+        emit(f"loss {name}", f"{ms:.2f} ms fwd+bwd",
              f"{n:,} tokens x {dim} -> {vocab}; peak +{peak / 2**20:.0f} MiB; loss {loss:.5f}; max diff {diff:.1e}")
 
 

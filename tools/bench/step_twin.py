@@ -379,13 +379,16 @@ ALLOC = re.compile(r"empty_strided_cuda\(\(([\d, ]*)\), \([\d, ]*\), torch\.(\w+
 @dataclasses.dataclass
 class Kernel:
     """One generated Triton kernel: `bytes` per launch (Inductor's estimate of bytes read + written),
-    `launches` per micro-batch, `kind` pointwise / reduction / persistent_reduction."""
+    `launches` per micro-batch, `kind` pointwise / reduction / persistent_reduction. `unread_inplace_bytes`
+    (all launches): what that estimate charges as read for an in-place (in_out_ptr) buffer the kernel only
+    writes (Inductor counts every in_out_ptr twice)."""
 
     name: str
     source: str
     bytes: float
     launches: int
     kind: str
+    unread_inplace_bytes: float = 0.0
 
 
 @dataclasses.dataclass
@@ -399,6 +402,11 @@ class ModuleStats:
     @property
     def bytes_moved(self) -> float:
         return sum(k.bytes * k.launches for k in self.kernels)
+
+    @property
+    def unread_inplace_bytes(self) -> float:
+        """The part of bytes_moved charged as reads of in-place outputs no kernel loads (Kernel's docstring)."""
+        return sum(k.unread_inplace_bytes for k in self.kernels)
 
     def full_size_fp32(self, num_tokens: int, model_dim: int) -> list:
         """float32 buffers of num_tokens x model_dim elements or more whose leading dims hold the tokens."""
@@ -415,15 +423,72 @@ def kernel_stats(path) -> ModuleStats:
     head, _, tail = text.partition("async_compile.wait(globals())")
     body = tail.split("def benchmark_compiled_module")[0]
     kernels = []
+    numels = _buffer_numels(body)
     for match in KERNEL_DEF.finditer(head):
         name, source = match.group(1), match.group(2)
         gb = NUM_GB.search(source)
         kind = re.search(r"@triton_heuristics\.(\w+)\(", source)
         kernels.append(Kernel(name, source, float(gb.group(1)) * 1e9 if gb else 0.0,
-                              len(re.findall(rf"\b{name}\.run\(", body)), kind.group(1) if kind else "?"))
+                              len(re.findall(rf"\b{name}\.run\(", body)), kind.group(1) if kind else "?",
+                              _unread_inplace_bytes(name, source, body, numels)))
     fp32 = [tuple(int(v) for v in dims.split(",") if v.strip()) for dims, dtype in ALLOC.findall(body)
             if dtype == "float32"]
     return ModuleStats(kernels, fp32, len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.step_twin\.", body)))
+
+
+SIGNATURE = re.compile(r"'signature': \{([^}]*)\}")
+POINTER_BYTES = {"*bf16": 2, "*fp16": 2, "*fp32": 4, "*fp64": 8, "*i64": 8, "*i32": 4, "*i8": 1, "*i1": 1, "*u8": 1}
+
+
+def _split_args(text: str) -> list:
+    """A call's argument list split at its top-level commas."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([" and 1 or -(ch in ")]")
+        if ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    return out + [text[start:].strip()]
+
+
+def _dims_numel(dims: str) -> int:
+    n = 1
+    for v in dims.split(","):
+        n *= int(v) if v.strip() else 1
+    return n
+
+
+def _buffer_numels(body: str) -> dict:
+    """{buffer name: element count} of a generated call(): allocations, views, inputs' size asserts, reuses."""
+    numels = {}
+    for line in body.splitlines():
+        line = line.strip()
+        if m := re.match(r"(\w+) = (?:empty_strided_cuda|reinterpret_tensor\(\w+,)\s*\(\(?([\d, ]*)\)", line):
+            numels[m.group(1)] = _dims_numel(m.group(2))
+        elif m := re.match(r"assert_size_stride\((\w+), \(([\d, ]*)\)", line):
+            numels.setdefault(m.group(1), _dims_numel(m.group(2)))
+        elif (m := re.match(r"(\w+) = (\w+)(?:;|\s*#|$)", line)) and m.group(2) in numels:
+            numels[m.group(1)] = numels[m.group(2)]
+    return numels
+
+
+def _unread_inplace_bytes(name: str, source: str, body: str, numels: dict) -> float:
+    """Bytes over all of `name`'s launches of its in_out_ptr arguments that the kernel never loads."""
+    sig = SIGNATURE.search(source)
+    if not sig:
+        return 0.0
+    params = [(k.strip().strip("'"), v.strip().strip("'")) for k, v in
+              (item.split(":") for item in sig.group(1).split(",") if ":" in item)]
+    unread = [(i, POINTER_BYTES.get(kind, 0)) for i, (arg, kind) in enumerate(params)
+              if arg.startswith("in_out_ptr") and not re.search(rf"tl\.load\({arg}\b", source)]
+    total = 0.0
+    for call in re.finditer(rf"\b{name}\.run\((.*)\)", body):
+        args = _split_args(call.group(1))
+        for i, size in unread:
+            arg = args[i] if i < len(args) else ""
+            view = re.match(r"reinterpret_tensor\(\w+, \(([\d, ]*)\)", arg)
+            total += size * (_dims_numel(view.group(1)) if view else numels.get(arg, 0))
+    return total
 
 
 PTXAS_INFO = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads.*?Used (\d+) registers", re.S)
