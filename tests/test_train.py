@@ -49,6 +49,16 @@ def read_result(out_dir, run_id):
     return json.loads((Path(out_dir) / run_id / "result.json").read_text())
 
 
+def run_to_done(dataset, tokenizer, out_dir, run_id, **extra):
+    """Run the trainer with trainer_env(..., RUN_ID=run_id, **extra); assert it ended ok and done;
+    (env, proc, result)."""
+    env = trainer_env(dataset, tokenizer, out_dir, RUN_ID=run_id, **extra)
+    proc = run_trainer(env)
+    result = read_result(out_dir, run_id)
+    assert result["status"] == "ok" and result["phase"] == "done", proc.stdout[-3000:]
+    return env, proc, result
+
+
 @pytest.fixture(scope="module")
 def reference_run(tiny_dataset, sp1024_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs")

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from quant.artifact import load_artifact
-from tests.test_train import REPO, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
+from tests.test_train import REPO, one_thread, read_result, run_to_done, trainer_env  # noqa: F401 (fixture)
 from tests.test_train_ttt import plan_with
 from trainer.finish import score_command
 from primitives.settings import Hyperparameters
@@ -21,10 +21,7 @@ LORA_ENV = dict(TTT_ENABLED=1, TTT_MODE="lora", TTT_EPOCHS=1, TTT_LORA_RANK=4, T
 
 @pytest.mark.slow
 def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_dataset, sp1024_model, tmp_path):
-    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="lora", **LORA_ENV)
-    proc = run_trainer(env)
-    result = read_result(tmp_path, "lora")
-    assert result["status"] == "ok" and result["phase"] == "done", proc.stdout[-3000:]
+    env, proc, result = run_to_done(tiny_dataset, sp1024_model, tmp_path, "lora", **LORA_ENV)
     assert result["ttt_mode"] == "lora" and result["ttt_lora_rank"] == 4 and result["ttt_epochs"] == 1
     assert result["ttt_lora_batch_docs"] == 4 and 0 < result["ttt_rounds"] < result["ttt_chunks"]
     assert result["ttt_updates"] > 0 and result["ttt_updates_stopped_at_chunk"] is None

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from quant.artifact import load_artifact
-from tests.test_train import REPO, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
+from tests.test_train import REPO, one_thread, run_to_done, trainer_env  # noqa: F401 (fixture)
 from tests.test_train_ttt import plan_with
 from trainer.finish import score_command
 from primitives.settings import Hyperparameters
@@ -18,10 +18,7 @@ PHASED_ENV = dict(TTT_ENABLED=1, TTT_MODE="phased", TTT_PHASES=3, TTT_EPOCHS=1, 
 
 @pytest.mark.slow
 def test_trainer_phased_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_dataset, sp1024_model, tmp_path):
-    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="phased", **PHASED_ENV)
-    proc = run_trainer(env)
-    result = read_result(tmp_path, "phased")
-    assert result["status"] == "ok" and result["phase"] == "done", proc.stdout[-3000:]
+    env, proc, result = run_to_done(tiny_dataset, sp1024_model, tmp_path, "phased", **PHASED_ENV)
     assert result["ttt_mode"] == "phased" and result["ttt_phases"] == 3 and result["ttt_epochs"] == 1
     assert result["ttt_updates"] > 0 and result["ttt_updates_stopped_at_chunk"] is None
     assert re.search(r"^ttt_plan: .* 4096 val targets: stride 32 epochs 1 phases 3 projected \d+s with the roundtrip "

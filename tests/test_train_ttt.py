@@ -12,7 +12,7 @@ import torch
 import trainer.evaluate as trainer_evaluate
 import model.gpt as trainer_model
 from tests.test_after_training import run_main_in_process
-from tests.test_train import REPO, one_thread, read_result, run_trainer, trainer_env  # noqa: F401 (fixture)
+from tests.test_train import REPO, one_thread, read_result, run_to_done, run_trainer, trainer_env  # noqa: F401 (fixture)
 from trainer.context import RunContext
 from trainer.evaluate import plan_final_eval
 from trainer.finish import score_command
@@ -25,10 +25,7 @@ TTT_ENV = dict(TTT_ENABLED=1, TTT_EPOCHS=2, TTT_CHUNK_TOKENS=1024, TTT_BATCH_SEQ
 
 @pytest.mark.slow
 def test_trainer_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_dataset, sp1024_model, tmp_path):
-    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="ttt", **TTT_ENV)
-    proc = run_trainer(env)
-    result = read_result(tmp_path, "ttt")
-    assert result["status"] == "ok" and result["phase"] == "done"
+    env, proc, result = run_to_done(tiny_dataset, sp1024_model, tmp_path, "ttt", **TTT_ENV)
     assert "val_bpb_sliding" not in result and "final_sliding_window_exact" not in proc.stdout
     assert result["ttt_epochs"] == 2 and result["eval_stride"] == 32 and result["val_tokens"] == 4097
     assert result["ttt_updates"] > 0 and result["ttt_updates_stopped_at_chunk"] is None
