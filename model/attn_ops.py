@@ -3,9 +3,9 @@
 Shape legend: B batch, T time, H heads (query or key/value), D head dim, R rotated dims per head (ROPE_DIMS).
 
 Inductor fuses what autograd gives it, but it cannot see that a per-head gain's gradient is the row sum the
-RMSNorm backward already makes, nor that XSA's two backward halves share their reads. `qk_norm_rope` and
-`exclusive_self_attention` keep the forward values of the plain ops and hand Inductor backwards that read each
-[B, T, H, D] tensor once (tools/bench_step.py --cpu-twin measures the bytes; docs/benchmarks.md has the table).
+RMSNorm backward already makes. `qk_norm_rope` keeps the forward values of the plain ops and hands Inductor a
+backward that reads each [B, T, H, D] tensor once (tools/bench_step.py --cpu-twin measures the bytes;
+docs/benchmarks.md has the table).
 """
 
 import torch
@@ -29,8 +29,8 @@ def _full(t: torch.Tensor, x: torch.Tensor, fill: float, signed: bool = False) -
 
 def _rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
     """x [..., D] -> (x2, x1, rest) for x = (x1, x2, rest) with x1, x2 `half` dims each."""
-    perm = torch.cat((torch.arange(half, 2 * half), torch.arange(half), torch.arange(2 * half, x.size(-1))))
-    return x[..., perm.to(x.device)]
+    idx = torch.arange(x.size(-1), device=x.device)  # made on x's device: no host-to-device copy per call
+    return x[..., torch.where(idx < 2 * half, (idx + half) % (2 * half), idx)]
 
 
 def _rope_transposed(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
