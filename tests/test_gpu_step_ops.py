@@ -1,0 +1,78 @@
+"""`pytest -m gpu`: the step's hand-written backwards (model/softcap_loss.py, model/attn_ops.py) on a real CUDA
+device, compiled as the trainer compiles them, against the plain ops under autograd (skipped without CUDA)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model.gpt as gpt
+from model.attn_ops import apply_partial_rope
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def plain_loss(x, weight, target, softcap):
+    logits = F.linear(x, weight.to(x.dtype)).float()
+    return F.cross_entropy(softcap * torch.tanh(logits / softcap), target)
+
+
+def plain_qk(x, cos, sin, gain=None):
+    out = apply_partial_rope(F.rms_norm(x, (x.size(-1),)).to(x.dtype), cos, sin)
+    return out if gain is None else out * gain.to(out.dtype)[None, None, :, None]
+
+
+def step_gradients(model, x, y, autocast: bool) -> torch.Tensor:
+    """All parameter gradients of one micro-batch (loss / 8, as with 8 accumulation steps), flattened: under bf16
+    autocast compiled as the trainer compiles it, in float32 eager (the reference)."""
+    forward = torch.compile(model, fullgraph=True, dynamic=False) if autocast else model
+    with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+        loss = forward(x, y) / 8
+    return torch.cat([g.flatten().double() for g in torch.autograd.grad(loss, list(model.parameters()))])
+
+
+def check_step_against_plain_ops(device: str, monkeypatch) -> None:
+    """Under bf16 autocast the compiled step's gradient is no further from the float32 gradient than the plain
+    ops' (+5 %), and in float32 (TF32 off, eager) it equals theirs to rounding."""
+    torch.manual_seed(0)
+    model = gpt.GPT(vocab_size=8192, num_layers=2, model_dim=256, num_heads=4, num_kv_heads=2, mlp_mult=3.0,
+                    rope_dims=32, xsa_last_n=2, qk_gain_init=4.0).to(device)
+    model.init_weights()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))  # off the init: orthogonal blocks and zero gates hide little
+    x, y = (torch.randint(0, 8192, (8, 512), device=device) for _ in range(2))
+    reference = step_gradients(model, x, y, autocast=False)
+    kit = step_gradients(model, x, y, autocast=True)
+    monkeypatch.setattr(gpt, "head_softcap_cross_entropy", plain_loss)
+    monkeypatch.setattr(gpt, "qk_norm_rope", plain_qk)
+    torch._dynamo.reset()
+    plain32 = step_gradients(model, x, y, autocast=False)
+    plain = step_gradients(model, x, y, autocast=True)
+    norm = reference.norm()
+    assert ((plain32 - reference).norm() / norm).item() < 1e-5
+    kit_error, plain_error = ((kit - reference).norm() / norm).item(), ((plain - reference).norm() / norm).item()
+    assert kit_error <= 1.05 * plain_error, (kit_error, plain_error)
+
+
+def test_compiled_step_gradients_as_accurate_as_the_plain_ops_on_cuda(monkeypatch):
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        check_step_against_plain_ops("cuda", monkeypatch)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+        torch._dynamo.reset()
+
+
+def test_loss_saves_a_bf16_gradient_when_cuda_autocast_hands_it_float32():
+    """torch >= 2.12 CUDA autocast returns the final rms_norm in float32: the loss still saves bf16."""
+    x = F.rms_norm(torch.randn(4096, 512, device="cuda"), (512,)).requires_grad_()
+    weight = torch.randn(8192, 512, device="cuda", requires_grad=True)
+    target = torch.randint(0, 8192, (4096,), device="cuda")
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((tuple(t.shape), t.dtype)) or t, lambda t: t):
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = gpt.head_softcap_cross_entropy(x, weight, target, 30.0)
+    assert ((4096, 8192), torch.bfloat16) in saved and not any(s[-1] == 8192 and d == torch.float32 for s, d in saved)
+    loss.backward()
+    assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all() and torch.isfinite(weight.grad).all()
