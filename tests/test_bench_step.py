@@ -119,19 +119,9 @@ def test_cpu_twin_the_hand_written_backwards_move_fewer_bytes_than_autograds(tmp
     """The loss's logits gradient made in the forward saves one read of the [N, V] logits (Inductor cannot move
     work from the backward into the forward), and the q gain's gradient from the QK-norm backward's own row sum
     saves writing the rotated queries and a separate reduction over them."""
-    import torch.nn.functional as F
-
     import model.gpt as trainer_model
-    from model.attn_ops import apply_partial_rope
+    from tests.test_attn_ops import plain_loss, plain_qk
     from tools.bench.step_twin import generate_cuda_step, kernel_stats
-
-    def plain_loss(x, weight, target, softcap):
-        logits = F.linear(x, weight.to(x.dtype)).float()
-        return F.cross_entropy(softcap * torch.tanh(logits / softcap), target)
-
-    def plain_qk(x, cos, sin, gain=None):
-        out = apply_partial_rope(F.rms_norm(x, (x.size(-1),)).to(x.dtype), cos, sin)
-        return out if gain is None else out * gain.to(out.dtype)[None, None, :, None]
 
     config = dict(vocab_size=2048, num_layers=2, model_dim=128, num_heads=4, num_kv_heads=2, mlp_mult=2.0,
                   rope_dims=16)

@@ -6,19 +6,9 @@ import torch
 import torch.nn.functional as F
 
 import model.gpt as gpt
-from model.attn_ops import apply_partial_rope
+from tests.test_attn_ops import plain_loss, plain_qk
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-def plain_loss(x, weight, target, softcap):
-    logits = F.linear(x, weight.to(x.dtype)).float()
-    return F.cross_entropy(softcap * torch.tanh(logits / softcap), target)
-
-
-def plain_qk(x, cos, sin, gain=None):
-    out = apply_partial_rope(F.rms_norm(x, (x.size(-1),)).to(x.dtype), cos, sin)
-    return out if gain is None else out * gain.to(out.dtype)[None, None, :, None]
 
 
 def step_gradients(model, x, y, autocast: bool) -> torch.Tensor:
