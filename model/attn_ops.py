@@ -33,14 +33,6 @@ def _rotate_half(x: torch.Tensor, half: int) -> torch.Tensor:
     return x[..., torch.where(idx < 2 * half, (idx + half) % (2 * half), idx)]
 
 
-def _rope_transposed(g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """apply_partial_rope's transpose (its inverse: a rotation) on a gradient g [B, T, H, D], in g's dtype."""
-    half = cos.size(-1)
-    g1, g2, rest = g[..., :half], g[..., half:2 * half], g[..., 2 * half:]
-    c, s = cos[None, :, None, :].to(g.dtype), sin[None, :, None, :].to(g.dtype)
-    return torch.cat((g1 * c - g2 * s, g1 * s + g2 * c, rest), dim=-1)
-
-
 def _rms_eps(dtype: torch.dtype) -> float:
     """F.rms_norm's default eps for an input of `dtype`: the epsilon of its math type (float32 for bf16/fp16)."""
     return torch.finfo(dtype if dtype == torch.float64 else torch.float32).eps
@@ -63,7 +55,7 @@ class _QKNormRope(torch.autograd.Function):
         math = xf.dtype
         rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + _rms_eps(x.dtype))  # as F.rms_norm computes it
         n = xf * rstd  # the normalized input, recomputed from x: the only [B, T, H, D] tensor saved
-        g = _rope_transposed(grad_out.to(math), cos, sin)  # the gradient at gain * n
+        g = apply_partial_rope(grad_out.to(math), cos, -sin)  # RoPE's transpose is its inverse: the gradient at gain * n
         row = (g * n).sum(-1, keepdim=True)  # per head and token: the gain's gradient, before the sum over B, T
         grad_gain = None
         if gain is not None:
@@ -78,10 +70,10 @@ def qk_norm_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, gain: to
     """QK-norm, partial RoPE and the per-head query gain: apply_partial_rope(rms_norm(x), cos, sin) * gain[h].
 
     x [B, T, H, D] (a projection's output, bf16 under autocast); cos, sin float32 [T, R/2]; gain float32 [H]
-    or None (keys) -> [B, T, H, D] in x's dtype, the plain ops' values. The backward saves only x and the
-    float32 rstd [B, T, H, 1] and gets the gain's gradient from the RMSNorm backward's own row sum: at the
-    default preset the compiled step no longer writes the rotated queries for a separate gain reduction
-    (1.3 GiB less per micro-batch, generated CUDA code). QK gain: PR #1413/#1493; QK-norm and partial RoPE as
+    or None (keys) -> [B, T, H, D] in x's dtype, the plain ops' values. The backward saves only x (rstd is
+    recomputed) and gets the gain's gradient from the RMSNorm backward's own row sum: at the default preset
+    the compiled step no longer writes the rotated queries for a separate gain reduction (0.9 GiB less per
+    micro-batch in the generated CUDA code). QK gain: PR #1413/#1493; QK-norm and partial RoPE as
     in the records.
     """
     return _QKNormRope.apply(x, cos, sin, gain)

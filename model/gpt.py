@@ -309,14 +309,14 @@ class GPT(nn.Module):
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
 
     def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
-        if fused_loss_active(input_ids.device):  # LOSS_KERNEL=liger: the [B*T, V] logits are never materialized
+        # LOSS_KERNEL=liger: the [B*T, V] logits are never materialized; else, training: the logits' gradient made
+        # in the forward (read once less), from x in the autocast dtype (float32 from CUDA's rms_norm, torch >= 2.12)
+        fused = fused_loss_active(input_ids.device)
+        if fused or torch.is_grad_enabled():
             x = self.forward_hidden(input_ids)
-            return linear_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
-                                                self.logit_softcap)
-        if torch.is_grad_enabled():  # training: the logits' gradient made in the forward, read once less
-            x = self.forward_hidden(input_ids)
-            return head_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
-                                              self.logit_softcap)
+            x = x if fused else x.to(residual_dtype(x))
+            loss = linear_softcap_cross_entropy if fused else head_softcap_cross_entropy
+            return loss(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1), self.logit_softcap)
         logits = self.forward_logits(input_ids)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
 

@@ -47,12 +47,9 @@ def head_softcap_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: to
                                  softcap: float) -> torch.Tensor:
     """Mean cross entropy (nats, float32 scalar) of softcap * tanh((x @ weight.T) / softcap) against target.
 
-    x [N, D]: cast to the autocast dtype of its device while autocast is on (CUDA autocast's rms_norm returns
-    float32 from torch 2.12: a float32 x would save a float32 [N, V] gradient and run the backward's matmuls
-    in float32), else kept; weight [V, D] (float32 parameter, cast to that dtype as F.linear under autocast
-    does); target int64 [N], every entry in [0, V) (no ignore_index).
+    x [N, D] in the dtype the head multiplies in (GPT.forward casts it to the autocast dtype: CUDA autocast's
+    rms_norm returns float32 from torch 2.12, and a float32 x would save a float32 [N, V] gradient and run the
+    backward's matmuls in float32); weight [V, D] (float32 parameter, cast to x's dtype as F.linear under
+    autocast does); target int64 [N], every entry in [0, V) (no ignore_index).
     """
-    dev = x.device.type
-    if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev):
-        x = x.to(torch.get_autocast_dtype(dev))
     return _HeadSoftcapCE.apply(x, weight, target, softcap)

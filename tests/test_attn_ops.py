@@ -7,19 +7,13 @@ import torch.nn.functional as F
 from model.attn_ops import apply_partial_rope, qk_norm_rope
 from model.gpt import GPT
 from model.softcap_loss import head_softcap_cross_entropy
+from tools.bench.kernel_bench import plain_loss  # noqa: F401 (the reference; other tests import it from here)
 
 
 def plain_qk(x, cos, sin, gain=None):
     """The ops qk_norm_rope replaced, as model/gpt.py wrote them."""
     out = apply_partial_rope(F.rms_norm(x, (x.size(-1),)).to(x.dtype), cos, sin)
     return out if gain is None else out * gain.to(out.dtype)[None, None, :, None]
-
-
-def plain_loss(x, weight, target, softcap):
-    """GPT.forward_logits' softcap and F.cross_entropy under autograd (float64 kept as float64)."""
-    logits = F.linear(x, weight.to(x.dtype))
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(softcap * torch.tanh(logits / softcap), target)
 
 
 def rope_tables(t, rotated=16, dtype=torch.float32):
@@ -111,12 +105,20 @@ def test_softcap_loss_under_bf16_autocast_matches_the_plain_path_and_scales_exac
     assert (g3w - gw / 3).abs().max() <= 1e-6 * gw.abs().max()
 
 
-def test_softcap_loss_computes_no_gradient_for_a_frozen_head():
-    x = torch.randn(8, 4, requires_grad=True)
-    w = torch.randn(6, 4)
-    loss = head_softcap_cross_entropy(x, w, torch.randint(0, 6, (8,)), 2.0)
-    (gx,) = torch.autograd.grad(loss, (x,))
-    assert w.grad is None and gx.shape == x.shape
+def test_softcap_loss_backward_skips_the_products_nobody_asked_for():
+    """The backward runs grad @ W only for x and grad.T @ x only for the head (TTT with a frozen head, a frozen
+    trunk): counted FLOPs, 2 N V D per product."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n, d, v = 8, 4, 6
+    target = torch.randint(0, v, (n,))
+    for x_grad, w_grad in ((True, True), (True, False), (False, True)):
+        x, w = torch.randn(n, d, requires_grad=x_grad), torch.randn(v, d, requires_grad=w_grad)
+        loss = head_softcap_cross_entropy(x, w, target, 2.0)
+        with FlopCounterMode(display=False) as counter:
+            grads = torch.autograd.grad(loss, [t for t in (x, w) if t.requires_grad])
+        assert counter.get_total_flops() == 2 * n * v * d * (x_grad + w_grad), (x_grad, w_grad)
+        assert [g.shape for g in grads] == [t.shape for t in (x, w) if t.requires_grad]
 
 
 def test_gpt_loss_is_the_plain_cross_entropy_with_and_without_gradients():

@@ -139,8 +139,10 @@ def twin_variant(name: str):
 
 def plain_loss(x, w, y, softcap):
     """The softcapped loss under autograd (GPT.forward's before model/softcap_loss.py): logits in x's dtype,
-    softcap and cross entropy in float32, the logits re-read by the backward."""
-    return F.cross_entropy(softcap * torch.tanh(F.linear(x, w.to(x.dtype)).float() / softcap), y)
+    softcap and cross entropy in float32 (float64 kept), the logits re-read by the backward. The reference of
+    the tests of model/softcap_loss.py."""
+    logits = F.linear(x, w.to(x.dtype))
+    return F.cross_entropy(softcap * torch.tanh(logits.to(torch.promote_types(logits.dtype, torch.float32)) / softcap), y)
 
 
 def loss_variants(device: torch.device) -> list:
