@@ -162,21 +162,17 @@ def train_and_score() -> int:
                 raise
     if ctx.world_size > 1:
         dist.destroy_process_group()
-        DISTRIBUTED_DONE.append(True)
     return rc
-
-
-DISTRIBUTED_DONE = []  # set once a multi-process run has destroyed its process group
 
 
 if __name__ == "__main__":
     try:
         code = main()
         # stopped by a signal, all written: exit now, not after seconds of the interpreter's teardown (whose default
-        # handlers would let a second signal kill it without its exit code); a multi-process run, all written and its
-        # group destroyed: a rank of a finished 2-process gloo run was seen to abort in that teardown ("terminate
-        # called without an active exception", torch 2.13), turning a finished run into a failed torchrun
-        if code >= 128 or DISTRIBUTED_DONE:
+        # handlers would let a second signal kill it without its exit code); a multi-process run (torchrun's
+        # WORLD_SIZE), all written and its group destroyed: a rank of a finished 2-process gloo run was seen to abort
+        # in that teardown ("terminate called without an active exception", torch 2.13), failing the torchrun
+        if code >= 128 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
