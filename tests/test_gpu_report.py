@@ -4,6 +4,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,16 +90,50 @@ def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin
     assert [j.env.get("GRAD_ACCUM_STEPS") for j in step if j.section == "microbatch"] == ["16", "4"]
     baseline = next(j for j in step if j.section == "baseline")
     assert baseline.argv[-2:] == ["--reference", "ref.py"] and baseline.env["NUM_LAYERS"] == "9"
-    for j in step:  # the warm-up twin is the same command with two steps
-        assert j.precompile_argv == [a if a != str(gpu_report.TIMED_STEPS) else "2" for a in j.argv]
+    for j in step:  # the warm-up twin is the kit's command with two steps, never the reference script's
+        kit_argv = j.argv[:-2] if "--reference" in j.argv else j.argv
+        assert j.precompile_argv == [a if a != str(gpu_report.TIMED_STEPS) else "2" for a in kit_argv]
+    assert [j.section for j in jobs][:6] == ["kernels", "step", "step", "baseline", "pytest", "gpu_check"]
     assert [j.env.get("PRESET") for j in jobs if j.section == "gpu_check"] == [None, "1xh100-frontier"]
 
 
 def test_plan_skips_kernels_not_installed_and_repeats_of_the_default(monkeypatch):
-    """No flash-attn: no FA4 row, and SDPA + liger is what auto gives, so it is not timed twice."""
+    """No flash-attn: no FA4 row; Liger installed: its row (auto is the kit's own loss)."""
     monkeypatch.setattr(gpu_report, "installed", lambda module: module == "liger_kernel")
     args = argparse.Namespace(sections="step", cpu_twin=False, reference=None, compare=None)
+    assert [j.label for j in gpu_report.plan(args, {})] == ["default kernels (auto)", "SDPA + torch loss",
+                                                            "SDPA + liger loss"]
+
+
+def test_plan_does_not_time_fa4_twice_when_auto_is_fa4(monkeypatch):
+    """FA4 without FA3: auto resolves to FA4 (model/attention.py), so an FA4 row would repeat the default's."""
+    monkeypatch.setattr(gpu_report, "installed", lambda module: module == "flash_attn.cute")
+    args = argparse.Namespace(sections="step", cpu_twin=False, reference=None, compare=None)
     assert [j.label for j in gpu_report.plan(args, {})] == ["default kernels (auto)", "SDPA + torch loss"]
+
+
+def test_a_child_out_of_time_takes_its_grandchildren_with_it(tmp_path):
+    """bench_step's reference run is a grandchild: left running, it would share the GPU with every later row."""
+    pid_file = tmp_path / "grandchild.pid"
+    script = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(60)")
+    j = gpu_report.Job("baseline", "b", [sys.executable, "-c", script], {}, 10, None, None, tmp_path)
+    t0 = time.monotonic()
+    text, rc = gpu_report.run_child(j, j.argv, 3.0)
+    assert rc is None and time.monotonic() - t0 < 15  # not held until the grandchild closes the pipe
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid)
+
+
+def alive(pid: int) -> bool:
+    """A process that runs (a zombie waiting for its reaper counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_plan_times_another_checkout_in_its_own_folder(tmp_path):

@@ -86,5 +86,6 @@ def test_no_float32_full_size_activation_saved_with_cuda_autocasts_float32_rms_n
     # the head's backward traffic and run its matmuls in float32)
     outside_norms = [t for t in census.full_size() if not t[2]]
     assert outside_norms == [], f"float32 full-size tensors saved: {outside_norms[:4]}"
-    vocab_wide = [(shape, dtype) for shape, dtype, _ in census.saved if shape[-1] == CONFIG["vocab_size"]]
+    vocab_wide = [(shape, dtype) for shape, dtype, _ in census.saved
+                  if shape and shape[-1] == CONFIG["vocab_size"]]
     assert vocab_wide and all(dtype == torch.bfloat16 for _, dtype in vocab_wide), vocab_wide

@@ -6,23 +6,25 @@
     python tools/gpu_report.py --sections step,gpu_check --out report.md
     python tools/gpu_report.py --cpu-twin           # no GPU: the same plan through the CPU twins (plumbing only)
 
-Sections, in the order they run, most telling first (each one or more child processes with their own
-time limit, so one that fails or hangs costs its row, never the report; the frontier preset's gpu_check
-runs last):
+Sections (each one or more child processes with their own time limit and process group, so one that
+fails or hangs costs its row, never the report). They run essentials first: kernels, the step with the
+default kernels and with plain SDPA, baseline, pytest and the preset's gpu_check; then each optional kernel
+alone, --compare, microbatch and the frontier preset's gpu_check, as far as --budget-s allows:
   kernels    attention fwd+bwd at the preset's shape on every backend this machine has (SDPA cuDNN /
              flash / efficient, FA3, FA4 through the kit's dispatch) and the loss on each kernel
              (tools/bench/kernel_bench.py)
   step       the preset's compiled training step (tools/bench_step.py): ms/step, tokens/s, MFU and peak
              memory for the default kernels (ATTN_BACKEND=auto, LOSS_KERNEL=auto), plain SDPA + torch loss,
              and each optional kernel alone (where installed; none that would repeat the default's)
-  pytest     `python -m pytest -m gpu` (the CUDA kernels against their references)
   baseline   the kit at the official baseline's shape (9L d512 MLP2 seq1024), and with --reference the
              official script itself on the same data (needs DATA_PATH / TOKENIZER_PATH of that vocabulary)
+  pytest     `python -m pytest -m gpu` (the CUDA kernels against their references)
   gpu_check  tools/gpu_check.py's rows (compile, recompiles, CUDA vs CPU, QAT, eval projections) for the
-             preset; after microbatch, the same for the 1xh100-frontier candidate (its eval projection)
+             preset, and last the same for the 1xh100-frontier candidate (its eval projection)
   microbatch the step at 16 and 64 sequences per micro-batch (GRAD_ACCUM_STEPS; step gives 32)
-Before the timed sections, `--precompile N` (default 4 on a GPU) runs every step configuration once
-with two steps, N at a time, so the Inductor caches are warm and each timed child compiles in seconds.
+Before the timed sections, `--precompile N` (default 4 on a GPU) runs every step configuration of
+the kit once with two steps (never the reference script), N at a time, for at most half the budget, so the
+Inductor caches are warm and each timed child compiles in seconds.
 The compile rows are therefore not compile times: gpu_check's first-compile figure is warm too.
 
 The report is written row by row to --out (markdown) and printed at the end: a run cut short keeps
@@ -36,6 +38,7 @@ import dataclasses
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -43,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("kernels", "step", "pytest", "baseline", "gpu_check", "microbatch")
+SECTIONS = ("kernels", "step", "baseline", "pytest", "gpu_check", "microbatch")
 BASELINE_SHAPE = {"NUM_LAYERS": "9", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "1024", "XSA_LAST_N": "0", "ROPE_DIMS": "64",
                   "QK_GAIN_INIT": "1.5", "QAT_START_FRAC": "0"}  # the official script's model (README: GPU)
 CPU_TWIN_SHAPE = {"NUM_LAYERS": "2", "MODEL_DIM": "128", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "VOCAB_SIZE": "1024",
@@ -151,7 +154,7 @@ def plan(args, env: dict) -> list:
 
     def step_job(section, label, extra, reference=None, cwd=REPO):
         argv = bench + (["--reference", reference] if reference else [])
-        pre = [a if a != str(TIMED_STEPS) else "2" for a in argv]
+        pre = [a if a != str(TIMED_STEPS) else "2" for a in bench]  # the kit's graphs only: the reference compiles its own
         jobs.append(Job(section, label, argv, {**shape, **timing, **extra}, 300, parse_bench, None if twin else pre,
                         Path(cwd)))
 
@@ -162,24 +165,25 @@ def plan(args, env: dict) -> list:
     if "step" in sections:
         step_job("step", "default kernels (auto)", {"ATTN_BACKEND": "auto", "LOSS_KERNEL": "auto"})
         step_job("step", "SDPA + torch loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "torch"})
-        flash = [m for m in ("flash_attn_interface", "flash_attn.cute", "flash_attn.flash_attn_interface") if installed(m)]
-        if not twin and "flash_attn.cute" in flash:
-            step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"})
-        if not twin and installed("liger_kernel") and flash:  # without a flash-attn, auto is already SDPA + liger
-            step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"})
-        if args.compare:
-            step_job("step", f"default kernels (auto), checkout {Path(args.compare).name}", {"ATTN_BACKEND": "auto"},
-                     cwd=Path(args.compare).resolve())
-    if "pytest" in sections:
-        jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                                     "tests"], {}, 240, parse_pytest))
     if "baseline" in sections:
         ref = None if twin else args.reference
         small = {k: v for k, v in BASELINE_SHAPE.items() if k not in ("TRAIN_SEQ_LEN", "ROPE_DIMS")}  # twin dims stay
         step_job("baseline", "official baseline shape", small if twin else BASELINE_SHAPE, ref)
+    if "pytest" in sections:
+        jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+                                                     "tests"], {}, 240, parse_pytest))
     check = [py, "tools/gpu_check.py"] + (["--cpu-twin", "--steps", "1"] if twin else [])
     if "gpu_check" in sections:
         jobs.append(Job("gpu_check", "default preset", check, {}, 300, parse_check))
+    if "step" in sections:  # each optional kernel alone, where installed and not what auto already gave
+        fa3 = installed("flash_attn_interface")
+        if not twin and fa3 and installed("flash_attn.cute"):  # auto takes FA3 first (model/attention.py)
+            step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"})
+        if not twin and installed("liger_kernel"):  # LOSS_KERNEL=auto is the kit's own loss (model/fused_loss.py)
+            step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"})
+        if args.compare:
+            step_job("step", f"default kernels (auto), checkout {Path(args.compare).name}", {"ATTN_BACKEND": "auto"},
+                     cwd=Path(args.compare).resolve())
     if "microbatch" in sections and not twin:
         for accum, seqs in (("16", 16), ("4", 64)):
             step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": accum})
@@ -189,15 +193,21 @@ def plan(args, env: dict) -> list:
 
 
 def run_child(job: Job, argv: list, timeout_s: float):
-    """(output, returncode or None when it ran out of time) of one child process."""
+    """(output, returncode or None when it ran out of time) of one child process. The child runs in its own
+    process group, and a timeout kills the whole group: a grandchild (bench_step's reference run) left on the
+    GPU would slow every later row."""
     path = os.pathsep.join(p for p in (str(job.cwd), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
-    try:
-        proc = subprocess.run(argv, cwd=job.cwd, env=env, capture_output=True, text=True, timeout=max(1.0, timeout_s))
-        return proc.stdout + proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as err:
-        out = (err.stdout or b"") + (err.stderr or b"")
-        return out.decode(errors="replace") if isinstance(out, bytes) else out, None
+    with subprocess.Popen(argv, cwd=job.cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        try:
+            return proc.communicate(timeout=max(1.0, timeout_s))[0], proc.returncode
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return proc.communicate()[0] or "", None
 
 
 class Report:
