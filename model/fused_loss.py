@@ -5,9 +5,8 @@ logits are made, softcapped, reduced and turned into gradients one chunk of toke
 logits and their float32 softcap/cross-entropy copies of the plain loss (tens of GB of traffic per step at
 524,288 tokens and V=8192) are never materialized. LOSS_KERNEL=torch is model/softcap_loss.py's loss (whole
 bf16 logits, their gradient made in the forward), compiled with the step. auto = torch: on one H100 (torch 2.11,
-2026-11-26) Liger took 4.87 ms against the compiled plain autograd loss's 4.28 ms per 65,536-token micro-batch
-fwd+bwd at V=8192, d=512 (peak memory 136 vs 1,024 MiB; softcap_loss.py came later and reads the logits once
-less): take liger where memory binds, until a step-level measurement says otherwise.
+2026-11-27) the step at the default preset took 307.2 ms with it and 344.5 ms with Liger (SDPA both; Liger's
+peak memory 1.8 GiB lower): take liger where memory binds.
 
 Liger computes the gradients inside the forward; its autograd.Function and Python chunk loop cannot be traced
 by torch.compile(fullgraph=True), so one custom op wraps it: `pgkit::linear_softcap_ce` (x, W, target,
