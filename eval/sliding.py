@@ -64,13 +64,26 @@ def first_sliding_window(target: int, seq_len: int, stride: int) -> int:
     return max(0, (target - seq_len + stride) // stride)
 
 
+def scoring_forward(model, compile_model: bool = False) -> tuple:
+    """(forward, head) for score_window_batch: the model's trunk (`forward_hidden`, compiled with
+    torch.compile(dynamic=False) when asked: one graph for every batch) and its head (`head_logits`, eager) where
+    the model has both, else (`forward_logits`, None). After window 0 a window scores only its last `stride`
+    positions, so the head runs on those alone: at stride 64 of 2048, 1/32 of the [B, T, V] logits."""
+    if hasattr(model, "forward_hidden") and hasattr(model, "head_logits"):
+        forward, head = model.forward_hidden, model.head_logits
+    else:
+        forward, head = model.forward_logits, None
+    return (torch.compile(forward, dynamic=False) if compile_model else forward), head
+
+
 def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, seq_len: int, stride: int,
-                       autocast_dtype=None, target_lo: int = 0, target_hi: int = -1) -> torch.Tensor:
+                       autocast_dtype=None, target_lo: int = 0, target_hi: int = -1, head=None) -> torch.Tensor:
     """Sums of one batch of windows first .. first + batch_seqs - 1 of the exact set over the stream
     tokens int64 [N] (windows past the last one are padding and score nothing).
 
     forward: input_ids int64 [B, T] -> logits [B, T, V] (any float dtype, upcast to float32 for a full
-    normalized log-softmax), T = min(seq_len, N - 1). Only targets with index in [target_lo,
+    normalized log-softmax), T = min(seq_len, N - 1); with `head`, forward gives hidden states [B, T, D] and
+    head maps those of the scored positions to their logits (scoring_forward). Only targets with index in [target_lo,
     target_hi) count (target_hi -1: to the end): the chunks of score-first TTT (eval/ttt.py).
     Returns float64 [3] on the device of `tokens`: (NLL in nats, scored targets, their bytes by the
     official LUT rule, eval/bpb.py). Call under torch.inference_mode / no_grad.
@@ -82,7 +95,8 @@ def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, se
     # Positions before `context` score nothing after window 0: skip their log-softmax.
     context = (seq_len - stride) * (first > 0)
     with torch.autocast(tokens.device.type, autocast_dtype, enabled=autocast_dtype is not None):
-        logits = forward(tokens[index])[:, context:]
+        out = forward(tokens[index])[:, context:]
+        logits = out if head is None else head(out)
     index, score = index[:, context:], score[:, context:]
     if target_lo or target_hi >= 0:
         score = score & (index >= target_lo) & (index < (num_targets if target_hi < 0 else target_hi))
@@ -96,7 +110,7 @@ def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, se
 def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device, rank=0, world_size=1,
                  autocast_dtype=None, max_seconds=600.0, auto_stride=False, log=print, compile_model=False,
                  clock=time.perf_counter) -> dict:
-    """Sliding-window val eval of `model.forward_logits` over the whole stream val_tokens int64 [N].
+    """Sliding-window val eval of the model's logits (scoring_forward) over the whole stream val_tokens int64 [N].
 
     Windows (see module docstring) go batch_seqs per forward ([batch_seqs, min(seq_len, N-1)] int64
     inputs; logits [B, T, V] of any float dtype are upcast to float32 for a full normalized
@@ -132,9 +146,7 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     tokens = val_tokens.to(device, torch.int64)
     luts = [t.to(device) for t in luts]
     num_targets = len(tokens) - 1
-    forward = model.forward_logits
-    if compile_model:
-        forward = torch.compile(forward, dynamic=False)
+    forward, head = scoring_forward(model, compile_model)
     # Batches of the busiest rank when the windows of `stride` are split over all ranks.
     num_batches = lambda s: -(-count_sliding_windows(num_targets, seq_len, s) // (world_size * batch_seqs))
     t_start = clock()
@@ -149,7 +161,7 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
         # runs past the last window; the plan masks such windows, so every batch has one shape.
         for batch_index, first in enumerate(range(rank * batch_seqs, num_windows, world_size * batch_seqs)):
             sums += score_window_batch(forward, tokens, luts, first, batch_seqs, seq_len=seq_len, stride=stride,
-                                       autocast_dtype=autocast_dtype)
+                                       autocast_dtype=autocast_dtype, head=head)
             bar.update()
             if batch_index == 0:
                 float(sums[0])  # host sync: the clock then sees the finished device work

@@ -302,11 +302,15 @@ class GPT(nn.Module):
         """The output head [V, D]: the tied token embedding, or lm_head's weight."""
         return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
 
-    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Softcapped logits float32 [B, T, V] of input_ids int64 [B, T]."""
-        x = self.forward_hidden(input_ids)
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Softcapped logits float32 [..., V] of forward_hidden's output [..., D] (the sliding eval runs it only on
+        the positions it scores)."""
         logits = F.linear(x, self.head_weight().to(x.dtype)).float()
         return self.logit_softcap * torch.tanh(logits / self.logit_softcap)
+
+    def forward_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Softcapped logits float32 [B, T, V] of input_ids int64 [B, T]."""
+        return self.head_logits(self.forward_hidden(input_ids))
 
     def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
         # LOSS_KERNEL=liger: the [B*T, V] logits are never materialized; else, training: the logits' gradient made

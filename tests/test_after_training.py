@@ -139,7 +139,7 @@ def test_eval_auto_stride_recovers_in_the_trainer_within_what_load_and_roundtrip
     monkeypatch.setattr(trainer_finish, "load_artifact", slow_load)
     monkeypatch.setattr(trainer_evaluate, "eval_roundtrip", slow_roundtrip)
     monkeypatch.setattr(trainer_evaluate, "eval_sliding", spy)
-    monkeypatch.setattr(trainer_model.GPT, "forward_logits", clock.wrap(trainer_model.GPT.forward_logits))
+    monkeypatch.setattr(trainer_model.GPT, "head_logits", clock.wrap(trainer_model.GPT.head_logits))  # once per scoring batch
     t0 = time.perf_counter()
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "auto", EVAL_AUTO_STRIDE=1,
                                EVAL_STRIDE=8, EVAL_MAX_SECONDS=1950) == 0

@@ -182,7 +182,7 @@ def test_score_cli_auto_stride_recovers_within_what_load_and_roundtrip_left(
     def slow_load(*args, **kwargs):
         time.sleep(0.3)
         model, config, meta = load(*args, **kwargs)
-        model.forward_logits = clock.wrap(model.forward_logits)
+        model.head_logits = clock.wrap(model.head_logits)  # once per scoring batch
         return model, config, meta
 
     def slow_roundtrip(*args, **kwargs):

@@ -207,3 +207,25 @@ def test_every_target_scored_once_is_a_real_check(stream, luts, monkeypatch):
     monkeypatch.setattr(sliding, "plan_sliding_windows", plan_missing_one)
     with pytest.raises(RuntimeError, match=r"scored 298 targets, expected every one of the 299 exactly once"):
         eval_sliding(TinyCausalLM(), stream[:300], luts, seq_len=32, stride=8, batch_seqs=4, **QUIET)
+
+
+def test_a_gpt_scores_through_its_head_on_the_scored_positions_alone(stream, luts):
+    """GPT: the trunk runs on whole windows and the head only on the positions a window scores (all of window
+    0's, the last `stride` of each later one), with the reference's (forward_logits per window) sums."""
+    from model.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(vocab_size=1024, num_layers=2, model_dim=64, num_heads=4, num_kv_heads=2, mlp_mult=2.0,
+                rope_dims=8).eval()
+    model.init_weights()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    rows, head = [], model.head_logits
+    model.head_logits = lambda x: rows.append(tuple(x.shape[:2])) or head(x)
+    tokens = stream[:301]
+    res = eval_sliding(model, tokens, luts, seq_len=32, stride=8, batch_seqs=5, **QUIET)
+    assert rows == [(5, 32)] + [(5, 8)] * (len(rows) - 1) and len(rows) == -(-count_sliding_windows(300, 32, 8) // 5)
+    nll, num_scored, num_bytes = reference_sliding_sums(model, tokens, luts, 32, 8)
+    assert res["num_scored_tokens"] == num_scored == 300 and res["num_bytes"] == num_bytes
+    assert res["val_loss"] == pytest.approx(nll / num_scored, rel=1e-6)

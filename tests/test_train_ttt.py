@@ -107,7 +107,7 @@ def test_a_ttt_overrun_keeps_the_roundtrip_and_names_the_ttt_command(
     monkeypatch.setattr(trainer_evaluate, "time_eval_forward", lambda *a: 1e-6)
     monkeypatch.setattr(trainer_evaluate, "time_ttt_step", lambda *a: 1e-6)
     monkeypatch.setattr(trainer_evaluate, "run_ttt", lambda *a, **k: run_ttt(*a, clock=clock, **k))
-    monkeypatch.setattr(trainer_model.GPT, "forward_logits", clock.wrap(trainer_model.GPT.forward_logits))
+    monkeypatch.setattr(trainer_model.GPT, "head_logits", clock.wrap(trainer_model.GPT.head_logits))  # once per scoring batch
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "over", EVAL_MAX_SECONDS=900,
                                **TTT_ENV) == 1
     out = capsys.readouterr().out

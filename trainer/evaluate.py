@@ -14,7 +14,7 @@ from eval.roundtrip import eval_roundtrip
 from eval.lora_ttt import (BatchedLoRA, estimate_lora_work, lora_batch_windows, lora_train_batch, lora_work_counter,
                            plan_lora_ttt, run_lora_ttt)
 from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
-from eval.sliding import count_sliding_windows, eval_sliding
+from eval.sliding import count_sliding_windows, eval_sliding, scoring_forward
 from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
 from trainer.context import RunContext
 from model.gpt import GPT
@@ -102,13 +102,16 @@ def seconds_per_call(ctx: RunContext, call, repeats: int = 3, label: str = "timi
 
 def time_eval_forward(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     """Seconds of one forward of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
-    read), compiled and autocast as the eval runs it."""
-    forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
+    read), compiled and autocast as the eval runs it: the head on the last EVAL_STRIDE positions only."""
+    forward, head = scoring_forward(model, ctx.compile)
     x = torch.zeros(hp.eval_batch_seqs, hp.train_seq_len, dtype=torch.int64, device=ctx.device)
+    context = hp.train_seq_len - min(hp.eval_stride, hp.train_seq_len)
 
     def call():
         with torch.inference_mode(), ctx.autocast():
-            forward(x)
+            out = forward(x)[:, context:]
+            if head is not None:
+                head(out)
 
     return seconds_per_call(ctx, call, label="eval plan: timing the eval forward")
 

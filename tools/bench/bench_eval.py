@@ -135,7 +135,9 @@ def bench_cpu(args, luts):
 
 
 def forward_flops(config, seq_len):
-    """(total, attention) FLOPs of one forward_logits of a [1, seq_len] window (FlopCounterMode)."""
+    """(name, total, attention, head) FLOPs of one forward_logits of a [1, seq_len] window (FlopCounterMode);
+    head: the head's FLOPs per position (0 for a model without head_logits). The eval runs the head only on
+    the positions it scores (eval.sliding.scoring_forward): window_flops."""
     name, model = build_model(config, "meta")
     x = torch.zeros((1, seq_len), dtype=torch.int64, device="meta")
     with FlopCounterMode(display=False) as counter:
@@ -143,12 +145,22 @@ def forward_flops(config, seq_len):
     by_op = {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
     # Attention is the only batched matmul (q k^T and p v) in these models; sdpa kernels count as attention too.
     attention = sum(v for k, v in by_op.items() if "bmm" in k or "attention" in k)
-    return name, counter.get_total_flops(), attention
+    head = 0
+    if hasattr(model, "head_logits"):
+        with FlopCounterMode(display=False) as head_counter:
+            model.head_logits(torch.zeros((1, 1, config["model_dim"]), device="meta"))
+        head = head_counter.get_total_flops()
+    return name, counter.get_total_flops(), attention, head
+
+
+def window_flops(total, attention, head, seq_len, stride) -> float:
+    """FLOPs of one scoring window, causal count (attention halved), the head on its `stride` scored positions."""
+    return total - attention / 2 - head * (seq_len - min(stride, seq_len))
 
 
 def bench_projection(args):
     seq_len, num_targets = 2048, OFFICIAL_VAL_TOKENS - 1
-    name, total, attention = forward_flops(H100_CONFIG, seq_len)
+    name, total, attention, head = forward_flops(H100_CONFIG, seq_len)
     rate = H100_BF16_PEAK_FLOPS * args.mfu
     print(f"\nH100 projection, {name} 8L d512 8h/4kv MLP3x vocab 1024, seq {seq_len}, {OFFICIAL_VAL_TOKENS:,} val tokens, "
           f"{args.mfu:.0%} MFU of {H100_BF16_PEAK_FLOPS / 1e12:.0f} TFLOP/s")
@@ -158,7 +170,8 @@ def bench_projection(args):
     print(f"|{'-' * 8}|{'-' * 11}|{'-' * 16}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
     for stride in (32, 64, 128, 256, 512, 2048):
         windows = count_sliding_windows(num_targets, seq_len, stride)
-        dense_s, causal_s = windows * total / rate, windows * (total - attention / 2) / rate
+        causal = window_flops(total, attention, head, seq_len, stride)
+        dense_s, causal_s = windows * (causal + attention / 2) / rate, windows * causal / rate
         print(f"| {stride:>6} | {windows:>9,} | {windows * seq_len:>14,} | {dense_s:8.1f} | {causal_s:8.1f} | "
               f"{'yes' if causal_s <= 300 else 'no':>8} |")
 
@@ -177,13 +190,13 @@ def preset_eval_projection(preset, mfu=PRESET_EVAL_MFU, strides=(64, 96, 128)):
 
     hp = trainer_settings.Hyperparameters.from_env({"PRESET": preset}, log=lambda *_: None)
     config, seq_len = trainer_model.build_model_config(hp), hp.train_seq_len
-    _, total, attention = forward_flops(config, seq_len)
+    _, total, attention, head = forward_flops(config, seq_len)
     rate = H100_BF16_PEAK_FLOPS * mfu * (8 if preset == "8xh100" else 1)
     num_targets = VAL_TOKENS_BY_VOCAB[hp.vocab_size] - 1
-    causal = total - attention / 2
-    out = {"roundtrip": math.ceil(num_targets / seq_len) * causal / rate}
+    out = {"roundtrip": math.ceil(num_targets / seq_len) * window_flops(total, attention, head, seq_len, seq_len) / rate}
     for stride in strides:
-        out[stride] = count_sliding_windows(num_targets, seq_len, stride) * causal / rate
+        out[stride] = (count_sliding_windows(num_targets, seq_len, stride)
+                       * window_flops(total, attention, head, seq_len, stride) / rate)
     return hp, out
 
 
