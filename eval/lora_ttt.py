@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from eval.lora_batch import (BatchedLoRA, count_round_forwards, lora_train_batch, plan_lora_rounds, round_windows,
                              score_lora_batch)
-from eval.sliding import EvalTimeError
+from eval.sliding import EvalTimeError, scoring_forward
 from eval.ttt import check_ttt_legality, mark_update, pick_ttt_plan, split_ttt_chunks, ttt_records, ttt_totals
 from primitives.progress import Progress
 
@@ -178,7 +178,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
         trains_after[r] += trains_after[r + 1]
     saved_flags = [(p, p.requires_grad) for p in model.parameters()]
     lora = BatchedLoRA(model, lora_rank, batch_docs)
-    score_fwd = torch.compile(model.forward_logits, dynamic=False) if compile_model else model.forward_logits
+    score_fwd, head = scoring_forward(model, compile_model)
     records = ttt_records(bounds, document=doc_index, slot=[None] * len(doc_index), round=[None] * len(doc_index))
     step, num_updates, stopped = 0, 0, None
     totals = torch.zeros(3, dtype=torch.float64, device=device)
@@ -199,7 +199,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
                 for first in range(rank * batch_windows, len(windows), world_size * batch_windows):
                     sums += score_lora_batch(score_fwd, lora, tokens, luts, windows[first:first + batch_windows],
                                              bounds, slot_of, batch_windows, seq_len=seq_len, stride=stride,
-                                             autocast_dtype=autocast_dtype)
+                                             autocast_dtype=autocast_dtype, head=head)
             if dist.is_initialized():
                 dist.all_reduce(sums)
             for s, c, _ in now:

@@ -22,7 +22,15 @@ CONFIG = dict(vocab_size=1024, num_layers=2, model_dim=32, num_heads=2, num_kv_h
 
 
 class ClockedGPT(ClockedForward, GPT):
-    """GPT whose forward_logits advances a fake clock: score_seconds under inference mode, else train_seconds."""
+    """GPT whose trunk (forward_hidden: every scoring forward and training step runs it once) advances a fake
+    clock: score_seconds under inference mode, else train_seconds."""
+
+    def forward_logits(self, input_ids):
+        return GPT.forward_logits(self, input_ids)  # ticks once, in forward_hidden
+
+    def forward_hidden(self, input_ids):
+        self.tick()
+        return GPT.forward_hidden(self, input_ids)
 
 
 def tiny_gpt(seed=0, **clock):

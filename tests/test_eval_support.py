@@ -187,8 +187,11 @@ class ClockedForward:
     def clock(self) -> float:
         return self.now
 
-    def forward_logits(self, input_ids):
+    def tick(self) -> None:
         self.now += self.score_seconds if torch.is_inference_mode_enabled() else self.train_seconds
+
+    def forward_logits(self, input_ids):
+        self.tick()
         return super().forward_logits(input_ids)
 
 

@@ -238,12 +238,15 @@ def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        forward = torch.compile(model.forward_logits, dynamic=False) if ctx.compile else model.forward_logits
+        forward, head = scoring_forward(model, ctx.compile)
+        context = hp.train_seq_len - min(hp.eval_stride, hp.train_seq_len)
 
         def score():
             lora.set_rows(torch.arange(windows) % slots)
             with torch.inference_mode(), ctx.autocast():
-                forward(x)
+                out = forward(x)[:, context:]
+                if head is not None:
+                    head(out)
 
         def step():
             lora_train_batch(model, lora, tokens, spans, autocast_dtype=ctx.autocast_dtype)
