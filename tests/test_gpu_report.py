@@ -62,6 +62,15 @@ def test_parse_pytest_summary_and_failures():
                      "tests/test_gpu.py::test_cuda_forward_matches_cpu_fp32_at_bf16_tolerance")]
 
 
+def test_parse_pytest_names_the_slowest_tests_of_durations():
+    text = ("F..\n============ slowest 5 durations ============\n44.12s call     tests/test_gpu.py::test_step\n"
+            "9.80s setup    tests/test_gpu.py::test_a\n3.51s call     tests/test_gpu_step_ops.py::test_b\n"
+            "FAILED tests/test_gpu.py::test_step - AssertionError\n1 failed, 2 passed, 9 deselected in 60.00s\n")
+    rows = gpu_report.parse_pytest(job("pytest", "pytest -m gpu"), text, 1)
+    assert rows == [("pytest", "pytest -m gpu", "1 failed, 2 passed, 9 deselected in 60.00s",
+                     "tests/test_gpu.py::test_step / slowest: test_step 44 s, test_b 4 s")]
+
+
 def test_parse_bench_keeps_the_kit_row_when_the_reference_failed():
     text = BENCH_OUT.replace("reference      366.5    1,430,513   30.8%  10.0 GiB   1.00x\n", "") + (
         "bench_step: the reference gave no time: reference exited 2: [\"can't open file\"]\n")
@@ -81,7 +90,7 @@ def test_failure_note_names_the_error_line_and_the_exit():
     assert gpu_report.failure_note("", None) == "timed out: "
 
 
-def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin(monkeypatch):
+def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_and_warms_the_essentials(monkeypatch):
     monkeypatch.setattr(gpu_report, "installed", lambda module: True)
     args = argparse.Namespace(sections=",".join(gpu_report.SECTIONS), cpu_twin=False, reference="ref.py", compare=None)
     jobs = gpu_report.plan(args, {})
@@ -90,9 +99,11 @@ def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_with_a_precompile_twin
     assert [j.env.get("GRAD_ACCUM_STEPS") for j in step if j.section == "microbatch"] == ["16", "4"]
     baseline = next(j for j in step if j.section == "baseline")
     assert baseline.argv[-2:] == ["--reference", "ref.py"] and baseline.env["NUM_LAYERS"] == "9"
+    warm = [j.label for j in step if j.precompile_argv]  # the essentials: the others compile in their own time
+    assert warm == ["default kernels (auto)", "SDPA + torch loss", "official baseline shape"]
     for j in step:  # the warm-up twin is the kit's command with two steps, never the reference script's
         kit_argv = j.argv[:-2] if "--reference" in j.argv else j.argv
-        assert j.precompile_argv == [a if a != str(gpu_report.TIMED_STEPS) else "2" for a in kit_argv]
+        assert j.precompile_argv in (None, [a if a != str(gpu_report.TIMED_STEPS) else "2" for a in kit_argv])
     assert [j.section for j in jobs][:6] == ["kernels", "step", "step", "baseline", "pytest", "gpu_check"]
     assert [j.env.get("PRESET") for j in jobs if j.section == "gpu_check"] == [None, "1xh100-frontier"]
 

@@ -22,9 +22,11 @@ alone, --compare, microbatch and the frontier preset's gpu_check, as far as --bu
   gpu_check  tools/gpu_check.py's rows (compile, recompiles, CUDA vs CPU, QAT, eval projections) for the
              preset, and last the same for the 1xh100-frontier candidate (its eval projection)
   microbatch the step at 16 and 64 sequences per micro-batch (GRAD_ACCUM_STEPS; step gives 32)
-Before the timed sections, `--precompile N` (default 4 on a GPU) runs every step configuration of
-the kit once with two steps (never the reference script), N at a time, for at most half the budget, so the
-Inductor caches are warm and each timed child compiles in seconds.
+Before the timed sections, `--precompile N` (default 4 on a GPU) runs the essential step configurations
+of the kit (default kernels, SDPA, the baseline shape; never the reference script) once with two steps,
+N at a time, for at most half the budget, so the Inductor caches are warm and those timed children
+compile in seconds; an optional row compiles in its own time. On one H100 (2026-11-26/27 timings) the essentials
+take ~8-9 minutes and every section ~14: `--budget-s 900` runs them all.
 The compile rows are therefore not compile times: gpu_check's first-compile figure is warm too.
 
 The report is written row by row to --out (markdown) and printed at the end: a run cut short keeps
@@ -131,7 +133,10 @@ def parse_kernels(job, text, returncode):
 def parse_pytest(job, text, returncode):
     tails = PYTEST_TAIL.findall(text)
     failed = re.findall(r"^FAILED (\S+)", text, re.M)
-    return [(job.section, job.label, tails[-1] if tails else failure_note(text, returncode), "; ".join(failed))]
+    slowest = [f"{name.rpartition('::')[2]} {float(seconds):.0f} s"
+               for seconds, name in re.findall(r"^([\d.]+)s call\s+(\S+)", text, re.M)[:3]]  # --durations
+    note = "; ".join(failed) + (" / " if failed and slowest else "") + ("slowest: " + ", ".join(slowest) if slowest else "")
+    return [(job.section, job.label, tails[-1] if tails else failure_note(text, returncode), note)]
 
 
 def installed(module: str) -> bool:
@@ -152,11 +157,12 @@ def plan(args, env: dict) -> list:
     bench = [py, "tools/bench_step.py", "--steps", str(3 if twin else TIMED_STEPS)] + (["--cpu"] if twin else [])
     jobs = []
 
-    def step_job(section, label, extra, reference=None, cwd=REPO):
+    def step_job(section, label, extra, reference=None, cwd=REPO, warm=True):
+        """warm: precompiled before the timed sections (the essentials; an optional row compiles in its own time)."""
         argv = bench + (["--reference", reference] if reference else [])
         pre = [a if a != str(TIMED_STEPS) else "2" for a in bench]  # the kit's graphs only: the reference compiles its own
-        jobs.append(Job(section, label, argv, {**shape, **timing, **extra}, 300, parse_bench, None if twin else pre,
-                        Path(cwd)))
+        jobs.append(Job(section, label, argv, {**shape, **timing, **extra}, 300, parse_bench,
+                        None if twin or not warm else pre, Path(cwd)))
 
     sections = args.sections.split(",")
     if "kernels" in sections:
@@ -171,22 +177,22 @@ def plan(args, env: dict) -> list:
         step_job("baseline", "official baseline shape", small if twin else BASELINE_SHAPE, ref)
     if "pytest" in sections:
         jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
-                                                     "tests"], {}, 240, parse_pytest))
+                                                     "--durations=5", "tests"], {}, 240, parse_pytest))
     check = [py, "tools/gpu_check.py"] + (["--cpu-twin", "--steps", "1"] if twin else [])
     if "gpu_check" in sections:
         jobs.append(Job("gpu_check", "default preset", check, {}, 300, parse_check))
     if "step" in sections:  # each optional kernel alone, where installed and not what auto already gave
         fa3 = installed("flash_attn_interface")
         if not twin and fa3 and installed("flash_attn.cute"):  # auto takes FA3 first (model/attention.py)
-            step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"})
+            step_job("step", "FA4 + torch loss", {"ATTN_BACKEND": "fa4", "LOSS_KERNEL": "torch"}, warm=False)
         if not twin and installed("liger_kernel"):  # LOSS_KERNEL=auto is the kit's own loss (model/fused_loss.py)
-            step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"})
+            step_job("step", "SDPA + liger loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "liger"}, warm=False)
         if args.compare:
             step_job("step", f"default kernels (auto), checkout {Path(args.compare).name}", {"ATTN_BACKEND": "auto"},
-                     cwd=Path(args.compare).resolve())
+                     cwd=Path(args.compare).resolve(), warm=False)
     if "microbatch" in sections and not twin:
         for accum, seqs in (("16", 16), ("4", 64)):
-            step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": accum})
+            step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": accum}, warm=False)
     if "gpu_check" in sections and not twin:
         jobs.append(Job("gpu_check", "1xh100-frontier", check, {"PRESET": "1xh100-frontier"}, 300, parse_check))
     return jobs
