@@ -173,3 +173,23 @@ def call(args):
     assert by_name["triton_poi_write_only"].unread_inplace_bytes == 2 * (8 * 16 + 2 * 16)
     assert by_name["triton_poi_reads"].unread_inplace_bytes == 0
     assert stats.unread_inplace_bytes == 320 and stats.bytes_moved == 2 * 1e3 + 1e2
+
+
+def test_kernel_stats_names_launched_kernels_without_a_byte_estimate(tmp_path):
+    """A combo kernel (combo_kernels=True) has no kernel_num_gb: its bytes count 0, so it is named, not hidden."""
+    from tools.bench.step_twin import kernel_stats
+
+    def kernel(name, meta):
+        return (f"{name} = async_compile.triton('{name}', '''\n@triton_heuristics.pointwise(\n"
+                f"    triton_meta={{'signature': {{'in_ptr0': '*fp32', 'out_ptr0': '*fp32', 'xnumel': 'i32'}}, "
+                f"'device': 0}},\n    inductor_meta={meta},\n)\n@triton.jit\n"
+                f"def {name}(in_ptr0, out_ptr0, xnumel, XBLOCK : tl.constexpr):\n    pass\n''', device_str='cuda')\n")
+
+    body = ("\ndef call(args):\n    triton_poi_fused_0.run(a, b, 16, stream=stream0)\n"
+            "    triton_poi_fused_add_1.run(a, b, 16, stream=stream0)\n")
+    path = tmp_path / "module.py"
+    path.write_text(kernel("triton_poi_fused_0", "{}") + kernel("triton_poi_fused_add_1", "{'kernel_num_gb': 1e-6}")
+                    + kernel("triton_poi_unused_2", "{}") + "async_compile.wait(globals())\n" + body
+                    + "def benchmark_compiled_module():\n    pass\n")
+    stats = kernel_stats(path)
+    assert stats.unestimated == ["triton_poi_fused_0"] and stats.bytes_moved == 1e3

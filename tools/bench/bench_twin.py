@@ -72,6 +72,9 @@ def run_twin(hp, out_dir, log=print) -> int:
         log(f"{part:<9} {len(stats.kernels):>7} {sum(k.launches for k in stats.kernels):>8} {gib:>9.2f} "
             f"{stats.unread_inplace_bytes / 2**30:>15.2f} {1000 * stats.bytes_moved / H100_BYTES_PER_S:>10.1f} "
             f"{full:>14}  {spill}")
+        if stats.unestimated:
+            log(f"WARNING: {part}: {len(stats.unestimated)} launched kernels carry no byte estimate "
+                f"({', '.join(stats.unestimated[:3])}...; e.g. combo kernels): its GiB moved is a lower bound")
     census = saved_activation_census(config, 1, hp.train_seq_len)
     log(f"saved for backward (CPU bf16 autocast, 1 x {hp.train_seq_len}): {len(census.residual_fp32())} float32 "
         f"[B, T, {hp.model_dim}] residual tensors; float32 {census.bytes_by_dtype(True).get(torch.float32, 0) / 2**20:.1f} "

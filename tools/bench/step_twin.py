@@ -389,6 +389,7 @@ class Kernel:
     launches: int
     kind: str
     unread_inplace_bytes: float = 0.0
+    estimated: bool = True  # False: no kernel_num_gb in its metadata (combo kernels): its bytes count as 0
 
 
 @dataclasses.dataclass
@@ -402,6 +403,11 @@ class ModuleStats:
     @property
     def bytes_moved(self) -> float:
         return sum(k.bytes * k.launches for k in self.kernels)
+
+    @property
+    def unestimated(self) -> list:
+        """Names of the launched kernels without a byte estimate: bytes_moved is then a lower bound."""
+        return [k.name for k in self.kernels if k.launches and not k.estimated]
 
     @property
     def unread_inplace_bytes(self) -> float:
@@ -430,7 +436,7 @@ def kernel_stats(path) -> ModuleStats:
         kind = re.search(r"@triton_heuristics\.(\w+)\(", source)
         kernels.append(Kernel(name, source, float(gb.group(1)) * 1e9 if gb else 0.0,
                               len(re.findall(rf"\b{name}\.run\(", body)), kind.group(1) if kind else "?",
-                              _unread_inplace_bytes(name, source, body, numels)))
+                              _unread_inplace_bytes(name, source, body, numels), estimated=gb is not None))
     fp32 = [tuple(int(v) for v in dims.split(",") if v.strip()) for dims, dtype in ALLOC.findall(body)
             if dtype == "float32"]
     return ModuleStats(kernels, fp32, len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.step_twin\.", body)))
