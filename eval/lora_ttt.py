@@ -139,8 +139,9 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
                  compile_model=False, max_seconds=600.0, bos_id=1, log=print, clock=time.perf_counter) -> dict:
     """Per-document LoRA score-first TTT over val_tokens int [N]; the model's weights are left as they were.
 
-    model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] and nn.Linear modules matching
-    LORA_TARGETS. chunk_tokens (TTT_LORA_CHUNK_TOKENS, <= seq_len): targets per scored chunk; epochs
+    model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] (scoring: forward_hidden + head_logits
+    where it has them, eval.sliding.scoring_forward) and nn.Linear modules matching LORA_TARGETS.
+    chunk_tokens (TTT_LORA_CHUNK_TOKENS, <= seq_len): targets per scored chunk; epochs
     (TTT_EPOCHS): Adam steps (lr = TTT_LORA_LR, betas 0.9/0.95) after each chunk but a document's last;
     lora_rank: TTT_LORA_RANK; batch_docs (TTT_LORA_BATCH_DOCS): adapter slots, documents in flight.
     Scoring forwards of lora_batch_windows windows (at most eval_batch_seqs). Multi-rank: every rank

@@ -205,7 +205,8 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
     """Score-first TTT over the stream val_tokens int [N]; adapts `model` IN PLACE (the dequantized
     artifact's weights; nothing is saved).
 
-    model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] and forward(x, y) -> mean
+    model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] (or forward_hidden + head_logits:
+    eval.sliding.scoring_forward) and forward(x, y) -> mean
     cross-entropy (nats), on `device`, kept in eval mode (no dropout). Scoring: eval/sliding.py's
     window set at `stride` in batches of eval_batch_seqs windows, under inference mode, exact bytes
     (eval/bpb.py). Update: SGD(lr, momentum) with lr cosine-decayed over the chunks, grad-norm clip
