@@ -66,7 +66,7 @@ def test_backend_row_warns_for_sdpa_on_cuda_and_never_fails():
     gc = gpu_check_module()
     assert gc.backend_row("cuda", "fa3").verdict == "ok" and gc.backend_row("cpu", "sdpa").verdict == "ok"
     row = gc.backend_row("cuda", "sdpa", "cudnn_attention")
-    assert row.ok and row.verdict == "WARN" and "326 ms/step with FA3" in row.warn and "requirements-gpu.txt" in row.warn
+    assert row.ok and row.verdict == "WARN" and "307 ms on cuDNN SDPA against 299 with FA4" in row.warn and "requirements-gpu.txt" in row.warn
     slow = gc.backend_row("cuda", "sdpa", "efficient_attention")
     assert slow.ok and "efficient_attention is 3.0x cuDNN's attention time" in slow.warn
 

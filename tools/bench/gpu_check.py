@@ -119,9 +119,10 @@ class GraphCountingLoader:
 
 
 # Measured on one H100 SXM, torch 2.11 (the kit's run of 2026-11-25): attention fwd+bwd at the default
-# preset's shape per SDPA backend, ms; and the step of PR #1617's log with FA3 vs ours on SDPA (cuDNN).
+# preset's shape per SDPA backend, ms. The kit's step at the default preset on cuDNN SDPA and with FA4 (one
+# gpu_report call, 2026-11-27); PR #1617's log: 326 ms with FA3 on torch 2.9.1.
 SDPA_MEASURED_MS = {"cudnn_attention": 1.75, "flash_attention": 2.62, "efficient_attention": 5.23}
-FA3_STEP_MS, SDPA_STEP_MS = 326, 414
+SDPA_STEP_MS, FA4_STEP_MS, FA3_STEP_MS = 307.2, 299.0, 326
 H100_PCIE = dict(sms=114, hbm_tb_s=2.0)  # vs SXM5: 132 SMs, 3.35 TB/s (NVIDIA H100 datasheet)
 
 
@@ -143,8 +144,8 @@ def backend_row(device_type: str, backend: str, sdpa_kernel: str = "") -> Row:
     if device_type != "cuda" or backend != "sdpa":
         return Row("attention backend", backend)
     ms = SDPA_MEASURED_MS.get(sdpa_kernel)
-    cost = (f"expected cost: PR #1617 ran this preset at {FA3_STEP_MS} ms/step with FA3, the kit {SDPA_STEP_MS} on "
-            f"cuDNN SDPA (H100, measured; not all of it attention)")
+    cost = (f"expected cost: the kit's step at this preset took {SDPA_STEP_MS:.0f} ms on cuDNN SDPA against "
+            f"{FA4_STEP_MS:.0f} with FA4 (one H100, measured)")
     if ms and sdpa_kernel != "cudnn_attention":
         cost += f"; {sdpa_kernel} is {ms / SDPA_MEASURED_MS['cudnn_attention']:.1f}x cuDNN's attention time"
     return Row("attention backend", f"sdpa ({sdpa_kernel or 'kernel unknown'}), flash-attn not importable",
