@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from eval.bpb import count_target_bytes
-from eval.sliding import first_sliding_window, plan_sliding_windows
+from eval.sliding import apply_head, first_sliding_window, plan_sliding_windows
 
 LORA_TARGETS = r"\.(attn\.c_q|attn\.c_v|mlp\.proj)$"
 LORA_SEED = 1234
@@ -146,7 +146,7 @@ def score_lora_batch(score_fwd, lora: BatchedLoRA, tokens, luts, rows: list, bou
     lora.set_rows(slots)
     with torch.autocast(tokens.device.type, autocast_dtype, enabled=autocast_dtype is not None):
         out = score_fwd(tokens[index])[:, context:]
-        logits = out if head is None else head(out)
+        logits = out if head is None else apply_head(head, out)
     index, score = index[:, context:], score[:, context:]
     score = score & (index >= lo) & (index < hi)
     y = tokens[index + 1]

@@ -76,6 +76,15 @@ def scoring_forward(model, compile_model: bool = False) -> tuple:
     return (torch.compile(forward, dynamic=False) if compile_model else forward), head
 
 
+def apply_head(head, hidden: torch.Tensor, max_positions: int = 65536) -> torch.Tensor:
+    """head(hidden) for hidden [B, T, D], in slices of whole windows of at most max_positions positions, so the
+    eager head's float32 softcap temporaries stay one slice big (window 0's batch runs it on every position)."""
+    rows = max(1, max_positions // max(1, hidden.size(1)))
+    if rows >= hidden.size(0):
+        return head(hidden)
+    return torch.cat([head(part) for part in hidden.split(rows)])
+
+
 def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, seq_len: int, stride: int,
                        autocast_dtype=None, target_lo: int = 0, target_hi: int = -1, head=None) -> torch.Tensor:
     """Sums of one batch of windows first .. first + batch_seqs - 1 of the exact set over the stream
@@ -96,7 +105,7 @@ def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, se
     context = (seq_len - stride) * (first > 0)
     with torch.autocast(tokens.device.type, autocast_dtype, enabled=autocast_dtype is not None):
         out = forward(tokens[index])[:, context:]
-        logits = out if head is None else head(out)
+        logits = out if head is None else apply_head(head, out)
     index, score = index[:, context:], score[:, context:]
     if target_lo or target_hi >= 0:
         score = score & (index >= target_lo) & (index < (num_targets if target_hi < 0 else target_hi))

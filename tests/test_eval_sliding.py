@@ -229,3 +229,14 @@ def test_a_gpt_scores_through_its_head_on_the_scored_positions_alone(stream, lut
     nll, num_scored, num_bytes = reference_sliding_sums(model, tokens, luts, 32, 8)
     assert res["num_scored_tokens"] == num_scored == 300 and res["num_bytes"] == num_bytes
     assert res["val_loss"] == pytest.approx(nll / num_scored, rel=1e-6)
+
+
+def test_the_head_runs_on_whole_windows_at_most_max_positions_at_a_time():
+    from eval.sliding import apply_head
+
+    calls = []
+    head = lambda x: calls.append(tuple(x.shape)) or x * 2
+    hidden = torch.randn(5, 8, 3)
+    assert torch.equal(apply_head(head, hidden, max_positions=16), hidden * 2) and calls == [(2, 8, 3)] * 2 + [(1, 8, 3)]
+    calls.clear()
+    assert torch.equal(apply_head(head, hidden[:, -2:], max_positions=16), hidden[:, -2:] * 2) and calls == [(5, 2, 3)]
