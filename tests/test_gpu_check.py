@@ -53,6 +53,17 @@ def test_cpu_twin_runs_every_check_and_passes():
     assert proc.stdout.rstrip().endswith("gpu_check: all checks passed")
 
 
+@pytest.mark.slow
+def test_micro_batches_time_the_step_at_half_and_twice_the_sequences():
+    """GRAD_ACCUM_STEPS=2 of 4 sequences (2 per micro-batch): rows for 1 (accum 4) and 4 (accum 1) sequences."""
+    proc = run_check("--cpu-twin", "--steps", "1", "--micro-batches", **TWIN_ENV, GRAD_ACCUM_STEPS="2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = re.findall(r"train step, (\d) seqs/micro-batch +([\d.]+) ms \(([+-][\d.]+)% against 2 seqs; "
+                      r"GRAD_ACCUM_STEPS=(\d)\), peak n/a on the CPU", proc.stdout)
+    assert [(seqs, accum) for seqs, _, _, accum in rows] == [("1", "4"), ("4", "1")], proc.stdout
+    assert all(float(ms) > 0 for _, ms, _, _ in rows)
+
+
 # ----------------------------------------------------------------------------------------------- verdicts
 
 def gpu_check_module():

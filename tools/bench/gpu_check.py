@@ -10,7 +10,7 @@ GPU and whether it is an H100 SXM (the leaderboard's machine); compile time, gra
 recompiles; ms per step, tokens/s, MFU and peak memory after warmup; the step-time change when QAT
 switches on; CUDA vs CPU forward agreement at bf16 tolerance; QAT fake-quant equal to the export
 rounding on the GPU; sliding-eval ms per window and the projected full-val eval time at strides 64,
-96 and 128.
+96 and 128; with `--micro-batches`, the step at half and twice the sequences per micro-batch.
 
 Verdicts: FAIL only for what makes a run wrong or over a limit (a crash, graph breaks, recompiles,
 CUDA/CPU mismatch, QAT mismatch, the projected eval over EVAL_MAX_SECONDS at the stride the run
@@ -42,6 +42,28 @@ GPU_CHECK_STEPS = 20  # timed steps on a GPU, with QAT off, then as many with QA
 CPU_TWIN_STEPS_HELP = 3  # tools/bench/cpu_twin_size.py CPU_TWIN_STEPS (imports torch); a test keeps them equal
 
 
+def micro_batch_rows(ctx, hp, loader, num_steps: int, base_ms: float) -> list:
+    """`--micro-batches`: the step at half and at twice the default sequences per micro-batch (GRAD_ACCUM_STEPS
+    x2 and /2, where the batch splits evenly), QAT off, compiled as the trainer compiles it; one row each with
+    ms per step against base_ms (the default's, QAT off) and peak memory. A smaller micro-batch lowers the
+    peak; a larger one can run faster where memory allows (each size compiles its own graph)."""
+    accum = hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    seqs = lambda a: hp.train_batch_tokens // (ctx.world_size * a * hp.train_seq_len)
+    rows = []
+    for a in (2 * accum, accum // 2):
+        if a < 1 or hp.train_batch_tokens % (ctx.world_size * a * hp.train_seq_len):
+            continue
+        run = dataclasses.replace(hp, grad_accum_steps=a, iterations=num_steps, max_wallclock_seconds=0.0,
+                                  qat_start_frac=0.0, train_log_every=num_steps, val_loss_every=0,
+                                  warmup_steps=max(2, hp.warmup_steps), checkpoint_every=0, resume=False)
+        tok_s = step_tokens_per_second(timed_train(ctx, run, loader)[2], num_steps)
+        ms = 1000 * hp.train_batch_tokens / tok_s[0]
+        rows.append(Row(f"train step, {seqs(a)} seqs/micro-batch",
+                        f"{ms:.1f} ms ({100 * (ms / base_ms - 1):+.1f}% against {seqs(accum)} seqs; GRAD_ACCUM_STEPS={a}), "
+                        f"peak {peak_memory(ctx)}"))
+    return rows
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-twin", action="store_true",
@@ -50,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --cpu-twin: the preset's own shape (refused when it does not fit in memory)")
     parser.add_argument("--steps", type=int, help=f"timed steps with QAT off, then as many with QAT on (default "
                                                   f"{GPU_CHECK_STEPS}; {CPU_TWIN_STEPS_HELP} with --cpu-twin)")
+    parser.add_argument("--micro-batches", action="store_true",
+                        help="also time the step at half and twice the sequences per micro-batch (~1 min more each)")
     return parser
 
 
@@ -224,14 +248,11 @@ def versions_and_device(device, backend, sdpa_kernel="") -> list:
     return rows
 
 
-def training_rows(ctx, hp, loader, num_steps) -> tuple:
-    """train() for warmup + 2 x num_steps steps, QAT on for the second half; returns (rows, model)."""
+def timed_train(ctx, hp, loader) -> tuple:
+    """trainer_loop.train() of a fresh model as the trainer builds it, its log captured:
+    (model, result, log lines, seconds in all, FLOPs per token)."""
     from torch._dynamo.utils import counters
 
-    # at least two warmup steps: the QAT-on graph compiles in warmup, not inside the QAT-on timing
-    hp = dataclasses.replace(hp, iterations=2 * num_steps, max_wallclock_seconds=0.0, qat_start_frac=0.5,
-                             train_log_every=num_steps, val_loss_every=0, warmup_steps=max(2, hp.warmup_steps),
-                             checkpoint_every=0, resume=False)
     config = trainer_model.build_model_config(hp)
     torch.manual_seed(hp.seed)
     model = trainer_model.GPT(**config).to(ctx.device)
@@ -247,12 +268,34 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
     t0 = time.perf_counter()
     try:
         result = trainer_loop.train(ctx, hp, model, loader, flops_per_token=flops)
-        steps, train_seconds, losses = result.steps, result.train_seconds, result.train_losses
     finally:
         ctx.log = log
-    total_seconds = time.perf_counter() - t0
-    tok_s = [float(m.group(1)) for line in lines if (m := re.search(r" tok_s:(\d+)", line))
-             and re.match(rf"step:({num_steps}|{2 * num_steps})/", line)]
+    return model, result, lines, time.perf_counter() - t0, flops
+
+
+def step_tokens_per_second(lines: list, *steps: int) -> list:
+    """tok/s of the trainer's `step:N/...` log lines at the given steps, in log order."""
+    wanted = "|".join(map(str, steps))
+    return [float(m.group(1)) for line in lines if (m := re.search(r" tok_s:(\d+)", line))
+            and re.match(rf"step:({wanted})/", line)]
+
+
+def peak_memory(ctx) -> str:
+    return (f"{torch.cuda.max_memory_allocated(ctx.device) / 2**30:.1f} GiB" if ctx.device.type == "cuda"
+            else "n/a on the CPU")
+
+
+def training_rows(ctx, hp, loader, num_steps) -> tuple:
+    """train() for warmup + 2 x num_steps steps, QAT on for the second half; returns (rows, model)."""
+    from torch._dynamo.utils import counters
+
+    # at least two warmup steps: the QAT-on graph compiles in warmup, not inside the QAT-on timing
+    hp = dataclasses.replace(hp, iterations=2 * num_steps, max_wallclock_seconds=0.0, qat_start_frac=0.5,
+                             train_log_every=num_steps, val_loss_every=0, warmup_steps=max(2, hp.warmup_steps),
+                             checkpoint_every=0, resume=False)
+    model, result, lines, total_seconds, flops = timed_train(ctx, hp, loader)
+    steps, train_seconds, losses = result.steps, result.train_seconds, result.train_losses
+    tok_s = step_tokens_per_second(lines, num_steps, 2 * num_steps)
     ms_off, ms_on = (1000 * hp.train_batch_tokens / t for t in tok_s)
     accum = hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
     # graphs once step 1 of warmup has run, and once warmup is over: after step 1 the run compiles exactly one
@@ -261,8 +304,7 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
     graphs = counters["stats"]["unique_graphs"]
     states = (["QAT on"] * model.has_qat + ["looped"] * bool(hp.num_loops)) if ctx.compile else []
     breaks = sum(counters["graph_break"].values())
-    peak = (f"{torch.cuda.max_memory_allocated(ctx.device) / 2**30:.1f} GiB" if ctx.device.type == "cuda"
-            else "n/a on the CPU")
+    peak = peak_memory(ctx)
     rows = [
         Row("compile + warmup", f"{total_seconds - train_seconds:.1f} s ({hp.warmup_steps} warmup steps, compile "
             f"{'on' if ctx.compile else 'off'})"),
@@ -492,6 +534,9 @@ def main(argv=None) -> int:
         if hp.ttt_mode == "lora" and data_given(hp):  # the documents of the val split the eval scores
             val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
         rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val, val)
+        if args.micro_batches:
+            base_ms = float(next(r.value for r in train_rows if r.check == "train step").split()[0])
+            rows += micro_batch_rows(ctx, hp, loader, args.steps, base_ms)
     print_table(rows)
     failed, warned = [r.check for r in rows if not r.ok], [r.check for r in rows if r.ok and r.warn]
     tail = f" ({len(warned)} warning{'s' * (len(warned) != 1)}: {', '.join(warned)})" if warned else ""
