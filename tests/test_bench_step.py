@@ -193,3 +193,14 @@ def test_kernel_stats_names_launched_kernels_without_a_byte_estimate(tmp_path):
                     + "def benchmark_compiled_module():\n    pass\n")
     stats = kernel_stats(path)
     assert stats.unestimated == ["triton_poi_fused_0"] and stats.bytes_moved == 1e3
+
+
+def test_top_kernels_ranks_by_the_bytes_of_all_launches():
+    from tools.bench.bench_twin import top_kernels
+    from tools.bench.step_twin import Kernel, ModuleStats
+
+    kernels = [Kernel("a", "", 100 * 2**20, 1, "pointwise"), Kernel("b", "", 30 * 2**20, 7, "persistent_reduction"),
+               Kernel("c", "", 2**30, 0, "pointwise")]  # c: never launched
+    lines = top_kernels(ModuleStats(kernels, [], 0), 2)
+    assert [line.split()[-1] for line in lines] == ["b", "a"]
+    assert lines[0].split()[:5] == ["0.205", "GiB", "7", "x", "30.0"]

@@ -36,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=50, help="timed steps per side after warmup (default 50)")
     parser.add_argument("--reference", metavar="PATH", help="a train_gpt.py to time beside the kit (own process)")
     parser.add_argument("--profile", nargs="?", const=25, type=int, metavar="ROWS",
-                        help="add each side's top CUDA kernels (default 25 rows)")
+                        help="add each side's top CUDA kernels (default 25 rows); with --cpu-twin, each module's "
+                        "generated kernels that move the most bytes")
     parser.add_argument("--cpu-twin", action="store_true", help="no GPU: the step's generated CUDA code, on the CPU")
     parser.add_argument("--cpu", action="store_true", help="time the kit's step on the CPU (a plumbing check for "
                         "tools/gpu_report.py --cpu-twin: its timings say nothing about a GPU; no --reference)")
@@ -203,7 +204,7 @@ def main(argv=None) -> int:
     if args.cpu_twin:
         from tools.bench.bench_twin import run_twin
 
-        return run_twin(hp, args.out_dir)
+        return run_twin(hp, args.out_dir, top=args.profile or 0)
     if not torch.cuda.is_available() and not args.cpu:
         print(f"bench_step: needs a CUDA GPU (torch {torch.__version__} sees none); on a CPU run "
               "`python tools/bench_step.py --cpu-twin`", file=sys.stderr)

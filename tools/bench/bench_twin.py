@@ -8,6 +8,7 @@ part of it Inductor charges as reads of in-place outputs the kernel never loads)
 [tokens x hidden]-or-larger buffers, and the worst ptxas spill (bytes per thread, sm_90a) of their fused
 reductions, each at its least-spilling launch config (the spill autotuning cannot avoid); then the CPU
 bf16-autocast census of float32 [B, T, model_dim] activations saved for backward (tools/bench/step_twin.py).
+With `--profile ROWS`, each module's ROWS kernels that move the most bytes (where to look for waste).
 Predictions from generated code, not timings: at ~3 TB/s on an H100 SXM, 1 GiB moved costs ~0.36 ms.
 """
 
@@ -39,7 +40,14 @@ def twin_rows(paths: dict, num_tokens: int, model_dim: int, work_dir, spills: bo
     return rows
 
 
-def run_twin(hp, out_dir, log=print) -> int:
+def top_kernels(stats, rows: int) -> list:
+    """The `rows` kernels of a module that move the most bytes (all launches), as printable lines."""
+    ranked = sorted(stats.kernels, key=lambda k: -k.bytes * k.launches)[:rows]
+    return [f"  {k.bytes * k.launches / 2**30:7.3f} GiB  {k.launches:3d} x {k.bytes / 2**20:8.1f} MiB  {k.kind:<22} {k.name}"
+            for k in ranked]
+
+
+def run_twin(hp, out_dir, log=print, top: int = 0) -> int:
     """Generate and report (see the module docstring); 2 with one line when this torch cannot."""
     why = triton_status()
     if why:
@@ -72,6 +80,10 @@ def run_twin(hp, out_dir, log=print) -> int:
         log(f"{part:<9} {len(stats.kernels):>7} {sum(k.launches for k in stats.kernels):>8} {gib:>9.2f} "
             f"{stats.unread_inplace_bytes / 2**30:>15.2f} {1000 * stats.bytes_moved / H100_BYTES_PER_S:>10.1f} "
             f"{full:>14}  {spill}")
+        if top:
+            log(f"{part}: the {top} kernels that move the most (GiB all launches, launches x MiB each, kind, name)")
+            for line in top_kernels(stats, top):
+                log(line)
         if stats.unestimated:
             log(f"WARNING: {part}: {len(stats.unestimated)} launched kernels carry no byte estimate "
                 f"({', '.join(stats.unestimated[:3])}...; e.g. combo kernels): its GiB moved is a lower bound")
