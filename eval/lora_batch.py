@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from eval.bpb import count_target_bytes
-from eval.sliding import apply_head, first_sliding_window, plan_sliding_windows
+from eval.sliding import first_sliding_window, plan_sliding_windows
 
 LORA_TARGETS = r"\.(attn\.c_q|attn\.c_v|mlp\.proj)$"
 LORA_SEED = 1234
@@ -129,11 +129,10 @@ def count_round_forwards(num_windows: int, batch_windows: int, world_size: int) 
 
 
 def score_lora_batch(score_fwd, lora: BatchedLoRA, tokens, luts, rows: list, bounds: list, slot_of: dict,
-                     batch_windows: int, *, seq_len: int, stride: int, autocast_dtype, head=None) -> torch.Tensor:
+                     batch_windows: int, *, seq_len: int, stride: int, autocast_dtype) -> torch.Tensor:
     """float64 [lora.slots, 3] sums (nll nats, targets, bytes) of one forward: `rows` = (window, chunk) pairs
     (at most batch_windows; padded to it with masked rows), each row scoring only its chunk's targets, by
-    the adapter of slot_of[chunk]. With `head`, score_fwd gives hidden states and the head runs on the
-    scored positions alone (eval.sliding.scoring_forward). Call under inference mode."""
+    the adapter of slot_of[chunk]; score_fwd: eval.sliding.scoring_forward's. Call under inference mode."""
     num_targets = len(tokens) - 1
     pad = batch_windows - len(rows)
     windows = torch.tensor([w for w, _ in rows] + [rows[0][0]] * pad, device=tokens.device)
@@ -145,8 +144,7 @@ def score_lora_batch(score_fwd, lora: BatchedLoRA, tokens, luts, rows: list, bou
     context = 0 if bool((windows == 0).any()) else seq_len - stride  # only window 0 scores its first positions
     lora.set_rows(slots)
     with torch.autocast(tokens.device.type, autocast_dtype, enabled=autocast_dtype is not None):
-        out = score_fwd(tokens[index])[:, context:]
-        logits = out if head is None else apply_head(head, out)
+        logits = score_fwd(tokens[index], context)
     index, score = index[:, context:], score[:, context:]
     score = score & (index >= lo) & (index < hi)
     y = tokens[index + 1]

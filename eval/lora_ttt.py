@@ -179,7 +179,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
         trains_after[r] += trains_after[r + 1]
     saved_flags = [(p, p.requires_grad) for p in model.parameters()]
     lora = BatchedLoRA(model, lora_rank, batch_docs)
-    score_fwd, head = scoring_forward(model, compile_model)
+    score_fwd = scoring_forward(model, compile_model)
     records = ttt_records(bounds, document=doc_index, slot=[None] * len(doc_index), round=[None] * len(doc_index))
     step, num_updates, stopped = 0, 0, None
     totals = torch.zeros(3, dtype=torch.float64, device=device)
@@ -200,7 +200,7 @@ def run_lora_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=256, 
                 for first in range(rank * batch_windows, len(windows), world_size * batch_windows):
                     sums += score_lora_batch(score_fwd, lora, tokens, luts, windows[first:first + batch_windows],
                                              bounds, slot_of, batch_windows, seq_len=seq_len, stride=stride,
-                                             autocast_dtype=autocast_dtype, head=head)
+                                             autocast_dtype=autocast_dtype)
             if dist.is_initialized():
                 dist.all_reduce(sums)
             for s, c, _ in now:

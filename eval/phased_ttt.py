@@ -82,7 +82,7 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
     bounds = split_phases(tokens, phases, bos_id)
     num_phases = len(bounds) - 1
     batch_seqs = ttt_step_seqs(batch_seqs, bounds[-1], seq_len, world_size)
-    score_fwd, head = scoring_forward(model, compile_model)
+    score_fwd = scoring_forward(model, compile_model)
     train_fwd = torch.compile(model, dynamic=False) if compile_model else model
     optimizer = torch.optim.SGD(chosen, lr=lr, momentum=momentum)
     distributed = dist.is_initialized()
@@ -103,7 +103,7 @@ def run_phased_ttt(model, val_tokens, luts, *, seq_len, stride, phases=3, epochs
             t0 = clock()
             score_and_record(score_fwd, tokens, luts, window_ranges[c], bounds, records, c, totals, step,
                              eval_batch_seqs=eval_batch_seqs, seq_len=seq_len, stride=stride,
-                             autocast_dtype=autocast_dtype, head=head, bar=bar, what=f"run_phased_ttt: phase {c}")
+                             autocast_dtype=autocast_dtype, bar=bar, what=f"run_phased_ttt: phase {c}")
             check_ttt_legality(records[:c + 1])
             t1 = clock()
             phase_lr = lr * 0.5 * (1 + math.cos(math.pi * c / max(1, num_phases - 1)))

@@ -64,16 +64,18 @@ def first_sliding_window(target: int, seq_len: int, stride: int) -> int:
     return max(0, (target - seq_len + stride) // stride)
 
 
-def scoring_forward(model, compile_model: bool = False) -> tuple:
-    """(forward, head) for score_window_batch: the model's trunk (`forward_hidden`, compiled with
-    torch.compile(dynamic=False) when asked: one graph for every batch) and its head (`head_logits`, eager) where
-    the model has both, else (`forward_logits`, None). After window 0 a window scores only its last `stride`
-    positions, so the head runs on those alone: at stride 64 of 2048, 1/32 of the [B, T, V] logits."""
+def scoring_forward(model, compile_model: bool = False):
+    """The eval's forward: score(input_ids int64 [B, T], start) -> logits [B, T - start, V] (any float dtype) of
+    positions start .. T - 1. Where the model has `forward_hidden` and `head_logits`, the trunk runs on every
+    position (compiled with torch.compile(dynamic=False) when asked: one graph for every batch) and the head,
+    eager, only on the positions asked for (apply_head): after window 0 a window scores its last `stride`
+    positions alone, at stride 64 of 2048 1/32 of the [B, T, V] logits. Else `forward_logits`, sliced."""
     if hasattr(model, "forward_hidden") and hasattr(model, "head_logits"):
-        forward, head = model.forward_hidden, model.head_logits
-    else:
-        forward, head = model.forward_logits, None
-    return (torch.compile(forward, dynamic=False) if compile_model else forward), head
+        trunk, head = model.forward_hidden, model.head_logits
+        trunk = torch.compile(trunk, dynamic=False) if compile_model else trunk
+        return lambda input_ids, start=0: apply_head(head, trunk(input_ids)[:, start:])
+    forward = torch.compile(model.forward_logits, dynamic=False) if compile_model else model.forward_logits
+    return lambda input_ids, start=0: forward(input_ids)[:, start:]
 
 
 def apply_head(head, hidden: torch.Tensor, max_positions: int = 65536) -> torch.Tensor:
@@ -86,14 +88,13 @@ def apply_head(head, hidden: torch.Tensor, max_positions: int = 65536) -> torch.
 
 
 def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, seq_len: int, stride: int,
-                       autocast_dtype=None, target_lo: int = 0, target_hi: int = -1, head=None) -> torch.Tensor:
+                       autocast_dtype=None, target_lo: int = 0, target_hi: int = -1) -> torch.Tensor:
     """Sums of one batch of windows first .. first + batch_seqs - 1 of the exact set over the stream
     tokens int64 [N] (windows past the last one are padding and score nothing).
 
-    forward: input_ids int64 [B, T] -> logits [B, T, V] (any float dtype, upcast to float32 for a full
-    normalized log-softmax), T = min(seq_len, N - 1); with `head`, forward gives hidden states [B, T, D] and
-    head maps those of the scored positions to their logits (scoring_forward). Only targets with index in [target_lo,
-    target_hi) count (target_hi -1: to the end): the chunks of score-first TTT (eval/ttt.py).
+    forward: scoring_forward's (input_ids int64 [B, T], start) -> logits [B, T - start, V] (any float dtype,
+    upcast to float32 for a full normalized log-softmax), T = min(seq_len, N - 1). Only targets with index in
+    [target_lo, target_hi) count (target_hi -1: to the end): the chunks of score-first TTT (eval/ttt.py).
     Returns float64 [3] on the device of `tokens`: (NLL in nats, scored targets, their bytes by the
     official LUT rule, eval/bpb.py). Call under torch.inference_mode / no_grad.
     """
@@ -104,8 +105,7 @@ def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, se
     # Positions before `context` score nothing after window 0: skip their log-softmax.
     context = (seq_len - stride) * (first > 0)
     with torch.autocast(tokens.device.type, autocast_dtype, enabled=autocast_dtype is not None):
-        out = forward(tokens[index])[:, context:]
-        logits = out if head is None else apply_head(head, out)
+        logits = forward(tokens[index], context)
     index, score = index[:, context:], score[:, context:]
     if target_lo or target_hi >= 0:
         score = score & (index >= target_lo) & (index < (num_targets if target_hi < 0 else target_hi))
@@ -155,7 +155,7 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     tokens = val_tokens.to(device, torch.int64)
     luts = [t.to(device) for t in luts]
     num_targets = len(tokens) - 1
-    forward, head = scoring_forward(model, compile_model)
+    forward = scoring_forward(model, compile_model)
     # Batches of the busiest rank when the windows of `stride` are split over all ranks.
     num_batches = lambda s: -(-count_sliding_windows(num_targets, seq_len, s) // (world_size * batch_seqs))
     t_start = clock()
@@ -170,7 +170,7 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
         # runs past the last window; the plan masks such windows, so every batch has one shape.
         for batch_index, first in enumerate(range(rank * batch_seqs, num_windows, world_size * batch_seqs)):
             sums += score_window_batch(forward, tokens, luts, first, batch_seqs, seq_len=seq_len, stride=stride,
-                                       autocast_dtype=autocast_dtype, head=head)
+                                       autocast_dtype=autocast_dtype)
             bar.update()
             if batch_index == 0:
                 float(sums[0])  # host sync: the clock then sees the finished device work

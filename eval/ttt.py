@@ -122,7 +122,7 @@ def ttt_window_ranges(bounds: list, *, seq_len: int, stride: int, rank: int, wor
 
 
 def score_ttt_chunk(score_fwd, tokens, luts, windows, lo: int, hi: int, *, eval_batch_seqs: int, seq_len: int,
-                    stride: int, autocast_dtype, bar, what: str, head=None) -> torch.Tensor:
+                    stride: int, autocast_dtype, bar, what: str) -> torch.Tensor:
     """float64 [3] (nll nats, targets, bytes) of targets [lo, hi) scored over `windows` under inference
     mode, summed over ranks. RuntimeError (kept by `python -O`) unless every target was scored
     exactly once; `what` names the chunk in it."""
@@ -130,7 +130,7 @@ def score_ttt_chunk(score_fwd, tokens, luts, windows, lo: int, hi: int, *, eval_
     with torch.inference_mode():
         for first in windows:
             sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len, stride=stride,
-                                       autocast_dtype=autocast_dtype, target_lo=lo, target_hi=hi, head=head)
+                                       autocast_dtype=autocast_dtype, target_lo=lo, target_hi=hi)
             bar.update()
     if dist.is_initialized():
         dist.all_reduce(sums)
@@ -247,7 +247,7 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
     saved_flags = [(p, p.requires_grad) for p in model.parameters()]
     bounds = split_ttt_chunks(tokens, chunk_tokens, bos_id)
     num_chunks = len(bounds) - 1
-    score_fwd, head = scoring_forward(model, compile_model)
+    score_fwd = scoring_forward(model, compile_model)
     train_fwd = torch.compile(model, dynamic=False) if compile_model else model
     optimizer = torch.optim.SGD(chosen, lr=lr, momentum=momentum)
     distributed = dist.is_initialized()
@@ -268,7 +268,7 @@ def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epo
             t0 = clock()
             score_and_record(score_fwd, tokens, luts, window_ranges[c], bounds, records, c, totals, step,
                              eval_batch_seqs=eval_batch_seqs, seq_len=seq_len, stride=stride,
-                             autocast_dtype=autocast_dtype, head=head, bar=bar, what=f"run_ttt: chunk {c}")
+                             autocast_dtype=autocast_dtype, bar=bar, what=f"run_ttt: chunk {c}")
             check_ttt_legality(records[c:c + 1])
             t1 = clock()
             chunk_lr = lr * 0.5 * (1 + math.cos(math.pi * c / max(1, num_chunks - 1)))

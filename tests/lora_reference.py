@@ -57,7 +57,8 @@ def sequential_lora_ttt(model, tokens, luts, *, seq_len, stride, chunk_tokens, e
             if bounds[c] == doc_starts[c]:
                 lora.reset()
                 optimizer = torch.optim.Adam(lora.params, lr=lr, betas=(0.9, 0.95))
-            score_and_record(model.forward_logits, tokens, luts, windows[c], bounds, records, c, totals, step,
+            logits = lambda ids, start: model.forward_logits(ids)[:, start:]  # eval.sliding.scoring_forward's contract
+            score_and_record(logits, tokens, luts, windows[c], bounds, records, c, totals, step,
                              eval_batch_seqs=batch, seq_len=seq_len, stride=stride, autocast_dtype=None, bar=bar,
                              what=f"reference chunk {c}")
             if c == len(bounds) - 2 or doc_starts[c + 1] != doc_starts[c]:

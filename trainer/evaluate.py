@@ -100,18 +100,20 @@ def seconds_per_call(ctx: RunContext, call, repeats: int = 3, label: str = "timi
     return (time.perf_counter() - t0) / repeats
 
 
+def scored_context(hp: Hyperparameters) -> int:
+    """The positions before the ones a window after the first scores: TRAIN_SEQ_LEN - EVAL_STRIDE."""
+    return hp.train_seq_len - min(hp.eval_stride, hp.train_seq_len)
+
+
 def time_eval_forward(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     """Seconds of one forward of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
     read), compiled and autocast as the eval runs it: the head on the last EVAL_STRIDE positions only."""
-    forward, head = scoring_forward(model, ctx.compile)
+    score = scoring_forward(model, ctx.compile)
     x = torch.zeros(hp.eval_batch_seqs, hp.train_seq_len, dtype=torch.int64, device=ctx.device)
-    context = hp.train_seq_len - min(hp.eval_stride, hp.train_seq_len)
 
     def call():
         with torch.inference_mode(), ctx.autocast():
-            out = forward(x)[:, context:]
-            if head is not None:
-                head(out)
+            score(x, scored_context(hp))
 
     return seconds_per_call(ctx, call, label="eval plan: timing the eval forward")
 
@@ -238,15 +240,12 @@ def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        forward, head = scoring_forward(model, ctx.compile)
-        context = hp.train_seq_len - min(hp.eval_stride, hp.train_seq_len)
+        forward = scoring_forward(model, ctx.compile)
 
         def score():
             lora.set_rows(torch.arange(windows) % slots)
             with torch.inference_mode(), ctx.autocast():
-                out = forward(x)[:, context:]
-                if head is not None:
-                    head(out)
+                forward(x, scored_context(hp))
 
         def step():
             lora_train_batch(model, lora, tokens, spans, autocast_dtype=ctx.autocast_dtype)
