@@ -47,15 +47,18 @@ def micro_batch_rows(ctx, hp, loader, num_steps: int, base_ms: float) -> list:
     x2 and /2, where the batch splits evenly), QAT off, compiled as the trainer compiles it; one row each with
     ms per step against base_ms (the default's, QAT off) and peak memory. A smaller micro-batch lowers the
     peak; a larger one can run faster where memory allows (each size compiles its own graph)."""
-    accum = hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    is_cuda = ctx.device.type == "cuda"
+    accum = hp.resolve_grad_accum(ctx.world_size, is_cuda)
     seqs = lambda a: hp.train_batch_tokens // (ctx.world_size * a * hp.train_seq_len)
     rows = []
-    for a in (2 * accum, accum // 2):
-        if a < 1 or hp.train_batch_tokens % (ctx.world_size * a * hp.train_seq_len):
-            continue
+    for a in [a for a in (2 * accum, accum // 2) if a >= 1]:  # 0 would mean the default
         run = dataclasses.replace(hp, grad_accum_steps=a, iterations=num_steps, max_wallclock_seconds=0.0,
                                   qat_start_frac=0.0, train_log_every=num_steps, val_loss_every=0,
                                   warmup_steps=max(2, hp.warmup_steps), checkpoint_every=0, resume=False)
+        try:
+            run.resolve_grad_accum(ctx.world_size, is_cuda)
+        except ValueError:  # the batch does not split into that many micro-batches of whole sequences
+            continue
         tok_s = step_tokens_per_second(timed_train(ctx, run, loader)[2], num_steps)
         ms = 1000 * hp.train_batch_tokens / tok_s[0]
         rows.append(Row(f"train step, {seqs(a)} seqs/micro-batch",
@@ -286,7 +289,8 @@ def peak_memory(ctx) -> str:
 
 
 def training_rows(ctx, hp, loader, num_steps) -> tuple:
-    """train() for warmup + 2 x num_steps steps, QAT on for the second half; returns (rows, model)."""
+    """train() for warmup + 2 x num_steps steps, QAT on for the second half; returns (rows, model, ms per step
+    with QAT off)."""
     from torch._dynamo.utils import counters
 
     # at least two warmup steps: the QAT-on graph compiles in warmup, not inside the QAT-on timing
@@ -322,7 +326,7 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
             ok=all(math.isfinite(v) for v in losses)),
         Row("peak memory", peak),
     ]
-    return rows, model
+    return rows, model, ms_off
 
 
 def agreement_rows(ctx, model, hp) -> list:
@@ -529,14 +533,13 @@ def main(argv=None) -> int:
         else:
             loader = SyntheticLoader(hp.vocab_size, ctx.device)
             num_val = VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
-        train_rows, model = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
+        train_rows, model, step_ms = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
         val = None
         if hp.ttt_mode == "lora" and data_given(hp):  # the documents of the val split the eval scores
             val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
         rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val, val)
         if args.micro_batches:
-            base_ms = float(next(r.value for r in train_rows if r.check == "train step").split()[0])
-            rows += micro_batch_rows(ctx, hp, loader, args.steps, base_ms)
+            rows += micro_batch_rows(ctx, hp, loader, args.steps, step_ms)
     print_table(rows)
     failed, warned = [r.check for r in rows if not r.ok], [r.check for r in rows if r.ok and r.warn]
     tail = f" ({len(warned)} warning{'s' * (len(warned) != 1)}: {', '.join(warned)})" if warned else ""
