@@ -54,13 +54,16 @@ def test_cpu_twin_runs_every_check_and_passes():
 
 
 @pytest.mark.slow
-def test_micro_batches_time_the_step_at_half_and_twice_the_sequences():
-    """GRAD_ACCUM_STEPS=2 of 4 sequences (2 per micro-batch): rows for 1 (accum 4) and 4 (accum 1) sequences."""
-    proc = run_check("--cpu-twin", "--steps", "1", "--micro-batches", **TWIN_ENV, GRAD_ACCUM_STEPS="2")
+@pytest.mark.parametrize("accum, expected", [("2", [("1", "4"), ("4", "1")]), ("4", [("2", "2")])])
+def test_micro_batches_time_the_step_at_half_and_twice_the_sequences(accum, expected):
+    """4 sequences per step: GRAD_ACCUM_STEPS=2 gives rows for 1 (accum 4) and 4 (accum 1) sequences; at 4, twice
+    the accumulation (8) does not split the batch into whole sequences, so only half (2) is timed."""
+    proc = run_check("--cpu-twin", "--steps", "1", "--micro-batches", **TWIN_ENV, GRAD_ACCUM_STEPS=accum)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    rows = re.findall(r"train step, (\d) seqs/micro-batch +([\d.]+) ms \(([+-][\d.]+)% against 2 seqs; "
+    base = 4 // int(accum)
+    rows = re.findall(rf"train step, (\d) seqs/micro-batch +([\d.]+) ms \(([+-][\d.]+)% against {base} seqs; "
                       r"GRAD_ACCUM_STEPS=(\d)\), peak n/a on the CPU", proc.stdout)
-    assert [(seqs, accum) for seqs, _, _, accum in rows] == [("1", "4"), ("4", "1")], proc.stdout
+    assert [(seqs, a) for seqs, _, _, a in rows] == expected, proc.stdout
     assert all(float(ms) > 0 for _, ms, _, _ in rows)
 
 
