@@ -96,7 +96,7 @@ def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_and_warms_the_essentia
     jobs = gpu_report.plan(args, {})
     step = [j for j in jobs if j.parse is gpu_report.parse_bench]
     assert [j.env.get("ATTN_BACKEND") for j in step if j.section == "step"] == ["auto", "sdpa", "fa4", "sdpa"]
-    assert [j.env.get("GRAD_ACCUM_STEPS") for j in step if j.section == "microbatch"] == ["16", "4"]
+    assert [j.env.get("GRAD_ACCUM_STEPS") for j in step if j.section == "microbatch"] == ["8", "2"]
     baseline = next(j for j in step if j.section == "baseline")
     assert baseline.argv[-2:] == ["--reference", "ref.py"] and baseline.env["NUM_LAYERS"] == "9"
     warm = [j.label for j in step if j.precompile_argv]  # the essentials: the others compile in their own time

@@ -13,7 +13,8 @@ NUM_HEADS, NUM_KV_HEADS, MLP_MULT, TRAIN_SEQ_LEN, TRAIN_BATCH_TOKENS, VOCAB_SIZE
 same DATA_PATH; its ms/step comes from its `step:N/M ... train_time:Tms` lines between step 10 and step N.
 MFU for both = one FLOP count (trainer_model.count_train_flops_per_token: torch.utils.flop_counter on the
 meta device, the kit's model at that shape; the official baseline has the same matmuls) x tokens/s over
-the H100's dense bf16 peak. `--profile` adds each side's top CUDA kernels (torch.profiler, full names).
+the H100's dense bf16 peak. With --reference and GRAD_ACCUM_STEPS unset, the kit runs the official script's
+micro-batch (OFFICIAL_GRAD_ACCUM micro-steps on one GPU), not its own default. `--profile` adds each side's top CUDA kernels (torch.profiler, full names).
 
 Without CUDA it exits 2 with one line. `--cpu-twin` instead generates the step's CUDA/Triton code on the
 CPU (tools/bench/step_twin.py: needs the `triton` package, no GPU) and reports bytes moved per micro-batch,
@@ -195,6 +196,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         hp = trainer_settings.Hyperparameters.from_env(log=lambda msg: None)
+        if args.reference and not hp.grad_accum_steps:  # the official script's micro-batch on both sides
+            hp = dataclasses.replace(hp, grad_accum_steps=trainer_settings.OFFICIAL_GRAD_ACCUM)
         hp.resolve_grad_accum(1, not (args.cpu_twin or args.cpu))
         if args.cpu and args.reference:
             raise ValueError("--reference: the reference script needs CUDA; --cpu times the kit alone")

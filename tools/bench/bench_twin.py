@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from primitives.settings import OFFICIAL_GRAD_ACCUM
 from quant.policy import QuantPolicy
 from tools.bench.step_twin import generate_cuda_step, kernel_stats, ptxas_spills, saved_activation_census, triton_status
 
@@ -61,7 +62,8 @@ def run_twin(hp, out_dir, log=print, top: int = 0) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    batch = max(1, hp.train_batch_tokens // (8 * hp.train_seq_len))
+    # per micro-batch of the official script's size (32 x 2048 at the default preset): the unit of docs/benchmarks.md
+    batch = max(1, hp.train_batch_tokens // (OFFICIAL_GRAD_ACCUM * hp.train_seq_len))
     num_tokens = batch * hp.train_seq_len
     try:
         paths = generate_cuda_step(config, batch, hp.train_seq_len, out_dir, qat_policy=policy, log=log)

@@ -475,7 +475,7 @@ def sdpa_kernel_for(hp, device) -> str:
     """The SDPA backend torch picks for one layer's attention at this preset's training shape ('' off CUDA)."""
     if device.type != "cuda":
         return ""
-    hd, b = hp.model_dim // hp.num_heads, max(1, hp.train_batch_tokens // (8 * hp.train_seq_len))
+    hd, b = hp.model_dim // hp.num_heads, max(1, hp.train_batch_tokens // (hp.resolve_grad_accum(1, True) * hp.train_seq_len))
     q = torch.zeros(b, hp.train_seq_len, hp.num_heads, hd, device=device, dtype=torch.bfloat16)
     k = torch.zeros(b, hp.train_seq_len, hp.num_kv_heads, hd, device=device, dtype=torch.bfloat16)
     with contextlib.suppress(RuntimeError, AttributeError):

@@ -21,7 +21,7 @@ alone, --compare, microbatch and the frontier preset's gpu_check, as far as --bu
   pytest     `python -m pytest -m gpu` (the CUDA kernels against their references)
   gpu_check  tools/gpu_check.py's rows (compile, recompiles, CUDA vs CPU, QAT, eval projections) for the
              preset, and last the same for the 1xh100-frontier candidate (its eval projection)
-  microbatch the step at 16 and 64 sequences per micro-batch (GRAD_ACCUM_STEPS; step gives 32)
+  microbatch the step at 32 and 128 sequences per micro-batch (GRAD_ACCUM_STEPS 8 and 2; step gives 64)
 Before the timed sections, `--precompile N` (default 4 on a GPU) runs the essential step configurations
 of the kit (default kernels, SDPA, the baseline shape; never the reference script) once with two steps,
 N at a time, for at most half the budget, so the Inductor caches are warm and those timed children
@@ -191,7 +191,7 @@ def plan(args, env: dict) -> list:
             step_job("step", f"default kernels (auto), checkout {Path(args.compare).name}", {"ATTN_BACKEND": "auto"},
                      cwd=Path(args.compare).resolve(), warm=False)
     if "microbatch" in sections and not twin:
-        for accum, seqs in (("16", 16), ("4", 64)):
+        for accum, seqs in (("8", 32), ("2", 128)):
             step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": accum}, warm=False)
     if "gpu_check" in sections and not twin:
         jobs.append(Job("gpu_check", "1xh100-frontier", check, {"PRESET": "1xh100-frontier"}, 300, parse_check))

@@ -4,7 +4,7 @@
     python -m tools.bench.kernel_bench --cpu-twin  # the CPU twins at a tiny shape (plumbing; timings say nothing)
 
 Attention: q [B, T, H, D], k/v [B, T, Hkv, D] bf16, causal, with B the preset's sequences per micro-batch
-(TRAIN_BATCH_TOKENS / GRAD_ACCUM_STEPS / TRAIN_SEQ_LEN, accumulation 8 on a GPU as the trainer resolves it),
+(TRAIN_BATCH_TOKENS / GRAD_ACCUM_STEPS / TRAIN_SEQ_LEN, with the accumulation the trainer resolves on a GPU),
 on SDPA's cuDNN / flash / memory-efficient backends (GQA through enable_gqa) and on each flash-attn the kit's
 dispatch (model.attention.resolve_attention_backend) can import: FA3, FA4, FA2. Loss: x [B*T, d] bf16 @ the
 tied head [V, d] -> softcap -> cross entropy, fwd+bwd, on each LOSS_KERNEL the kit has. Every row gives
