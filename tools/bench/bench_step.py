@@ -14,7 +14,8 @@ same DATA_PATH; its ms/step comes from its `step:N/M ... train_time:Tms` lines b
 MFU for both = one FLOP count (trainer_model.count_train_flops_per_token: torch.utils.flop_counter on the
 meta device, the kit's model at that shape; the official baseline has the same matmuls) x tokens/s over
 the H100's dense bf16 peak. With --reference and GRAD_ACCUM_STEPS unset, the kit runs the official script's
-micro-batch (OFFICIAL_GRAD_ACCUM micro-steps on one GPU), not its own default. `--profile` adds each side's top CUDA kernels (torch.profiler, full names).
+micro-batch (OFFICIAL_GRAD_ACCUM micro-steps on one GPU), not its own default. `--profile` adds each side's
+top CUDA kernels (torch.profiler, full names).
 
 Without CUDA it exits 2 with one line. `--cpu-twin` instead generates the step's CUDA/Triton code on the
 CPU (tools/bench/step_twin.py: needs the `triton` package, no GPU) and reports bytes moved per micro-batch,
