@@ -50,7 +50,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = ("kernels", "step", "baseline", "pytest", "gpu_check", "microbatch")
 BASELINE_SHAPE = {"NUM_LAYERS": "9", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "1024", "XSA_LAST_N": "0", "ROPE_DIMS": "64",
-                  "QK_GAIN_INIT": "1.5", "QAT_START_FRAC": "0"}  # the official script's model (README: GPU)
+                  "QK_GAIN_INIT": "1.5", "QAT_START_FRAC": "0", "GRAD_ACCUM_STEPS": "8"}  # the official script's model
+# and micro-batch (README: One H100), with or without --reference
 CPU_TWIN_SHAPE = {"NUM_LAYERS": "2", "MODEL_DIM": "128", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "VOCAB_SIZE": "1024",
                   "TRAIN_SEQ_LEN": "64", "TRAIN_BATCH_TOKENS": "512", "XSA_LAST_N": "1", "COMPILE": "0"}
 TIMED_STEPS = 12  # the step is flat after the first steps (../README: H100 logs); 12 keep each child short
@@ -173,7 +174,7 @@ def plan(args, env: dict) -> list:
         step_job("step", "SDPA + torch loss", {"ATTN_BACKEND": "sdpa", "LOSS_KERNEL": "torch"})
     if "baseline" in sections:
         ref = None if twin else args.reference
-        small = {k: v for k, v in BASELINE_SHAPE.items() if k not in ("TRAIN_SEQ_LEN", "ROPE_DIMS")}  # twin dims stay
+        small = {k: v for k, v in BASELINE_SHAPE.items() if k not in ("TRAIN_SEQ_LEN", "ROPE_DIMS", "GRAD_ACCUM_STEPS")}
         step_job("baseline", "official baseline shape", small if twin else BASELINE_SHAPE, ref)
     if "pytest" in sections:
         jobs.append(Job("pytest", "pytest -m gpu", [py, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
