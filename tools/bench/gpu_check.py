@@ -172,7 +172,7 @@ def backend_row(device_type: str, backend: str, sdpa_kernel: str = "") -> Row:
         return Row("attention backend", backend)
     ms = SDPA_MEASURED_MS.get(sdpa_kernel)
     cost = (f"expected cost: the kit's step at this preset took {SDPA_STEP_MS:.0f} ms on cuDNN SDPA against "
-            f"{FA4_STEP_MS:.0f} with FA4 (one H100, measured)")
+            f"{FA4_STEP_MS:.0f} with FA4 (one H100, 32 sequences per micro-batch, measured)")
     if ms and sdpa_kernel != "cudnn_attention":
         cost += f"; {sdpa_kernel} is {ms / SDPA_MEASURED_MS['cudnn_attention']:.1f}x cuDNN's attention time"
     return Row("attention backend", f"sdpa ({sdpa_kernel or 'kernel unknown'}), flash-attn not importable",
