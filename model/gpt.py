@@ -113,10 +113,29 @@ class CastedLinear(nn.Linear):
         self.qat_bits, self.qat_on = 0, False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight_as(x.dtype))
+
+    def weight_as(self, dtype: torch.dtype, row_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight the forward multiplies by, [out, in] in `dtype`: fake-quantized while QAT is on, then times
+        row_scale [out] (float32 math) when given."""
         w = self.weight
         if self.qat_bits and self.qat_on:
             w = fake_quantize_per_row(w, self.qat_bits)
-        return F.linear(x, w.to(x.dtype))
+        if row_scale is not None:
+            w = w * row_scale.to(w.dtype)[:, None]
+        return w.to(dtype)
+
+    def scaled(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """self(x) * scale, scale [out] (a block's attn_scale / mlp_scale), with the scale folded into the weight's
+        rows: the backward multiplies the output gradient by the folded weight instead of writing a scaled
+        [B, T, out] copy of it for the matmul, and scale's gradient comes from the [out, in] weight gradient
+        (sum over in of dW' * W) instead of a reduction over every token of a saved output (the step's bytes:
+        tools/bench_step.py --cpu-twin, docs/benchmarks.md). The same function; rounding differs only in where the
+        scale is applied. With a forward hook on this module (LoRA TTT, GPTQ's Hessians) it stays self(x) * scale,
+        so the hook sees the unscaled output as before."""
+        if self._forward_hooks or self._forward_pre_hooks:
+            return self(x) * scale.to(x.dtype)
+        return F.linear(x, self.weight_as(x.dtype, scale))
 
 
 class CausalSelfAttention(nn.Module):
@@ -132,7 +151,8 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(dim, dim)
         self.q_gain = nn.Parameter(torch.full((num_heads,), float(qk_gain_init)))
 
-    def forward(self, x, cos, sin):
+    def forward(self, x, cos, sin, out_scale: torch.Tensor | None = None):
+        """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled)."""
         b, t, d = x.shape
         q = self.c_q(x).view(b, t, self.num_heads, self.head_dim)
         k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
@@ -143,7 +163,8 @@ class CausalSelfAttention(nn.Module):
             y = exclusive_self_attention(y, v)
         if hasattr(self, "attn_gate_w"):
             y = sparse_head_gate(y, x, self.attn_gate_w, self.gate_scale)
-        return self.proj(y.reshape(b, t, d))
+        y = y.reshape(b, t, d)
+        return self.proj(y) if out_scale is None else self.proj.scaled(y, out_scale)
 
 
 class MLP(nn.Module):
@@ -153,10 +174,11 @@ class MLP(nn.Module):
         self.fc, self.proj = CastedLinear(dim, hidden), CastedLinear(hidden, dim)
         self.leaky = activation == "leaky_relu2"
 
-    def forward(self, x):
+    def forward(self, x, out_scale: torch.Tensor | None = None):
+        """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled)."""
         h = self.fc(x)
-        h = F.leaky_relu(h, 0.5) if self.leaky else F.relu(h)
-        return self.proj(h.square())
+        h = (F.leaky_relu(h, 0.5) if self.leaky else F.relu(h)).square()
+        return self.proj(h) if out_scale is None else self.proj.scaled(h, out_scale)
 
 
 class Block(nn.Module):
@@ -181,9 +203,9 @@ class Block(nn.Module):
         x = mix[0] * x + mix[1] * x0
         if self.parallel:
             h = F.rms_norm(x, (x.size(-1),))
-            return x + self.attn_scale.to(x.dtype) * self.attn(h, cos, sin) + self.mlp_scale.to(x.dtype) * self.mlp(h)
-        x = x + self.attn_scale.to(x.dtype) * self.attn(F.rms_norm(x, (x.size(-1),)), cos, sin)
-        return x + self.mlp_scale.to(x.dtype) * self.mlp(F.rms_norm(x, (x.size(-1),)))
+            return x + self.attn(h, cos, sin, self.attn_scale) + self.mlp(h, self.mlp_scale)
+        x = x + self.attn(F.rms_norm(x, (x.size(-1),)), cos, sin, self.attn_scale)
+        return x + self.mlp(F.rms_norm(x, (x.size(-1),)), self.mlp_scale)
 
 
 def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:

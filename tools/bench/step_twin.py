@@ -304,6 +304,7 @@ def generate_cuda_step(config: dict, batch: int, seq_len: int, out_dir, inductor
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import model.gpt as kit_model  # the model module's own name for attention (patched below)
+    from trainer.loop import step_compile_options
 
     written, steps, fake_mode = [], [], FakeTensorMode(allow_non_fake_inputs=True)
 
@@ -342,7 +343,8 @@ def generate_cuda_step(config: dict, batch: int, seq_len: int, out_dir, inductor
     if qat_policy is not None:
         model.configure_qat(qat_policy)
     x = torch.zeros(batch, seq_len, dtype=torch.int64)
-    overrides = {"fx_graph_cache": False, "compile_threads": 1, "benchmark_kernel": True, **(inductor_overrides or {})}
+    overrides = {"fx_graph_cache": False, "compile_threads": 1, "benchmark_kernel": True,
+                 **step_compile_options(), **(inductor_overrides or {})}  # the trainer's step options first
     fp32_rule = tuple(int(v) for v in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 12)
     torch._dynamo.reset()
     with (mock.patch.object(kit_model, "attention", _twin_attention),
