@@ -76,6 +76,22 @@ def gpu_check_module():
     return gc
 
 
+def test_step_ms_is_each_qat_states_median_window_and_names_a_slow_first_window():
+    """A 2 x 20-step run logged every 5 steps: the QAT-off ms is the median of its four windows, the first window
+    (steps 2-5) is named when over 3 % slower (the H100 transient of 2026-11-27), and QAT on has its own median."""
+    gc = gpu_check_module()
+    tokens = 524_288
+    ms = {5: 325.0, 10: 300.0, 15: 301.0, 20: 302.0, 25: 304.0, 30: 303.0, 35: 305.0, 40: 303.5}
+    lines = ["step:1/40 train_loss:9.0 tok_s:1000"] + [
+        f"step:{n}/40 train_loss:5.0 train_time:1ms step_avg:1ms tok_s:{1000 * tokens / v:.0f}" for n, v in ms.items()]
+    off, on, note = gc.windowed_step_ms(lines, 5, 20, tokens)
+    assert abs(off - 301.5) < 0.01 and abs(on - 303.75) < 0.01
+    assert note == "; the first 4 steps after warmup 325.0 ms"
+    ms[5] = 305.0
+    lines = lines[:1] + [f"step:{n}/40 tok_s:{1000 * tokens / v:.0f}" for n, v in ms.items()]
+    assert gc.windowed_step_ms(lines, 5, 20, tokens)[2] == ""
+
+
 def test_backend_row_warns_for_sdpa_on_cuda_and_never_fails():
     gc = gpu_check_module()
     assert gc.backend_row("cuda", "fa3").verdict == "ok" and gc.backend_row("cpu", "sdpa").verdict == "ok"
