@@ -4,6 +4,7 @@ The class defaults are the default preset (`1xh100-sp8192`, primitives/presets.p
 PRESET picks another group of defaults and explicit variables override it.
 """
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -270,6 +271,21 @@ class Hyperparameters:
                 f"TRAIN_BATCH_TOKENS={self.train_batch_tokens}: expected a multiple of world_size({world_size})"
                 f" x GRAD_ACCUM_STEPS({accum}) x TRAIN_SEQ_LEN({self.train_seq_len}) = {span}")
         return accum
+
+    def micro_batch_seqs(self, world_size: int, is_cuda: bool) -> int:
+        """TRAIN_SEQ_LEN sequences in each rank's micro-batch (resolve_grad_accum's split; its ValueError)."""
+        accum = self.resolve_grad_accum(world_size, is_cuda)
+        return self.train_batch_tokens // (world_size * accum * self.train_seq_len)
+
+    def other_micro_batches(self, world_size: int, is_cuda: bool) -> list:
+        """[(GRAD_ACCUM_STEPS, sequences per micro-batch)] at half and at twice the resolved micro-batch, those
+        that split the batch into whole sequences: the sizes gpu_check --micro-batches and gpu_report time."""
+        accum, out = self.resolve_grad_accum(world_size, is_cuda), []
+        for a in (2 * accum, accum // 2):
+            if a >= 1:  # 0 would mean the default
+                with contextlib.suppress(ValueError):
+                    out.append((a, dataclasses.replace(self, grad_accum_steps=a).micro_batch_seqs(world_size, is_cuda)))
+        return out
 
 
 def valid_ttt_params(value: str) -> bool:

@@ -204,3 +204,13 @@ def test_top_kernels_ranks_by_the_bytes_of_all_launches():
     lines = top_kernels(ModuleStats(kernels, [], 0), 2)
     assert [line.split()[-1] for line in lines] == ["b", "a"]
     assert lines[0].split()[:5] == ["0.205", "GiB", "7", "x", "30.0"]
+
+
+def test_beside_a_reference_the_kit_runs_the_official_micro_batch_unless_one_is_set():
+    from primitives.settings import Hyperparameters
+    from tools.bench.bench_step import official_micro_batch
+
+    hp = Hyperparameters.from_env({}, log=lambda *_: None)
+    assert hp.resolve_grad_accum(1, True) == 4 and official_micro_batch(hp).resolve_grad_accum(1, True) == 8
+    mine = Hyperparameters.from_env({"GRAD_ACCUM_STEPS": "2"}, log=lambda *_: None)
+    assert official_micro_batch(mine).grad_accum_steps == 2

@@ -99,6 +99,7 @@ def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_and_warms_the_essentia
     assert [j.env.get("GRAD_ACCUM_STEPS") for j in step if j.section == "microbatch"] == ["8", "2"]
     baseline = next(j for j in step if j.section == "baseline")
     assert baseline.argv[-2:] == ["--reference", "ref.py"] and baseline.env["NUM_LAYERS"] == "9"
+    assert baseline.env["GRAD_ACCUM_STEPS"] == "8"  # the official script's micro-batch, with or without --reference
     warm = [j.label for j in step if j.precompile_argv]  # the essentials: the others compile in their own time
     assert warm == ["default kernels (auto)", "SDPA + torch loss", "official baseline shape"]
     for j in step:  # the warm-up twin is the kit's command with two steps, never the reference script's
@@ -106,6 +107,15 @@ def test_plan_on_a_gpu_covers_every_kernel_and_microbatch_and_warms_the_essentia
         assert j.precompile_argv in (None, [a if a != str(gpu_report.TIMED_STEPS) else "2" for a in kit_argv])
     assert [j.section for j in jobs][:6] == ["kernels", "step", "step", "baseline", "pytest", "gpu_check"]
     assert [j.env.get("PRESET") for j in jobs if j.section == "gpu_check"] == [None, "1xh100-frontier"]
+
+
+def test_microbatch_rows_are_named_by_the_preset_s_own_sequences(monkeypatch):
+    monkeypatch.setattr(gpu_report, "installed", lambda module: False)
+    args = argparse.Namespace(sections="microbatch", cpu_twin=False, reference=None, compare=None)
+    labels = lambda env: [(j.label, j.env["GRAD_ACCUM_STEPS"]) for j in gpu_report.plan(args, env)]
+    assert labels({}) == [("32 sequences per micro-batch", "8"), ("128 sequences per micro-batch", "2")]
+    assert labels({"TRAIN_SEQ_LEN": "1024"}) == [("64 sequences per micro-batch", "8"), ("256 sequences per micro-batch", "2")]
+    assert labels({"TRAIN_BATCH_TOKENS": "1000"}) == []  # does not resolve: the step rows say why
 
 
 def test_plan_skips_kernels_not_installed_and_repeats_of_the_default(monkeypatch):

@@ -279,3 +279,13 @@ def test_default_micro_batch_on_cuda_is_64_sequences_on_one_gpu_and_the_official
     assert [hp.resolve_grad_accum(w, True) for w in (1, 2, 4, 8)] == [4, 2, 1, 1]
     assert hp.train_batch_tokens // (hp.resolve_grad_accum(1, True) * hp.train_seq_len) == 64
     assert Hyperparameters.from_env({"GRAD_ACCUM_STEPS": "8"}, log=lambda *_: None).resolve_grad_accum(1, True) == 8
+
+
+def test_the_other_micro_batches_are_half_and_twice_the_resolved_one_where_the_batch_splits():
+    hp = Hyperparameters.from_env({}, log=lambda *_: None)
+    assert hp.micro_batch_seqs(1, True) == 64 and hp.micro_batch_seqs(8, True) == 32
+    assert hp.other_micro_batches(1, True) == [(8, 32), (2, 128)]
+    one = Hyperparameters.from_env({"GRAD_ACCUM_STEPS": "1"}, log=lambda *_: None)
+    assert one.other_micro_batches(1, True) == [(2, 128)]  # half of 1 would be the default's 0
+    four = Hyperparameters.from_env({"TRAIN_BATCH_TOKENS": str(4 * 2048), "GRAD_ACCUM_STEPS": "4"}, log=lambda *_: None)
+    assert four.other_micro_batches(1, True) == [(2, 2)]  # 8 micro-steps would not be whole sequences

@@ -192,13 +192,17 @@ def print_table(sides: list, flops_per_token: float, peak_flops: float) -> None:
           f"over {peak_flops / 1e12:.0f} TFLOP/s dense bf16; ratio: ms/step over the last row's)")
 
 
+def official_micro_batch(hp):
+    """hp with the official script's GRAD_ACCUM_STEPS when none is set: the micro-batch both sides then run."""
+    return hp if hp.grad_accum_steps else dataclasses.replace(hp, grad_accum_steps=trainer_settings.OFFICIAL_GRAD_ACCUM)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         hp = trainer_settings.Hyperparameters.from_env(log=lambda msg: None)
-        if args.reference and not hp.grad_accum_steps:  # the official script's micro-batch on both sides
-            hp = dataclasses.replace(hp, grad_accum_steps=trainer_settings.OFFICIAL_GRAD_ACCUM)
+        hp = official_micro_batch(hp) if args.reference else hp
         hp.resolve_grad_accum(1, not (args.cpu_twin or args.cpu))
         if args.cpu and args.reference:
             raise ValueError("--reference: the reference script needs CUDA; --cpu times the kit alone")

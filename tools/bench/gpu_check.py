@@ -45,25 +45,20 @@ CPU_TWIN_STEPS_HELP = 3  # tools/bench/cpu_twin_size.py CPU_TWIN_STEPS (imports 
 
 def micro_batch_rows(ctx, hp, loader, num_steps: int, base_ms: float) -> list:
     """`--micro-batches`: the step at half and at twice the default sequences per micro-batch (GRAD_ACCUM_STEPS
-    x2 and /2, where the batch splits evenly), QAT off, compiled as the trainer compiles it; one row each with
-    ms per step against base_ms (the default's, QAT off) and peak memory. A smaller micro-batch lowers the
-    peak; a larger one can run faster where memory allows (each size compiles its own graph)."""
+    x2 and /2, where the batch splits evenly: Hyperparameters.other_micro_batches), QAT off, compiled as the
+    trainer compiles it and timed as the train step row is (the median of its windows); one row each with ms per
+    step against base_ms (the default's, QAT off) and peak memory. A smaller micro-batch lowers the peak; a larger
+    one can run faster where memory allows (each size compiles its own graph)."""
     is_cuda = ctx.device.type == "cuda"
-    accum = hp.resolve_grad_accum(ctx.world_size, is_cuda)
-    seqs = lambda a: hp.train_batch_tokens // (ctx.world_size * a * hp.train_seq_len)
-    rows = []
-    for a in [a for a in (2 * accum, accum // 2) if a >= 1]:  # 0 would mean the default
+    default_seqs, rows = hp.micro_batch_seqs(ctx.world_size, is_cuda), []
+    window, num_steps = step_windows(num_steps)
+    for a, seqs in hp.other_micro_batches(ctx.world_size, is_cuda):
         run = dataclasses.replace(hp, grad_accum_steps=a, iterations=num_steps, max_wallclock_seconds=0.0,
-                                  qat_start_frac=0.0, train_log_every=num_steps, val_loss_every=0,
+                                  qat_start_frac=0.0, train_log_every=window, val_loss_every=0,
                                   warmup_steps=max(2, hp.warmup_steps), checkpoint_every=0, resume=False)
-        try:
-            run.resolve_grad_accum(ctx.world_size, is_cuda)
-        except ValueError:  # the batch does not split into that many micro-batches of whole sequences
-            continue
-        tok_s = step_tokens_per_second(timed_train(ctx, run, loader)[2], num_steps)
-        ms = 1000 * hp.train_batch_tokens / tok_s[0]
-        rows.append(Row(f"train step, {seqs(a)} seqs/micro-batch",
-                        f"{ms:.1f} ms ({100 * (ms / base_ms - 1):+.1f}% against {seqs(accum)} seqs; GRAD_ACCUM_STEPS={a}), "
+        ms = statistics.median(window_ms(timed_train(ctx, run, loader)[2], window, num_steps, hp.train_batch_tokens))
+        rows.append(Row(f"train step, {seqs} seqs/micro-batch",
+                        f"{ms:.1f} ms ({100 * (ms / base_ms - 1):+.1f}% against {default_seqs} seqs; GRAD_ACCUM_STEPS={a}), "
                         f"peak {peak_memory(ctx)}"))
     return rows
 
@@ -284,12 +279,23 @@ def step_tokens_per_second(lines: list, *steps: int) -> list:
             and re.match(rf"step:({wanted})/", line)]
 
 
+def step_windows(num_steps: int) -> tuple:
+    """(window, steps): the timed steps logged in windows of a quarter of them, rounded up to whole windows."""
+    window = max(1, num_steps // 4)
+    return window, window * math.ceil(num_steps / window)
+
+
+def window_ms(lines: list, window: int, num_steps: int, batch_tokens: int) -> list:
+    """ms per step of each `window`-step window of a num_steps run logged every `window` steps, in order."""
+    return [1000 * batch_tokens / t for t in step_tokens_per_second(lines, *range(window, num_steps + 1, window))]
+
+
 def windowed_step_ms(lines: list, window: int, num_steps: int, batch_tokens: int) -> tuple:
     """(ms per step with QAT off, with QAT on, a note) from a 2 x num_steps run logged every `window` steps: each
     state's median over its windows. The note names the first window after the warmup (steps 2..window) when it
     is over 3 % slower than the QAT-off median: a transient the median leaves out (325 ms against 300-303 later
     on one H100, 2026-11-27), '' otherwise."""
-    ms = [1000 * batch_tokens / t for t in step_tokens_per_second(lines, *range(window, 2 * num_steps + 1, window))]
+    ms = window_ms(lines, window, 2 * num_steps, batch_tokens)
     ms_off, ms_on = statistics.median(ms[:len(ms) // 2]), statistics.median(ms[len(ms) // 2:])
     slow = window > 1 and ms[0] > 1.03 * ms_off
     return ms_off, ms_on, f"; the first {window - 1} steps after warmup {ms[0]:.1f} ms" if slow else ""
@@ -306,8 +312,7 @@ def training_rows(ctx, hp, loader, num_steps) -> tuple:
     from torch._dynamo.utils import counters
 
     # at least two warmup steps: the QAT-on graph compiles in warmup, not inside the QAT-on timing
-    window = max(1, num_steps // 4)  # the log's tok/s per window of steps: a median, and the first window apart
-    num_steps = window * math.ceil(num_steps / window)
+    window, num_steps = step_windows(num_steps)  # the log's tok/s per window: a median, the first window apart
     hp = dataclasses.replace(hp, iterations=2 * num_steps, max_wallclock_seconds=0.0, qat_start_frac=0.5,
                              train_log_every=window, val_loss_every=0, warmup_steps=max(2, hp.warmup_steps),
                              checkpoint_every=0, resume=False)
@@ -490,7 +495,7 @@ def sdpa_kernel_for(hp, device) -> str:
     """The SDPA backend torch picks for one layer's attention at this preset's training shape ('' off CUDA)."""
     if device.type != "cuda":
         return ""
-    hd, b = hp.model_dim // hp.num_heads, max(1, hp.train_batch_tokens // (hp.resolve_grad_accum(1, True) * hp.train_seq_len))
+    hd, b = hp.model_dim // hp.num_heads, hp.micro_batch_seqs(1, True)
     q = torch.zeros(b, hp.train_seq_len, hp.num_heads, hd, device=device, dtype=torch.bfloat16)
     k = torch.zeros(b, hp.train_seq_len, hp.num_kv_heads, hd, device=device, dtype=torch.bfloat16)
     with contextlib.suppress(RuntimeError, AttributeError):

@@ -21,7 +21,8 @@ alone, --compare, microbatch and the frontier preset's gpu_check, as far as --bu
   pytest     `python -m pytest -m gpu` (the CUDA kernels against their references)
   gpu_check  tools/gpu_check.py's rows (compile, recompiles, CUDA vs CPU, QAT, eval projections) for the
              preset, and last the same for the 1xh100-frontier candidate (its eval projection)
-  microbatch the step at 32 and 128 sequences per micro-batch (GRAD_ACCUM_STEPS 8 and 2; step gives 64)
+  microbatch the step at half and twice the preset's sequences per micro-batch (GRAD_ACCUM_STEPS 8 and 2 at
+             the default preset, 32 and 128 sequences; step gives 64)
 Before the timed sections, `--precompile N` (default 4 on a GPU) runs the essential step configurations
 of the kit (default kernels, SDPA, the baseline shape; never the reference script) once with two steps,
 N at a time, for at most half the budget, so the Inductor caches are warm and those timed children
@@ -192,11 +193,23 @@ def plan(args, env: dict) -> list:
             step_job("step", f"default kernels (auto), checkout {Path(args.compare).name}", {"ATTN_BACKEND": "auto"},
                      cwd=Path(args.compare).resolve(), warm=False)
     if "microbatch" in sections and not twin:
-        for accum, seqs in (("8", 32), ("2", 128)):
-            step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": accum}, warm=False)
+        for accum, seqs in micro_batch_sizes(env):
+            step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": str(accum)}, warm=False)
     if "gpu_check" in sections and not twin:
         jobs.append(Job("gpu_check", "1xh100-frontier", check, {"PRESET": "1xh100-frontier"}, 300, parse_check))
     return jobs
+
+
+def micro_batch_sizes(env: dict) -> list:
+    """[(GRAD_ACCUM_STEPS, sequences per micro-batch)] at half and twice the preset's micro-batch on one GPU
+    (Hyperparameters.other_micro_batches, as gpu_check --micro-batches); [] for settings that do not resolve (the
+    step rows report that error)."""
+    from primitives.settings import Hyperparameters  # no torch
+
+    try:
+        return Hyperparameters.from_env(env, log=lambda *_: None).other_micro_batches(1, True)
+    except ValueError:
+        return []
 
 
 def run_child(job: Job, argv: list, timeout_s: float):

@@ -59,9 +59,7 @@ def time_call(fn, device: torch.device, warmup: int = 3, iters: int = 10) -> tup
 def attention_shape(hp, twin: bool) -> tuple:
     if twin:
         return 2, 64, 4, 2, 16
-    accum = hp.resolve_grad_accum(1, True)
-    return (hp.train_batch_tokens // accum // hp.train_seq_len, hp.train_seq_len, hp.num_heads, hp.num_kv_heads,
-            hp.model_dim // hp.num_heads)
+    return hp.micro_batch_seqs(1, True), hp.train_seq_len, hp.num_heads, hp.num_kv_heads, hp.model_dim // hp.num_heads
 
 
 def sdpa_variant(backend_name: str):
