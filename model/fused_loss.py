@@ -5,8 +5,8 @@ logits are made, softcapped, reduced and turned into gradients one chunk of toke
 logits and their float32 softcap/cross-entropy copies of the plain loss (tens of GB of traffic per step at
 524,288 tokens and V=8192) are never materialized. LOSS_KERNEL=torch is model/softcap_loss.py's loss (whole
 bf16 logits, their gradient made in the forward), compiled with the step. auto = torch: on one H100 (torch 2.11,
-2026-11-27) the step at the default preset took 307.2 ms with it and 344.5 ms with Liger (SDPA both; Liger's
-peak memory 1.8 GiB lower): take liger where memory binds.
+2026-11-27) the step at the default preset (32 sequences per micro-batch) took 307.2 ms with it and 344.5 ms with
+Liger (SDPA both; Liger's peak memory 1.8 GiB lower): take liger where memory binds.
 
 Liger computes the gradients inside the forward; its autograd.Function and Python chunk loop cannot be traced
 by torch.compile(fullgraph=True), so one custom op wraps it: `pgkit::linear_softcap_ce` (x, W, target,

@@ -315,3 +315,15 @@ def test_flops_per_token_matches_the_6n_plus_attention_estimate():
     matmul_params = layers * (2 * d * d + 2 * d * d // 2 + 2 * d * 3 * d) + hp.vocab_size * d
     attn = layers * 2 * 2 * t * d  # QK^T and AV, forward, per token
     assert flops == pytest.approx(6 * matmul_params + 3 * attn, rel=0.02)
+
+
+def test_the_step_s_inductor_options_are_the_ones_this_torch_knows():
+    """torch.compile raises on an unknown option: the trainer passes only those this Inductor has (the records'
+    torch 2.9.1 may lack the fusion cap)."""
+    from unittest import mock
+
+    import trainer.loop as loop
+
+    assert loop.step_compile_options() == {"max_fusion_unique_io_buffers": 20}  # torch 2.13 has it
+    with mock.patch.object(loop, "STEP_INDUCTOR_OPTIONS", {"max_fusion_unique_io_buffers": 20, "no_such_option": 1}):
+        assert loop.step_compile_options() == {"max_fusion_unique_io_buffers": 20}
