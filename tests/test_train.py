@@ -134,6 +134,10 @@ def test_ddp_two_processes_match_one_process_with_same_global_batch(tiny_dataset
                 nproc=2)
     single, ddp = read_result(tmp_path, "single"), read_result(tmp_path, "ddp")
     assert ddp["world_size"] == 2 and single["world_size"] == 1
+    # the log names the micro-batch each ran: half the batch per micro-step on one rank, per rank on two
+    seqs = [re.findall(r"grad_accum_steps:(\d+) micro_batch_seqs:(\d+)", (tmp_path / r / "train.log").read_text())
+            for r in ("single", "ddp")]
+    assert seqs[0][0][0] == "2" and seqs[1][0][0] == "1" and seqs[0][0][1] == seqs[1][0][1] != "0", seqs
     # Gradients are reduced in another order ((g0 + g1) / 2 vs g0 / 2 + g1 / 2) and each process runs
     # its own thread count; Muon's bf16 Newton-Schulz then amplifies those last-bit differences, so
     # agreement is near-exact for the first steps (up to 1.7e-5 relative at step 3 on this project's

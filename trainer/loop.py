@@ -219,6 +219,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         train_ms = 1000.0 * train_seconds
         ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = model.looping_active = False
+    ctx.log(f"grad_accum_steps:{accum} micro_batch_seqs:{local_tokens // hp.train_seq_len}")  # the default is per GPU count
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
     warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
     if warning and not hp.resume:
