@@ -72,7 +72,8 @@ def list_shards(data_path, split: str) -> list:
     Raises ValueError naming DATA_PATH and the pattern if none match (a user's input error, so the
     CLIs exit 2 with one line, with or without a manifest.json).
     """
-    files = sorted(Path(data_path).glob(f"fineweb_{split}_*.bin"))
+    # a CaseOps byte sidecar (fineweb_val_bytes_*.bin, shards/sidecar.py) matches the val pattern: not a val shard
+    files = sorted(p for p in Path(data_path).glob(f"fineweb_{split}_*.bin") if not p.name.startswith("fineweb_val_bytes_"))
     if not files:
         raise ValueError(f"DATA_PATH={data_path}: no fineweb_{split}_*.bin (the {split} split; tools/prepare_data.py makes it)")
     for path in files:  # a folder or a dangling link named like a shard: one line, not a traceback

@@ -14,6 +14,7 @@ from tools.data.data_files import fsync_replace, manifest_header, write_json_ato
 from tools.data.data_stage import staged_writes
 from tools.data.data_text import check_inputs, iter_documents
 from tools.data.data_tokenizer import load_tokenizer
+from shards.caseops import CASEOPS_TRANSFORM, encode_caseops, encode_with_original_bytes
 from shards.format import SHARD_TOKENS_PER_FILE, write_data_shard
 
 OFFICIAL_NUM_VAL_DOCS = 50_000
@@ -36,12 +37,15 @@ class _SplitWriter:
         self.shards: list[str] = []
         self.num_docs = 0
         self.num_tokens = 0
+        self.num_bytes = 0
 
     def add(self, tokens: np.ndarray) -> None:
         if self.buf is None:
             self.buf = np.empty(self.shard_tokens, dtype=np.uint16)
         self.num_docs += 1
         self.num_tokens += tokens.size
+        if self.split == "val_bytes":  # the byte sidecar's total
+            self.num_bytes += int(tokens.sum(dtype=np.int64))
         pos = 0
         while pos < tokens.size:
             take = min(self.shard_tokens - self.fill, tokens.size - pos)
@@ -62,7 +66,7 @@ class _SplitWriter:
 
 def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int, max_docs=None,
                     shard_tokens: int = SHARD_TOKENS_PER_FILE, source=None, progress=True, log=print,
-                    stage=None, tokenizer_final=None) -> dict:
+                    stage=None, tokenizer_final=None, caseops: bool = False, canonical_val_docs: int = 0) -> dict:
     """Tokenize documents into challenge shards + doc hash files + manifest.json in `out_dir`.
 
     docs_factory() must return a fresh iterable of str each call: pass 1 validates and counts
@@ -72,8 +76,12 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
     The dataset is written into a new folder beside `out_dir` that replaces it at the end
     (tools/data/data_stage.py): `stage` joins a larger write (the caller commits), else one is made here.
     `tokenizer_final`: the path the tokenizer will have when `tokenizer_path` is a temporary file.
+    caseops: tokenize each document's CaseOps form (shards/caseops.py) and write the val byte sidecar
+    (fineweb_val_bytes_*.bin, shards/sidecar.py); doc hashes stay those of the original text.
+    canonical_val_docs: the stream's canonical val split is its first canonical_val_docs documents (0: none);
+    a smaller num_val_docs would put the rest of them into train and is refused in pass 1 (check_val_split).
     Returns the manifest dict. Raises ValueError for no documents, num_val_docs outside
-    [1, num_docs), bad --max-docs/--shard-tokens, or ids >= vocab_size; OSError naming `out_dir`.
+    [1, num_docs), a leaking split, bad --max-docs/--shard-tokens, or ids >= vocab_size; OSError naming `out_dir`.
     """
     out_dir = Path(out_dir)
     if shard_tokens <= 0:
@@ -93,6 +101,9 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
         if num_docs < num_val_docs:
             val_hashes.add(doc_hash(text))
         num_docs += 1
+        if num_docs == canonical_val_docs:  # known now: refused before the rest of the stream is read
+            check_val_split(num_val_docs, canonical_val_docs, num_docs)
+    check_val_split(num_val_docs, canonical_val_docs, num_docs)
     if num_docs == 0:
         raise ValueError("input holds no documents")
     if num_val_docs >= num_docs:
@@ -105,8 +116,10 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
     def write(stage):
         folder = stage.folder(out_dir)
         manifest, writers = _write_dataset(sp, docs_factory, folder, num_docs, num_val_docs, val_hashes,
-                                           shard_tokens, progress, log, out_dir.name)
+                                           shard_tokens, progress, log, out_dir.name, caseops)
         manifest = {**header, **manifest, "source": source}
+        if caseops:
+            manifest["split_rule"] = {"canonical_val_docs": canonical_val_docs, "num_val_docs": num_val_docs}
         write_json_atomic(folder / "manifest.json", manifest)
         return manifest, writers
 
@@ -121,11 +134,25 @@ def shard_documents(docs_factory, tokenizer_path, out_dir, *, num_val_docs: int,
     return manifest
 
 
+def check_val_split(num_val_docs: int, canonical_val_docs: int, num_docs_read: int) -> None:
+    """ValueError with the number of canonical val documents a split of num_val_docs would put into train:
+    the first min(canonical_val_docs, num_docs_read) documents of the stream are the canonical val split
+    (PR #2018 / #2130 built CaseOps data with --val-docs 10000 where it is 50,000: 40,000 val documents
+    trained on, and both were excluded)."""
+    leaked = min(canonical_val_docs, num_docs_read) - num_val_docs
+    if leaked > 0:
+        raise ValueError(f"--val-docs {num_val_docs}: would put {leaked:,} documents of the canonical val split (the "
+                         f"first {canonical_val_docs:,} documents of the stream) into train; expected --val-docs "
+                         f"{canonical_val_docs} (or --canonical-val-docs 0 for text that is not the challenge's stream); "
+                         "nothing written")
+
+
 def _write_dataset(sp, docs_factory, folder: Path, num_docs, num_val_docs, val_hashes, shard_tokens, progress,
-                   log, name):
-    """Pass 2 of shard_documents, into the (staging) `folder`: shards and doc hash files."""
+                   log, name, caseops=False):
+    """Pass 2 of shard_documents, into the (staging) `folder`: shards, the CaseOps val byte sidecar and
+    doc hash files."""
     vocab_size, bos_id = int(sp.vocab_size()), int(sp.bos_id())
-    writers = {s: _SplitWriter(folder, s, shard_tokens) for s in ("val", "train")}
+    writers = {s: _SplitWriter(folder, s, shard_tokens) for s in ("val", "train") + ("val_bytes",) * caseops}
     hash_tmp = {s: folder / f"doc_hashes_{s}.txt.tmp" for s in ("val", "train")}
     hash_files = {s: open(p, "w", encoding="ascii", newline="\n") for s, p in hash_tmp.items()}
     num_dropped = 0
@@ -137,7 +164,11 @@ def _write_dataset(sp, docs_factory, folder: Path, num_docs, num_val_docs, val_h
 
         def encode_batch(texts):
             nonlocal index, num_dropped
-            for text, ids in zip(texts, sp.encode(texts, out_type=int), strict=True):
+            if caseops:  # ids and each token's original bytes of the CaseOps form
+                encoded = encode_with_original_bytes(sp, [encode_caseops(t) for t in texts])
+            else:
+                encoded = [(ids, None) for ids in sp.encode(texts, out_type=int)]
+            for text, (ids, original_bytes) in zip(texts, encoded, strict=True):
                 split = "val" if index < num_val_docs else "train"
                 index += 1
                 h = doc_hash(text)
@@ -145,13 +176,17 @@ def _write_dataset(sp, docs_factory, folder: Path, num_docs, num_val_docs, val_h
                     num_dropped += 1
                     continue
                 if split == "train":
-                    writers["val"].flush()  # val and train never share a shard
+                    for w in writers.values():
+                        if w.split != "train":
+                            w.flush()  # val and train never share a shard
                 toks = np.empty(len(ids) + 1, dtype=np.int64)
                 toks[0] = bos_id
                 toks[1:] = ids
                 if toks.size and (int(toks.max()) >= vocab_size or int(toks.min()) < 0):
                     raise ValueError(f"document {index - 1}: token id outside [0, {vocab_size}) from the tokenizer")
                 writers[split].add(toks.astype(np.uint16))
+                if caseops and split == "val":  # BOS stands for no bytes of the text
+                    writers["val_bytes"].add(np.array([0] + original_bytes, dtype=np.int64).astype(np.uint16))
                 hash_files[split].write(h + "\n")
             bar.update(len(texts))
 
@@ -186,9 +221,14 @@ def _write_dataset(sp, docs_factory, folder: Path, num_docs, num_val_docs, val_h
                 "shards": w.shards,
                 "doc_hashes_file": f"doc_hashes_{split}.txt",
             }
-            for split, w in writers.items()
+            for split, w in writers.items() if split != "val_bytes"
         },
     }
+    if caseops:
+        manifest["text_transform"] = CASEOPS_TRANSFORM
+        manifest["val_bytes"] = {"shards": writers["val_bytes"].shards, "num_tokens": writers["val_bytes"].num_tokens,
+                                 "num_bytes": writers["val_bytes"].num_bytes,
+                                 "note": "original UTF-8 bytes per val token (0 for BOS and the CaseOps operators)"}
     manifest["splits"]["train"]["num_dropped_overlap_docs"] = num_dropped
     return manifest, writers
 

@@ -21,6 +21,15 @@ Subcommands (run from the repo root; `python -m tools.data.prepare_data ...` wor
              Inputs: `.jsonl` (one `{"text": ...}` object per line; blank lines ignored) or `.txt`
              (documents are separated by one or more blank lines; the lines of a document keep
              their newlines); either may be gzipped (`.gz`).
+  caseops    CaseOps data as the top records used it (offline): each document's capitalization written as
+             operators, tokenized with the CaseOps sp8192 model, plus the val byte sidecar
+             fineweb_val_bytes_*.bin (each val token's original UTF-8 bytes, what val_bpb divides by):
+               python tools/prepare_data.py caseops --docs docs_selected.jsonl \
+                   --tokenizer fineweb_8192_bpe_lossless_caps_caseops_v1_reserved.model \
+                   --out data/datasets/fineweb10B_sp8192_caseops
+             The val split is the canonical first 50,000 documents; a smaller --val-docs would train on
+             val documents and is refused with their count (--canonical-val-docs 0 for your own text,
+             which has no canonical split). Shards of 10,000,000 tokens, as the records' script.
   tokenizer  Train a SentencePiece BPE model with the official settings (offline):
                python tools/prepare_data.py tokenizer --input docs.jsonl --vocab-size 1024 \
                    --out data/tokenizers/mydocs_1024_bpe
@@ -53,6 +62,7 @@ if str(REPO_ROOT) not in sys.path:  # `python tools/prepare_data.py` puts tools/
     sys.path.insert(0, str(REPO_ROOT))
 
 from primitives.cli_errors import USER_ERRORS, ArgumentParser, one_line, report_user_error  # noqa: E402
+from tools.data.data_caseops import CASEOPS_SHARD_TOKENS, prepare_caseops_dataset  # noqa: E402
 from tools.data.data_fineweb import (  # noqa: E402
     DEFAULT_HF_REMOTE_ROOT,
     DEFAULT_HF_REPO_ID,
@@ -88,6 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--val-docs", type=int, required=True, help=f"first N documents = val (official {OFFICIAL_NUM_VAL_DOCS})")
     p.add_argument("--max-docs", type=int, default=None, help="read at most M documents in total")
     p.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS_PER_FILE, help="tokens per shard (default 100,000,000)")
+
+    p = sub.add_parser("caseops", help="CaseOps shards + val byte sidecar (the records since 18 April)")
+    p.add_argument("--docs", "--input", nargs="+", required=True, dest="input",
+                   help="documents: .jsonl ({\"text\": ...} per line, e.g. docs_selected.jsonl) or .txt, optionally .gz")
+    p.add_argument("--tokenizer", "--sp", required=True, dest="tokenizer", help="the CaseOps SentencePiece .model")
+    p.add_argument("--out", required=True, help="dataset dir to write")
+    p.add_argument("--val-docs", type=int, default=OFFICIAL_NUM_VAL_DOCS,
+                   help=f"first N documents = val (default {OFFICIAL_NUM_VAL_DOCS}, the canonical split)")
+    p.add_argument("--canonical-val-docs", type=int, default=OFFICIAL_NUM_VAL_DOCS,
+                   help=f"the stream's canonical val split: its first K documents (default {OFFICIAL_NUM_VAL_DOCS}; "
+                        "0: your own text, no canonical split); --val-docs below it is refused")
+    p.add_argument("--max-docs", type=int, default=None, help="read at most M documents in total")
+    p.add_argument("--shard-tokens", type=int, default=CASEOPS_SHARD_TOKENS,
+                   help=f"tokens per shard (default {CASEOPS_SHARD_TOKENS:,}, as the records' script)")
 
     p = sub.add_parser("tokenizer", help="train a SentencePiece BPE model with the official settings")
     p.add_argument("--input", nargs="+", required=True)
@@ -125,6 +149,11 @@ def main(argv=None) -> int:
         elif args.command == "jsonl":
             manifest = prepare_jsonl_dataset(args.input, args.tokenizer, args.out, num_val_docs=args.val_docs,
                                              max_docs=args.max_docs, shard_tokens=args.shard_tokens, log=log)
+            _print_paths({"data_path": args.out, "tokenizer_path": args.tokenizer, "vocab_size": manifest["vocab_size"]})
+        elif args.command == "caseops":
+            manifest = prepare_caseops_dataset(args.input, args.tokenizer, args.out, num_val_docs=args.val_docs,
+                                               canonical_val_docs=args.canonical_val_docs, max_docs=args.max_docs,
+                                               shard_tokens=args.shard_tokens, log=log)
             _print_paths({"data_path": args.out, "tokenizer_path": args.tokenizer, "vocab_size": manifest["vocab_size"]})
         elif args.command == "tokenizer":
             paths = check_inputs(args.input)
