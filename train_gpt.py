@@ -28,7 +28,7 @@ from quant.policy import QuantPolicy
 from model.attention import resolve_attention_backend
 from model.fused_loss import fused_loss_active, resolve_loss_kernel
 from trainer.checks import check_inputs
-from trainer.context import RunContext, describe_device, measure_code_bytes, setup_distributed
+from trainer.context import RunContext, check_packed_for, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
 from trainer.finish import after_training_error, finish_run, score_command, write_result
 from trainer.interrupt import (NO_ROOM_ERRNOS, TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training,
@@ -93,11 +93,12 @@ def train_and_score() -> int:
     (trainer/interrupt.py). Returns the exit code.
     """
     hp = Hyperparameters.from_env()
+    check_packed_for(hp)  # a packed file refuses settings it was packed without, before anything runs
     ctx = setup_distributed(hp)
     resume = check_run_folder(hp)  # a finished run's folder is refused before anything is written
     sp, manifest, num_val_tokens, inputs = check_inputs(hp, ctx)
     open_run_log(ctx, hp, inputs)  # one writer per folder (a lock); RESUME=1: the same settings and inputs
-    code_bytes = measure_code_bytes()
+    code_bytes = measure_code_bytes(hp)
     torch.manual_seed(hp.seed)
 
     model, config, policy, attn_backend, flops_per_token = build_model(ctx, hp, code_bytes)

@@ -69,9 +69,11 @@ from kit.bundle_modules import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, REPO_ROOT
 from kit.bundle_pack import (BUNDLE_ASCII_ENCODINGS, BUNDLE_BASE93_DECODER, BUNDLE_ENCODING_CHOICES,  # noqa: F401,E402
                                BUNDLE_ENCODINGS, BUNDLE_LATIN1_COOKIE, BUNDLE_LATIN1_QUOTES, _base93_num_digits,
                                _lzma_raw, _quote_latin1, base93_decode, base93_encode, base93_value,
-                               build_packed_bytes, default_encoding, latin1_literal, minify_source, pack_code,
-                               packed_encoding, packed_size, renaming_blockers, set_bundle_kind, unpack_packed)
-from kit.bundle_source import build_human_parts, build_human_source  # noqa: E402
+                               build_packed_bytes, default_encoding, human_and_header, latin1_literal, minify_source,
+                               pack_code, packed_encoding, packed_size, renaming_blockers, set_bundle_kind,
+                               unpack_packed)
+from kit.bundle_source import build_human_parts, build_human_source  # noqa: E402,F401
+from kit.bundle_when import PackSettings, pack_settings, settings_from, settings_from_result  # noqa: E402,F401
 from primitives.files import atomic_write_bytes  # noqa: E402
 
 
@@ -112,7 +114,7 @@ def payload_literal_chars(packed: bytes) -> int:
     return len(ast.get_source_segment(text, node))
 
 
-def bundle_report(root=None, encoding: str | None = None) -> dict:
+def bundle_report(root=None, encoding: str | None = None, settings: PackSettings | None = None) -> dict:
     """Sizes of both files, the best size of every encoding, and how the packed file splits by module.
 
     The split minifies each prefix of the human file (modules in bundle order) with the same
@@ -122,17 +124,19 @@ def bundle_report(root=None, encoding: str | None = None) -> dict:
     to the packed file minus its wrapper, row "<wrapper>"). `packed_bytes` is the exact size of the
     real file; `human_source` (str) and `packed_file` (bytes) are the files themselves (what the
     CLI writes); `rename_blockers` lists what would stop renaming (empty when names are shortened);
-    `by_encoding` has the smallest file of base93, base85 and latin1 whatever was chosen."""
-    parts, info = build_human_parts(root)
+    `by_encoding` has the smallest file of base93, base85 and latin1 whatever was chosen; `off`
+    {condition: [relpaths]} the modules these `settings` left out (None: every module, nothing off)."""
+    parts, info = build_human_parts(root, settings)
     human = "\n\n\n".join(p for _, p in parts) + "\n"
     packed_source = set_bundle_kind(human, "packed")
     minified = minify_source(packed_source)
-    packed, candidate, tried = pack_code(minified, encoding)
+    header = info["packed_for"]
+    packed, candidate, tried = pack_code(minified, encoding, header)
     chosen = candidate.rsplit(" + ", 1)[1]
     all_tried = list(tried)
     for enc in BUNDLE_ENCODINGS:
         if not any(n.endswith(" + " + enc) for n, _ in tried):
-            all_tried += pack_code(minified, enc)[2]
+            all_tried += pack_code(minified, enc, header)[2]
     props = (3, 0, 2)
     if candidate.startswith("lzma"):
         props = tuple(int(tok.split("=")[1]) for tok in candidate.split()[1:4])
@@ -152,7 +156,8 @@ def bundle_report(root=None, encoding: str | None = None) -> dict:
         r["packed_share_bytes"] = share
     rows.append({"module": "<wrapper>", "source_bytes": 0, "compressed_bytes": 0,
                  "packed_share_bytes": len(packed) - payload_chars})
-    return {"modules": info["modules"], "left_out": info["left_out"], "human_bytes": len(human.encode()),
+    return {"modules": info["modules"], "left_out": info["left_out"], "off": info["off"],
+            "packed_for": header, "human_bytes": len(human.encode()),
             "minified_bytes": len(minified.encode()), "packed_bytes": len(packed), "candidate": candidate,
             "encoding": chosen, "by_encoding": _best_by_encoding(all_tried), "candidates": tried,
             "split": rows, "python": sys.version.split()[0], "human_source": human, "packed_file": packed,
@@ -167,11 +172,12 @@ def _write_files(out_dir, human: str, packed: bytes) -> dict:
     return {BUNDLE_HUMAN_NAME: len(human.encode("utf-8")), BUNDLE_PACKED_NAME: len(packed)}
 
 
-def write_bundle(out_dir, root=None, encoding: str | None = None) -> dict:
+def write_bundle(out_dir, root=None, encoding: str | None = None, settings: PackSettings | None = None) -> dict:
     """Write out_dir/train_gpt_human.py (UTF-8) and out_dir/train_gpt.py (the packed bytes in
-    `encoding`, as pack_code); return {name: bytes written}."""
-    human = build_human_source(root)
-    packed = pack_code(minify_source(set_bundle_kind(human, "packed")), encoding)[0]
+    `encoding`, as pack_code) with the modules `settings` need (None: every module); return {name:
+    bytes written}."""
+    human, header = human_and_header(root, settings)
+    packed = pack_code(minify_source(set_bundle_kind(human, "packed")), encoding, header)[0]
     return _write_files(out_dir, human, packed)
 
 
@@ -203,8 +209,14 @@ def format_report(report: dict) -> str:
     if not report["python"].startswith("3.11."):
         w(f"note: built with Python {report['python']}; records state 3.11, and python-minifier emits syntax the "
           f"building interpreter accepts: build the shipped file with 3.11\n")
-    if report["left_out"]:
-        w(f"left out (not reached from train_gpt.py): {', '.join(report['left_out'])}\n")
+    off = {r for rs in report["off"].values() for r in rs}
+    unreached = [r for r in report["left_out"] if r not in off]
+    if report["packed_for"]:
+        w(f"{report['packed_for']}\n")
+    for condition, relpaths in sorted(report["off"].items()):
+        w(f"left out, refused when {condition}: {', '.join(relpaths)}\n")
+    if unreached:
+        w(f"left out (not reached from train_gpt.py{' with these settings' * bool(off)}): {', '.join(unreached)}\n")
     return buf.getvalue()
 
 
@@ -217,14 +229,18 @@ def main(argv=None) -> int:
                         help="payload encoding of train_gpt.py: ascii (default, or env BUNDLE_ENCODING) keeps the "
                              "smaller of base93 and base85, a plain ASCII file; latin1 is ~18%% smaller but the file "
                              "is valid Python that is not UTF-8 (see docs/bundle.md)")
+    parser.add_argument("--all", action="store_true",
+                        help="pack every module (every switch and mode), refusing nothing; default: only the modules "
+                             "the settings of this environment need (PRESET and the variables a run reads)")
     parser.add_argument("--quiet", action="store_true", help="no size report")
     args = parser.parse_args(argv)
     try:
         encoding = args.encoding or default_encoding()
+        settings = None if args.all else pack_settings()
         if args.quiet:
-            written = write_bundle(args.out, args.root, encoding)
+            written = write_bundle(args.out, args.root, encoding, settings)
         else:
-            report = bundle_report(args.root, encoding)
+            report = bundle_report(args.root, encoding, settings)
             written = _write_files(args.out, report["human_source"], report["packed_file"])
             print(format_report(report), end="")
     except (BundleError, ValueError) as e:

@@ -18,6 +18,8 @@ BUNDLE_KIND_LINE = 'BUNDLE_KIND = "package"'
 BUNDLE_HUMAN_NAME = "train_gpt_human.py"
 BUNDLE_PACKED_NAME = "train_gpt.py"
 BUNDLE_BANNER = "# " + "=" * 98
+# an optional module's declaration of the settings that need it (kit/bundle_when.py); never bundled
+PACKED_WHEN_NAME = "PACKED_WHEN"
 
 
 class BundleError(ValueError):
@@ -220,13 +222,31 @@ def _module_rank(relpath: str) -> int:
     return BUNDLE_PIPELINE.index(relpath) if relpath in BUNDLE_PIPELINE else len(BUNDLE_PIPELINE)
 
 
-def discover_modules(root=None) -> tuple[list, list]:
+def discover_modules(root=None, needed=None) -> tuple[list, list]:
     """The modules to bundle, in order, and the relpaths of library modules left out.
 
     With a train_gpt.py present, exactly the library modules it reaches through internal imports are
     bundled (CLI-only modules are left out); without one (tests on small trees), all of them.
+    `needed(module) -> bool` (kit/bundle_when.py needed_for): a reached module it rejects is left out,
+    and so is what only that module reaches (`discover_for` also says which were rejected).
     Raises BundleError on a forbidden import, a dependency cycle or a duplicate top-level name.
     """
+    found = discover_for(root, needed)
+    return found.modules, found.left_out
+
+
+@dataclasses.dataclass
+class Discovered:
+    """What discover_for found: `modules` to bundle in order, `left_out` relpaths (not reached or not
+    needed), `off` the reached modules that `needed` rejected (SourceModule)."""
+
+    modules: list
+    left_out: list
+    off: list
+
+
+def discover_for(root=None, needed=None) -> Discovered:
+    """discover_modules with the rejected modules named (see there)."""
     root = Path(root) if root is not None else REPO_ROOT
     relpaths = []
     for package in BUNDLE_PACKAGES:
@@ -245,19 +265,68 @@ def discover_modules(root=None) -> tuple[list, list]:
             if BUNDLE_ENTRY[:-3] in m.top_level_deps:
                 raise BundleError(f"{m.relpath}: imports train_gpt at top level (circular; the trainer is bundled last)")
     entry = modules.get(BUNDLE_ENTRY[:-3])
+    off = {}
     if entry is not None:
         keep, todo = {entry.name}, [entry.name]
         while todo:
-            for dep in modules[todo.pop()].all_deps:
-                if dep not in keep:
-                    keep.add(dep)
-                    todo.append(dep)
+            for dep in sorted(modules[todo.pop()].all_deps):
+                if dep in keep or dep in off:
+                    continue
+                if needed is not None and not needed(modules[dep]):
+                    off[dep] = modules[dep]
+                    continue
+                keep.add(dep)
+                todo.append(dep)
     else:
-        keep = set(modules)
+        keep = {n for n, m in modules.items() if needed is None or needed(m)}
+        off = {n: m for n, m in modules.items() if n not in keep}
     left_out = sorted(modules[n].relpath for n in modules if n not in keep)
     ordered = _order_modules([modules[n] for n in keep])
     _check_unique_names(ordered)
-    return ordered, left_out
+    _check_import_time_names(ordered, [m for n, m in modules.items() if n not in keep])
+    return Discovered(ordered, left_out, sorted(off.values(), key=lambda m: m.relpath))
+
+
+def _import_time_nodes(body):
+    """The expressions a module evaluates when it is imported: top-level statements, class bodies,
+    decorators, default arguments and base classes (never a function's body)."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from node.decorator_list
+            yield from node.args.defaults
+            yield from (d for d in node.args.kw_defaults if d is not None)
+        elif isinstance(node, ast.ClassDef):
+            yield from node.decorator_list
+            yield from node.bases
+            yield from node.keywords
+            yield from _import_time_nodes(node.body)
+        elif isinstance(node, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.With, ast.AsyncWith, ast.Try)):
+            yield from (n for n in ast.iter_child_nodes(node) if not isinstance(n, ast.stmt))
+            for field in ("body", "orelse", "finalbody"):
+                yield from _import_time_nodes(getattr(node, field, []))
+            for handler in getattr(node, "handlers", []):
+                yield from _import_time_nodes(handler.body)
+        else:
+            yield node
+
+
+def _check_import_time_names(kept: list, dropped: list) -> None:
+    """A kept module may name a left-out module's function inside its own functions (the packed file
+    refuses the settings that would call it) but never at import time, where the packed file would fail
+    for every setting: BundleError naming the module, line and name."""
+    owner = {}
+    for m in dropped:
+        for name in top_level_bindings(m):
+            owner.setdefault(name, m.relpath)
+    kept_names = {name for m in kept for name in top_level_bindings(m)}
+    for m in kept:
+        for node in _import_time_nodes(m.tree.body):
+            for sub in ast.walk(node):
+                if (isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Load) and sub.id in owner
+                        and sub.id not in kept_names):
+                    raise BundleError(f"{m.relpath}:{sub.lineno}: {sub.id!r} of {owner[sub.id]} is used at import time, "
+                                      f"but {owner[sub.id]} is left out for these settings; use it inside a function "
+                                      f"(or give {m.relpath} the same PACKED_WHEN)")
 
 
 def _order_modules(mods: list) -> list:
@@ -301,6 +370,8 @@ def _check_unique_names(modules: list) -> None:
     owners = {}
     for m in modules:
         for name, key in top_level_bindings(m).items():
+            if name == PACKED_WHEN_NAME:  # dropped from the bundle
+                continue
             if name in owners:
                 other, other_key = owners[name]
                 if key is not None and key == other_key:

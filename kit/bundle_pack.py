@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 
 from kit.bundle_modules import BUNDLE_PACKED_NAME, BundleError
-from kit.bundle_source import build_human_source
+from kit.bundle_source import build_human_parts
 from primitives.files import atomic_write_bytes
 
 # lzma constants spelled as literals in the wrapper (saves counted bytes); stable across CPython.
@@ -209,8 +209,10 @@ def latin1_literal(data: bytes) -> str:
     return min((_quote_latin1(text, q) for q in BUNDLE_LATIN1_QUOTES), key=len)
 
 
-def _wrapper(imports: str, decompress: str, payload: bytes, encoding: str, size_only: bool = False) -> bytes:
-    """The packed file: `imports` (and, for base93, the decoder line), then
+def _wrapper(imports: str, decompress: str, payload: bytes, encoding: str, size_only: bool = False,
+             header: str = "") -> bytes:
+    """The packed file: `#header` (which settings it was packed for; none when empty), `imports` (and,
+    for base93, the decoder line), then
     `exec(BUNDLE_SOURCE:=<decompress>.decode())` with the payload expression in place of PAYLOAD.
     The payload starts on a line of its own (one byte) so that a traceback through the wrapper
     prints `exec(BUNDLE_SOURCE:=L.decompress(` and not the payload (Python 3.11/3.12; 3.13+ also
@@ -226,6 +228,7 @@ def _wrapper(imports: str, decompress: str, payload: bytes, encoding: str, size_
         pre, data = BUNDLE_BASE93_DECODER + "\n", f'f(\nb"{digits}").to_bytes({len(payload)},"big")'
     else:
         head, data = BUNDLE_LATIN1_COOKIE, "\n" + latin1_literal(payload) + f".encode('{BUNDLE_LATIN1_CODEC}')"
+    head += f"#{header}\n" if header else ""
     text = f"{head}import {imports}\n{pre}exec(BUNDLE_SOURCE:={decompress.replace('PAYLOAD', data)}.decode())"
     return text.encode("latin-1")
 
@@ -281,7 +284,7 @@ def packed_encoding(packed: bytes) -> str:
     """"latin1", "base85" or "base93": how a packed file holds its payload (read from its wrapper)."""
     if packed.startswith(BUNDLE_LATIN1_COOKIE.encode("ascii")):
         return "latin1"
-    return "base85" if b"b85decode(" in packed[:300] else "base93"
+    return "base85" if b"b85decode(" in packed[:600] else "base93"
 
 
 def unpack_packed(packed: bytes) -> str:
@@ -311,12 +314,13 @@ def unpack_packed(packed: bytes) -> str:
     return captured[0]
 
 
-def pack_code(code: str, encoding: str | None = None) -> tuple[bytes, str, list]:
+def pack_code(code: str, encoding: str | None = None, header: str = "") -> tuple[bytes, str, list]:
     """(packed file bytes, winning candidate like "lzma-alone lc=3 lp=0 pb=0 + base93", [(candidate,
     bytes)] of all tried). `encoding`: "ascii" (the smallest of BUNDLE_ASCII_ENCODINGS: a plain
     ASCII file), "base93", "base85" or "latin1" (opt-in, not UTF-8); None: default_encoding(). The
     smallest file wins; ties go to the earlier candidate, so the choice is deterministic. Sizes are
-    computed exactly without encoding every candidate; only the winner is built.
+    computed exactly without encoding every candidate; only the winner is built. `header`: the
+    file's first comment line (kit/bundle_source.py packed_for_line; ASCII).
 
     Raises ValueError for an unknown encoding, AssertionError when the winner does not round-trip
     to `code` (a bundler bug)."""
@@ -328,10 +332,10 @@ def pack_code(code: str, encoding: str | None = None) -> tuple[bytes, str, list]
     streams = _streams(code.encode("utf-8"), _top_level_imports(code))
     for enc in encodings:
         for name, payload, imports, decompress in streams:
-            size = len(_wrapper(imports, decompress, payload, enc, size_only=True))
+            size = len(_wrapper(imports, decompress, payload, enc, size_only=True, header=header))
             tried.append((f"{name} + {enc}", size))
             if best is None or size < best[0]:
-                best = (size, f"{name} + {enc}", (imports, decompress, payload, enc))
+                best = (size, f"{name} + {enc}", (imports, decompress, payload, enc, False, header))
     size, name, args = best
     packed = _wrapper(*args)
     assert len(packed) == size, (name, len(packed), size)
@@ -344,13 +348,20 @@ def pack_code(code: str, encoding: str | None = None) -> tuple[bytes, str, list]
     return packed, name, tried
 
 
-def build_packed_bytes(root=None, encoding: str | None = None) -> bytes:
+def human_and_header(root=None, settings=None) -> tuple[str, str]:
+    """(the human source, the packed file's header line) for these settings (None: every module)."""
+    parts, info = build_human_parts(root, settings)
+    return "\n\n\n".join(p for _, p in parts) + "\n", info["packed_for"]
+
+
+def build_packed_bytes(root=None, encoding: str | None = None, settings=None) -> bytes:
     """The counted train_gpt.py: the exact bytes of the file (stripped, compressed, exec wrapper).
     Its length is the code bytes of every run (train_gpt.measure_code_bytes). Bytes, never str: a
     latin1 file is not UTF-8. encoding: as pack_code (None: default_encoding(), ASCII unless
-    BUNDLE_ENCODING says otherwise). Raises BundleError like build_human_source."""
-    human = build_human_source(root)
-    return pack_code(minify_source(set_bundle_kind(human, "packed")), encoding)[0]
+    BUNDLE_ENCODING says otherwise). settings: kit/bundle_when.py PackSettings, the modules a run with
+    them needs (None: every module). Raises BundleError like build_human_source."""
+    human, header = human_and_header(root, settings)
+    return pack_code(minify_source(set_bundle_kind(human, "packed")), encoding, header)[0]
 
 
 def packed_size_cache_key(human: str, encoding: str) -> str:
@@ -368,20 +379,21 @@ def packed_size_cache_key(human: str, encoding: str) -> str:
     return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
 
 
-def packed_size(root=None, encoding: str | None = None, cache_dir=None) -> int:
+def packed_size(root=None, encoding: str | None = None, cache_dir=None, settings=None) -> int:
     """len(build_packed_bytes(root, encoding)), remembered per source: minifying and trying every
     compressor takes ~5 s on a laptop core, paid by every run's start otherwise. The cache is a JSON
     file per packed_size_cache_key under `cache_dir` (default env BUNDLE_CACHE_DIR, else
-    ~/.cache/parameter-golf-kit/bundle); an unreadable or unwritable cache only costs the build."""
+    ~/.cache/parameter-golf-kit/bundle); an unreadable or unwritable cache only costs the build.
+    settings: as build_packed_bytes (the human source, part of the key, holds what they left out)."""
     encoding = encoding or default_encoding()
-    human = build_human_source(root)
+    human, header = human_and_header(root, settings)
     cache = Path(cache_dir or os.environ.get("BUNDLE_CACHE_DIR") or Path.home() / ".cache/parameter-golf-kit/bundle")
     path = cache / f"{packed_size_cache_key(human, encoding)}.json"
     try:
         return int(json.loads(path.read_text(encoding="utf-8"))["packed_bytes"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    size = len(pack_code(minify_source(set_bundle_kind(human, "packed")), encoding)[0])
+    size = len(pack_code(minify_source(set_bundle_kind(human, "packed")), encoding, header)[0])
     try:
         cache.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps({"packed_bytes": size}).encode())

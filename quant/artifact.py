@@ -76,7 +76,7 @@ from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.fit import quant_fit_step, quant_fit_step_up
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
-from quant.grouped import GROUPED_ID, grouped_compress, grouped_inflate
+from quant.grouped import grouped_compress, grouped_inflate
 from quant.lqer import lqer_correction, lqer_factors, lqer_nbytes, lqer_pack, lqer_unpack
 from quant.sdclip import sdclip_quantize
 from primitives.files import atomic_write_bytes
@@ -194,7 +194,7 @@ def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, pa
     if lqer:  # (absent without LQER: the bytes of other artifacts do not change)
         head["lqer"] = [[name, r] for name, (r, _) in lqer.items()]
     head = json.dumps(head).encode()
-    return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + lqer_pack(lqer or {}) + head
+    return (b"".join(t.reshape(-1).numpy().tobytes() for t in ints + rest) + (lqer_pack(lqer) if lqer else b"") + head
             + struct.pack("<I", len(head)))
 
 
@@ -315,11 +315,11 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
             raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
         if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
             raise ValueError("checksum mismatch (truncated or corrupted)")
-        if not 0 < cid <= GROUPED_ID:
+        if not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (quant/grouped.py GROUPED_ID)
             raise ValueError(f"unknown compressor id {cid}")
         data = data[14:]
         # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
-        raw, layout = grouped_inflate(data, n) if cid == GROUPED_ID else (None, None)
+        raw, layout = grouped_inflate(data, n) if cid == len(QUANT_COMPRESSORS) + 1 else (None, None)
         raw = raw if layout else (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
                brotli.Decompressor().process(data, output_buffer_limit=n + 1) if cid == 4 else
                (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))

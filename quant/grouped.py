@@ -37,6 +37,9 @@ import brotli
 import torch
 import zstandard
 
+# the packed train_gpt.py holds this module only for runs with QUANT_GROUPED=1 (kit/bundle_when.py)
+PACKED_WHEN = "QUANT_GROUPED"
+
 GROUPED_ID = 5
 GROUPED_STREAMS = ("index", "q_embed", "q_attn", "q_mlp", "q_other", "float", "header")
 GROUPED_MAX_SORT_ROWS = 4096

@@ -26,6 +26,9 @@ import torch
 
 from primitives.rowquant import dequantize_per_row, quant_fp16_scale
 
+# the packed train_gpt.py holds this module only for runs with QUANT_LQER=1 (kit/bundle_when.py)
+PACKED_WHEN = "QUANT_LQER"
+
 LQER_GROUP = 64
 
 

@@ -19,6 +19,9 @@ import torch
 
 from primitives.rowquant import quant_fp16_scale
 
+# the packed train_gpt.py holds this module only for runs with QUANT_SDCLIP=1 (kit/bundle_when.py)
+PACKED_WHEN = "QUANT_SDCLIP"
+
 
 def sdclip_scale(w: torch.Tensor, bits: int, k: float) -> torch.Tensor:
     """float16 [R] SDClip scales of w [R, C] (C >= 2) at `bits` with clip k * std(row).

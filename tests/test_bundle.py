@@ -515,7 +515,7 @@ def _loss_lines(log: str) -> list:
 @pytest.mark.slow
 def test_package_human_and_packed_trainer_give_identical_losses_and_code_bytes(tiny_dataset, sp1024_model, tmp_path):
     out = tmp_path / "record"
-    bundle.write_bundle(out, REPO)  # --encoding auto: what the runs measure
+    bundle.write_bundle(out, REPO, settings=bundle.pack_settings(TINY_ENV))  # --encoding auto: what the runs measure
     packed_file = (out / "train_gpt.py").read_bytes()
     packed_bytes = len(packed_file)
     print(f"packed train_gpt.py: {packed_bytes:,} bytes, {bundle.packed_encoding(packed_file)}")

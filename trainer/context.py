@@ -12,9 +12,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from primitives.settings import Hyperparameters
+from quant.policy import QuantPolicy
 
 
 BUNDLE_KIND = "package"
+# (settings, left-out modules, probe(hp, quant policy) -> (needed, each setting's value)) per condition
+# (kit/bundle_when.py): the bundler writes them into a packed file packed without some modules
+BUNDLE_REFUSALS = ()
 
 
 @dataclasses.dataclass
@@ -96,15 +100,34 @@ def require_kit(setting: str) -> None:
         raise ValueError(f"{setting}: a kit feature, not in the packed script (run from the kit's repo)")
 
 
-def measure_code_bytes() -> int:
-    """Bytes of the train_gpt.py that would be shipped: measured, never estimated."""
+def check_packed_for(hp: Hyperparameters) -> None:
+    """A packed file refuses, before anything runs, settings that need a module it was packed without:
+    ValueError naming the settings, their values and the modules (no-op in the package)."""
+    quant = QuantPolicy.from_env(log=lambda *_: None) if BUNDLE_REFUSALS else None
+    for names, modules, probe in BUNDLE_REFUSALS:
+        needed, *values = probe(hp, quant)
+        if needed:
+            given = " ".join(f"{n}={v}" for n, v in zip(names.split(), values))
+            raise ValueError(f"{given}: this train_gpt.py was packed without {modules}; pack one for these settings "
+                             "(python tools/bundle.py, or tools/make_record.py from the runs)")
+
+
+def measure_code_bytes(hp: Hyperparameters) -> int:
+    """Bytes of the train_gpt.py that would be shipped for these settings: measured, never estimated."""
     if BUNDLE_KIND == "packed":
         return os.path.getsize(__file__)
     if BUNDLE_KIND == "human":
         return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
     from kit.bundle import packed_size  # package only: the bundler measures what it would ship
 
-    return packed_size()  # == len(build_packed_bytes()), cached per source
+    return packed_size(settings=pack_settings_of(hp))  # == len(build_packed_bytes(settings=...)), cached per source
+
+
+def pack_settings_of(hp: Hyperparameters):
+    """The package's run settings as the bundler reads them (the modules its train_gpt.py would hold)."""
+    from kit.bundle import settings_from  # package only
+
+    return settings_from(dataclasses.asdict(hp), dataclasses.asdict(QuantPolicy.from_env(log=lambda *_: None)))
 
 
 def describe_device(device: torch.device) -> str:
@@ -128,7 +151,7 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     else:
         from kit.bundle import build_human_source  # package only
 
-        code = build_human_source()
+        code = build_human_source(settings=pack_settings_of(hp))
     ctx.log(code, False)
     ctx.log("=" * 100, False)
     ctx.log(f"python:{platform.python_version()} "

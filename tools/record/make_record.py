@@ -58,8 +58,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as `python tools/make_record.py`: make `tools` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from kit.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, REPO_ROOT, build_human_source, minify_source,
-                          pack_code, packed_encoding, set_bundle_kind, unpack_packed)
+from kit.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, REPO_ROOT, build_human_parts, minify_source, pack_code,
+                          packed_encoding, set_bundle_kind, settings_from_result, unpack_packed)
 from tools.record.record_checks import (RECORD_BYTE_BUDGET, RECORD_TRACKS, check_code_is_current, check_rules, check_run,
                                  check_runs_agree, choose_track, resolve_run_path)
 from tools.record.record_readme import (SCORE_LABELS, build_readme, build_requirements, build_submission, hardware_of,
@@ -239,8 +239,7 @@ def make_record(run_paths, *, name, author, github_id, approach=None, track=None
     for run in runs:
         check_run(run)
     check_runs_agree(runs)
-    human = build_human_source(root)
-    packed = pack_code(minify_source(set_bundle_kind(human, "packed")))[0]  # bytes; ASCII unless BUNDLE_ENCODING
+    human, packed = pack_for_runs(runs, root, log)
     check_code_is_current(runs, human, packed, root)
     track_name, reason = choose_track(runs, track)
     rules_not_met = check_rules(runs, track_name)
@@ -307,6 +306,19 @@ def make_record(run_paths, *, name, author, github_id, approach=None, track=None
     log(f"record: {final_dir} (val_bpb {submission['val_bpb']:.8f}, std {submission['val_bpb_std']:.8f}, "
         f"code {submission['bytes_code']:,} bytes, total {submission['bytes_total']:,} bytes, {track_name})")
     return final_dir
+
+
+def pack_for_runs(runs: list, root: Path, log=print) -> tuple[str, bytes]:
+    """(train_gpt_human.py, train_gpt.py bytes) packed for the runs' own settings (their result.json's
+    hyperparameters and quant policy; the runs agree on them): the modules those settings need, nothing
+    else; says the byte count and what was left out. ASCII unless BUNDLE_ENCODING says otherwise."""
+    parts, info = build_human_parts(root, settings_from_result(runs[0].result))
+    human = "\n\n\n".join(text for _, text in parts) + "\n"
+    packed = pack_code(minify_source(set_bundle_kind(human, "packed")), None, info["packed_for"])[0]
+    left = "; ".join(f"{', '.join(r)} (refused when {c})" for c, r in sorted(info["off"].items()))
+    log(f"train_gpt.py: {len(packed):,} bytes, {info['packed_for'] or 'packed with every module'}"
+        + (f"; left out: {left}" if left else ""))
+    return human, packed
 
 
 def check_date(day) -> None:

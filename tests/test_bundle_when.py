@@ -1,0 +1,159 @@
+"""The bundler packs what a run's settings reach (kit/bundle_when.py): PACKED_WHEN declarations, the
+modules they leave out, the refusal a packed file carries for them, and its header."""
+
+import ast
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit import bundle
+from kit.bundle import BundleError
+from kit.bundle_when import (PackSettings, condition_holds, condition_names, pack_settings, refusal_source,
+                             settings_from)
+from primitives.settings import Hyperparameters
+from quant.policy import QuantPolicy
+
+REPO = Path(__file__).resolve().parents[1]
+
+TREE = {
+    "quant/__init__.py": "",
+    "quant/base.py": '"""Always needed."""\n\n\ndef base_value():\n    return 3\n',
+    "quant/extra.py": ('"""Needed only with QUANT_LQER."""\n\nfrom quant.base import base_value\n\n'
+                       'PACKED_WHEN = "QUANT_LQER"\n\n\ndef extra_value():\n    return base_value() + 1\n'),
+    "quant/deep.py": '"""Reached only through quant/extra.py."""\n\n\ndef deep_value():\n    return 5\n',
+    "trainer/__init__.py": "",
+    "trainer/context.py": 'BUNDLE_KIND = "package"\nBUNDLE_REFUSALS = ()\n',
+    "train_gpt.py": ('"""Entry."""\n\nfrom quant.base import base_value\nfrom quant.extra import extra_value\n'
+                     "from trainer.context import BUNDLE_KIND, BUNDLE_REFUSALS\n\n\ndef main():\n"
+                     "    return extra_value() if BUNDLE_KIND == 'x' else base_value()\n"),
+}
+
+
+def write(root: Path, files: dict) -> Path:
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    return root
+
+
+def settings(**env) -> PackSettings:
+    return pack_settings({"RUN_ID": "x", **env})
+
+
+def test_settings_name_each_field_by_its_env_name_and_owner():
+    s = settings(PRESET="smoke", QUANT_LQER="1")
+    assert s.preset == "smoke" and s.values["QUANT_LQER"] is True and s.values["TTT_ENABLED"] is False
+    assert s.field("QUANT_LQER") == "q.lqer" and s.field("TTT_MODE") == "h.ttt_mode"
+    assert s.field("QUANT_ESTIMATE_SCALE") == "h.quant_estimate_scale"  # a Hyperparameters field, not the policy's
+    again = settings_from(dataclasses.asdict(Hyperparameters.from_env({"RUN_ID": "x", "PRESET": "smoke"})),
+                          dataclasses.asdict(QuantPolicy.from_env({"QUANT_LQER": "1"})))
+    assert again == s
+
+
+def test_conditions_read_settings_and_refuse_other_forms():
+    s = settings(TTT_ENABLED="1", TTT_MODE="lora")
+    assert condition_holds("TTT_ENABLED and TTT_MODE == 'lora'", s)
+    assert not condition_holds("TTT_ENABLED and TTT_MODE in ('phased', 'chunked')", s)
+    assert condition_names("TTT_ENABLED and TTT_MODE == 'lora' or not TTT_ENABLED") == ["TTT_ENABLED", "TTT_MODE"]
+    for bad, why in (("__import__('os')", "Call is not allowed"), ("ttt_enabled", "not a setting's environment name"),
+                     ("TTT_ENABLED and", "not an expression"), ("TTT_MODE.upper()", "not allowed")):
+        with pytest.raises(BundleError, match=why):
+            condition_names(bad, "x.py:1")
+    with pytest.raises(BundleError, match="NO_SUCH_SETTING is not a setting"):
+        condition_holds("NO_SUCH_SETTING", s, "x.py")
+
+
+def test_refusal_source_probes_the_settings_it_names():
+    s = settings()
+    line = refusal_source({"TTT_ENABLED and TTT_MODE == 'lora'": ["eval/b.py", "eval/a.py"], "QUANT_LQER": ["q.py"]}, s)
+    scope = {}
+    exec(line, scope)  # noqa: S102 (the generated line)
+    (names1, mods1, probe1), (names2, mods2, probe2) = scope["BUNDLE_REFUSALS"]
+    assert (names1, mods1, names2, mods2) == ("QUANT_LQER", "q.py", "TTT_ENABLED TTT_MODE", "eval/a.py eval/b.py")
+    hp = Hyperparameters.from_env({"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora"})
+    assert probe2(hp, QuantPolicy()) == (True, True, "lora") and probe1(hp, QuantPolicy()) == (False, False)
+    assert probe1(hp, QuantPolicy(lqer=True))[0] is True
+
+
+def test_a_module_off_for_the_settings_is_left_out_with_what_only_it_reaches(tmp_path):
+    root = write(tmp_path / "src", {**TREE, "quant/extra.py": TREE["quant/extra.py"] + (
+        "\n\ndef deeper():\n    from quant.deep import deep_value\n    return deep_value()\n")})
+    parts, info = bundle.build_human_parts(root, settings())
+    assert sorted(info["modules"]) == ["quant/base.py", "train_gpt.py", "trainer/context.py"]
+    assert info["off"] == {"QUANT_LQER": ["quant/extra.py"]} and "quant/deep.py" in info["left_out"]
+    assert info["packed_for"] == "packed for PRESET=1xh100-sp8192 QUANT_LQER=False"
+    human = "".join(text for _, text in parts)
+    assert "PACKED_WHEN" not in human and "BUNDLE_REFUSALS = (('QUANT_LQER','quant/extra.py',lambda h,q:" in human
+    on = bundle.build_human_parts(root, settings(QUANT_LQER="1"))[1]
+    assert "quant/extra.py" in on["modules"] and on["off"] == {} and on["packed_for"] == ""
+    every = bundle.build_human_parts(root)[1]  # no settings: every module, nothing refused
+    assert every["modules"] == on["modules"] and "PACKED_WHEN" not in "".join(t for _, t in bundle.build_human_parts(root)[0])
+
+
+def test_a_left_out_name_used_at_import_time_or_a_bad_declaration_is_refused(tmp_path):
+    root = write(tmp_path / "a", {**TREE, "quant/base.py": TREE["quant/base.py"]})
+    write(root, {"train_gpt.py": TREE["train_gpt.py"] + "\nDEFAULT = extra_value\n"})
+    with pytest.raises(BundleError, match=r"train_gpt.py:\d+: 'extra_value' of quant/extra.py is used at import time"):
+        bundle.build_human_parts(root, settings())
+    assert bundle.build_human_parts(root, settings(QUANT_LQER="1"))  # included: fine
+    write(root, {"train_gpt.py": TREE["train_gpt.py"], "quant/extra.py": TREE["quant/extra.py"].replace(
+        '"QUANT_LQER"', '"QUANT_LQER or NO_SUCH"')})
+    with pytest.raises(BundleError, match="quant/extra.py: PACKED_WHEN = .*NO_SUCH is not a setting"):
+        bundle.build_human_parts(root, settings())
+    write(root, {"quant/extra.py": TREE["quant/extra.py"].replace('"QUANT_LQER"', "1")})
+    with pytest.raises(BundleError, match=r"quant/extra.py:\d+: expected one `PACKED_WHEN = \"<condition>\"`"):
+        bundle.build_human_parts(root, settings())
+
+
+def test_packed_header_names_the_settings_and_the_file_still_unpacks(tmp_path):
+    root = write(tmp_path / "src", TREE)
+    for enc in bundle.BUNDLE_ENCODINGS:
+        packed = bundle.build_packed_bytes(root, enc, settings())
+        lines = packed.split(b"\n")
+        header = lines[1] if enc == "latin1" else lines[0]
+        assert header == b"#packed for PRESET=1xh100-sp8192 QUANT_LQER=False", enc
+        assert bundle.packed_encoding(packed) == enc and "extra_value" not in bundle.unpack_packed(packed).split("def")[0]
+    assert not bundle.build_packed_bytes(root, "base93").startswith(b"#")  # every module: no header
+
+
+def test_grouped_id_is_the_artifact_decoders_id_after_the_compressors():
+    from quant.grouped import GROUPED_ID
+    from quant.policy import QUANT_COMPRESSORS
+
+    assert GROUPED_ID == len(QUANT_COMPRESSORS) + 1  # quant/artifact.py decodes it without importing quant/grouped.py
+
+
+def test_real_package_default_leaves_out_the_off_techniques_and_every_module_is_in_without_settings():
+    on = bundle.build_human_parts(REPO)[1]
+    default = bundle.build_human_parts(REPO, settings())[1]
+    off = {r for rs in default["off"].values() for r in rs}
+    assert {"quant/lqer.py", "quant/sdclip.py", "quant/grouped.py"} <= off
+    assert off.isdisjoint(default["modules"]) and off <= set(on["modules"]) and on["off"] == {}
+    assert default["packed_for"].startswith("packed for PRESET=1xh100-sp8192 ")
+
+
+@pytest.fixture(scope="module")
+def packed_default(tmp_path_factory):
+    out = tmp_path_factory.mktemp("record")
+    bundle.write_bundle(out, REPO, "ascii", settings())
+    return out
+
+
+@pytest.mark.parametrize("env, named", [({"QUANT_LQER": "1"}, "QUANT_LQER=True"),
+                                        ({"QUANT_GROUPED": "1", "QUANT_SDCLIP": "1"}, "QUANT_GROUPED=True")])
+def test_a_packed_file_refuses_a_setting_it_left_out_in_one_line_before_anything_runs(packed_default, tmp_path, env,
+                                                                                      named):
+    runs = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "train_gpt.py"], cwd=packed_default, capture_output=True, text=True,
+                          timeout=120, env={**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **env,
+                                            "OUT_DIR": str(runs), "RUN_ID": "refused", "PRESET": "smoke"})
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {named}: this train_gpt.py was packed without quant/")
+    assert not runs.exists()  # nothing written: refused before the run folder, the data or the model
+    tree = ast.parse((packed_default / "train_gpt.py").read_text())  # plain ASCII text with its header
+    assert tree.body and (packed_default / "train_gpt.py").read_text().startswith("#packed for PRESET=1xh100-sp8192 ")
