@@ -1,4 +1,5 @@
-"""The challenge GPT: GQA, partial RoPE, XSA, U-Net skips, tied embeddings, late-QAT linears.
+"""The challenge GPT: GQA, partial RoPE, XSA, U-Net skips, tied embeddings, late-QAT linears; PR #1855's
+document-packed attention, LN scale, skip gates and 2-lane parallel decoder as switches (model/stack.py).
 
 Shape legend (every docstring and local name below):
     B batch, T time (sequence length), D model dim (residual stream), H query heads,
@@ -14,10 +15,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from primitives.rowquant import fake_quantize_per_row
-from model.attention import attention
+from model.attention import DocSegments, attention, doc_segments
 from model.attn_ops import apply_partial_rope, qk_norm_rope  # noqa: F401 (apply_partial_rope: model.gpt's API)
 from model.fused_loss import fused_loss_active, fused_softcap_op, linear_softcap_cross_entropy, linear_softcap_nll
 from model.softcap_loss import head_softcap_cross_entropy
+from model.stack import PARALLEL_FINAL_LANES, block_input_norm, run_stack
 from primitives.settings import Hyperparameters
 
 
@@ -151,14 +153,15 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(dim, dim)
         self.q_gain = nn.Parameter(torch.full((num_heads,), float(qk_gain_init)))
 
-    def forward(self, x, cos, sin, out_scale: torch.Tensor | None = None):
-        """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled)."""
+    def forward(self, x, cos, sin, out_scale: torch.Tensor | None = None, docs: DocSegments | None = None):
+        """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled);
+        docs: attention within documents only (model.attention.doc_segments)."""
         b, t, d = x.shape
         q = self.c_q(x).view(b, t, self.num_heads, self.head_dim)
         k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
         v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim)
         q, k = qk_norm_rope(q, cos, sin, self.q_gain), qk_norm_rope(k, cos, sin)
-        y = attention(q, k, v)
+        y = attention(q, k, v, docs)
         if self.use_xsa:
             y = exclusive_self_attention(y, v)
         if hasattr(self, "attn_gate_w"):
@@ -184,12 +187,14 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)). With `parallel` (GPT-J, Wang & Komatsuzaki
     2021; PR #1204 on 8 GPUs, PR #1608 on one), attention and MLP read the same normalized input and
-    both add to the residual: x + attn(norm(x)) + mlp(norm(x)), one norm and no serial dependency."""
+    both add to the residual: x + attn(norm(x)) + mlp(norm(x)), one norm and no serial dependency.
+    ln_scale: every norm's output times it (PR #1855's LN_SCALE: 1/sqrt(layer + 1))."""
 
     def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, mlp_mult: float, activation: str, rope_dims: int,
-                 qk_gain_init: float, use_xsa: bool, parallel: bool = False, gate_window: int = 0, gate_scale: float = 1.0):
+                 qk_gain_init: float, use_xsa: bool, parallel: bool = False, gate_window: int = 0, gate_scale: float = 1.0,
+                 ln_scale: float = 1.0):
         super().__init__()
-        self.parallel = parallel
+        self.parallel, self.ln_scale = parallel, ln_scale
         self.attn = CausalSelfAttention(dim, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_dims=rope_dims,
                                         qk_gain_init=qk_gain_init, use_xsa=use_xsa, gate_window=gate_window,
                                         gate_scale=gate_scale)
@@ -198,14 +203,18 @@ class Block(nn.Module):
         self.mlp_scale = nn.Parameter(torch.ones(dim))
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
 
-    def forward(self, x, x0, cos, sin):
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        """rms_norm(x) * ln_scale: the input of the block's attention and MLP."""
+        return block_input_norm(x, self.ln_scale)
+
+    def forward(self, x, x0, cos, sin, docs: DocSegments | None = None):
         mix = self.resid_mix.to(x.dtype)
         x = mix[0] * x + mix[1] * x0
         if self.parallel:
-            h = F.rms_norm(x, (x.size(-1),))
-            return x + self.attn(h, cos, sin, self.attn_scale) + self.mlp(h, self.mlp_scale)
-        x = x + self.attn(F.rms_norm(x, (x.size(-1),)), cos, sin, self.attn_scale)
-        return x + self.mlp(F.rms_norm(x, (x.size(-1),)), self.mlp_scale)
+            h = self.normed(x)
+            return x + self.attn(h, cos, sin, self.attn_scale, docs) + self.mlp(h, self.mlp_scale)
+        x = x + self.attn(self.normed(x), cos, sin, self.attn_scale, docs)
+        return x + self.mlp(self.normed(x), self.mlp_scale)
 
 
 def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:
@@ -220,7 +229,10 @@ def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_en
 class GPT(nn.Module):
     """The challenge GPT: GQA, partial RoPE, XSA on the last layers, U-Net skips, tied embeddings,
     parallel residuals from layer `parallel_residual_start` on (-1 = none); optional SmearGate on the
-    embeddings and sparse head-output gates in every attention (GATE_WINDOW dims feed both).
+    embeddings and sparse head-output gates in every attention (GATE_WINDOW dims feed both). PR #1855's
+    switches: doc_packed_attention (no token attends across a BOS), ln_scale (norms times 1/sqrt(layer + 1)),
+    skip_gates_enabled (gated U-Net skips), parallel_start_layer (> 0: its 2-lane decoder from that layer,
+    joined by parallel_final_lane); model/stack.py runs the blocks.
 
     `GPT(**config)` with `config` a JSON dict (stored in the artifact). `forward(x, y)` -> mean
     cross-entropy in nats (the fused loss of model/fused_loss.py when LOSS_KERNEL chose it; with gradients on,
@@ -232,8 +244,11 @@ class GPT(nn.Module):
                  mlp_activation="relu2", tie_embeddings=True, rope_base=10_000.0, rope_dims=32,
                  logit_softcap=30.0, qk_gain_init=1.5, xsa_last_n=0, parallel_residual_start=-1,
                  smear_gate_enabled=False, sparse_attn_gate_enabled=False, sparse_attn_gate_scale=1.0, gate_window=12,
-                 num_loops=0, loop_start=3, loop_end=5):
+                 num_loops=0, loop_start=3, loop_end=5, doc_packed_attention=False, ln_scale=False,
+                 skip_gates_enabled=False, parallel_start_layer=0, parallel_final_lane="mean"):
         super().__init__()
+        if parallel_final_lane not in PARALLEL_FINAL_LANES:
+            raise ValueError(f"parallel_final_lane={parallel_final_lane!r}: expected one of {PARALLEL_FINAL_LANES}")
         activation = mlp_activation
         self.logit_softcap, self.gptq_hessians = logit_softcap, None
         self.tok_emb = nn.Embedding(vocab_size, model_dim)
@@ -241,8 +256,13 @@ class GPT(nn.Module):
             Block(model_dim, num_heads=num_heads, num_kv_heads=num_kv_heads, mlp_mult=mlp_mult, activation=activation,
                   rope_dims=rope_dims, qk_gain_init=qk_gain_init, use_xsa=i >= num_layers - xsa_last_n,
                   parallel=0 <= parallel_residual_start <= i, gate_window=gate_window * sparse_attn_gate_enabled,
-                  gate_scale=sparse_attn_gate_scale)
+                  gate_scale=sparse_attn_gate_scale, ln_scale=1 / math.sqrt(i + 1) if ln_scale else 1.0)
             for i in range(num_layers))
+        self.doc_packed_attention = doc_packed_attention
+        self.parallel_start_layer, self.parallel_final_lane = parallel_start_layer, parallel_final_lane
+        if parallel_start_layer > 0:  # PR #1855's lane routing: resid init 1.1, post init 1 (model/stack.py)
+            self.parallel_post_lambdas = nn.Parameter(torch.ones(num_layers, 2, 2))
+            self.parallel_resid_lambdas = nn.Parameter(torch.full((num_layers, 2), 1.1))
         if smear_gate_enabled:  # zero-initialized: the identity at init (PR #1667)
             self.smear_gate_w = nn.Parameter(torch.zeros(1, gate_window))
             self.smear_lambda = nn.Parameter(torch.zeros(1))
@@ -254,6 +274,7 @@ class GPT(nn.Module):
         self.looping_active = num_loops > 0
         num_skips = max(num_skips, min(len(self.loop_order) // 2, len(self.loop_order) - len(self.loop_order) // 2))
         self.skip_weights = nn.Parameter(torch.ones(num_skips, model_dim))
+        self.skip_gates = nn.Parameter(torch.zeros(num_skips, model_dim)) if skip_gates_enabled else None
         self.lm_head = None if tie_embeddings else CastedLinear(model_dim, vocab_size)
         self.register_buffer("rope_inv_freq", 1.0 / rope_base ** (torch.arange(0, rope_dims, 2) / rope_dims),
                              persistent=False)
@@ -308,16 +329,8 @@ class GPT(nn.Module):
         if hasattr(self, "smear_gate_w"):
             x = smear_previous_token(x, input_ids, self.smear_gate_w, self.smear_lambda)
         x = x0 = F.rms_norm(x, (x.size(-1),)).to(dt)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12)
-        skips = []
-        order = self.loop_order if self.looping_active else range(len(self.blocks))
-        num_encoder = len(order) // 2 if self.looping_active else self.num_encoder_layers
-        for k, i in enumerate(order):
-            j = k - num_encoder
-            if 0 <= j < self.skip_weights.size(0) and skips:
-                x = x + self.skip_weights[j].to(x.dtype) * skips.pop()
-            x = self.blocks[i](x, x0, cos, sin)
-            if k < num_encoder:
-                skips.append(x)
+        docs = doc_segments(input_ids, BOS_TOKEN_ID) if self.doc_packed_attention else None
+        x = run_stack(self, x, x0, cos, sin, docs)
         return F.rms_norm(x, (x.size(-1),))
 
     def head_weight(self) -> torch.Tensor:
@@ -360,7 +373,8 @@ class GPT(nn.Module):
 # GPT arguments of the switches, written to the config only when they differ from GPT's default: an
 # artifact without a switch on is byte-identical to one made before the switches existed
 SWITCH_CONFIG = ("smear_gate_enabled", "sparse_attn_gate_enabled", "sparse_attn_gate_scale", "gate_window", "num_loops",
-                 "loop_start", "loop_end")
+                 "loop_start", "loop_end", "doc_packed_attention", "ln_scale", "skip_gates_enabled", "parallel_start_layer",
+                 "parallel_final_lane")
 
 
 def build_model_config(hp: Hyperparameters) -> dict:

@@ -113,6 +113,15 @@ class Hyperparameters:
     loop_start: int = 3
     loop_end: int = 5
     enable_looping_at: float = 0.35
+    # PR #1855's model switches (names its own; off: the model is today's, bit for bit). DOC_PACKED_ATTENTION: no
+    # token attends across a BOS (its packed-document training and eval); LN_SCALE: every block's norms times
+    # 1/sqrt(layer + 1); SKIP_GATES_ENABLED: U-Net skips mixed in by a learned sigmoid gate; PARALLEL_START_LAYER
+    # (> 0): its 2-lane parallel decoder from that layer on, the lanes joined at the end by PARALLEL_FINAL_LANE
+    doc_packed_attention: bool = False
+    ln_scale: bool = False
+    skip_gates_enabled: bool = False
+    parallel_start_layer: int = 0  # a layer index, 0: off
+    parallel_final_lane: str = "mean"  # mean | mlp | attn
     # late QAT and EMA
     qat_start_frac: float = 0.15  # fake-quant switches on for the last fraction of the budget
     ema_decay: float = 0.0  # records' step form: a fixed per-step decay (0.997); 0 = EMA_HORIZON_FRAC
@@ -239,6 +248,10 @@ class Hyperparameters:
             ("COMPILE", self.compile in (-1, 0, 1), "-1 (auto), 0 or 1"),
             ("PARALLEL_RESIDUAL_START", -1 <= self.parallel_residual_start < self.num_layers,
              f"-1 (off) or a layer index 0..{self.num_layers - 1}"),
+            ("PARALLEL_START_LAYER", self.parallel_start_layer < self.num_layers and not (
+                self.parallel_start_layer and self.parallel_residual_start >= 0),
+             f"0 (off) or a layer index 1..{self.num_layers - 1}, with PARALLEL_RESIDUAL_START=-1 (one parallel form)"),
+            ("PARALLEL_FINAL_LANE", self.parallel_final_lane in ("mean", "mlp", "attn"), "mean, mlp or attn"),
             ("AUTOCAST", self.autocast in ("auto", "bf16", "none"), "auto, bf16 or none"),
             *((n, getattr(self, n.lower()) <= 1, "a fraction in [0, 1]") for n in (
                 "WARMDOWN_FRAC", "QAT_START_FRAC", "MUON_MOMENTUM_WARMUP_FRAC", "EMA_START_FRAC", "MIN_LR",

@@ -56,7 +56,7 @@ IMPORTLIB_ALLOWED = {"model/attention.py": "the flash-attn choice (FA3 -> FA4 ->
 # what users type (README, docs/): thin files at the top of tools/ whose code lives in a kind's package
 TOOL_KINDS = {"auditor": ("audit",), "bench": ("bench_", "step_twin", "flash_twin", "cpu_twin", "gpu_check", "gpu_report", "kernel_bench"),
               "data": ("data_", "prepare_data"), "record": ("record_", "make_record", "runs", "significance"),
-              "sweeps": ("sweep", "proxy_")}
+              "sweeps": ("sweep", "proxy_"), "parity": ("standins", "parity_")}
 TOOL_COMMANDS = {"audit", "bench_eval", "bench_muon", "bench_quant", "bench_recipes", "bench_step", "bench_train",
                  "bench_ttt", "bundle", "gpu_check", "gpu_report", "make_record", "prepare_data", "significance", "sweep"}
 # commands whose code has not moved into its package yet: other open work edits these files, and a move

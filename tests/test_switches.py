@@ -25,7 +25,8 @@ from test_train import read_result, run_trainer, trainer_env  # noqa: E402
 ALL_SWITCHES = {"MUON_NS_COEFFS": "polar_express", "MUON_ROW_NORMALIZE": "1", "MIN_LR": "0.1",
                 "WD_TAPER_START_FRAC": "0.7", "WD_TAPER_FINAL_MULT": "0.5", "SMEAR_GATE_ENABLED": "1",
                 "SPARSE_ATTN_GATE_ENABLED": "1", "GATE_WINDOW": "8", "NUM_LOOPS": "1", "LOOP_START": "1", "LOOP_END": "1",
-                "ENABLE_LOOPING_AT": "0.5"}
+                "ENABLE_LOOPING_AT": "0.5", "DOC_PACKED_ATTENTION": "1", "LN_SCALE": "1", "SKIP_GATES_ENABLED": "1",
+                "PARALLEL_START_LAYER": "1"}
 TINY = dict(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=4,
             xsa_last_n=1)
 

@@ -1,0 +1,88 @@
+"""The block stack of model.gpt.GPT: encoder/decoder order (depth recurrence), U-Net skips (optionally gated)
+and PR #1855's 2-lane parallel decoder.
+
+Shape legend: B batch, T time, D model dim; L layers. `model` is a model.gpt.GPT; its blocks are
+model.gpt.Block (pre-norm, attention then MLP, both outputs scaled per channel).
+"""
+
+import torch
+import torch.nn.functional as F
+
+PARALLEL_FINAL_LANES = ("mean", "mlp", "attn")
+
+
+def merge_skip(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """A U-Net skip into the decoder: x + weight * skip; with a gate (PR #1855's SKIP_GATES_ENABLED),
+    torch.lerp(weight * skip, x, sigmoid(gate)), i.e. the gate mixes the stream and the scaled skip.
+    x, skip [B, T, D]; weight, gate [D] (float32, cast to x's dtype)."""
+    scaled = weight.to(x.dtype) * skip
+    if gate is None:
+        return x + scaled
+    return torch.lerp(scaled, x, torch.sigmoid(gate.to(x.dtype)))
+
+
+def two_lane_step(model, i: int, lane0: torch.Tensor, lane1: torch.Tensor, x0: torch.Tensor, cos, sin, docs):
+    """Block i of PR #1855's 2-lane parallel decoder: attention reads the residual mix of lane 0 and x0, the MLP
+    reads lane 1 (no mix), and each lane takes both outputs through learned routing weights:
+    lane_j <- resid[i, j] * lane_j + post[i, 0, j] * attn + post[i, 1, j] * mlp,
+    resid = model.parallel_resid_lambdas [L, 2] (init 1.1), post = model.parallel_post_lambdas [L, 2, 2] (init 1).
+    lane0, lane1, x0 [B, T, D] -> (lane0, lane1)."""
+    block = model.blocks[i]
+    mix = block.resid_mix.to(lane0.dtype)
+    attn_out = block.attn(block.normed(mix[0] * lane0 + mix[1] * x0), cos, sin, block.attn_scale, docs)
+    mlp_out = block.mlp(block.normed(lane1), block.mlp_scale)
+    resid = model.parallel_resid_lambdas[i].to(lane0.dtype)
+    post = model.parallel_post_lambdas[i].to(lane0.dtype)
+    lane0 = resid[0] * lane0 + post[0, 0] * attn_out + post[1, 0] * mlp_out
+    lane1 = resid[1] * lane1 + post[0, 1] * attn_out + post[1, 1] * mlp_out
+    return lane0, lane1
+
+
+def final_lane(lane0: torch.Tensor, lane1: torch.Tensor, rule: str) -> torch.Tensor:
+    """The decoder's output from its two lanes (PARALLEL_FINAL_LANE): mean (0.5 (lane0 + lane1)), mlp (lane 1)
+    or attn (lane 0), as PR #1855's _final_parallel_hidden."""
+    if rule == "mlp":
+        return lane1
+    if rule == "attn":
+        return lane0
+    return 0.5 * (lane0 + lane1)
+
+
+def run_stack(model, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None) -> torch.Tensor:
+    """The blocks on x [B, T, D] (x0: the normalized embeddings) -> the last residual stream [B, T, D] (before
+    the final norm).
+
+    Order: blocks 0..L-1, or model.loop_order while model.looping_active (its first half is the encoder).
+    Each encoder output is kept; decoder step j (j = 0, 1, ...) first merges the last kept output (merge_skip
+    with skip_weights[j] and, if any, skip_gates[j]). From the first decoder block whose index is
+    >= model.parallel_start_layer (> 0: on) the stream splits into two lanes (two_lane_step) that
+    final_lane joins at the end; the skips then merge into lane 0. docs: model.attention.doc_segments or None.
+    """
+    order = model.loop_order if model.looping_active else range(len(model.blocks))
+    num_encoder = len(order) // 2 if model.looping_active else model.num_encoder_layers
+    gates, start = model.skip_gates, model.parallel_start_layer
+    skips, lanes = [], None
+    for k, i in enumerate(order):
+        j = k - num_encoder
+        if lanes is None and 0 < start <= i and j >= 0:
+            lanes = (x, x)
+        if 0 <= j < model.skip_weights.size(0) and skips:
+            gate = None if gates is None else gates[j]
+            if lanes is None:
+                x = merge_skip(x, skips.pop(), model.skip_weights[j], gate)
+            else:
+                lanes = (merge_skip(lanes[0], skips.pop(), model.skip_weights[j], gate), lanes[1])
+        if lanes is None:
+            x = model.blocks[i](x, x0, cos, sin, docs)
+        else:
+            lanes = two_lane_step(model, i, *lanes, x0, cos, sin, docs)
+        if k < num_encoder:
+            skips.append(x)
+    return x if lanes is None else final_lane(*lanes, model.parallel_final_lane)
+
+
+def block_input_norm(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """rms_norm(x) over the last dim, times the block's LN scale (PR #1855's LN_SCALE: 1/sqrt(layer + 1); 1.0
+    multiplies nothing)."""
+    n = F.rms_norm(x, (x.size(-1),))
+    return n if scale == 1.0 else n * scale

@@ -1,0 +1,46 @@
+"""PRESET=8xh100-pr1855 against the Hyperparameters block of PR #1855's train_seed42.log, key by key, through
+tools/parity/parity_config.py's documented map. Skips without ../shared."""
+
+import pytest
+
+from primitives.settings import Hyperparameters
+from tools.parity.parity_config import (NOT_APPLICABLE, PENDING, RECORD_TO_KIT, log_mismatches,
+                                        read_log_hyperparameters, record_hparams)
+from tools.parity.parity_models import PR1855_SCRIPT
+
+LOG = PR1855_SCRIPT.parent / "train_seed42.log"
+pytestmark = pytest.mark.skipif(not LOG.is_file(), reason="needs ../shared/reference/pr1855")
+
+
+def preset():
+    return Hyperparameters.from_env({"PRESET": "8xh100-pr1855"}, log=lambda *_: None)
+
+
+def test_every_key_of_the_log_is_the_presets_value_or_listed_with_its_reason():
+    logged = read_log_hyperparameters(LOG)
+    assert len(logged) == 124 and logged["num_layers"] == "11"
+    assert log_mismatches(logged, preset()) == []
+    groups = (set(RECORD_TO_KIT), set(NOT_APPLICABLE), set(PENDING))
+    assert set(logged) == set.union(*groups) and sum(map(len, groups)) == len(logged)  # each key in one group
+
+
+def test_a_changed_setting_is_reported():
+    hp = Hyperparameters.from_env({"PRESET": "8xh100-pr1855", "MUON_WD": "0.09", "LN_SCALE": "0"}, log=lambda *_: None)
+    assert log_mismatches(read_log_hyperparameters(LOG), hp) == ["ln_scale: log 'True', kit False",
+                                                                  "muon_wd: log '0.095', kit 0.09"]
+
+
+def test_the_records_h_built_from_the_preset_prints_the_logged_values():
+    """record_hparams (what the parity harness hands the record's GPT) carries every mapped value of the log."""
+    from tools.parity.standins import import_script
+
+    h = record_hparams(import_script(PR1855_SCRIPT), preset())
+    logged = read_log_hyperparameters(LOG)
+    assert [k for k in RECORD_TO_KIT if str(getattr(h, k)) != logged[k] and float(getattr(h, k)) != float(logged[k])] == []
+
+
+def test_a_log_without_the_block_is_refused(tmp_path):
+    path = tmp_path / "train.log"
+    path.write_text("step:1/2 train_loss:3.0\n")
+    with pytest.raises(ValueError, match="no 'Hyperparameters:' line"):
+        read_log_hyperparameters(path)
