@@ -94,11 +94,12 @@ def train_and_score() -> int:
     """
     hp = Hyperparameters.from_env()
     check_packed_for(hp)  # a packed file refuses settings it was packed without, before anything runs
+    code_bytes = measure_code_bytes(hp)
+    hp.validate(code_bytes)  # BYTE_BUDGET above the shipped code's bytes, before anything is written
     ctx = setup_distributed(hp)
     resume = check_run_folder(hp)  # a finished run's folder is refused before anything is written
     sp, manifest, num_val_tokens, inputs = check_inputs(hp, ctx)
     open_run_log(ctx, hp, inputs)  # one writer per folder (a lock); RESUME=1: the same settings and inputs
-    code_bytes = measure_code_bytes(hp)
     torch.manual_seed(hp.seed)
 
     model, config, policy, attn_backend, flops_per_token = build_model(ctx, hp, code_bytes)
@@ -145,7 +146,7 @@ def train_and_score() -> int:
                                        eval_stride=eval_stride, ttt_epochs=ttt_epochs, ttt_phases=ttt_phases):
                 summary.update(measured)
             summary["phase"] = "done"
-            record(summary)
+            rc = int(record(summary) != "ok")  # a non-finite score: status nonfinite_<phase>, exit 1
         except RunInterrupted as stop:
             return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=model, config=config,
                                               trained=trained, score=score_command(hp, artifact_path, eval_stride, ttt_epochs,

@@ -291,7 +291,7 @@ def cmd_score(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from eval.offline import load_sentencepiece_luts, submission_bytes_line
+    from eval.offline import load_sentencepiece_luts, require_finite_scores, submission_bytes_line
     from shards.format import check_data_manifest, load_validation_tokens
 
     _import_evals()
@@ -355,6 +355,8 @@ def cmd_score(args) -> None:
                 f"stride:{result['stride']} eval_time:{1000 * result['eval_seconds']:.0f}ms")
         else:
             log("sliding eval skipped: stride 0")
+        require_finite_scores({"roundtrip": (val_loss, val_bpb), **({f"{args.ttt_mode} TTT" if args.ttt else "sliding": (
+            result["val_loss"], result["val_bpb"])} if stride > 0 else {})})
         log(f"eval_total_time:{1000 * (time.perf_counter() - t_start):.0f}ms seq_len:{seq_len} "
             f"val_tokens:{val_tokens.numel()}")
         log(submission_bytes_line(args.artifact, args.code))

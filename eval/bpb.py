@@ -17,6 +17,8 @@ produced it. Loading a tokenizer file and counting a whole stream (CLI/tools onl
 eval/offline.py, outside the bundled train_gpt.py.
 """
 
+import math
+
 import numpy as np
 import torch
 
@@ -51,3 +53,17 @@ def count_target_bytes(prev_ids: torch.Tensor, target_ids: torch.Tensor, luts) -
     """
     base_bytes, has_leading_space, is_boundary_token = luts
     return base_bytes[target_ids] + (has_leading_space[target_ids] & ~is_boundary_token[prev_ids])
+
+
+# where each score of result.json comes from: the status of a run whose score is not finite names it
+SCORE_PHASES = (("_prequant", "prequant_eval"), ("_roundtrip", "roundtrip"), ("_sliding", "sliding"), ("_ttt", "ttt"))
+
+
+def nonfinite_scores(summary: dict) -> dict:
+    """{key: phase} for each top-level number of `summary` (a result.json) that is NaN or infinite; the
+    phase is the pass that produced it (prequant_eval, roundtrip, sliding, ttt), else summary["phase"]."""
+    bad = {}
+    for key, value in summary.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            bad[key] = next((phase for tail, phase in SCORE_PHASES if key.endswith(tail)), summary.get("phase", "train"))
+    return bad

@@ -8,6 +8,7 @@ constants) is shards/format.py.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -85,3 +86,16 @@ def submission_bytes_line(artifact_path, code_path=None) -> str:
         f"OVER by {total - SUBMISSION_BYTE_BUDGET:,}"
     return (f"bytes: model {model_bytes:,} + code {code_bytes:,} ({where}) = {total:,} of "
             f"{SUBMISSION_BYTE_BUDGET:,} ({verdict})")
+
+
+class NonFiniteScoreError(ValueError):
+    """A score (val_loss / val_bpb) is NaN or infinite: never printed as a result (one line, exit 2)."""
+
+
+def require_finite_scores(scores: dict) -> None:
+    """NonFiniteScoreError naming the first pass of `scores` ({pass: (val_loss, val_bpb)}, in the order run)
+    whose score is NaN or infinite."""
+    for phase, (val_loss, val_bpb) in scores.items():
+        if not (math.isfinite(val_loss) and math.isfinite(val_bpb)):
+            raise NonFiniteScoreError(f"the {phase} pass produced val_loss:{val_loss} val_bpb:{val_bpb}; expected finite "
+                                      "scores (a diverged TTT, or weights that are not finite): no score is reported")

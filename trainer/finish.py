@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from eval.bpb import nonfinite_scores
 from eval.sliding import EvalTimeError
 from eval.ttt import ttt_log_line
 from quant.artifact import export_artifact, load_artifact
@@ -175,10 +176,18 @@ def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epo
             + f" --val-max-tokens {hp.val_max_tokens}" + (ttt if ttt_epochs else " --ttt 0"))
 
 
-def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, train_files) -> None:
-    """result.json (rank 0): `summary` plus the compliance flags (check_compliance), the unmet ones logged."""
+def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, train_files) -> str:
+    """result.json (rank 0): `summary` plus the compliance flags (check_compliance), the unmet ones logged.
+    A non-finite number never goes out with status ok: the status becomes `nonfinite_<phase>` (the pass
+    that produced it: prequant_eval, roundtrip, sliding, ttt), with the keys in `nonfinite`. Returns the status."""
+    bad = nonfinite_scores(summary)
+    if bad and summary.get("status") == "ok":
+        phase = next(iter(bad.values()))
+        summary.update(status=f"nonfinite_{phase}", nonfinite=sorted(bad))
+        ctx.log(f"ERROR: {', '.join(f'{k}:{summary[k]}' for k in sorted(bad))} (the {phase} pass): status "
+                f"nonfinite_{phase}, no score is reported")
     if not ctx.is_main:
-        return
+        return summary.get("status")
     try:
         flags = check_compliance(summary, data_path, manifest, train_files)
         shown = {k: "unverified" if v is None and "unverified" in flags else v for k, v in flags.items()}
@@ -189,3 +198,4 @@ def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, tr
         flags = {"error": str(err)}
     atomic_write_json(ctx.run_dir / "result.json", {**summary, "compliance": flags})
     ctx.log(f"result:{ctx.run_dir / 'result.json'}")
+    return summary.get("status")
