@@ -37,6 +37,7 @@ from shards.loader import DistributedTokenLoader
 from trainer.loop import TrainResult, train
 from model.gpt import GPT, build_model_config, count_train_flops_per_token
 from trainer.runfolder import check_run_folder, open_run_log, release_run_folders
+from primitives.progress import protect_console
 from primitives.settings import Hyperparameters
 from shards.format import load_validation_tokens
 
@@ -168,6 +169,7 @@ def train_and_score() -> int:
 
 
 if __name__ == "__main__":
+    protect_console()  # `| head`, `2>&-` or a full device end the console output, never the run
     try:
         code = main()
         # stopped by a signal, all written: exit now, not after seconds of the interpreter's teardown (whose default

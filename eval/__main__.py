@@ -48,9 +48,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from primitives.cli_errors import (
-    USER_ERRORS, ArgumentParser, check_dir, check_file, env_choice, env_float, env_int, parse_number, report_user_error,
-)
+from primitives.cli_errors import (USER_ERRORS, ArgumentParser, check_dir, check_file, env_choice, env_float, env_int,
+                                   parse_number, protect_console, report_user_error)
 from primitives.settings import valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
@@ -447,4 +446,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(protect_console() or main())  # a closed or broken console ends the output, not the score

@@ -20,6 +20,7 @@ import os
 import sys
 
 from primitives.env import parse_env_value
+from primitives.progress import protect_console  # noqa: F401 (for the CLIs' entry points)
 
 EXIT_USER_ERROR = 2
 USER_ERRORS = (ValueError, OSError)

@@ -44,3 +44,66 @@ class Progress:
             print("\r" + self.line(), file=sys.stderr, flush=True)
         elif self.shown_done not in (None, self.done):
             print(self.line(), file=sys.stderr, flush=True)
+
+
+class ConsoleStream:
+    """sys.stdout or sys.stderr whose failure ends the console output, never the run: a write or flush that
+    fails (`| head` closed the pipe, a full device, a closed descriptor) or a stream that is missing (`2>&-`)
+    makes it a sink, and its descriptor is pointed at os.devnull so that the interpreter's own flush at exit
+    cannot fail either. Other attributes (encoding, ...) are the stream's."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    def drop(self) -> None:
+        fd = None
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            pass
+        if fd is not None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        self.stream = None
+
+    def write(self, text: str) -> int:
+        if self.stream is not None:
+            try:
+                return self.stream.write(text)
+            except (OSError, ValueError):  # EPIPE, ENOSPC, EBADF; ValueError: the stream was closed
+                self.drop()
+        return len(text)
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.drop()
+
+    def isatty(self) -> bool:
+        try:
+            return self.stream is not None and self.stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+
+def protect_console() -> None:
+    """Make the process's output survive its console (an entry point calls it first): descriptors 0-2 that
+    are closed (`2>&-`) are opened on os.devnull, so that no file the run opens later takes their number
+    (C code writing to descriptor 2 would write into it), and sys.stdout / sys.stderr become ConsoleStreams."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:  # closed: the lowest free descriptor is this one
+            os.open(os.devnull, os.O_RDWR)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, ConsoleStream):
+            if stream is None:  # Python started with the descriptor closed: a text stream on the devnull one
+                stream = open(1 if name == "stdout" else 2, "w", encoding="utf-8", closefd=False)
+            setattr(sys, name, ConsoleStream(stream))
