@@ -3,6 +3,8 @@
 A leaf module (stdlib only), so quant/, eval/ and tools/ use it without importing the trainer.
 """
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -38,3 +40,21 @@ def sha256_file(path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def lock_holder(lock_path) -> str | None:
+    """Who holds the flock on `lock_path` (a run folder's run.lock: the text its holder wrote, "pid ... on ...
+    since ..."), or None when no process does or there is no such file: for a tool that must not touch a
+    running run's folder (tools/sweeps). Holds a shared lock only for the moment it looks."""
+    try:
+        fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as err:
+            busy = err.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN)
+            return (handle.read().strip() or "another process") if busy else None
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None

@@ -290,7 +290,8 @@ def test_a_run_folder_with_no_room_keeps_the_weights_in_the_temp_dir(monkeypatch
     monkeypatch.setattr(trainer.interrupt, "atomic_write_bytes", full)  # trained.safetensors
     monkeypatch.setattr(primitives.files, "atomic_write_bytes", full)  # result.json (atomic_write_json)
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, out, "r") == 1
-    kept = spare / "parameter-golf" / "r"
+    kept = trainer.interrupt.fallback_dir(out / "r")  # keyed by the run folder: spare/parameter-golf/r-<hash>
+    assert kept.parent == spare / "parameter-golf" and kept.name.startswith("r-")
     result = json.loads((kept / "result.json").read_text())
     assert not (out / "r" / "result.json").exists() and not (out / "r" / "trained.safetensors").exists()
     assert result["status"] == "no_room" and result["trained_path"] == str(kept / "trained.safetensors")

@@ -15,6 +15,7 @@ uninterrupted run (tests/test_interrupt.py).
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import shlex
@@ -138,9 +139,17 @@ def no_room(err: BaseException) -> bool:
     return isinstance(err, OSError) and err.errno in NO_ROOM_ERRNOS
 
 
-def fallback_dir(hp: Hyperparameters) -> Path:
-    """Where a run keeps what does not fit in its folder: the system temp dir (TMPDIR), per RUN_ID."""
-    return Path(tempfile.gettempdir()) / "parameter-golf" / hp.run_id
+def fallback_dir(run_dir: Path) -> Path:
+    """Where a run keeps what does not fit in its folder: the system temp dir (TMPDIR), per run folder:
+    `<RUN_ID>-<hash>`, the hash of the folder's real path, device and inode, so that two runs of one RUN_ID
+    in two OUT_DIRs (or a folder removed and made again) never keep their weights in one place."""
+    try:
+        st = os.stat(run_dir)
+        ident = f"{os.path.realpath(run_dir)}\0{st.st_dev}:{st.st_ino}"
+    except OSError:  # the folder is gone: its path alone
+        ident = os.path.realpath(run_dir)
+    digest = hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "parameter-golf" / f"{Path(run_dir).name}-{digest}"
 
 
 def keep_trained(ctx, hp: Hyperparameters, model, *, config: dict, trained: dict, resumed: bool = False):
@@ -150,7 +159,7 @@ def keep_trained(ctx, hp: Hyperparameters, model, *, config: dict, trained: dict
     path = ctx.run_dir / TRAINED_FILE
     if resumed and path.is_file():
         return path
-    for place in (path, fallback_dir(hp) / TRAINED_FILE):
+    for place in (path, fallback_dir(ctx.run_dir) / TRAINED_FILE):
         try:
             place.parent.mkdir(parents=True, exist_ok=True)
             save_trained(place, model, config=config, trained=trained)
@@ -177,7 +186,7 @@ def record_somewhere(ctx, hp: Hyperparameters, summary: dict, record) -> Path:
             raise
     from primitives.files import atomic_write_json
 
-    path = fallback_dir(hp) / "result.json"
+    path = fallback_dir(ctx.run_dir) / "result.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, summary)
     return path

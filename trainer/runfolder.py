@@ -134,12 +134,28 @@ def release_run_folders() -> None:
         HELD_LOCKS.pop().close()
 
 
+def open_lock_file(run_dir: Path, hp: Hyperparameters):
+    """The run folder made and its `run.lock` opened for reading and writing (a regular file, never followed
+    through a symlink); ValueError naming RUN_ID and the path when either cannot be (a read-only folder, a
+    folder or a dangling link named run.lock), before anything in the folder is written."""
+    path = run_dir / LOCK_FILE
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as err:
+        what = ("is a symlink" if path.is_symlink() else "is a folder" if path.is_dir() else
+                err.strerror or str(err))
+        raise ValueError(f"RUN_ID={hp.run_id!r}: {err.filename or path}: {what}; expected a run folder this process can "
+                         f"write, with no {LOCK_FILE} but the file a run makes (remove it if no run is writing here)") from None
+    return os.fdopen(fd, "r+", encoding="utf-8")
+
+
 def lock_run_folder(ctx: RunContext, hp: Hyperparameters):
     """Make the run folder and take its lock (rank 0): an exclusive flock on `run.lock`, held by the
     open file until the process ends. ValueError naming RUN_ID and the holder (pid, host, start)
-    when another process holds it; the folder is then checked again under the lock."""
-    ctx.run_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(ctx.run_dir / LOCK_FILE, "a+", encoding="utf-8")
+    when another process holds it, or the lock file when it cannot be opened (open_lock_file); the
+    folder is then checked again under the lock."""
+    handle = open_lock_file(ctx.run_dir, hp)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:

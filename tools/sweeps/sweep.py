@@ -54,9 +54,10 @@ from primitives.cli_errors import USER_ERRORS, ArgumentParser, report_user_error
 from tools.sweeps.sweep_report import collect, fmt, metric_bpb, read_result, recorded_env, run_status  # noqa: E402
 from tools.sweeps.sweep_spec import (SWEEP_METRICS, SweepError, SweepRun, build_runs, check_trainer_settings,  # noqa: E402
                               spec_from_args)
-from primitives.files import atomic_write_bytes  # noqa: E402
+from primitives.files import atomic_write_bytes, lock_holder  # noqa: E402
 
 SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
+RUN_FOLDER_BUSY = 75  # launch_run's code for a run folder another process's trainer holds (EX_TEMPFAIL)
 _LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stopped sweep stops them too
 
 
@@ -109,6 +110,10 @@ def launch_run(run: SweepRun, slot, script: Path, gpus_per_run: int = 1, environ
     one interrupted after training from its trained.safetensors (RESUME=1). Otherwise the result.json
     and artifact of an earlier, unfinished attempt are renamed to `*.superseded` first: the trainer
     refuses a folder that holds them (trainer/runfolder.py)."""
+    holder = lock_holder(run.run_dir / "run.lock")
+    if holder:  # another sweep's trainer writes this folder: its console.txt and files are left as they are
+        print(f"{run.run_dir}: being written by another run ({holder}); not started here", flush=True)
+        return RUN_FOLDER_BUSY
     run.run_dir.mkdir(parents=True, exist_ok=True)
     same = recorded_env(run) == run.env
     resume = same and ((run.run_dir / "trained.safetensors").is_file() or (
@@ -250,6 +255,10 @@ def main(argv=None) -> int:
         if script.resolve() == (REPO_ROOT / "train_gpt.py").resolve() and not args.collect_only:
             check_trainer_settings(runs)
         finished = [is_finished(r) for r in runs]
+        for run in (r for r, done in zip(runs, finished) if not done):  # a second identical sweep: touch nothing
+            if holder := lock_holder(run.run_dir / "run.lock"):
+                raise SweepError(f"{run.run_dir}: being written by another run ({holder}); expected one sweep per "
+                                 "run folder (wait for the other sweep, or use another --out)")
         gpus = [g for g in args.gpus.split(",") if g] if args.gpus is not None else detect_gpus()
         slots = make_slots(gpus, args.gpus_per_run)
     except USER_ERRORS as e:  # a bad sweep definition, flag or file: one line, exit 2
@@ -284,7 +293,10 @@ def main(argv=None) -> int:
         left = len(todo) - state["done"]
         eta = state["seconds"] / state["done"] * left / len(slots)
         head = f"[{index[id(run)] + 1}/{len(runs)}] {run.config} seed {run.seed}:"
-        if r is None or rc != 0 and status not in SWEEP_FINISHED:
+        if rc == RUN_FOLDER_BUSY:
+            state["failed"] += 1
+            print(f"{head} not run: another sweep's trainer is writing {run.run_dir}; {left} left", flush=True)
+        elif r is None or rc != 0 and status not in SWEEP_FINISHED:
             state["failed"] += 1
             print(f"{head} FAILED (exit {rc}; see {run.run_dir / 'console.txt'}) in {_duration(seconds)}; "
                   f"{left} left", flush=True)
