@@ -145,6 +145,25 @@ def test_seeds_of_another_configuration_fail_same_config(tmp_path):
     assert "iterations=9000" in checks["same_config"].evidence and "iterations=20000" in checks["same_config"].evidence
 
 
+def test_a_study_in_the_non_record_track_is_not_a_mixed_config_record(tmp_path):
+    folder = make_official_folder(tmp_path)
+    edit_logs(folder, "iterations:20000", "iterations:9000", seeds=SEEDS[2:])
+    track = folder.parents[1] / "track_non_record_16mb"
+    track.mkdir()
+    moved = track / folder.name
+    shutil.move(str(folder), moved)
+    result, checks = audited(moved)
+    assert checks["same_config"].status == "pass" and "a study" in checks["same_config"].evidence
+
+
+def test_the_val_split_cut_to_a_multiple_of_the_eval_length_is_canonical(tmp_path):
+    folder = make_official_folder(tmp_path)
+    edit_logs(folder, "tokens:62021632", f"tokens:{62021632 // 65536 * 65536}")  # 38,912 fewer: one TTT chunk
+    assert audited(folder)[1]["data_disjoint"].status == "pass"
+    edit_logs(folder, f"tokens:{62021632 // 65536 * 65536}", f"tokens:{62021632 // 65536 * 65536 - 65536}")
+    assert audited(folder)[1]["data_disjoint"].status == "fail"  # a chunk more is another split
+
+
 def test_no_submission_json_or_no_train_log_fails_files(tmp_path):
     for i, drop in enumerate((("submission.json",), tuple(f"train_seed{s}.log" for s in SEEDS))):
         folder = make_official_folder(tmp_path / str(i), drop=drop)
@@ -241,7 +260,7 @@ def test_every_skipped_file_is_listed_with_its_reason(tmp_path, capsys):
     folder = make_official_folder(tmp_path)
     (folder / "notes.log").write_text("downloaded the data\n")
     shutil.copy(folder / "train_seed42.log", folder / "train.log")
-    assert audit.main([str(folder)]) == 0
+    assert audit.main([str(folder), "--no-run"]) == 0
     out = capsys.readouterr().out
     assert "skipped notes.log: no training steps or final scores in it" in out
     assert "skipped train.log: an identical copy of train_seed42.log" in out
@@ -291,6 +310,6 @@ def test_logs_are_streamed_with_the_same_reading_and_an_oversized_one_is_listed(
     streamed.bad_bytes = whole.bad_bytes
     assert streamed == whole
     monkeypatch.setattr(audit, "LOG_MAX_BYTES", len(data) - 1)
-    assert audit.main([str(folder)]) == 0
+    assert audit.main([str(folder), "--no-run"]) == 0
     assert f"skipped train_seed42.log: {len(data):,} bytes, over the {len(data) - 1:,}-byte reading limit" in \
         capsys.readouterr().out

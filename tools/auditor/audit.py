@@ -6,9 +6,11 @@
 FOLDER is laid out like `records/<track>/<date>_<name>/` of the official repository. Per folder it
 prints a table of checks, each with its verdict and the evidence lines (file:line value) that decided
 it, lists every file it did not read and why, and exits 1 if any check fails, 2 for unusable input.
-Nothing is trained, run or executed: packed scripts are decoded by tools/auditor/audit_code.py, logs read by
+The static checks execute nothing: packed scripts are decoded by tools/auditor/audit_code.py, logs read by
 tools/auditor/audit_logs.py and tools/auditor/audit_evidence.py; seconds per folder (torch is imported only for
---data-path or a manifest.json in the folder).
+--data-path or a manifest.json in the folder). Then the run probe (tools/auditor/audit_probe.py) runs the
+folder's train_gpt.py on the CPU at a toy size, twice, and tests the four conditions of a valid score on what it
+computed (run_* rows; about a minute per folder; --no-run skips it and says so).
 
 Verdicts: pass (the evidence was read and satisfies the rule), warn (our reading is stricter than what
 the organizers merged: says why), fail (what got folders rejected, with the source), not checkable
@@ -35,6 +37,13 @@ checks (tools/auditor/audit_checks.py, audit_limits.py, audit_config.py, audit_r
   full_val_split      no log says only part of the val split was scored
   file_safety         symlinks (outside the folder: fail), undecodable log bytes, oversized files
   smoke_run           a folder built with make_record --skip-smoke says so (warn)
+run probe (unless --no-run; needs ../shared/data/tokenizers):
+  run_causal          (1) no probability before position t changes when the val tokens from t on change
+  run_normalized      (2) each scored probability comes from a distribution over the vocabulary that sums to 1
+  run_score_first     (3) no val token is trained on before it is scored
+  run_single_pass     (4) no position is scored twice in one eval pass (the sliding-window tail: warn)
+  run_bytes           the bpb denominator = the UTF-8 bytes of the decoded scored tokens
+  run_after_clock     no forward pass on training data after the log's training stop without logged time
 """
 
 from __future__ import annotations
@@ -113,6 +122,7 @@ class FolderAudit:
     folder: Path
     checks: list
     skipped: list = dataclasses.field(default_factory=list)
+    probe_note: str = ""  # which verdicts came from running the script (tools/auditor/audit_probe.py)
 
     @property
     def failed(self) -> list:
@@ -381,6 +391,7 @@ def format_table(result: FolderAudit, width: int = 120) -> str:
     na = [c.name for c in result.checks if c.status == "n/a"]
     verdict = f"FAIL ({', '.join(result.failed)})" if result.failed else "PASS"
     lines += [f"  skipped {path}: {why}" for path, why in result.skipped]
+    lines += [f"  {result.probe_note}"] if result.probe_note else []
     lines.append(f"result: {verdict}" + (f"; warnings: {', '.join(result.warned)}" if result.warned else "")
                  + (f"; not checkable: {', '.join(na)}" if na else ""))
     return "\n".join(lines) + "\n"
@@ -399,6 +410,8 @@ def main(argv=None) -> int:
     parser.add_argument("--python", action="append", default=[], metavar="EXE",
                         help="another interpreter to parse scripts with newer syntax (e.g. python3.12)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--no-run", action="store_true",
+                        help="static checks only: skip the run probe (the script run on the CPU at a toy size)")
     args = parser.parse_args(argv)
     try:
         if args.tokenizer and not args.data_path:
@@ -422,11 +435,15 @@ def main(argv=None) -> int:
         results = [audit_folder(f, baseline_bpb=args.baseline_bpb, baseline_values=baseline_values,
                                 pythons=args.python, measured=measured, measured_label=label,
                                 data_path=args.data_path) for f in args.folders]
+        from tools.auditor.audit_probe import attach_probe
+
+        for r in results:
+            attach_probe(r, run=not args.no_run)
     except AuditInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps([{"folder": str(r.folder), "failed": r.failed, "warned": r.warned,
+        print(json.dumps([{"folder": str(r.folder), "failed": r.failed, "warned": r.warned, "probe": r.probe_note,
                            "skipped": [{"path": p, "reason": w} for p, w in r.skipped],
                            "checks": [dataclasses.asdict(c) for c in r.checks]} for r in results], indent=2))
     else:

@@ -244,10 +244,17 @@ def _bytes_of_logs(rec, scored) -> list:
     return out
 
 
+# a claim off by more than its rounding warns up to this; beyond it the logs contradict it (the largest
+# difference in a merged folder: 2e-4, 2026-03-17_LoRA_TTT claims 1.1929 where its log says 1.1927)
+CLAIM_MATERIAL_BPB = 5e-4
+
+
 def check_claims(rec) -> Check:
     """submission.json val_bpb = the mean of the seed logs' final lines (per seed too), at the claim's
-    printed precision. A mismatch warns: the organizers merged folders whose claim is one seed or
-    another metric (2026-03-19_TrainingOptSeq4096, 2026-03-17_LoRA_TTT); no folder was rejected for it."""
+    printed precision. A claim the logs contradict by more than its rounding and CLAIM_MATERIAL_BPB (no
+    logged line and no mean of one metric over the seed logs gives it) fails; a smaller difference, or
+    a claim that is another logged figure (one seed, another metric: merged
+    2026-03-19_TrainingOptSeq4096, 2026-03-17_LoRA_TTT), warns."""
     sub = rec.submission
     claimed = sub.get("val_bpb", sub.get("mean_val_bpb"))
     scored = [lg for lg in rec.seed_logs if lg.score is not None]
@@ -255,11 +262,14 @@ def check_claims(rec) -> Check:
         why = "no claimed val_bpb" if not isinstance(claimed, (int, float)) else "no final val_bpb in the logs"
         return Check("claims_match_logs", "n/a", why)
     problems = [f"no log for claimed seed(s) {', '.join(map(str, rec.missing_seeds))}"] if rec.missing_seeds else []
+    contradicted = []
     for lg in scored:
         per = (lg.seed_result or {}).get("val_bpb")
         if isinstance(per, (int, float)) and abs(per - lg.score.val_bpb) > _claim_tolerance(per, lg.score.bpb_decimals):
             problems.append(f"seed {lg.seed}: submission.json val_bpb {per} but {lg.name}:{lg.score.line} "
                             f"{lg.score.name} {lg.score.val_bpb:.8f}")
+            if abs(per - lg.score.val_bpb) > CLAIM_MATERIAL_BPB:  # the closest line of its own log
+                contradicted.append(problems[-1])
     mean = statistics.fmean(lg.score.val_bpb for lg in scored)
     names = sorted({lg.score.name for lg in scored})
     least = min(lg.score.bpb_decimals for lg in scored)
@@ -273,6 +283,8 @@ def check_claims(rec) -> Check:
                                                   f"(submission.json lists no seeds), not the mean of the "
                                                   f"{len(scored)} logs ({mean:.8f})")
     if single is None and abs(mean - claimed) > tol:
+        if abs(mean - claimed) > CLAIM_MATERIAL_BPB and not _logged_figure(rec, scored, claimed, tol):
+            contradicted.append(f"submission.json val_bpb {claimed}")
         problems.append(f"submission.json val_bpb {claimed} but the mean of {len(scored)} log(s) is {mean:.8f}, "
                         f"off by {abs(mean - claimed):.2e} > {tol:.1e} ({', '.join(names)}: "
                         + ", ".join(f"{lg.name}:{lg.score.line} {lg.score.val_bpb:.8f}" for lg in scored[:4]) + ")")
@@ -280,14 +292,27 @@ def check_claims(rec) -> Check:
     claimed_bytes = sub.get("bytes_total")
     if isinstance(claimed_bytes, int) and sizes and claimed_bytes < min(sizes):
         problems.append(f"submission.json bytes_total {claimed_bytes:,} but the logs give {min(sizes):,}..{max(sizes):,}")
+    if contradicted:
+        return Check("claims_match_logs", "fail", "; ".join(problems[:3]) + f": the logs contradict the claim by "
+                     f"more than its rounding and {CLAIM_MATERIAL_BPB} (no logged line or mean of one metric gives it)")
     if problems:
-        return Check("claims_match_logs", "warn", "; ".join(problems[:3]))
+        return Check("claims_match_logs", "warn", "; ".join(problems[:3]) + " (the claim is another logged figure, "
+                     f"or within {CLAIM_MATERIAL_BPB} of the logs)")
     extra = f"; {len(rec.extra_logs)} other log(s) not backing the claim: " + ", ".join(
         lg.name for lg in rec.extra_logs[:3]) if rec.extra_logs else ""
     return Check("claims_match_logs", "pass", f"val_bpb {claimed} = mean of {len(scored)} seed log(s) "
                                               f"{mean:.8f} ({', '.join(names)}, within {tol:.1e})"
                  + (f"; bytes_total {claimed_bytes:,} within the logged sizes" if isinstance(claimed_bytes, int)
                     and sizes else "") + extra)
+
+
+def _logged_figure(rec, scored, claimed, tol) -> bool:
+    """Some logged line of the folder, or the mean of one metric name over the scored logs, equals the claim."""
+    if any(abs(m.val_bpb - claimed) <= tol for lg in rec.logs for m in lg.facts.metrics):
+        return True
+    names = set.intersection(*({m.name for m in lg.facts.metrics} for lg in scored)) if scored else set()
+    return any(abs(statistics.fmean([m for m in lg.facts.metrics if m.name == n][-1].val_bpb for lg in scored)
+                   - claimed) <= tol for n in names)
 
 
 def _log_candidates(rec, lg):

@@ -127,8 +127,15 @@ def export_for(names) -> Export | None:
     return next((e for e in CANONICAL_EXPORTS if e.match in text), None)
 
 
+EVAL_CUT_LENGTHS = tuple(2 ** k for k in range(7, 17))  # 128 .. 65,536: sequence lengths and TTT chunks
+
+
 def val_tokens_canonical(export: Export, count: int) -> bool:
-    return any(abs(count - v) <= VAL_TOKENS_MATCH * v for v in export.val_tokens)
+    """`count` is a logged count of the export's val split, or that split cut to a multiple of an eval
+    length (a script keeps (N - 1) // L * L tokens, + 1 for the last target): the same split."""
+    return any(abs(count - v) <= VAL_TOKENS_MATCH * v or any(
+        count <= v + 1 and v - count < length and (count % length == 0 or (count - 1) % length == 0)
+        for length in EVAL_CUT_LENGTHS) for v in export.val_tokens)
 
 
 def config_of(ev: LogEvidence) -> dict:

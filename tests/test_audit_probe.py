@@ -1,0 +1,172 @@
+"""The auditor's run probe (tools/auditor/audit_probe.py) on a merged record's own script: PR #1617's
+train_gpt.py from ../shared/reference passes the four conditions, and each copy of it with one rule
+break patched into its text fails the condition that break violates (skipped without ../shared)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tools.auditor import audit_probe_data as D
+from tools.auditor import audit_probe_trace as T
+from tools.auditor.audit_probe_verdicts import check_after_clock, check_single_pass, passes
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+PR1617 = SHARED / "reference" / "pr1617" / "train_gpt.py"
+needs_reference = pytest.mark.skipif(not (PR1617.is_file() and (SHARED / "data" / "tokenizers").is_dir()),
+                                     reason="needs ../shared/reference/pr1617 and ../shared/data/tokenizers")
+
+SCORE_LINE = "                scored_nll = nll[i, score_start:wlen].to(torch.float64)\n"
+MIX = "                scored_nll = -torch.log(0.9 * torch.exp(-nll[i, score_start:wlen].to(torch.float64)) + 0.1 * {})\n"
+# one rule break each, as (old text, new text) in PR #1617's script, and the check it must fail
+VIOLATIONS = {
+    "train_before_score": ("run_score_first", [(
+        "        is_last_chunk = ci == num_chunks - 1\n",
+        "        chunk_start, chunk_end = chunk_end, min(chunk_end + ttt_chunk, total_tokens)\n"
+        "        is_last_chunk = ci == num_chunks - 1\n")]),
+    "rescore_after_adapting": ("run_single_pass", [(
+        "    for ci in range(num_chunks):\n", "    for ci in [c for c in range(num_chunks) for _ in (0, 1)]:\n")]),
+    "hashed_ngram_target_only": ("run_normalized", [(SCORE_LINE, (
+        "                _ng = globals().setdefault('_NGRAM', torch.zeros(2, 4096, dtype=torch.float64))\n"
+        "                _prev, _tgt = x_batch[i, score_start:wlen], y_batch[i, score_start:wlen]\n"
+        "                _hp, _hc = (_prev * 1009 + _tgt) % 4096, (_prev * 1009) % 4096\n"
+        "                _p_ng = (_ng[0][_hp] + 1.0) / (_ng[1][_hc] + 1.0)\n"
+        + MIX.format("_p_ng") +
+        "                _ng[0].index_add_(0, _hp, torch.ones_like(_p_ng))\n"
+        "                _ng[1].index_add_(0, _hc, torch.ones_like(_p_ng))\n"))]),
+    "mixture_reads_next_token": ("run_causal", [(SCORE_LINE, (
+        "                _nxt = val_tokens[ws + score_start + 2 : ws + wlen + 2].to(torch.int64)\n"
+        "                _nxt = F.pad(_nxt, (0, wlen - score_start - _nxt.numel()))\n"
+        + MIX.format("_nxt.to(torch.float64) / 1024")))]),
+    "space_counted_twice": ("run_bytes", [("            piece = piece[1:]\n", "            piece = ' ' + piece[1:]\n")]),
+    "calibration_after_clock": ("run_after_clock", [(
+        "    log0(\n        f\"peak memory allocated:",
+        "    with torch.no_grad():\n"
+        "        for _ in range(2):\n"
+        "            (cx, cy) = train_loader.next_batch(args.train_batch_tokens, args.train_seq_len, grad_accum_steps)\n"
+        "            base_model(cx, cy)\n"
+        "    log0(\n        f\"peak memory allocated:")]),
+}
+
+
+def patched_folder(tmp_path: Path, patches) -> Path:
+    text = PR1617.read_text(encoding="utf-8")
+    for old, new in patches:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    folder = tmp_path / "record"
+    folder.mkdir()
+    (folder / "train_gpt.py").write_text(text, encoding="utf-8")
+    return folder
+
+
+def probe(folder):
+    from tools.auditor.audit_probe import probe_folder
+
+    return {c.name: c for c in probe_folder(folder)}
+
+
+# -----------------------------------------------------------------------------------------------
+# the pieces, without running a script
+# -----------------------------------------------------------------------------------------------
+
+
+def test_stream_index_locates_rows_and_drops_padding():
+    rng = np.random.default_rng(0)
+    val = rng.integers(4, 1000, size=500)
+    index = T.StreamIndex(val)
+    rows = np.stack([val[10:40], np.concatenate([val[470:500], np.zeros(0, int)])])
+    assert index.locate(rows).tolist() == [list(range(10, 40)), list(range(470, 500))]
+    padded = np.concatenate([val[100:110], [0, 0, 0]])
+    assert index.locate(padded).tolist() == list(range(100, 110)) + [-1, -1, -1]
+
+
+def test_unique_index_needs_a_neighbour_and_places_bos():
+    val = np.array([1, 10, 11, 12, 1, 20, 21, 22])
+    index = T.UniqueIndex(val, bos=1)
+    # two overlapping windows' rows, flattened: the row boundary does not mislead the next row
+    assert index.locate(np.array([11, 12, 1, 20, 10, 11, 12, 1])).tolist() == [2, 3, 4, 5, 1, 2, 3, 4]
+    assert index.locate(np.array([12, 30, 21, 0])).tolist() == [-1, -1, -1, -1]  # lone tokens: not a run
+    assert index.locate(np.array([30, 21, 22, 30])).tolist() == [-1, -1, -1, -1]  # two in a row: not a run
+    swept = T.UniqueIndex(np.array([1, 10, 11, 21, 1, 20, 21, 22, 1]), bos=1, override={21: 3})
+    assert swept.locate(np.array([10, 11, 21, 1, 20, 21, 22, 1])).tolist() == [1, 2, 3, 4, 5, -1, -1, -1]
+
+
+def test_tracked_nll_follows_views_masks_and_reductions():
+    import torch
+    import torch.nn.functional as F
+
+    rng = np.random.default_rng(1)
+    val = rng.permutation(np.arange(4, 304))
+    trace = T.Trace(val, rng.integers(4, 300, size=300), bos=1)
+    T.TRACE, real = trace, T._REAL.setdefault("cross_entropy", F.cross_entropy)
+    try:
+        y = torch.tensor(np.stack([val[1:33], val[40:72]]))
+        nll = T.traced_cross_entropy(torch.randn(64, 310), y.reshape(-1), reduction="none").reshape(2, 32)
+        nll[1, 8:].to(torch.float64).sum()  # a window's scored part
+        mask = torch.zeros(2, 32, dtype=torch.float64)
+        mask[0, :4] = 1
+        (nll.to(torch.float64) * mask).sum()  # a masked sum drops the zero-weight positions
+    finally:
+        T.TRACE = None
+    scores = [e for e in trace.events if e["kind"] == "score"]
+    assert real is F.cross_entropy or real is T._REAL["cross_entropy"]
+    assert scores[0]["pos"] == list(range(48, 72)) and scores[1]["pos"] == [1, 2, 3, 4]
+
+
+def test_passes_merge_the_exact_restatement_and_tail_rescoring_warns():
+    ev = [{"seq": 0, "kind": "score", "pos": [1, 2, 3], "val": [1.0, 2.0, 3.0]},
+          {"seq": 1, "kind": "score", "pos": [3], "val": [3.5]},
+          {"seq": 2, "kind": "line", "text": "final val_loss:2.3750 val_bpb:1.2000"},
+          {"seq": 3, "kind": "line", "text": "final_exact val_loss:2.37500000 val_bpb:1.20001000"}]
+    ps = passes(ev)
+    assert len(ps) == 1 and ps[0]["bpb_decimals"] == 8 and ps[0]["scores"][3] == [(0, 3.0), (1, 3.5)]
+    assert check_single_pass(ps).status == "warn"
+    ps[0]["trains"].append((0.5, [3]))  # a training step between the two scores of position 3
+    assert check_single_pass(ps).status == "fail"
+    ev[1]["pos"] = [1]  # the first position again: not the tail
+    assert check_single_pass(passes(ev)).status == "fail"
+
+
+def test_after_clock_reads_the_log_for_a_reserve():
+    ev = [{"seq": 0, "kind": "line", "text": "step:3/3 train_loss:2.0 train_time:6ms"},
+          {"seq": 1, "kind": "embed", "stream": "train", "tokens": 512, "grad": False}]
+    assert check_after_clock(ev).status == "fail"
+    ev.insert(0, {"seq": -1, "kind": "line", "text": "gptq:reserving 4s, effective=596000ms"})
+    assert check_after_clock(ev).status == "pass"
+
+
+def test_decoded_bytes_count_a_document_start_without_its_space():
+    sp = pytest.importorskip("sentencepiece").SentencePieceProcessor(
+        model_file=str(SHARED / "data" / "tokenizers" / "fineweb_1024_bpe.model")) if (
+        SHARED / "data" / "tokenizers").is_dir() else pytest.skip("needs ../shared/data/tokenizers")
+    ids = sp.encode("Hello world, this is a test.")
+    val = np.array([sp.bos_id(), *ids, sp.bos_id(), *ids])
+    n = len(ids)
+    assert D.decoded_bytes(sp, val, range(1, len(val))) == 2 * len("Hello world, this is a test.")
+    assert D.decoded_bytes(sp, val, [n + 2 + 3]) == len(sp.id_to_piece(ids[3]).replace("\u2581", " ").encode())
+
+
+# -----------------------------------------------------------------------------------------------
+# the record's own script, run
+# -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@needs_reference
+def test_the_merged_script_passes_every_condition(tmp_path):
+    checks = probe(patched_folder(tmp_path, []))
+    assert {k: c.status for k, c in checks.items()} == {
+        "run_causal": "pass", "run_normalized": "pass", "run_score_first": "pass",
+        "run_single_pass": "warn",  # its sliding window scores the last positions again (tail windows)
+        "run_bytes": "pass", "run_after_clock": "pass"}, json.dumps({k: c.evidence for k, c in checks.items()})
+
+
+@pytest.mark.slow
+@needs_reference
+@pytest.mark.parametrize("name", sorted(VIOLATIONS))
+def test_each_rule_break_fails_its_condition(tmp_path, name):
+    check, patches = VIOLATIONS[name]
+    got = probe(patched_folder(tmp_path, patches))[check]
+    assert got.status == "fail", got.evidence

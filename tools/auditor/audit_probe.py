@@ -1,0 +1,179 @@
+"""The auditor's run probe: the record's own train_gpt.py run on the CPU at a toy size, its scoring
+traced, and the four conditions of a valid score (openai/parameter-golf issue #1017, "A Field Guide
+to Valid Submissions") tested on what it computed.
+
+    checks = probe_folder(folder)   # a list of audit_checks.Check, names PROBE_CHECKS
+
+How: a toy data split (tools/auditor/audit_probe_data.py) is written twice, the second time with
+every val token from index t on redrawn; the script runs once on each (tools/auditor/
+audit_probe_child.py: CPU stand-ins, a deterministic clock, its own settings, toy sizes through the
+environment variables it reads). Verdicts (tools/auditor/audit_probe_verdicts.py):
+  run_causal          (1) no -log p of a target before t differs between the two runs
+  run_normalized      (2) the scored probability is a full softmax over the vocabulary, or the
+                          probabilities the script gives every vocabulary entry at a sampled position
+                          (one run per entry, forked) sum to 1 (1e-4)
+  run_score_first     (3) a difference of (1) after a training step on val tokens from t on
+  run_single_pass     (4) no position is scored twice within one eval pass (a pass ends at a line
+                          with val_loss and val_bpb)
+  run_bytes           the bpb denominator (from the pass's val_loss, val_bpb and token count) equals
+                          the UTF-8 bytes of the scored tokens' decoded text
+  run_after_clock     no forward pass on training tokens after the log's training stop, unless the
+                          log gives it time (a GPTQ reserve or a timed calibration line)
+A script that cannot run on the CPU even with the stand-ins gets `not checkable (could not run: why)`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tools.auditor.audit_checks import Check
+from tools.auditor.audit_code import unpack_script
+
+PROBE_CHECKS = ("run_causal", "run_normalized", "run_score_first", "run_single_pass", "run_bytes", "run_after_clock")
+SHARED = Path(__file__).resolve().parents[3] / "shared"
+RUN_TIMEOUT_S = 150
+PERTURB_FRACTION = 0.6  # t: the first redrawn val index, as a fraction of the val stream
+# the toy size, set only for the variables the script reads (its other settings stay its own)
+TOY_ENV = {
+    "ITERATIONS": "3", "WARMUP_STEPS": "0", "WARMDOWN_ITERS": "1", "TRAIN_SEQ_LEN": "128", "EVAL_SEQ_LEN": "128",
+    "TRAIN_BATCH_TOKENS": "2048", "VAL_BATCH_SIZE": "4096", "VAL_BATCH_TOKENS": "4096", "MODEL_DIM": "64",
+    "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8", "EVAL_STRIDE": "32", "EVAL_BATCH_SEQS": "8",
+    "TTT_CHUNK_TOKENS": "256", "TTT_CHUNK_SIZE": "256", "TTT_BATCH_SEQS": "4", "TTT_BATCH_SIZE": "4",
+    "VAL_LOSS_EVERY": "0", "TRAIN_LOG_EVERY": "1", "MAX_WALLCLOCK_SECONDS": "100000", "SEED": "1337",
+    "RUN_ID": "probe", "GPTQ_CALIBRATION_BATCHES": "2", "GPTQ_CALIB_BATCHES": "2",
+}
+_ENV_NAME = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z][A-Z0-9_]*)["']""")
+
+
+def _na(reason: str) -> list:
+    return [Check(name, "n/a", f"not checkable (could not run: {reason})") for name in PROBE_CHECKS]
+
+
+def probe_env(source: str, data_dir: Path, tokenizer: Path, vocab_size: int) -> dict:
+    """The environment of a probe run: TOY_ENV and the data/tokenizer paths, each only where the
+    script reads that variable; one CPU thread per run."""
+    names = set(_ENV_NAME.findall(source))
+    wanted = {**TOY_ENV, "DATA_PATH": str(data_dir), "DATA_DIR": str(data_dir), "TOKENIZER_PATH": str(tokenizer),
+              "VOCAB_SIZE": str(vocab_size)}
+    env = {k: v for k, v in os.environ.items() if k not in wanted and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update({k: v for k, v in wanted.items() if k in names})
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONHASHSEED="0",
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def _start(script: Path, folder: Path, data_dir: Path, work: Path, env: dict, sweep: dict | None = None):
+    work.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "tools.auditor.audit_probe_child", str(script), str(data_dir), str(work / "events.json")]
+    if sweep is not None:
+        (work / "sweep.json").write_text(json.dumps(sweep))
+        args.append(str(work / "sweep.json"))
+    env = {**env, "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], str(folder)])}
+    out = open(work / "stdout.txt", "wb")
+    return subprocess.Popen(args, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT), out
+
+
+def _finish(proc, out, work: Path, timeout_s: float) -> dict:
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return {"error": f"the toy run took over {timeout_s:.0f} s"}
+    finally:
+        out.close()
+    path = work / "events.json"
+    if not path.is_file():
+        tail = (work / "stdout.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"the probe process exited {proc.returncode}: {tail[0][:300]}"}
+    return json.loads(path.read_text())
+
+
+def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT_S, keep: Path | None = None) -> dict:
+    """Both toy runs of `folder`'s train_gpt.py. Returns {"a", "b": run dicts (events, error), "t",
+    "val", "sp", "vocab", "tokenizer", "work", "script", "env", "data"} or {"error": reason}."""
+    import numpy as np
+    import sentencepiece as spm
+
+    from tools.auditor import audit_probe_data as D
+
+    script = folder / "train_gpt.py"
+    if not script.is_file():
+        return {"error": "no train_gpt.py"}
+    try:
+        unpacked = unpack_script(script.read_bytes(), folder)
+    except SyntaxError as e:
+        return {"error": f"train_gpt.py does not parse (line {e.lineno})"}
+    if unpacked.source is None:
+        return {"error": f"train_gpt.py could not be decoded ({unpacked.error})"}
+    try:
+        tokenizer, vocab, tok_source = D.pick_tokenizer(unpacked.source, folder, shared)
+    except ValueError as e:
+        return {"error": str(e)}
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer))
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="audit_probe_"))
+    rng = np.random.default_rng(0)
+    try:
+        val = D.make_stream(sp, D.VAL_DOCS, D.VAL_DOC_TOKENS, rng, distinct=True)
+    except ValueError as e:
+        return {"error": str(e)}
+    train = D.make_stream(sp, D.TRAIN_TOKENS // (D.VAL_DOC_TOKENS + 1), D.VAL_DOC_TOKENS, rng)
+    t = int(len(val) * PERTURB_FRACTION) | 1
+    # the same relative data path in both runs (a loader may seed its sampling from the shard paths)
+    D.write_split(work / "run_a" / "data", val, train, sp.bos_id())
+    D.write_split(work / "run_b" / "data", D.perturbed(sp, val, t), train, sp.bos_id())
+    env = probe_env(unpacked.source, Path("data"), tokenizer, vocab)
+    started = [_start(script, folder, work / name / "data", work / name, env) for name in ("run_a", "run_b")]
+    runs = [_finish(p, o, work / name, timeout_s) for (p, o), name in zip(started, ("run_a", "run_b"))]
+    return {"a": runs[0], "b": runs[1], "t": t, "val": val, "sp": sp, "vocab": vocab, "tokenizer": tok_source,
+            "work": work, "script": script, "env": env, "folder": folder, "timeout_s": timeout_s}
+
+
+def run_sweep(pair: dict, position: int, lines_before: int) -> dict:
+    """Condition 2's sweep: -log q(v) at `position` for every v < vocab, in the eval pass whose first
+    score follows `lines_before` printed val_loss/val_bpb lines."""
+    work = pair["work"] / f"sweep_{position}"
+    shutil.copytree(pair["work"] / "run_a" / "data", work / "data")
+    proc, out = _start(pair["script"], pair["folder"], work / "data", work, pair["env"],
+                       {"position": position, "lines": lines_before, "vocab": pair["vocab"]})
+    return _finish(proc, out, work, 2 * pair["timeout_s"])  # the run, then one short fork per entry
+
+
+def probe_folder(folder, *, shared=SHARED, timeout_s: float = RUN_TIMEOUT_S, keep=None) -> list:
+    """The PROBE_CHECKS of one record folder (module docstring); never raises for a script that fails."""
+    from tools.auditor.audit_probe_verdicts import verdicts
+
+    folder = Path(folder)
+    if not (Path(shared) / "data" / "tokenizers").is_dir():
+        return _na(f"no challenge tokenizers in {shared}/data/tokenizers")
+    pair = run_pair(folder, Path(shared), timeout_s, keep)
+    try:
+        if "error" in pair:
+            return _na(pair["error"])
+        for side in ("a", "b"):
+            if pair[side].get("error"):
+                return _na(pair[side]["error"])
+        return verdicts(pair, run_sweep)
+    finally:
+        if keep is None and "work" in pair:
+            shutil.rmtree(pair["work"], ignore_errors=True)
+
+
+def attach_probe(result, *, run: bool, shared=SHARED, timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """Append the PROBE_CHECKS to an audit_folder result (`result.checks`) and say how they were
+    decided in `result.probe_note`; `run=False` (--no-run) appends nothing and says the probe was skipped."""
+    if not run:
+        result.probe_note = "run probe skipped (--no-run): conditions (1)-(4) were not tested by running the script"
+        return
+    checks = probe_folder(result.folder, shared=shared, timeout_s=timeout_s)
+    result.checks.extend(checks)
+    ran = [c.name for c in checks if c.status != "n/a"]
+    result.probe_note = (f"from running train_gpt.py on the CPU at a toy size: {', '.join(ran)}" if ran else
+                         f"run probe: {checks[0].evidence}")

@@ -1,0 +1,111 @@
+"""The run probe's toy data: a val split and a train split in the official shard format, made with
+the folder's tokenizer or the challenge's (../shared/data/tokenizers), and their byte truth.
+
+Documents are BOS followed by random ordinary pieces (no control, unknown, unused or byte pieces): in
+the val split every piece appears at most once (the probe locates each scored target by its token:
+tools/auditor/audit_probe_trace.py), so its size is bounded by the vocabulary (sp1024: 6 documents of
+168 tokens); the train split draws with replacement. The decoded text is plain UTF-8.
+`perturbed(val, t)` changes every token from index t on (condition 1's second run).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+CHALLENGE_VOCABS = (1024, 2048, 4096, 8192)
+VAL_DOC_TOKENS = 168
+VAL_DOCS = 6
+TRAIN_TOKENS = 40_000
+
+
+def challenge_tokenizer(vocab_size: int, shared: Path) -> Path | None:
+    path = Path(shared) / "data" / "tokenizers" / f"fineweb_{vocab_size}_bpe.model"
+    return path if path.is_file() else None
+
+
+def pick_tokenizer(script: str, folder: Path, shared: Path) -> tuple:
+    """(tokenizer path, vocab size, source words) for the script: a *.model in the folder whose
+    name the script's TOKENIZER_PATH default names; else the challenge's sp1024 when the script reads
+    both VOCAB_SIZE and TOKENIZER_PATH; else the challenge model of its VOCAB_SIZE default (8192 when
+    it reads none). ValueError when none of them is here."""
+    default = re.search(r"""["']TOKENIZER_PATH["']\s*,\s*(?:\n\s*)?f?["']([^"']+)""", script)
+    vocab = re.search(r"""["']VOCAB_SIZE["']\s*,\s*["']?(\d+)""", script)
+    vocab_size = int(vocab.group(1)) if vocab else 8192
+    if default:
+        name = Path(default.group(1)).name
+        local = [p for p in Path(folder).rglob("*.model") if p.name == name]
+        if local:
+            return local[0], vocab_size, f"the folder's {local[0].relative_to(folder)}"
+        m = re.search(r"fineweb_(\d+)_bpe\.model$", name)
+        if m and challenge_tokenizer(int(m.group(1)), shared):
+            vocab_size = int(m.group(1))
+    reads = set(re.findall(r"""["']([A-Z_]+)["']""", script))
+    if {"VOCAB_SIZE", "TOKENIZER_PATH"} <= reads and challenge_tokenizer(CHALLENGE_VOCABS[0], shared):
+        vocab_size = CHALLENGE_VOCABS[0]  # its own settings allow the smallest challenge vocabulary: a cheaper sweep
+    path = challenge_tokenizer(vocab_size, shared)
+    if path is None:
+        raise ValueError(f"no tokenizer for VOCAB_SIZE={vocab_size} (the challenge's are in {shared}/data/tokenizers)")
+    return path, vocab_size, f"the challenge's {path.name}"
+
+
+def ordinary_pieces(sp) -> np.ndarray:
+    ids = [i for i in range(sp.vocab_size()) if not (sp.is_control(i) or sp.is_unknown(i) or sp.is_unused(i)
+                                                     or sp.is_byte(i))]
+    return np.array(ids, dtype=np.int64)
+
+
+def make_stream(sp, docs: int, doc_tokens: int, rng, *, distinct: bool = False) -> np.ndarray:
+    """BOS + doc_tokens random ordinary pieces, `docs` times; `distinct`: no piece twice (ValueError
+    when the vocabulary has too few)."""
+    pieces, bos = ordinary_pieces(sp), sp.bos_id()
+    if distinct and docs * doc_tokens > len(pieces):
+        raise ValueError(f"{docs} x {doc_tokens} distinct tokens: the tokenizer has {len(pieces)} ordinary pieces")
+    drawn = rng.choice(pieces, size=docs * doc_tokens, replace=not distinct).reshape(docs, doc_tokens)
+    return np.concatenate([[bos, *row] for row in drawn.tolist()]).astype(np.int64)
+
+
+def perturbed(sp, val: np.ndarray, t: int) -> np.ndarray:
+    """`val` with every token from index t on changed (BOS kept where it is): the non-BOS tokens there
+    rotated by one place, so the stream keeps its pieces distinct."""
+    out, bos = val.copy(), sp.bos_id()
+    idx = np.flatnonzero(val[t:] != bos) + t
+    out[idx] = np.roll(val[idx], 1)
+    return out
+
+
+def write_split(data_dir: Path, val: np.ndarray, train: np.ndarray, bos: int) -> None:
+    from shards.format import write_data_shard
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    write_data_shard(data_dir / "fineweb_val_000000.bin", val)
+    half = len(train) // 2
+    write_data_shard(data_dir / "fineweb_train_000000.bin", train[:half])
+    write_data_shard(data_dir / "fineweb_train_000001.bin", train[half:])
+    np.save(data_dir / "probe_val.npy", val)
+    np.save(data_dir / "probe_train.npy", train)
+    (data_dir / "probe.json").write_text(json.dumps({"bos": int(bos)}))
+
+
+def decoded_bytes(sp, val: np.ndarray, positions) -> int:
+    """UTF-8 bytes of the text the scored targets decode to: each document's run of scored tokens
+    decoded as one piece of text (SentencePiece drops the leading space of a document's first piece)."""
+    scored = np.zeros(len(val), bool)
+    scored[np.asarray(list(positions), dtype=np.int64)] = True
+    bos, toks, total, start = sp.bos_id(), val.tolist(), 0, None
+
+    def run_bytes(a: int, b: int) -> int:  # tokens a..b-1; a run inside a document keeps its leading space
+        if a > 0 and toks[a - 1] != bos:
+            return len(sp.decode(toks[a - 1:b]).encode("utf-8")) - len(sp.decode(toks[a - 1:a]).encode("utf-8"))
+        return len(sp.decode(toks[a:b]).encode("utf-8"))
+
+    for i, tok in enumerate(toks + [bos]):
+        inside = i < len(toks) and tok != bos and scored[i]
+        if inside and start is None:
+            start = i
+        elif not inside and start is not None:
+            total, start = total + run_bytes(start, i), None
+    return total

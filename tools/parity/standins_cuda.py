@@ -1,0 +1,149 @@
+"""The rest of a record script's GPU world on a CPU, on top of tools/parity/standins.py's kernels: what
+a whole `python train_gpt.py` run needs (the auditor's run probe, tools/auditor/audit_probe.py).
+
+    with record_standins():
+        runpy.run_path("records/.../train_gpt.py", run_name="__main__")
+
+Inside record_standins(), besides cpu_standins() (FlashAttention and Triton as reference math,
+torch.compile off):
+- every tensor and module placed on "cuda" lands on the CPU (a TorchFunctionMode rewrites device
+  arguments; .cuda() and .pin_memory() return the tensor);
+- torch.cuda's is_available (True), set_device, synchronize, memory counters, manual_seed and Event
+  are CPU stand-ins (Event times with time.perf_counter);
+- autocast on "cuda" is a no-op: the CPU computes in float32;
+- torch's SDPA backend switches (enable_flash_sdp, ...) are no-ops (they would leave the CPU no kernel);
+- the fake Triton is handed to every importer but torch itself (an import hook; torch's own
+  `import triton` still fails, so torch.compile/dynamo never take the fake for a real Triton);
+- `nvidia-smi` on PATH prints one line.
+Everything is restored on exit. The device mode is thread-local: tensors a script's worker threads
+put on "cuda" are not redirected (such a script fails, and the probe says so).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from tools.parity.standins import cpu_standins
+
+
+def _cpu(device):
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cpu")
+    if isinstance(device, (str, torch.device)) and str(device).startswith("cuda"):
+        return torch.device("cpu")
+    return device
+
+
+class CudaOnCpu(TorchFunctionMode):
+    """Rewrites every device argument naming CUDA to the CPU; .cuda() and .pin_memory() return the tensor."""
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in (torch.Tensor.cuda, torch.Tensor.pin_memory):
+            return args[0]
+        if "device" in kwargs:
+            kwargs["device"] = _cpu(kwargs["device"])
+        if func is torch.Tensor.to:
+            args = tuple(_cpu(a) for a in args)
+        return func(*args, **kwargs)
+
+
+class _Event:
+    def __init__(self, *args, **kwargs):
+        self.t = None
+
+    def record(self, *args):
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end) -> float:
+        return 1000.0 * ((end.t or 0.0) - (self.t or 0.0))
+
+
+_REAL_AUTOCAST = torch.autocast
+
+
+class _CpuAutocast(contextlib.ContextDecorator):
+    """torch.autocast: device_type "cuda" does nothing; any other device is the real autocast."""
+
+    def __init__(self, device_type="cuda", *args, **kwargs):
+        self.inner = None if str(device_type).startswith("cuda") else _REAL_AUTOCAST(device_type, *args, **kwargs)
+
+    def __enter__(self):
+        return self.inner.__enter__() if self.inner is not None else self
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc) if self.inner is not None else False
+
+
+_CUDA = {
+    "is_available": lambda: True, "device_count": lambda: 1, "set_device": lambda *a: None,
+    "synchronize": lambda *a: None, "empty_cache": lambda: None, "current_device": lambda: 0,
+    "max_memory_allocated": lambda *a, **k: 0, "max_memory_reserved": lambda *a, **k: 0,
+    "memory_allocated": lambda *a, **k: 0, "memory_reserved": lambda *a, **k: 0,
+    "reset_peak_memory_stats": lambda *a: None, "is_bf16_supported": lambda *a: True,
+    "get_device_name": lambda *a: "CPU stand-in", "get_device_capability": lambda *a: (9, 0),
+    "manual_seed": lambda *a: None, "manual_seed_all": lambda *a: None, "Event": _Event,
+}
+_SDP_SWITCHES = ("enable_cudnn_sdp", "enable_flash_sdp", "enable_math_sdp", "enable_mem_efficient_sdp")
+_FAKE_ONLY_FOR_SCRIPTS = ("triton",)
+
+
+def _import_hook(fakes: dict, real_import):
+    """builtins.__import__ that serves the fake Triton to every importer but torch."""
+
+    def standin_import(name, globals=None, locals=None, fromlist=(), level=0):
+        importer = (globals or {}).get("__name__", "") or ""
+        top = name.split(".")[0]
+        if level == 0 and top in _FAKE_ONLY_FOR_SCRIPTS and not importer.startswith("torch"):
+            return fakes[name] if fromlist else fakes[top]
+        return real_import(name, globals, locals, fromlist, level)
+
+    return standin_import
+
+
+@contextlib.contextmanager
+def _patched(patches):
+    """patches: [(object, attribute, value)], restored in reverse order."""
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]
+    try:
+        for obj, name, value in patches:
+            setattr(obj, name, value)
+        yield
+    finally:
+        for obj, name, old in reversed(saved):
+            setattr(obj, name, old)
+
+
+@contextlib.contextmanager
+def record_standins():
+    """cpu_standins() plus the CUDA-on-CPU world of the module docstring, for the duration of the block."""
+    with cpu_standins() as fakes, tempfile.TemporaryDirectory(prefix="standins_") as bin_dir:
+        hidden = {n: sys.modules.pop(n) for n in list(fakes) if n.split(".")[0] in _FAKE_ONLY_FOR_SCRIPTS
+                  and n in sys.modules}
+        smi = Path(bin_dir) / "nvidia-smi"
+        smi.write_text("#!/bin/sh\necho 'nvidia-smi: CPU stand-in (no GPU)'\n")
+        smi.chmod(0o755)
+        old_path = os.environ.get("PATH", "")
+        os.environ["PATH"] = bin_dir + os.pathsep + old_path
+        patches = [(torch.cuda, name, value) for name, value in _CUDA.items()]
+        patches += [(torch.backends.cuda, name, lambda *a: None) for name in _SDP_SWITCHES]
+        patches += [(torch, "autocast", _CpuAutocast), (torch.amp, "autocast", _CpuAutocast),
+                    (builtins, "__import__", _import_hook(fakes, builtins.__import__))]
+        try:
+            with _patched(patches), CudaOnCpu():
+                yield fakes
+        finally:
+            os.environ["PATH"] = old_path
+            sys.modules.update(hidden)  # cpu_standins() restores its own entries on its exit
