@@ -51,7 +51,8 @@ Evidence, per preset:
   sparse attention gate (scale 0.5) and SmearGate with the BOS fix, document-packed attention, 786,432
   tokens/step, Muon lr 0.026 (Polar Express, row-normalized, momentum 0.92 -> 0.97 over 1,500 steps, WD 0.095),
   Adam lr 0.02 / tied embedding 0.03 (betas 0.9/0.99, WD 0.02), grad clip 0.3, warmdown 85 % to a floor of 0.1,
-  EMA 0.9965, no QAT. Not in the kit yet (docs/parity.md): its CaseOps data, the embedding's own WD 0.085, its
+  EMA 0.9965 from the first step (no warmup), the embedding's own WD 0.085, its Muon arithmetic (bf16
+  momentum, its Newton-Schulz op order), no QAT. Not in the kit yet (docs/parity.md): its CaseOps data, its
   quantizer (int7 embedding GPTQ, int8 gate rows, LQER asym) and per-group lrzip, its phased LoRA TTT.
 - smoke: ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
@@ -95,9 +96,10 @@ PRESETS = {
         "doc_packed_attention": True, "train_batch_tokens": 786_432, "train_log_every": 500, "matrix_lr": 0.026,
         "scalar_lr": 0.02, "tied_embed_lr": 0.03, "muon_momentum": 0.97, "muon_momentum_warmup_start": 0.92,
         "muon_momentum_warmup_steps": 1500, "muon_momentum_warmup_frac": 0.0, "muon_ns_coeffs": "polar_express",
-        "muon_row_normalize": True, "muon_wd": 0.095, "adam_wd": 0.02, "beta2": 0.99, "grad_clip_norm": 0.3,
-        "min_lr": 0.1, "warmdown_frac": 0.85, "ema_decay": 0.9965, "qat_start_frac": 0.0, "gptq_calib_batches": 16,
-        "gptq_reserve_seconds": 0.5, "expected_steps": 4931},
+        "muon_row_normalize": True, "muon_form": "records", "muon_wd": 0.095, "adam_wd": 0.02, "embed_wd": 0.085,
+        "beta2": 0.99, "grad_clip_norm": 0.3, "min_lr": 0.1, "warmdown_frac": 0.85, "ema_decay": 0.9965,
+        "ema_warmup": False, "qat_start_frac": 0.0, "gptq_calib_batches": 16, "gptq_reserve_seconds": 0.5,
+        "expected_steps": 4931},
     "smoke": {
         **SP1024, "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
         "train_batch_tokens": 8192, "max_wallclock_seconds": 240.0, "warmup_steps": 0, "xsa_last_n": 0,

@@ -102,6 +102,8 @@ class Hyperparameters:
     muon_backend_steps: int = setting(5, 0)
     muon_wd: float = setting(0.02, 0)
     adam_wd: float = setting(0.04, 0)
+    # the embedding's own AdamW weight decay (PR #1855: 0.085, its EMBED_WD); -1: ADAM_WD, as before it existed
+    embed_wd: float = setting(-1.0, -1, units="-1: ADAM_WD")
     beta1: float = setting(0.9, 0, 1, high_open=True)
     beta2: float = setting(0.95, 0, 1, high_open=True)
     adam_eps: float = setting(1e-8, 0)
@@ -111,6 +113,9 @@ class Hyperparameters:
     # polar_express: Polar Express Newton-Schulz steps (PR #1787: -0.0004 with MIN_LR)
     muon_ns_coeffs: str = setting("jordan", choices=("jordan", "polar_express"))
     muon_row_normalize: bool = setting(False)  # MuonEq-R: rows of the update normalized before Newton-Schulz (PR #1285)
+    # Muon's arithmetic: torch (torch.optim.Muon's lerp momentum, float32 state) or records (PR #1855's: bf16 gradient
+    # and momentum, buf = m buf + g, Newton-Schulz in its op order; trainer/optim.py)
+    muon_form: str = setting("torch", choices=("torch", "records"))
     min_lr: float = setting(0.0, 0, 1, units="a fraction of the peak LR")  # the warmdown's LR floor (PR #1787: 0.10)
     # Muon WD tapers linearly from this fraction of the run ... (PR #1729)
     wd_taper_start_frac: float = setting(0.7, 0, 1, units="a fraction of the run", applies=(
@@ -151,6 +156,9 @@ class Hyperparameters:
     # the EMA starts averaging at this fraction of the run (before: = weights)
     ema_start_frac: float = setting(0.0, 0, 1, units="a fraction of the run", applies=(
         "EMA_DECAY > 0 or EMA_HORIZON_FRAC > 0", lambda hp: hp.ema_decay > 0 or hp.ema_horizon_frac > 0))
+    # the EMA's warmup: decay min(EMA_DECAY, (1 + t) / (10 + t)) at update t; 0: EMA_DECAY from the first update
+    # (PR #1855's EMA)
+    ema_warmup: bool = setting(True)
     # evaluation and export
     eval_stride: int = setting(64, 1, units="tokens")
     eval_batch_seqs: int = setting(64, 1)
@@ -292,6 +300,7 @@ class Hyperparameters:
             ("TTT_PARAMS", lambda s: valid_ttt_params(s.ttt_params), "all, scalars or a regular expression of parameter names"),
             ("PARALLEL_RESIDUAL_START", lambda s: s.parallel_residual_start < s.num_layers,
              f"-1 (off) or a layer index 0..{self.num_layers - 1}"),
+            ("EMBED_WD", lambda s: s.embed_wd == -1 or s.embed_wd >= 0, "-1 (ADAM_WD) or >= 0"),
             ("PARALLEL_START_LAYER", lambda s: s.parallel_start_layer < s.num_layers and not (
                 s.parallel_start_layer and s.parallel_residual_start >= 0),
              f"0 (off) or a layer index 1..{self.num_layers - 1}, with PARALLEL_RESIDUAL_START=-1 (one parallel form)"),

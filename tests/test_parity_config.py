@@ -44,3 +44,15 @@ def test_a_log_without_the_block_is_refused(tmp_path):
     path.write_text("step:1/2 train_loss:3.0\n")
     with pytest.raises(ValueError, match="no 'Hyperparameters:' line"):
         read_log_hyperparameters(path)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PARALLEL_START_LAYER": "3", "PARALLEL_RESIDUAL_START": "2"}, "PARALLEL_START_LAYER=3: expected 0 \\(off\\)"),
+    ({"PARALLEL_START_LAYER": "7"}, "PARALLEL_START_LAYER=7: expected 0 \\(off\\) or a layer index 1..6"),
+    ({"PARALLEL_START_LAYER": "3", "PARALLEL_FINAL_LANE": "sum"}, "PARALLEL_FINAL_LANE='sum': expected"),
+    ({"MUON_FORM": "jax"}, "MUON_FORM='jax': expected"),
+    ({"EMBED_WD": "-0.5"}, "EMBED_WD=-0.5: expected"),
+])
+def test_the_records_settings_refuse_bad_values_naming_the_variable(env, message):
+    with pytest.raises(ValueError, match=message):
+        Hyperparameters.from_env({"RUN_ID": "x", **env}, log=lambda *_: None)

@@ -134,7 +134,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     fwd = (torch.compile(ddp, dynamic=False, fullgraph=ctx.world_size == 1, options=step_compile_options())
            if use_compile else ddp)
     optimizers = build_optimizers(model, hp, is_cuda=is_cuda, rank=ctx.rank, world_size=ctx.world_size, compile=use_compile)
-    ema = EMA(model) if hp.ema_decay or hp.ema_horizon_frac else None
+    ema = EMA(model, hp.ema_warmup) if hp.ema_decay or hp.ema_horizon_frac else None
     gptq_reserve = hp.gptq_reserve_seconds * (model.gptq_hessians is not None and hp.max_wallclock_seconds > 0)
     if gptq_reserve >= hp.max_wallclock_seconds > 0:  # (checked here: only QUANT_GPTQ=1 reserves time)
         raise ValueError(f"GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds}: expected < MAX_WALLCLOCK_SECONDS="
@@ -200,7 +200,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         for opt, sd in zip(optimizers.all, initial[1]):
             opt.load_state_dict(sd)
         loader.seek(*initial[2])
-        ema = EMA(model) if ema else None
+        ema = EMA(model, hp.ema_warmup) if ema else None
         nonfinite.reset()
         ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
 

@@ -39,19 +39,28 @@ def split_params(model: GPT) -> dict:
     return groups
 
 
-def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = NS_COEFFS["jordan"]) -> torch.Tensor:
+def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = NS_COEFFS["jordan"],
+                  records_order: bool = False) -> torch.Tensor:
     """Batched quintic Newton-Schulz orthogonalization: g [N, R, C] (any float) -> bfloat16 [N, R, C].
 
     torch.optim.Muon's iteration (bf16, each matrix scaled to unit Frobenius norm, tall matrices
     transposed; step i runs x <- a x + (b G + c G^2) x, G = x x^T, with coeffs[i], the last triple
     repeating: Keller Jordan's 3.4445, -4.7750, 2.0315 by default), run on a stack of same-shape
     matrices with batched matmuls: one launch per matmul for the whole stack instead of one per
-    matrix (the 8xH100 records' batched Muon).
+    matrix (the 8xH100 records' batched Muon). records_order: PR #1855's ops, the same math rounded as its
+    bf16 does (x / (|x| + eps); G = x x^T; B = b G + c G G; x <- a x + B x).
     """
     x = g.bfloat16()
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
+    if records_order:
+        x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
+        for i in range(steps):
+            a, b, c = coeffs[min(i, len(coeffs) - 1)]
+            gram = x @ x.mT
+            x = a * x + (b * gram + c * (gram @ gram)) @ x
+        return x.mT if tall else x
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for i in range(steps):
         a, b, c = coeffs[min(i, len(coeffs) - 1)]
@@ -71,12 +80,16 @@ class Muon(torch.optim.Optimizer):
     (as the 8xH100 records do). Param groups take lr, momentum, weight_decay (changeable per step).
     ns_coeffs: a key of NS_COEFFS. row_normalize: MuonEq-R (PR #1285), each row of the momentum update
     divided by its L2 norm (clamped at 1e-7, float32) before Newton-Schulz; the rest unchanged.
+    form="records" (MUON_FORM, PR #1855's Muon): gradient and momentum buffer in bf16, buf <- momentum * buf + g,
+    u = g + momentum * buf (classic Nesterov; the same direction as torch's at a fixed momentum, Newton-Schulz
+    being scale-free), row normalization in bf16 and newton_schulz's records_order.
     """
 
     def __init__(self, params, *, lr: float, momentum: float, weight_decay: float, ns_steps: int = 5, rank: int = 0,
-                 world_size: int = 1, compile: bool = False, ns_coeffs: str = "jordan", row_normalize: bool = False):
+                 world_size: int = 1, compile: bool = False, ns_coeffs: str = "jordan", row_normalize: bool = False,
+                 form: str = "torch"):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
-        self.ns_steps, self.rank, self.world_size = ns_steps, rank, world_size
+        self.ns_steps, self.rank, self.world_size, self.records = ns_steps, rank, world_size, form == "records"
         self.ns_coeffs, self.row_normalize = NS_COEFFS[ns_coeffs], row_normalize
         self.ns = torch.compile(newton_schulz, fullgraph=True, dynamic=False) if compile else newton_schulz
 
@@ -88,13 +101,18 @@ class Muon(torch.optim.Optimizer):
                 if p.grad is not None:
                     shapes.setdefault(p.shape, []).append(p)
             for (rows, cols), ps in shapes.items():
-                grads = [p.grad for p in ps]
-                for p in ps:  # created once: setdefault(..., zeros_like(p)) allocated and zero-filled every step
+                grads = [p.grad.bfloat16() if self.records else p.grad for p in ps]
+                for p, g in zip(ps, grads):  # created once: setdefault(..., zeros_like) zero-filled every step
                     if "momentum_buffer" not in self.state[p]:
-                        self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+                        self.state[p]["momentum_buffer"] = torch.zeros_like(g)
                 bufs = [self.state[p]["momentum_buffer"] for p in ps]
-                torch._foreach_lerp_(bufs, grads, 1 - momentum)
-                u = torch.stack(grads).lerp_(torch.stack(bufs), momentum)
+                if self.records:  # per tensor, as the record: bf16 _foreach_mul_ rounds differently from mul_ on a CPU
+                    for buf, g in zip(bufs, grads):
+                        buf.mul_(momentum).add_(g)
+                    u = torch.stack(grads).add_(torch.stack(bufs), alpha=momentum)
+                else:
+                    torch._foreach_lerp_(bufs, grads, 1 - momentum)
+                    u = torch.stack(grads).lerp_(torch.stack(bufs), momentum)
                 if self.row_normalize:
                     u = u / u.float().norm(dim=-1, keepdim=True).clamp_min(1e-7).to(u.dtype)
                 n, w = len(ps), self.world_size
@@ -103,10 +121,10 @@ class Muon(torch.optim.Optimizer):
                     u = torch.cat([u, u.new_zeros(share * w - n, rows, cols)])
                     parts = [u.new_empty(share, rows, cols) for _ in range(w)]
                     dist.all_gather(parts, self.ns(u[self.rank * share:(self.rank + 1) * share], self.ns_steps,
-                                                coeffs=self.ns_coeffs).float())
+                                                coeffs=self.ns_coeffs, records_order=self.records).float())
                     u = torch.cat(parts)[:n]
                 else:
-                    u = self.ns(u, self.ns_steps, coeffs=self.ns_coeffs).float()
+                    u = self.ns(u, self.ns_steps, coeffs=self.ns_coeffs, records_order=self.records).float()
                 torch._foreach_mul_(ps, 1 - lr * group["weight_decay"])
                 torch._foreach_add_(ps, list(u.unbind(0)), alpha=-lr * max(1, rows / cols) ** 0.5)
 
@@ -133,12 +151,14 @@ def build_optimizers(model: GPT, hp: Hyperparameters, *, is_cuda: bool, rank: in
     """
     params = dict(model.named_parameters())
     g = {k: [params[n] for n in names] for k, names in split_params(model).items()}
-    adam_groups = [{"params": g["embed"], "lr": hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr},
+    embed_wd = hp.adam_wd if hp.embed_wd < 0 else hp.embed_wd  # EMBED_WD (PR #1855's 0.085); -1: ADAM_WD
+    adam_groups = [{"params": g["embed"], "lr": hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr,
+                    "weight_decay": embed_wd},
                    {"params": g["scalar"], "lr": hp.scalar_lr}] + [{"params": g["head"], "lr": hp.head_lr}] * bool(g["head"])
     optimizers = Optimizers(
         muon=Muon(g["muon"], lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd,
                   ns_steps=hp.muon_backend_steps, rank=rank, world_size=world_size, compile=compile,
-                  ns_coeffs=hp.muon_ns_coeffs, row_normalize=hp.muon_row_normalize),
+                  ns_coeffs=hp.muon_ns_coeffs, row_normalize=hp.muon_row_normalize, form=hp.muon_form),
         adamw=torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
                                 fused=is_cuda))
     for opt in optimizers.all:

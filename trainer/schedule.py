@@ -144,16 +144,17 @@ class EMA:
     `update(decay)` uses d = min(decay, (1 + t) / (10 + t)) at update t (the usual EMA warmup), so
     short runs average their recent weights instead of staying near the initialization; long runs
     use `decay`. decay = 0 (before EMA_START_FRAC) copies the weights and restarts the warmup.
+    warmup=False (EMA_WARMUP=0): d = decay from the first update, PR #1855's EMA.
     """
 
-    def __init__(self, model: nn.Module):
-        self.num_updates = 0
+    def __init__(self, model: nn.Module, warmup: bool = True):
+        self.num_updates, self.warmup = 0, warmup
         self.params = [p for p in model.parameters()]
         self.shadow = [p.detach().float().clone() for p in self.params]
 
     @torch.no_grad()
     def update(self, decay: float) -> None:
-        d = min(decay, (1 + self.num_updates) / (10 + self.num_updates))
+        d = min(decay, (1 + self.num_updates) / (10 + self.num_updates)) if self.warmup else decay
         self.num_updates = self.num_updates + 1 if decay > 0 else 0
         torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - d)
 

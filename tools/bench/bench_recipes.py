@@ -60,7 +60,7 @@ class Recipe:
         self.model.init_weights()
         self.model.configure_qat(QuantPolicy.from_env(env))
         self.optimizers = build_optimizers(self.model, self.hp, is_cuda=False)
-        self.ema = EMA(self.model) if self.hp.ema_decay or self.hp.ema_horizon_frac else None
+        self.ema = EMA(self.model, self.hp.ema_warmup) if self.hp.ema_decay or self.hp.ema_horizon_frac else None
         batch = self.hp.train_batch_tokens // self.hp.train_seq_len
         self.x = torch.randint(0, self.hp.vocab_size, (batch, self.hp.train_seq_len + 1))
         self.seconds = []

@@ -20,7 +20,7 @@ RECORD_TO_KIT = {
         "rope_base", "rope_dims", "scalar_lr", "skip_gates_enabled", "smear_gate_enabled", "sparse_attn_gate_enabled",
         "sparse_attn_gate_scale", "tie_embeddings", "tied_embed_init_std", "tied_embed_lr", "train_batch_tokens",
         "train_log_every", "train_seq_len", "val_loss_every", "vocab_size", "warmdown_frac", "warmup_steps",
-        "xsa_last_n", "gptq_reserve_seconds")},
+        "xsa_last_n", "gptq_reserve_seconds", "embed_wd")},
     "eval_seq_len": "train_seq_len",  # the kit evaluates at TRAIN_SEQ_LEN
     "val_batch_tokens": "val_batch_size",
     "gptq_calibration_batches": "gptq_calib_batches",
@@ -49,7 +49,6 @@ NOT_APPLICABLE = {
 PENDING = {
     "caseops_enabled": "CaseOps data and its byte sidecar (the CaseOps data work)",
     "compressor": "the per-group lrzip/ZPAQ stream (pergroup): not in the kit yet",
-    "embed_wd": "a separate weight decay for the tied embedding (0.085): the optimizer parity stage",
     **dict.fromkeys(("embed_bits", "embed_clip_sigmas", "matrix_bits", "matrix_clip_sigmas", "mlp_clip_sigmas",
                      "attn_clip_sigmas", "gated_attn_quant_gate", "lqer_enabled", "lqer_rank", "lqer_top_k",
                      "lqer_factor_bits", "lqer_asym_enabled", "lqer_asym_group"), _QUANT),

@@ -42,10 +42,13 @@ def kit_model(hp: Hyperparameters, seed: int = 0, noise: float = 0.3) -> GPT:
 
 
 def record_model(module, kit: GPT, hp: Hyperparameters):
-    """The record script's GPT (float32) with `kit`'s weights, its fused CE off (the Triton CE checks CUDA
-    tensors in Python before any kernel: its stand-in is compared on its own, tests/test_parity_standins.py)."""
+    """The record script's GPT (float32) with `kit`'s weights (its `h` kept as .parity_h), its fused CE off (the
+    Triton CE checks CUDA tensors in Python before any kernel: its stand-in is compared on its own,
+    tests/test_parity_standins.py)."""
     module.BOS_ID = BOS_ID
-    model = module.GPT(record_hparams(module, hp, fused_ce_enabled=False)).float()
+    h = record_hparams(module, hp, fused_ce_enabled=False)
+    model = module.GPT(h).float()
+    model.parity_h = h  # the record's settings, for its Optimizers (parity_train.py)
     load_kit_into_record(model, kit, hp.num_layers)
     return model
 

@@ -11,9 +11,11 @@ the SM count, and wraps functions in `torch.compile` at import. Inside `cpu_stan
   a kernel without one raises NotImplementedError naming it when launched (importing still works);
   `TensorDescriptor.from_tensor` keeps the tensor; `triton.language` answers any name with a placeholder;
 - `torch.cuda.get_device_properties(non-CUDA device)`: an H100's SM count (132), CUDA devices unchanged;
+- without CUDA, `torch.cuda.Stream`, `torch.cuda.stream` and `torch.cuda.current_stream`: one in-order "stream"
+  (a record's optimizer steps its Adam groups on a side stream; on a CPU everything runs in order);
 - `torch.compile`: off (returns the function), so a script's `@torch.compile` runs eagerly.
 
-Everything is restored on exit (sys.modules entries and the two torch attributes). Functions a script
+Everything is restored on exit (sys.modules entries and the torch attributes). Functions a script
 imported inside the context keep working after it: they are plain Python. Usage:
 
     with cpu_standins():
@@ -210,6 +212,19 @@ def _fake_modules() -> dict:
             "triton.tools": tools, "triton.tools.tensor_descriptor": desc}
 
 
+class _InOrderStream:
+    """torch.cuda.Stream without CUDA: work runs in order, so waiting is a no-op."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def synchronize(self):
+        pass
+
+
 def _compile_off(fn=None, *args, **kwargs):
     """torch.compile stand-in: the function itself (as a decorator with or without arguments)."""
     return fn if fn is not None else (lambda f: f)
@@ -219,9 +234,13 @@ def _compile_off(fn=None, *args, **kwargs):
 def cpu_standins():
     """Install the stand-ins (module docstring) for the duration of the block; yields the fake modules
     {name: module}. Nests: an inner context restores what the outer one installed."""
+    import torch._dynamo  # noqa: F401 (imported before the fake triton exists: torch probes for a real one)
+
     fakes = _fake_modules()
     saved = {name: sys.modules.get(name) for name in fakes}
     real_props, real_compile = torch.cuda.get_device_properties, torch.compile
+    streams = ("Stream", "stream", "current_stream")
+    real_streams = {n: getattr(torch.cuda, n) for n in streams}
 
     def device_properties(device=None):
         if device is not None and torch.device(device).type != "cuda":
@@ -230,10 +249,16 @@ def cpu_standins():
 
     sys.modules.update(fakes)
     torch.cuda.get_device_properties, torch.compile = device_properties, _compile_off
+    if not torch.cuda.is_available():
+        one = _InOrderStream()
+        torch.cuda.Stream, torch.cuda.stream, torch.cuda.current_stream = (
+            _InOrderStream, lambda stream=None: contextlib.nullcontext(), lambda device=None: one)
     try:
         yield fakes
     finally:
         torch.cuda.get_device_properties, torch.compile = real_props, real_compile
+        for name, fn in real_streams.items():
+            setattr(torch.cuda, name, fn)
         for name, module in saved.items():
             if module is None:
                 sys.modules.pop(name, None)

@@ -1,0 +1,50 @@
+"""Training steps of the kit at PRESET=8xh100-pr1855 against PR #1855's own Optimizers and train-loop order
+(tools/parity/parity_train.py), CPU, float32, toy widths. Skips without ../shared."""
+
+import pytest
+import torch
+
+from tools.parity.parity_models import PR1855_SCRIPT, kit_model, packed_batch, record_model, toy_settings
+from tools.parity.parity_train import batch_backwards, compare_steps, gradient_backwards
+from tools.parity.standins import import_script
+
+pytestmark = pytest.mark.skipif(not PR1855_SCRIPT.is_file(), reason="needs ../shared/reference/pr1855")
+SIX_STEPS = {"ITERATIONS": "6", "MAX_WALLCLOCK_SECONDS": "0"}  # run fraction = step / 6: loops on at step 4
+
+
+def models(**env):
+    module = import_script(PR1855_SCRIPT)
+    hp = toy_settings(**SIX_STEPS, **env)
+    kit = kit_model(hp, noise=0.05)
+    return module, hp, kit, record_model(module, kit, hp)
+
+
+def test_the_optimizers_equal_the_records_on_the_same_gradients():
+    """Muon (bf16 momentum, Polar Express, row normalization, its op order), both AdamW groups (the embedding's
+    WD 0.085), WD, the LR and momentum schedules and the EMA: 6 steps from the same gradients. Without clipping:
+    the two models sum the squares of the total norm in another order (banks against matrices), which moves
+    the clipped gradients by 1e-7 and Muon's bf16 momentum by whole bf16 steps (clipping: the next test)."""
+    module, hp, kit, record = models(GRAD_CLIP_NORM="0")
+    gen = torch.Generator().manual_seed(1)
+    grads = [{n: torch.randn(p.shape, generator=gen) * 0.05 for n, p in kit.named_parameters()} for _ in range(6)]
+    rows = compare_steps(module, kit, record, hp, gradient_backwards(kit, record, grads))
+    assert max(r["params"] for r in rows) <= 1e-6 and max(r["ema"] for r in rows) <= 1e-6, rows
+
+
+def test_six_training_steps_equal_the_records_where_muon_leaves_the_matrices():
+    """The models' own gradients, 6 steps with the loop switching on at step 4 on both sides; MATRIX_LR=0, because
+    Muon's bf16 momentum turns float32 gradient differences of 1e-5 into bf16 rounding flips (docs/parity.md)."""
+    module, hp, kit, record = models(MATRIX_LR="0")
+    batches = [packed_batch(2, hp.train_seq_len, hp.vocab_size, ([0, 10, 30, 31, 50], [5, 40]), seed=s) for s in range(6)]
+    rows = compare_steps(module, kit, record, hp, batch_backwards(module, kit, record, batches))
+    assert [r["looping"] for r in rows] == [r["record_looping"] for r in rows] == [False] * 3 + [True] * 3
+    assert max(r["params"] for r in rows) <= 1e-4 and max(r["ema"] for r in rows) <= 1e-4, rows
+
+
+def test_the_comparison_sees_the_torch_muon_form():
+    """The same gradients through the kit's default Muon arithmetic (MUON_FORM=torch): the momentum warmup
+    changes the lerp form's direction, and float32 state rounds otherwise (the check can fail)."""
+    module, hp, kit, record = models(MUON_FORM="torch", GRAD_CLIP_NORM="0")
+    gen = torch.Generator().manual_seed(1)
+    grads = [{n: torch.randn(p.shape, generator=gen) * 0.05 for n, p in kit.named_parameters()} for _ in range(3)]
+    assert max(r["params"] for r in compare_steps(module, kit, record, hp, gradient_backwards(kit, record, grads))) > 1e-4

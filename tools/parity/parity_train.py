@@ -1,0 +1,124 @@
+"""Optimizer steps of the kit and of PR #1855's script from the same weights on the same batches (CPU, float32).
+
+The record's side is its own `Optimizers` (Muon with its bank layout, Polar Express Newton-Schulz and row
+normalization; the token and scalar AdamW) driven as its train loop drives them: momentum warmup, LR
+multiplier, gradient clipping, the step, then its EMA (decay from step 0, no warmup) and the loop switch
+at ENABLE_LOOPING_AT. The kit's side is trainer/optim.py's optimizers driven by trainer/schedule.py's
+functions in trainer/loop.py's order. Without a wallclock cap the run's fraction is step / ITERATIONS on
+both sides.
+"""
+
+import torch
+
+from primitives.settings import Hyperparameters
+from tools.parity.parity_map import kit_to_record, record_to_kit
+from tools.parity.parity_models import record_rows
+from tools.parity.standins import cpu_standins
+from trainer.optim import build_optimizers
+from trainer.schedule import (EMA, ema_decay_at, lr_multiplier_floored, muon_momentum_at, run_progress,
+                              warmdown_frac_at, wd_taper_multiplier)
+
+
+def kit_step(kit, optimizers, ema, hp: Hyperparameters, step: int, backward) -> None:
+    """One training step of the kit at `step` (trainer/loop.py's one_step, one micro-batch); backward() makes
+    the gradients."""
+    progress = run_progress(0.0, 0.0, step, hp.iterations)
+    if hp.num_loops and not kit.looping_active and progress >= hp.enable_looping_at:
+        kit.looping_active = True
+    for opt in optimizers.all:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp),
+                                                                    hp.min_lr)
+    for group in optimizers.muon.param_groups:
+        group["momentum"] = muon_momentum_at(step, hp, progress)
+        group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac,
+                                                                 hp.wd_taper_final_mult)
+    backward()
+    if hp.grad_clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(kit.parameters(), hp.grad_clip_norm)
+    for opt in optimizers.all:
+        opt.step()
+    kit.zero_grad(set_to_none=True)
+    if ema:
+        ema.update(ema_decay_at(step, progress, hp))
+
+
+def record_step(record, optimizers, ema_state: dict, h, step: int, backward) -> None:
+    """One training step of the record at `step` (its train_model loop and step_fn, one micro-batch); backward()
+    makes the gradients."""
+    frac = step / max(h.iterations, 1)
+    scale = 1.0
+    if h.warmdown_frac > 0 and frac >= 1.0 - h.warmdown_frac:
+        scale = max((1.0 - frac) / h.warmdown_frac, h.min_lr)
+    if h.num_loops > 0 and not record.looping_active and frac >= h.enable_looping_at:
+        record.looping_active = True
+    backward()
+    w = min(step / h.muon_momentum_warmup_steps, 1.0) if h.muon_momentum_warmup_steps > 0 else 1.0
+    for group in optimizers.optimizer_muon.param_groups:
+        group["momentum"] = (1 - w) * h.muon_momentum_warmup_start + w * h.muon_momentum
+    for opt in optimizers:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * scale
+    if h.grad_clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_([p for p in record.parameters() if p.requires_grad], h.grad_clip_norm)
+    optimizers.step(distributed=False)
+    with torch.no_grad():
+        for name, t in record.state_dict().items():
+            ema_state[name].mul_(h.ema_decay).add_(t.detach().float(), alpha=1.0 - h.ema_decay)
+
+
+def relative_diffs(kit_state: dict, record_state: dict, num_layers: int) -> dict:
+    """{kit name: max |kit - record| / max |record|} of every tensor, the record's mapped to the kit's names."""
+    mapped = record_to_kit(record_state, num_layers)
+    return {n: ((t - mapped[n]).abs().max() / mapped[n].abs().max().clamp_min(1e-30)).item()
+            for n, t in kit_state.items()}
+
+
+def batch_backwards(module, kit, record, batches: list) -> list:
+    """[(kit backward, record backward)] of the training loss on each (x, y) of batches (the record row by row
+    with its cu_seqlens, as parity_models.compare_forward)."""
+    def pair(x, y):
+        def record_backward():
+            rows = record_rows(module, x, lambda b, cu, n: record(x[b:b + 1], y[b:b + 1], cu_seqlens=cu, max_seqlen=n))
+            (sum(rows) / len(rows)).backward()
+        return (lambda: kit(x, y).backward()), record_backward
+    return [pair(x, y) for x, y in batches]
+
+
+def gradient_backwards(kit, record, grads: list) -> list:
+    """[(kit backward, record backward)] that set the same gradients {kit name: tensor} on both (the record's
+    through the name map): the optimizers compared on their own."""
+    def setter(model, named):
+        def backward():
+            for n, p in model.named_parameters():
+                p.grad = named[n].clone()
+        return backward
+    return [(setter(kit, g), setter(record, kit_to_record(g, len(kit.blocks)))) for g in grads]
+
+
+def compare_steps(module, kit, record, hp: Hyperparameters, backwards: list) -> list:
+    """Both sides take one step per (kit backward, record backward) pair from their current (equal) weights;
+    returns per step {"params": max relative diff over parameters, "worst": its name, "looping": the kit's loop
+    switch, "ema": max relative diff of the EMA weights}."""
+    h = record.parity_h
+    out = []
+    with cpu_standins():
+        optimizers = build_optimizers(kit, hp, is_cuda=False)
+        record_opts = module.Optimizers(h, record)
+        ema = EMA(kit, hp.ema_warmup) if hp.ema_decay else None
+        ema_state = {n: t.detach().float().clone() for n, t in record.state_dict().items()}
+        kit.train(), record.train()
+        kit.looping_active = record.looping_active = False  # both switch it on at ENABLE_LOOPING_AT
+        for step in range(len(backwards)):
+            kit_step(kit, optimizers, ema, hp, step, backwards[step][0])
+            record_step(record, record_opts, ema_state, h, step, backwards[step][1])
+            params = relative_diffs({n: p.detach() for n, p in kit.named_parameters()},
+                                    {n: p.detach() for n, p in record.named_parameters()}, hp.num_layers)
+            worst = max(params, key=params.get)
+            row = {"step": step + 1, "params": params[worst], "worst": worst, "looping": kit.looping_active,
+                   "record_looping": record.looping_active}
+            if ema:
+                shadow = dict(zip((n for n, _ in kit.named_parameters()), ema.shadow))
+                row["ema"] = max(relative_diffs(shadow, ema_state, hp.num_layers).values())
+            out.append(row)
+    return out
