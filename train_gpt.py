@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from eval.bpb import build_sentencepiece_luts
+from eval.bpb import val_byte_luts
 from quant.estimate import estimate_artifact_bytes
 from quant.fit import fit_policy
 from quant.policy import QuantPolicy
@@ -105,7 +105,9 @@ def train_and_score() -> int:
 
     model, config, policy, attn_backend, flops_per_token = build_model(ctx, hp, code_bytes)
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
-    luts = build_sentencepiece_luts(sp, hp.vocab_size)
+    sidecar = inputs.get("val_byte_count") == "sidecar"  # CaseOps data: val bytes from its sidecar (shards/sidecar.py)
+    luts = val_byte_luts(sp, hp.vocab_size, hp.data_path, sidecar)
+    ctx.log(f"val_byte_count:{'sidecar (original UTF-8 bytes per val token)' if sidecar else 'tokenizer (byte LUT)'}")
     saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
     # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
     plan = dict(stride=saved["eval_stride"], ttt_epochs=saved.get("ttt_epochs", 0), ttt_phases=saved.get(
@@ -118,7 +120,8 @@ def train_and_score() -> int:
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    summary.update(phase="train", inputs=inputs, loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
+    summary.update(phase="train", inputs=inputs, val_byte_count="sidecar" if sidecar else "tokenizer",
+                   loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
     record = functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
     with SignalGuard() as guard:
         try:

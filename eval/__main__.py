@@ -290,7 +290,7 @@ def cmd_score(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from eval.offline import load_sentencepiece_luts, require_finite_scores, submission_bytes_line
+    from eval.offline import load_val_byte_luts, require_finite_scores, submission_bytes_line
     from shards.format import check_data_manifest, load_validation_tokens
 
     _import_evals()
@@ -314,8 +314,9 @@ def cmd_score(args) -> None:
         vocab_size = int(model_config["vocab_size"])
         seq_len, stride = resolve_score_settings(args, model_config, meta, log=log)
         resolve_ttt_settings(args, meta, log=log)
-        luts = load_sentencepiece_luts(args.tokenizer, vocab_size)
         check_data_manifest(args.data_path, vocab_size=vocab_size, log=log)
+        luts, byte_count = load_val_byte_luts(args.tokenizer, vocab_size, args.data_path, meta.get("run"))
+        log(f"val_byte_count:{byte_count}")  # sidecar: CaseOps data, its original bytes (shards/sidecar.py)
         val_tokens = load_validation_tokens(args.data_path, vocab_size=vocab_size)
         if args.val_max_tokens:  # same truncation as the trainer's VAL_MAX_TOKENS (not for records)
             val_tokens = val_tokens[: args.val_max_tokens + 1]
@@ -365,12 +366,12 @@ def cmd_score(args) -> None:
 
 
 def cmd_bytes(args) -> None:
-    from eval.offline import count_stream_bytes, load_sentencepiece_luts
+    from eval.offline import count_stream_bytes, load_val_byte_luts
     from shards.format import load_validation_tokens
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer))
     vocab_size = int(sp.vocab_size())
-    luts = load_sentencepiece_luts(args.tokenizer, vocab_size)
+    luts, _ = load_val_byte_luts(args.tokenizer, vocab_size, args.data_path)  # a CaseOps split: its sidecar
     tokens = load_validation_tokens(args.data_path, vocab_size=vocab_size)
     num_targets = tokens.numel() - 1
     num_bytes = count_stream_bytes(tokens, luts)

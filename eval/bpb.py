@@ -12,8 +12,10 @@ The sum over a document equals len(sp.decode(segment).encode()) summed over the 
 boundary tokens (tested on real text for the 1024/2048/4096/8192 challenge tokenizers).
 
 Every evaluator (roundtrip and sliding share one window engine, eval/sliding.py `eval_sliding`)
-counts bytes with `count_target_bytes`, so the number reported can not depend on which evaluator
-produced it. Loading a tokenizer file and counting a whole stream (CLI/tools only) live in
+counts bytes with `count_scored_bytes`, so the number reported can not depend on which evaluator
+produced it. CaseOps data (PR #1855) is scored on its val byte sidecar instead of the LUTs: `luts` is
+then one tensor of bytes per val position (shards/sidecar.py), the original text's bytes.
+Loading a tokenizer file and counting a whole stream (CLI/tools only) live in
 eval/offline.py, outside the bundled train_gpt.py.
 """
 
@@ -21,6 +23,8 @@ import math
 
 import numpy as np
 import torch
+
+from shards.sidecar import load_val_bytes
 
 
 def build_sentencepiece_luts(sp, vocab_size: int) -> tuple:
@@ -45,6 +49,25 @@ def build_sentencepiece_luts(sp, vocab_size: int) -> tuple:
     return table[0], table[1].bool(), table[2].bool()
 
 
+def val_byte_luts(sp, vocab_size: int, data_path=None, sidecar: bool = False) -> tuple:
+    """What `count_scored_bytes` counts a val split with: (the byte sidecar of data_path,) when `sidecar`
+    (CaseOps data: shards/sidecar.py check_val_bytes said so), else the tokenizer's LUTs."""
+    return (load_val_bytes(data_path),) if sidecar else build_sentencepiece_luts(sp, vocab_size)
+
+
+def count_scored_bytes(tokens: torch.Tensor, index: torch.Tensor, luts) -> torch.Tensor:
+    """UTF-8 bytes of the targets tokens[index + 1], each scored after tokens[index]: same shape as index.
+
+    tokens: the val stream int64 [N]; index: int64 positions < N - 1, on the device of `luts`. luts: the
+    three official tables (count_target_bytes), or one tensor [>= N] of bytes per stream position: a
+    CaseOps byte sidecar (shards/sidecar.py, PR #1855), whose entry for a target is its original text's
+    bytes, whatever its piece spells.
+    """
+    if len(luts) == 1:
+        return luts[0][index + 1]
+    return count_target_bytes(tokens[index], tokens[index + 1], luts)
+
+
 def count_target_bytes(prev_ids: torch.Tensor, target_ids: torch.Tensor, luts) -> torch.Tensor:
     """UTF-8 bytes of each target given its previous token: int16, same shape as target_ids.
 
@@ -53,7 +76,6 @@ def count_target_bytes(prev_ids: torch.Tensor, target_ids: torch.Tensor, luts) -
     """
     base_bytes, has_leading_space, is_boundary_token = luts
     return base_bytes[target_ids] + (has_leading_space[target_ids] & ~is_boundary_token[prev_ids])
-
 
 # where each score of result.json comes from: the status of a run whose score is not finite names it
 SCORE_PHASES = (("_prequant", "prequant_eval"), ("_roundtrip", "roundtrip"), ("_sliding", "sliding"), ("_ttt", "ttt"))

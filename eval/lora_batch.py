@@ -23,7 +23,7 @@ import re
 import torch
 import torch.nn.functional as F
 
-from eval.bpb import count_target_bytes
+from eval.bpb import count_scored_bytes
 from eval.sliding import first_sliding_window, plan_sliding_windows
 
 LORA_TARGETS = r"\.(attn\.c_q|attn\.c_v|mlp\.proj)$"
@@ -150,7 +150,7 @@ def score_lora_batch(score_fwd, lora: BatchedLoRA, tokens, luts, rows: list, bou
     y = tokens[index + 1]
     nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
     per_row = torch.stack([nll.double().where(score, 0).sum(1), score.sum(1).double(),
-                           count_target_bytes(tokens[index], y, luts).where(score, 0).sum(1).double()], 1)
+                           count_scored_bytes(tokens, index, luts).where(score, 0).sum(1).double()], 1)
     sums = torch.zeros(lora.slots, 3, dtype=torch.float64, device=tokens.device)
     return sums.index_add_(0, torch.tensor(slots, device=tokens.device), per_row)
 

@@ -44,14 +44,36 @@ def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tens
     return build_sentencepiece_luts(sp, vocab_size)
 
 
+def load_val_byte_luts(tokenizer_path, vocab_size: int, data_path, artifact_run=None) -> tuple:
+    """(luts, byte count name) for scoring the val split of `data_path` (eval/bpb.py count_scored_bytes):
+    its CaseOps byte sidecar when it has one, else the tokenizer's LUTs (load_sentencepiece_luts).
+
+    artifact_run: the artifact's run metadata; one that says the run scored on a sidecar
+    (run["val_byte_count"] == "sidecar") refuses data without one. Raises ValueError (one line) for
+    what shards/sidecar.py check_val_bytes refuses: a CaseOps split without its sidecar, a count
+    mismatch, a tokenizer that is not the data's.
+    """
+    from primitives.files import sha256_file
+    from shards.sidecar import BYTE_COUNT_SIDECAR, check_val_bytes, load_val_bytes
+
+    luts = load_sentencepiece_luts(tokenizer_path, vocab_size)  # checks the file first
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    byte_count = check_val_bytes(data_path, sp, tokenizer_path, sha256_file(tokenizer_path))["val_byte_count"]
+    if (artifact_run or {}).get("val_byte_count") == BYTE_COUNT_SIDECAR != byte_count:
+        raise ValueError(f"DATA_PATH={data_path}: no CaseOps byte sidecar (fineweb_val_bytes_*.bin), but the artifact's "
+                         "run scored on one; expected the CaseOps dataset it was trained on")
+    return ((load_val_bytes(data_path),) if byte_count == BYTE_COUNT_SIDECAR else luts), byte_count
+
+
 def count_stream_bytes(tokens: torch.Tensor, luts) -> int:
-    """Bytes of all targets tokens[1:] of a token stream int64 [N] (each scored after its predecessor)."""
+    """Bytes of all targets tokens[1:] of a token stream int64 [N] (each scored after its predecessor); luts:
+    the byte LUTs or (a byte sidecar,) (eval/bpb.py count_scored_bytes)."""
     import torch
 
-    from eval.bpb import count_target_bytes
+    from eval.bpb import count_scored_bytes
 
     tokens = tokens.to(torch.int64)
-    return int(count_target_bytes(tokens[:-1], tokens[1:], luts).sum(dtype=torch.int64))
+    return int(count_scored_bytes(tokens, torch.arange(len(tokens) - 1), luts).sum(dtype=torch.int64))
 
 
 SUBMISSION_BYTE_BUDGET = 16_000_000  # the challenge's cap on code + compressed model bytes (decimal)
@@ -86,7 +108,6 @@ def submission_bytes_line(artifact_path, code_path=None) -> str:
         f"OVER by {total - SUBMISSION_BYTE_BUDGET:,}"
     return (f"bytes: model {model_bytes:,} + code {code_bytes:,} ({where}) = {total:,} of "
             f"{SUBMISSION_BYTE_BUDGET:,} ({verdict})")
-
 
 class NonFiniteScoreError(ValueError):
     """A score (val_loss / val_bpb) is NaN or infinite: never printed as a result (one line, exit 2)."""

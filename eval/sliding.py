@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from eval.bpb import count_target_bytes
+from eval.bpb import count_scored_bytes
 from primitives.progress import Progress
 
 
@@ -112,7 +112,7 @@ def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, se
     y = tokens[index + 1]
     nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
     return torch.stack([nll.double().where(score, 0).sum(), score.sum(),
-                        count_target_bytes(tokens[index], y, luts).where(score, 0).sum()])
+                        count_scored_bytes(tokens, index, luts).where(score, 0).sum()])
 
 
 @torch.inference_mode()

@@ -208,7 +208,7 @@ def _reexported_names(module: SourceModule) -> dict:
 BUNDLE_PIPELINE = (
     "primitives/env.py", "primitives/files.py", "primitives/presets.py", "primitives/progress.py", "primitives/domains.py",
     "primitives/settings.py",
-    "shards/format.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/lqer.py",
+    "shards/format.py", "shards/sidecar.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/lqer.py",
     "quant/estimate.py", "quant/fit.py", "quant/sdclip.py", "quant/grouped.py", "quant/artifact.py", "eval/bpb.py",
     "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py", "eval/phased_ttt.py", "eval/lora_batch.py", "eval/lora_ttt.py",
     "model/fa4.py", "model/attention.py", "model/fused_loss.py", "trainer/context.py", "trainer/interrupt.py",

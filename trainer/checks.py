@@ -15,6 +15,7 @@ from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from primitives.settings import Hyperparameters
 from primitives.files import sha256_file
+from shards.sidecar import BYTE_COUNT_SIDECAR, check_val_bytes
 from shards.format import (SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header,
                            val_shard_copy)
 
@@ -92,6 +93,8 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
                                        tokenizer_sha256=inputs["tokenizer_sha256"])
     except ValueError as err:
         raise ValueError(str(err).replace("TOKENIZER_PATH:", f"TOKENIZER_PATH={hp.tokenizer_path!r}:", 1)) from None
+    if check_val_bytes(hp.data_path, sp, hp.tokenizer_path, inputs["tokenizer_sha256"])["val_byte_count"] == BYTE_COUNT_SIDECAR:
+        inputs["val_byte_count"] = BYTE_COUNT_SIDECAR  # CaseOps data: scored on its byte sidecar (a resume keeps it)
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
     choose_loss_kernel(hp.loss_kernel, ctx.device)  # LOSS_KERNEL=liger without CUDA or liger_kernel: refused here
     if hp.ttt_enabled and hp.ttt_batch_seqs % ctx.world_size:

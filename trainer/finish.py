@@ -59,6 +59,8 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
                    tokenizer_sha256=sha256_file(hp.tokenizer_path),
                    ttt=ttt_artifact_settings(hp, ttt_epochs, ttt_phases))
+        if len(luts) == 1:  # scored on a CaseOps byte sidecar (eval/bpb.py val_byte_luts); absent: the byte LUT
+            run["val_byte_count"] = "sidecar"
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
                                  policy=policy, hessians=model.gptq_hessians, log=ctx.log, run=run)
         yield {k: report[k] for k in ("bytes_model", "bytes_total", "compressor", "packing", "shuffle", "fit_steps",

@@ -425,7 +425,8 @@ def main(argv=None) -> int:
             except (OSError, ValueError) as e:
                 raise AuditInputError(str(e)) from e
             label = (f"measured {measured['tokens_per_byte']:.7f} ({Path(args.tokenizer).name} on "
-                     f"{measured['val_tokens']:,} val tokens of {args.data_path})")
+                     f"{measured['val_tokens']:,} val tokens of {args.data_path}"
+                     + (", bytes from its CaseOps byte sidecar)" if measured["val_byte_count"] == "sidecar" else ")"))
         baseline_values = None
         if args.baseline:
             base_rec = read_record(args.baseline, pythons=args.python)

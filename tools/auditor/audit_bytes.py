@@ -135,25 +135,28 @@ def tolerance(rounding: float, half_width: float = 0.0) -> float:
 
 def measure_tokens_per_byte(tokenizer_path, data_path) -> dict:
     """Measure the ratio on real data: all val shards of `data_path` (sorted), targets = every token
-    but the first, bytes by the official LUT rule (eval.offline; imports torch). Returns
-    {"tokens_per_byte", "val_tokens", "val_bytes", "sha256", "vocab_size"}. Raises FileNotFoundError /
-    ValueError naming the path for missing or malformed inputs."""
+    but the first, bytes by the official LUT rule, or for CaseOps data by its val byte sidecar (the
+    original text's bytes, shards/sidecar.py: a log that divided by the transformed text's bytes, its
+    operators counted, is off by their share and fails). Uses eval.offline; imports torch. Returns
+    {"tokens_per_byte", "val_tokens", "val_bytes", "sha256", "vocab_size", "val_byte_count"}. Raises
+    FileNotFoundError / ValueError naming the path for missing or malformed inputs (a CaseOps split
+    without its sidecar, a tokenizer that is not the data's)."""
     import sentencepiece as spm
 
-    from eval.offline import count_stream_bytes, load_sentencepiece_luts
+    from eval.offline import count_stream_bytes, load_val_byte_luts
     from shards.format import load_validation_tokens
 
     path = Path(tokenizer_path)
     if not path.is_file():
         raise FileNotFoundError(f"--tokenizer {tokenizer_path}: no such file")
     vocab = int(spm.SentencePieceProcessor(model_file=str(path)).vocab_size())
-    luts = load_sentencepiece_luts(path, vocab)
+    luts, byte_count = load_val_byte_luts(path, vocab, data_path)
     tokens = load_validation_tokens(data_path, vocab_size=vocab)
     num_bytes = count_stream_bytes(tokens, luts)
     if num_bytes <= 0:
         raise ValueError(f"--data-path {data_path}: the val split has no bytes")
     return {"tokens_per_byte": (tokens.numel() - 1) / num_bytes, "val_tokens": int(tokens.numel()),
-            "val_bytes": int(num_bytes), "sha256": sha256_file(path), "vocab_size": vocab}
+            "val_bytes": int(num_bytes), "sha256": sha256_file(path), "vocab_size": vocab, "val_byte_count": byte_count}
 
 
 def implied_ratio(val_loss: float, val_bpb: float) -> float | None:

@@ -48,7 +48,8 @@ def number(run, field: str, *, integer: bool = False, where: dict | None = None)
 def val_shard_tokens(data_path) -> int | None:
     """Token count of every fineweb_val_*.bin under `data_path` from their headers (magic 20240520,
     version 1, count); None when there are none. RecordError naming a damaged shard."""
-    shards = sorted(Path(data_path).glob("fineweb_val_*.bin")) if data_path and Path(data_path).is_dir() else []
+    shards = sorted(p for p in Path(data_path).glob("fineweb_val_*.bin")  # not a CaseOps byte sidecar
+                    if not p.name.startswith("fineweb_val_bytes_")) if data_path and Path(data_path).is_dir() else []
     total = 0
     for path in shards:
         with open(path, "rb") as fh:
