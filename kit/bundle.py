@@ -157,7 +157,7 @@ def bundle_report(root=None, encoding: str | None = None, settings: PackSettings
     rows.append({"module": "<wrapper>", "source_bytes": 0, "compressed_bytes": 0,
                  "packed_share_bytes": len(packed) - payload_chars})
     return {"modules": info["modules"], "left_out": info["left_out"], "off": info["off"],
-            "packed_for": header, "human_bytes": len(human.encode()),
+            "packed_for": header, "unused": info["unused"], "human_bytes": len(human.encode()),
             "minified_bytes": len(minified.encode()), "packed_bytes": len(packed), "candidate": candidate,
             "encoding": chosen, "by_encoding": _best_by_encoding(all_tried), "candidates": tried,
             "split": rows, "python": sys.version.split()[0], "human_source": human, "packed_file": packed,
@@ -215,6 +215,8 @@ def format_report(report: dict) -> str:
         w(f"{report['packed_for']}\n")
     for condition, relpaths in sorted(report["off"].items()):
         w(f"left out, refused when {condition}: {', '.join(relpaths)}\n")
+    if report["unused"]:
+        w(f"left out, called by nothing in the file: {', '.join(report['unused'])}\n")
     if unreached:
         w(f"left out (not reached from train_gpt.py{' with these settings' * bool(off)}): {', '.join(unreached)}\n")
     return buf.getvalue()

@@ -10,6 +10,8 @@ import dataclasses
 import heapq
 from pathlib import Path
 
+from kit.bundle_fold import fold_package_only
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_PACKAGES = ("primitives", "model", "shards", "trainer", "quant", "eval")
 BUNDLE_ENTRY = "train_gpt.py"
@@ -53,8 +55,12 @@ def _read_module(root: Path, relpath: str) -> SourceModule:
     source = path.read_text(encoding="utf-8")
     try:
         tree = ast.parse(source, filename=str(path))
+        source = fold_package_only(source, relpath)  # kit/bundle_fold.py: package-only blocks never run in the bundle
+        tree = ast.parse(source, filename=str(path))
     except SyntaxError as e:
         raise BundleError(f"{relpath}:{e.lineno}: cannot parse: {e.msg}") from e
+    except ValueError as e:
+        raise BundleError(str(e)) from e
     name = relpath[:-3].replace("/", ".")
     return SourceModule(relpath, name, source, tree)
 

@@ -109,6 +109,28 @@ def test_a_left_out_name_used_at_import_time_or_a_bad_declaration_is_refused(tmp
         bundle.build_human_parts(root, settings())
 
 
+def test_package_only_blocks_fold_to_their_else_and_what_nothing_calls_is_dropped(tmp_path):
+    from kit.bundle_fold import fold_package_only
+
+    src = ("def f(x):\n    if BUNDLE_KIND == \"package\":\n        from kit.extra import helper\n        return helper(x)\n"
+           "    else:\n        y = [x,\n             2]\n        return y\n\n\nif BUNDLE_KIND == \"package\":\n    import os\n")
+    assert fold_package_only(src) == "def f(x):\n    y = [x,\n         2]\n    return y\n\n\n"
+    assert fold_package_only("for a in b:\n    if BUNDLE_KIND == 'package':\n        c()\n") == "for a in b:\n    pass\n"
+    with pytest.raises(ValueError, match="x.py:3: `elif` after"):
+        fold_package_only("if BUNDLE_KIND == 'package':\n    a = 1\nelif a:\n    a = 2\n", "x.py")
+    tree = {**TREE, "quant/base.py": TREE["quant/base.py"] + (
+        "\n\ndef kit_only():\n    from quant.deep import deep_value\n    return deep_value() + only_here()\n\n\n"
+        "def only_here():\n    return 2\n\n\ndef base_twice():\n    if BUNDLE_KIND == 'package':\n"
+        "        return kit_only()\n    return 2 * base_value()\n"),
+        "train_gpt.py": TREE["train_gpt.py"] + "\n\nprint(base_twice())\n"}
+    root = write(tmp_path / "src", tree)
+    parts, info = bundle.build_human_parts(root, settings())
+    human = "".join(text for _, text in parts)
+    assert info["unused"] == ["deep_value", "kit_only", "only_here"]  # quant/deep.py: reached, then empty
+    assert "def base_twice():\n    return 2 * base_value()" in human and "def kit_only" not in human
+    assert "called by nothing in this file: deep_value, kit_only, only_here" in human
+
+
 def test_packed_header_names_the_settings_and_the_file_still_unpacks(tmp_path):
     root = write(tmp_path / "src", TREE)
     for enc in bundle.BUNDLE_ENCODINGS:
@@ -157,3 +179,45 @@ def test_a_packed_file_refuses_a_setting_it_left_out_in_one_line_before_anything
     assert not runs.exists()  # nothing written: refused before the run folder, the data or the model
     tree = ast.parse((packed_default / "train_gpt.py").read_text())  # plain ASCII text with its header
     assert tree.body and (packed_default / "train_gpt.py").read_text().startswith("#packed for PRESET=1xh100-sp8192 ")
+
+
+def _frontier_switches() -> dict:
+    """The 1xh100-frontier preset's switches as variables (its schedule values stay the smoke preset's)."""
+    from primitives.presets import PRESETS
+
+    switches = {k.upper(): str(int(v) if isinstance(v, bool) else v) for k, v in PRESETS["1xh100-frontier"].items()
+                if k != "muon_momentum"}
+    # chunks within TRAIN_SEQ_LEN 64; one epoch over the first 1,024 val tokens keeps the CPU run short
+    return {**switches, "TTT_LORA_CHUNK_TOKENS": "32", "TTT_LORA_BATCH_DOCS": "4", "TTT_EPOCHS": "1",
+            "VAL_MAX_TOKENS": "1024", "VAL_BATCH_SIZE": "1024"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack_env, run_extra", [({}, {}), ({"PRESET": "1xh100-frontier"}, "frontier")],
+                         ids=["default", "frontier"])
+def test_a_file_packed_for_a_preset_scores_as_the_package_from_a_copied_record_folder(
+        tiny_dataset, sp1024_model, tmp_path, pack_env, run_extra):
+    """The file packed for the default (or the frontier) preset, copied with its folder as a record's is and run
+    there without the package on the smoke preset's CPU settings: the same losses, artifact bytes and score as
+    the package on the same settings (bit for bit on one platform)."""
+    import shutil
+
+    from tests.test_train import read_result, run_trainer, trainer_env
+
+    extra = _frontier_switches() if run_extra == "frontier" else {}
+    built = tmp_path / "built"
+    bundle.write_bundle(built, REPO, "ascii", settings(**pack_env))
+    folder = shutil.copytree(built, tmp_path / "copy" / "record")
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path / "packed", RUN_ID="r", ITERATIONS=3, **extra)
+    env.pop("PYTHONPATH")
+    proc = subprocess.run([sys.executable, "train_gpt.py"], cwd=folder, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_trainer(trainer_env(tiny_dataset, sp1024_model, tmp_path / "pkg", RUN_ID="r", ITERATIONS=3, **extra),
+                timeout=600)
+    packed, package = read_result(tmp_path / "packed", "r"), read_result(tmp_path / "pkg", "r")
+    assert packed["bytes_code"] == (folder / "train_gpt.py").stat().st_size
+    score = "ttt" if run_extra == "frontier" else "sliding"
+    assert f"val_bpb_{score}" in package and len(packed["train_losses"]) == 3
+    for key in ("train_losses", "bytes_model", f"val_loss_{score}", f"val_bpb_{score}", "val_bpb_roundtrip"):
+        assert packed[key] == package[key], key

@@ -114,13 +114,11 @@ def check_packed_for(hp: Hyperparameters) -> None:
 
 def measure_code_bytes(hp: Hyperparameters) -> int:
     """Bytes of the train_gpt.py that would be shipped for these settings: measured, never estimated."""
-    if BUNDLE_KIND == "packed":
-        return os.path.getsize(__file__)
-    if BUNDLE_KIND == "human":
-        return os.path.getsize(Path(__file__).with_name("train_gpt.py"))
-    from kit.bundle import packed_size  # package only: the bundler measures what it would ship
+    if BUNDLE_KIND == "package":  # the bundler measures what it would ship (folded away in the bundle)
+        from kit.bundle import packed_size
 
-    return packed_size(settings=pack_settings_of(hp))  # == len(build_packed_bytes(settings=...)), cached per source
+        return packed_size(settings=pack_settings_of(hp))  # == len(build_packed_bytes(settings=...)), cached
+    return os.path.getsize(__file__ if BUNDLE_KIND == "packed" else Path(__file__).with_name("train_gpt.py"))
 
 
 def pack_settings_of(hp: Hyperparameters):
@@ -144,14 +142,12 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     import sentencepiece
     import zstandard
 
-    if BUNDLE_KIND == "packed":
-        code = BUNDLE_SOURCE  # noqa: F821 (bound by the packed file's exec wrapper)
-    elif BUNDLE_KIND == "human":
-        code = Path(__file__).read_text("utf-8")
-    else:
-        from kit.bundle import build_human_source  # package only
+    if BUNDLE_KIND == "package":  # folded away in the bundle (kit/bundle_fold.py)
+        from kit.bundle import build_human_source
 
         code = build_human_source(settings=pack_settings_of(hp))
+    else:
+        code = BUNDLE_SOURCE if BUNDLE_KIND == "packed" else Path(__file__).read_text("utf-8")  # noqa: F821 (the wrapper's)
     ctx.log(code, False)
     ctx.log("=" * 100, False)
     ctx.log(f"python:{platform.python_version()} "
