@@ -200,3 +200,18 @@ def test_shards_and_sidecar_are_byte_identical_to_the_reference_script(tmp_path)
     assert {"fineweb_val_000000.bin", "fineweb_val_bytes_000000.bin", "fineweb_train_000001.bin"} <= set(ref_files)
     for name in ref_files:
         assert (ref / name).read_bytes() == (ours / name).read_bytes(), name
+
+
+@needs_shared
+def test_other_text_sources_gzipped_txt(tmp_path):
+    import gzip
+
+    src = tmp_path / "docs.txt.gz"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write("First Doc Here\nsecond LINE\n\nNASA doc two\n\n\nThird one\n")
+    out = tmp_path / "ds"
+    assert prepare_main(["caseops", "--docs", str(src), "--tokenizer", str(CASEOPS_MODEL), "--out", str(out),
+                         "--val-docs", "1", "--canonical-val-docs", "0"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["splits"]["val"]["num_docs"] == 1 and manifest["splits"]["train"]["num_docs"] == 2
+    assert manifest["val_bytes"]["num_bytes"] == len("First Doc Here\nsecond LINE".encode())
