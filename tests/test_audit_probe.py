@@ -72,6 +72,28 @@ def probe(folder):
 # -----------------------------------------------------------------------------------------------
 
 
+def test_record_standins_put_cuda_work_on_the_cpu_in_every_thread():
+    import threading
+
+    import torch
+
+    from tools.parity.standins_cuda import record_standins
+
+    got = {}
+    with record_standins():
+        import triton  # noqa: F401 - the fake, handed to a script (and never to torch itself)
+
+        x = torch.zeros(4, device="cuda", pin_memory=True).cuda()
+        with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+            y = torch.ones(2, 3, device="cuda") @ torch.ones(3, 2).to("cuda", non_blocking=True)
+        worker = threading.Thread(target=lambda: got.update(t=torch.empty(2, device="cuda").device.type))
+        worker.start()
+        worker.join()
+        assert torch.cuda.is_available() and torch.compile(len) is len
+    assert x.device.type == "cpu" and y.dtype == torch.bfloat16 and got["t"] == "cpu"
+    assert not torch.cuda.is_available() or torch.cuda.device_count() > 0
+
+
 def test_stream_index_locates_rows_and_drops_padding():
     rng = np.random.default_rng(0)
     val = rng.integers(4, 1000, size=500)

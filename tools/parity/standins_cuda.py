@@ -7,16 +7,16 @@ a whole `python train_gpt.py` run needs (the auditor's run probe, tools/auditor/
 Inside record_standins(), besides cpu_standins() (FlashAttention and Triton as reference math,
 torch.compile off):
 - every tensor and module placed on "cuda" lands on the CPU (a TorchFunctionMode rewrites device
-  arguments; .cuda() and .pin_memory() return the tensor);
+  arguments and drops pin_memory=True; .cuda() and .pin_memory() return the tensor;);
 - torch.cuda's is_available (True), set_device, synchronize, memory counters, manual_seed and Event
   are CPU stand-ins (Event times with time.perf_counter);
-- autocast on "cuda" is a no-op: the CPU computes in float32;
+- autocast on "cuda" is the CPU's autocast in the same dtype (bfloat16 by default);
 - torch's SDPA backend switches (enable_flash_sdp, ...) are no-ops (they would leave the CPU no kernel);
 - the fake Triton is handed to every importer but torch itself (an import hook; torch's own
   `import triton` still fails, so torch.compile/dynamo never take the fake for a real Triton);
 - `nvidia-smi` on PATH prints one line.
-Everything is restored on exit. The device mode is thread-local: tensors a script's worker threads
-put on "cuda" are not redirected (such a script fails, and the probe says so).
+Everything is restored on exit. The device mode is per thread: threads started inside the block
+enter it too (threading.Thread.run is wrapped).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +53,8 @@ class CudaOnCpu(TorchFunctionMode):
             return args[0]
         if "device" in kwargs:
             kwargs["device"] = _cpu(kwargs["device"])
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
         if func is torch.Tensor.to:
             args = tuple(_cpu(a) for a in args)
         return func(*args, **kwargs)
@@ -75,16 +78,26 @@ _REAL_AUTOCAST = torch.autocast
 
 
 class _CpuAutocast(contextlib.ContextDecorator):
-    """torch.autocast: device_type "cuda" does nothing; any other device is the real autocast."""
+    """torch.autocast: device_type "cuda" is the CPU's autocast with the same dtype (bfloat16 when none
+    is given), so a script that mixes bf16 weights with fp32 activations under autocast still runs."""
 
-    def __init__(self, device_type="cuda", *args, **kwargs):
-        self.inner = None if str(device_type).startswith("cuda") else _REAL_AUTOCAST(device_type, *args, **kwargs)
+    def __init__(self, device_type="cuda", dtype=None, enabled=True, cache_enabled=None):
+        if str(device_type).startswith("cuda"):
+            device_type, dtype = "cpu", dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        self.inner = _REAL_AUTOCAST(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
     def __enter__(self):
-        return self.inner.__enter__() if self.inner is not None else self
+        return self.inner.__enter__()
 
     def __exit__(self, *exc):
-        return self.inner.__exit__(*exc) if self.inner is not None else False
+        return self.inner.__exit__(*exc)
+
+
+def _run_in_mode(real_run):
+    def run(self):  # a thread started inside record_standins() redirects CUDA too (modes are per thread)
+        with CudaOnCpu():
+            return real_run(self)
+    return run
 
 
 _CUDA = {
@@ -140,7 +153,8 @@ def record_standins():
         patches = [(torch.cuda, name, value) for name, value in _CUDA.items()]
         patches += [(torch.backends.cuda, name, lambda *a: None) for name in _SDP_SWITCHES]
         patches += [(torch, "autocast", _CpuAutocast), (torch.amp, "autocast", _CpuAutocast),
-                    (builtins, "__import__", _import_hook(fakes, builtins.__import__))]
+                    (builtins, "__import__", _import_hook(fakes, builtins.__import__)),
+                    (threading.Thread, "run", _run_in_mode(threading.Thread.run))]
         try:
             with _patched(patches), CudaOnCpu():
                 yield fakes

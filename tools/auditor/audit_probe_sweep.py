@@ -1,0 +1,71 @@
+"""The run probe over every record folder of a repository snapshot (a bare git dir, e.g. a mirror of
+openai/parameter-golf), one JSON line per folder:
+
+    python -m tools.auditor.audit_probe_sweep GIT_DIR [--ref HEAD] [--out rows.jsonl] [--timeout 150]
+
+Each folder (records/<track>/<name>/ at REF) is extracted with `git archive` into a temporary
+directory and probed (tools/auditor/audit_probe.py); a row holds the folder, the status of each
+run_* check, and the reason of a `not checkable`. Rows already in --out are skipped (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tools.auditor.audit_probe import probe_folder
+
+
+def record_folders(git_dir: Path, ref: str) -> list:
+    out = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-d", "--name-only", f"{ref}:records"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    folders = []
+    for track in out:
+        names = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-d", "--name-only",
+                                f"{ref}:records/{track}"], capture_output=True, text=True, check=True).stdout.split()
+        folders += [f"records/{track}/{n}" for n in names]
+    return folders
+
+
+def extract(git_dir: Path, ref: str, folder: str, into: Path) -> Path:
+    blob = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", ref, folder],
+                          capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+    return into / folder
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.auditor.audit_probe_sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("git_dir")
+    parser.add_argument("--ref", default="HEAD")
+    parser.add_argument("--out", default="probe_sweep.jsonl")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per toy run")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    done = {json.loads(line)["folder"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() else set()
+    for folder in record_folders(Path(args.git_dir), args.ref):
+        if folder in done:
+            continue
+        with tempfile.TemporaryDirectory(prefix="probe_sweep_") as tmp:
+            path = extract(Path(args.git_dir), args.ref, folder, Path(tmp))
+            checks = probe_folder(path, timeout_s=args.timeout)
+        row = {"folder": folder, "checks": {c.name: c.status for c in checks},
+               "evidence": {c.name: c.evidence for c in checks if c.status in ("fail", "warn", "n/a")}}
+        with open(out, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(folder, " ".join(f"{k}={v}" for k, v in row["checks"].items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
