@@ -16,10 +16,10 @@ from trainer.context import RunContext
 from trainer.interrupt import SignalGuard
 from shards.loader import DistributedTokenLoader
 from model.gpt import GPT
-from trainer.optim import build_optimizers
+from trainer.optim import build_optimizers, step_optimizers
 from trainer.schedule import (
-    EMA, describe_schedule, ema_decay_at, lr_multiplier_floored, muon_momentum_at, qat_active, run_progress,
-    run_steps_estimate, schedule_warning, warmdown_frac_at, warmup_graph_states, wd_taper_multiplier)
+    EMA, describe_schedule, ema_decay_at, qat_active, run_progress, run_steps_estimate, schedule_warning,
+    set_step_schedule, warmup_graph_states)
 from primitives.settings import Hyperparameters
 
 
@@ -161,14 +161,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     nonfinite = NonFiniteWatch(ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:
-        for opt in optimizers.all:
-            for group in opt.param_groups:
-                group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp),
-                                                                        hp.min_lr)
-        for group in optimizers.muon.param_groups:
-            group["momentum"] = muon_momentum_at(step, hp, progress)
-            group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac,
-                                                                     hp.wd_taper_final_mult)
+        set_step_schedule(optimizers, step, progress, hp)
         total = torch.zeros((), device=ctx.device)
         for micro in range(accum):
             x, y = loader.next_batch(local_tokens, hp.train_seq_len)
@@ -177,13 +170,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                 loss = fwd(x, y)
             (loss / accum).backward()
             total += loss.detach() / accum
-        if hp.grad_clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip_norm)
-        for opt in optimizers.all:
-            opt.step()
-        model.zero_grad(set_to_none=True)
-        if ema:
-            ema.update(ema_decay_at(step, progress, hp))
+        step_optimizers(model, optimizers, hp, ema, ema_decay_at(step, progress, hp) if ema else 0.0)
         nonfinite.record(total, step)
         return total
 

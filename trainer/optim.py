@@ -165,3 +165,16 @@ def build_optimizers(model: GPT, hp: Hyperparameters, *, is_cuda: bool, rank: in
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]
     return optimizers
+
+
+def step_optimizers(model: torch.nn.Module, optimizers: Optimizers, hp: Hyperparameters, ema=None,
+                    ema_decay: float = 0.0) -> None:
+    """The step once the gradients are made: clip their total norm at GRAD_CLIP_NORM (0: off), step every optimizer,
+    drop the gradients, then ema.update(ema_decay) (trainer.schedule.EMA) when an EMA is given."""
+    if hp.grad_clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), hp.grad_clip_norm)
+    for opt in optimizers.all:
+        opt.step()
+    model.zero_grad(set_to_none=True)
+    if ema:
+        ema.update(ema_decay)

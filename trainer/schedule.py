@@ -176,3 +176,15 @@ def wd_taper_multiplier(progress: float, start_frac: float, final_mult: float) -
     if final_mult == 1.0 or progress <= start_frac or start_frac >= 1.0:
         return 1.0
     return 1.0 + (final_mult - 1.0) * min(1.0, (progress - start_frac) / (1.0 - start_frac))
+
+
+def set_step_schedule(optimizers, step: int, progress: float, hp: Hyperparameters) -> None:
+    """What the trainer sets before the step at `step`, `progress` of the run done: every param group's lr (its
+    base_lr times the warmdown multiplier floored at MIN_LR), Muon's momentum (its warmup) and weight decay
+    (MUON_WD times the taper). optimizers: trainer.optim.Optimizers (.all, .muon)."""
+    for opt in optimizers.all:
+        for group in opt.param_groups:
+            group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp), hp.min_lr)
+    for group in optimizers.muon.param_groups:
+        group["momentum"] = muon_momentum_at(step, hp, progress)
+        group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac, hp.wd_taper_final_mult)

@@ -4,7 +4,7 @@ The record's side is its own `Optimizers` (Muon with its bank layout, Polar Expr
 normalization; the token and scalar AdamW) driven as its train loop drives them: momentum warmup, LR
 multiplier, gradient clipping, the step, then its EMA (decay from step 0, no warmup) and the loop switch
 at ENABLE_LOOPING_AT. The kit's side is trainer/optim.py's optimizers driven by trainer/schedule.py's
-functions in trainer/loop.py's order. Without a wallclock cap the run's fraction is step / ITERATIONS on
+set_step_schedule in trainer/loop.py's order. Without a wallclock cap the run's fraction is step / ITERATIONS on
 both sides.
 """
 
@@ -14,9 +14,8 @@ from primitives.settings import Hyperparameters
 from tools.parity.parity_map import kit_to_record, record_to_kit
 from tools.parity.parity_models import record_rows
 from tools.parity.standins import cpu_standins
-from trainer.optim import build_optimizers
-from trainer.schedule import (EMA, ema_decay_at, lr_multiplier_floored, muon_momentum_at, run_progress,
-                              warmdown_frac_at, wd_taper_multiplier)
+from trainer.optim import build_optimizers, step_optimizers
+from trainer.schedule import EMA, ema_decay_at, run_progress, set_step_schedule
 
 
 def kit_step(kit, optimizers, ema, hp: Hyperparameters, step: int, backward) -> None:
@@ -25,22 +24,9 @@ def kit_step(kit, optimizers, ema, hp: Hyperparameters, step: int, backward) -> 
     progress = run_progress(0.0, 0.0, step, hp.iterations)
     if hp.num_loops and not kit.looping_active and progress >= hp.enable_looping_at:
         kit.looping_active = True
-    for opt in optimizers.all:
-        for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp),
-                                                                    hp.min_lr)
-    for group in optimizers.muon.param_groups:
-        group["momentum"] = muon_momentum_at(step, hp, progress)
-        group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac,
-                                                                 hp.wd_taper_final_mult)
+    set_step_schedule(optimizers, step, progress, hp)
     backward()
-    if hp.grad_clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(kit.parameters(), hp.grad_clip_norm)
-    for opt in optimizers.all:
-        opt.step()
-    kit.zero_grad(set_to_none=True)
-    if ema:
-        ema.update(ema_decay_at(step, progress, hp))
+    step_optimizers(kit, optimizers, hp, ema, ema_decay_at(step, progress, hp) if ema else 0.0)
 
 
 def record_step(record, optimizers, ema_state: dict, h, step: int, backward) -> None:
