@@ -38,7 +38,7 @@ from tools.auditor.audit_code import unpack_script
 
 PROBE_CHECKS = ("run_causal", "run_normalized", "run_score_first", "run_single_pass", "run_bytes", "run_after_clock")
 SHARED = Path(__file__).resolve().parents[3] / "shared"
-RUN_TIMEOUT_S = 150
+RUN_TIMEOUT_S = 300  # a shared, loaded machine runs a toy run several times slower than its ~30 s
 PERTURB_FRACTION = 0.6  # t: the first redrawn val index, as a fraction of the val stream
 # the toy size, set only for the variables the script reads (its other settings stay its own)
 TOY_ENV = {
@@ -60,11 +60,11 @@ def probe_env(source: str, data_dir: Path, tokenizer: Path, vocab_size: int) -> 
     """The environment of a probe run: TOY_ENV and the data/tokenizer paths, each only where the
     script reads that variable; one CPU thread per run."""
     names = set(_ENV_NAME.findall(source))
-    wanted = {**TOY_ENV, "DATA_PATH": str(data_dir), "DATA_DIR": str(data_dir), "TOKENIZER_PATH": str(tokenizer),
+    wanted = {**TOY_ENV, "DATA_PATH": str(data_dir), "DATA_DIR": "data", "TOKENIZER_PATH": str(tokenizer),
               "VOCAB_SIZE": str(vocab_size)}
     env = {k: v for k, v in os.environ.items() if k not in wanted and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update({k: v for k, v in wanted.items() if k in names})
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONHASHSEED="0",
+    env.update(PROBE_SHARDS=str(data_dir), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONHASHSEED="0",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]))
     return env
 
@@ -126,11 +126,16 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
         return {"error": str(e)}
     train = D.make_stream(sp, D.TRAIN_TOKENS // (D.VAL_DOC_TOKENS + 1), D.VAL_DOC_TOKENS, rng)
     t = int(len(val) * PERTURB_FRACTION) | 1
-    # the same relative data path in both runs (a loader may seed its sampling from the shard paths)
-    D.write_split(work / "run_a" / "data", val, train, sp.bos_id())
-    D.write_split(work / "run_b" / "data", D.perturbed(sp, val, t), train, sp.bos_id())
-    env = probe_env(unpacked.source, Path("data"), tokenizer, vocab)
-    started = [_start(script, folder, work / name / "data", work / name, env) for name in ("run_a", "run_b")]
+    # the official layout (data/datasets/fineweb10B_spV/, data/tokenizers/), at the same relative paths in
+    # both runs (a loader may seed its sampling from the shard paths)
+    shards = Path("data") / "datasets" / f"fineweb10B_sp{vocab}"
+    tok = Path("data") / "tokenizers" / tokenizer.name
+    for name, split in (("run_a", val), ("run_b", D.perturbed(sp, val, t))):
+        D.write_split(work / name / shards, split, train, sp.bos_id())
+        (work / name / tok).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(tokenizer, work / name / tok)
+    env = probe_env(unpacked.source, shards, tok, vocab)
+    started = [_start(script, folder, work / name / shards, work / name, env) for name in ("run_a", "run_b")]
     runs = [_finish(p, o, work / name, timeout_s) for (p, o), name in zip(started, ("run_a", "run_b"))]
     return {"a": runs[0], "b": runs[1], "t": t, "val": val, "sp": sp, "vocab": vocab, "tokenizer": tok_source,
             "work": work, "script": script, "env": env, "folder": folder, "timeout_s": timeout_s}
@@ -141,7 +146,7 @@ def run_sweep(pair: dict, position: int, lines_before: int) -> dict:
     score follows `lines_before` printed val_loss/val_bpb lines."""
     work = pair["work"] / f"sweep_{position}"
     shutil.copytree(pair["work"] / "run_a" / "data", work / "data")
-    proc, out = _start(pair["script"], pair["folder"], work / "data", work, pair["env"],
+    proc, out = _start(pair["script"], pair["folder"], work / pair["env"]["PROBE_SHARDS"], work, pair["env"],
                        {"position": position, "lines": lines_before, "vocab": pair["vocab"]})
     return _finish(proc, out, work, 2 * pair["timeout_s"])  # the run, then one short fork per entry
 

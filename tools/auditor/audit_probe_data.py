@@ -28,10 +28,11 @@ def challenge_tokenizer(vocab_size: int, shared: Path) -> Path | None:
 
 
 def pick_tokenizer(script: str, folder: Path, shared: Path) -> tuple:
-    """(tokenizer path, vocab size, source words) for the script: a *.model in the folder whose
-    name the script's TOKENIZER_PATH default names; else the challenge's sp1024 when the script reads
-    both VOCAB_SIZE and TOKENIZER_PATH; else the challenge model of its VOCAB_SIZE default (8192 when
-    it reads none). ValueError when none of them is here."""
+    """(tokenizer path, vocab size, source words) for the script: a *.model in the folder whose name
+    the script's TOKENIZER_PATH default names; else the challenge's sp1024 when the script reads
+    VOCAB_SIZE and TOKENIZER_PATH or DATA_DIR (the official layout names the tokenizer by the
+    vocabulary); else the challenge model of its VOCAB_SIZE default (8192 when it reads none).
+    ValueError when none of them is here."""
     default = re.search(r"""["']TOKENIZER_PATH["']\s*,\s*(?:\n\s*)?f?["']([^"']+)""", script)
     vocab = re.search(r"""["']VOCAB_SIZE["']\s*,\s*["']?(\d+)""", script)
     vocab_size = int(vocab.group(1)) if vocab else 8192
@@ -44,7 +45,7 @@ def pick_tokenizer(script: str, folder: Path, shared: Path) -> tuple:
         if m and challenge_tokenizer(int(m.group(1)), shared):
             vocab_size = int(m.group(1))
     reads = set(re.findall(r"""["']([A-Z_]+)["']""", script))
-    if {"VOCAB_SIZE", "TOKENIZER_PATH"} <= reads and challenge_tokenizer(CHALLENGE_VOCABS[0], shared):
+    if "VOCAB_SIZE" in reads and reads & {"TOKENIZER_PATH", "DATA_DIR"} and challenge_tokenizer(CHALLENGE_VOCABS[0], shared):
         vocab_size = CHALLENGE_VOCABS[0]  # its own settings allow the smallest challenge vocabulary: a cheaper sweep
     path = challenge_tokenizer(vocab_size, shared)
     if path is None:

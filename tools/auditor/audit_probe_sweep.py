@@ -2,6 +2,7 @@
 openai/parameter-golf), one JSON line per folder:
 
     python -m tools.auditor.audit_probe_sweep GIT_DIR [--ref HEAD] [--out rows.jsonl] [--timeout 150]
+    python -m tools.auditor.audit_probe_sweep GIT_DIR --prs 1376,1485 [--ref HEAD]   # the folders PR heads add
 
 Each folder (records/<track>/<name>/ at REF) is extracted with `git archive` into a temporary
 directory and probed (tools/auditor/audit_probe.py); a row holds the folder, the status of each
@@ -36,6 +37,13 @@ def record_folders(git_dir: Path, ref: str) -> list:
     return folders
 
 
+def pr_folders(git_dir: Path, base: str, pr: int) -> list:
+    """The record folders a pull request's head adds or changes against `base` (refs/pull/N/head)."""
+    names = subprocess.run(["git", "--git-dir", str(git_dir), "diff", "--name-only", f"{base}...refs/pull/{pr}/head",
+                            "--", "records/"], capture_output=True, text=True, check=True).stdout.split()
+    return sorted({"/".join(n.split("/")[:3]) for n in names if n.count("/") >= 3})
+
+
 def extract(git_dir: Path, ref: str, folder: str, into: Path) -> Path:
     blob = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", ref, folder],
                           capture_output=True, check=True).stdout
@@ -50,16 +58,21 @@ def main(argv=None) -> int:
     parser.add_argument("--ref", default="HEAD")
     parser.add_argument("--out", default="probe_sweep.jsonl")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per toy run")
+    parser.add_argument("--prs", help="comma-separated pull request numbers: probe the record folders each head adds")
     args = parser.parse_args(argv)
-    out = Path(args.out)
+    out, git_dir = Path(args.out), Path(args.git_dir)
     done = {json.loads(line)["folder"] for line in out.read_text().splitlines() if line.strip()} if out.is_file() else set()
-    for folder in record_folders(Path(args.git_dir), args.ref):
+    if args.prs:
+        todo = [(f"refs/pull/{n}/head", f, int(n)) for n in args.prs.split(",") for f in pr_folders(git_dir, args.ref, int(n))]
+    else:
+        todo = [(args.ref, f, None) for f in record_folders(git_dir, args.ref)]
+    for ref, folder, pr in todo:
         if folder in done:
             continue
         with tempfile.TemporaryDirectory(prefix="probe_sweep_") as tmp:
-            path = extract(Path(args.git_dir), args.ref, folder, Path(tmp))
+            path = extract(git_dir, ref, folder, Path(tmp))
             checks = probe_folder(path, timeout_s=args.timeout)
-        row = {"folder": folder, "checks": {c.name: c.status for c in checks},
+        row = {"folder": folder, "pr": pr, "checks": {c.name: c.status for c in checks},
                "evidence": {c.name: c.evidence for c in checks if c.status in ("fail", "warn", "n/a")}}
         with open(out, "a") as fh:
             fh.write(json.dumps(row) + "\n")
