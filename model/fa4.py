@@ -12,6 +12,9 @@ import math
 
 import torch
 
+# the packed train_gpt.py holds FA4 only for runs that may pick it (kit/bundle_when.py)
+PACKED_WHEN = "ATTN_BACKEND in ('auto', 'fa4')"
+
 _FA4 = []  # flash_attn.cute.interface, once imported
 
 
