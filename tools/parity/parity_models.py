@@ -18,6 +18,7 @@ from tools.parity.standins import cpu_standins
 
 REFERENCE_DIR = Path(__file__).resolve().parents[3] / "shared" / "reference"
 PR1855_SCRIPT = REFERENCE_DIR / "pr1855" / "train_gpt.py"
+PR1617_SCRIPT = REFERENCE_DIR / "pr1617" / "train_gpt.py"
 # toy widths that keep PR #1855's structure (11 layers, loops 3-5, lanes from 8, gates): d 32, 4/2 heads of 8
 TOY_ENV = {"MODEL_DIM": "32", "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "4", "VOCAB_SIZE": "64",
            "TRAIN_SEQ_LEN": "64", "EVAL_STRIDE": "16"}
@@ -50,6 +51,20 @@ def record_model(module, kit: GPT, hp: Hyperparameters):
     model = module.GPT(h).float()
     model.parity_h = h  # the record's settings, for its Optimizers (parity_train.py)
     load_kit_into_record(model, kit, hp.num_layers)
+    return model
+
+
+def pr1617_model(module, kit: GPT, hp: Hyperparameters):
+    """PR #1617's GPT (float32) for the kit's settings hp with `kit`'s weights: its tensors have the kit's names
+    (its stack is the kit's origin), so the state dict loads as it is (strict). Its MLP_MULT is a whole number
+    (its hidden width mlp_mult * dim must be one)."""
+    model = module.GPT(vocab_size=hp.vocab_size, num_layers=hp.num_layers, model_dim=hp.model_dim,
+                       num_heads=hp.num_heads, num_kv_heads=hp.num_kv_heads, mlp_mult=int(hp.mlp_mult),
+                       rope_dims=hp.rope_dims, tie_embeddings=hp.tie_embeddings,
+                       tied_embed_init_std=hp.tied_embed_init_std, logit_softcap=hp.logit_softcap,
+                       rope_base=hp.rope_base, qk_gain_init=hp.qk_gain_init, xsa_last_n=hp.xsa_last_n,
+                       parallel_residual_start=hp.parallel_residual_start).float()
+    model.load_state_dict(kit.state_dict(), strict=True)
     return model
 
 

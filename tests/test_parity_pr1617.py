@@ -1,0 +1,27 @@
+"""PR #1617's own GPT (its train_gpt.py on the CPU stand-ins) against the kit's at PRESET=1xh100-sp4096, toy widths
+that keep its structure (8 layers, XSA on the last 2, partial RoPE, U-Net skips): the same weights under the same
+names, logits and loss. Skips without ../shared."""
+
+import pytest
+import torch
+
+from tools.parity.parity_models import PR1617_SCRIPT, kit_model, pr1617_model, toy_settings
+from tools.parity.standins import cpu_standins, import_script
+
+pytestmark = pytest.mark.skipif(not PR1617_SCRIPT.is_file(), reason="needs ../shared/reference/pr1617")
+
+
+def test_logits_and_loss_equal_the_records():
+    module = import_script(PR1617_SCRIPT)
+    hp = toy_settings("1xh100-sp4096")
+    assert (hp.num_layers, hp.xsa_last_n, hp.mlp_mult, hp.qk_gain_init) == (8, 2, 3.0, 3.0)
+    kit = kit_model(hp, noise=0.1)  # logits of magnitude ~10, as at PR #1855's parity
+    record = pr1617_model(module, kit, hp)
+    x, y = torch.randint(0, hp.vocab_size, (2, 2, hp.train_seq_len), generator=torch.Generator().manual_seed(0))
+    with cpu_standins(), torch.no_grad():
+        kit.eval(), record.eval()
+        ref = record.forward_logits(x)
+        logits_diff = (ref - kit.forward_logits(x)).abs().max().item()
+        assert 1 < ref.abs().max() < 30
+        loss_diff = abs(record(x, y).item() - kit(x, y).item())
+    assert logits_diff <= 1e-5 and loss_diff <= 1e-6, (logits_diff, loss_diff)
