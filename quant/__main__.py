@@ -93,11 +93,12 @@ def _inspect(path: str, out=print) -> int:
 
 
 def shipped_code_bytes() -> int:
-    """Bytes of the train_gpt.py a record ships: the packed file tools/bundle.py builds from this
-    package (its default, ASCII encoding), measured, as every run logs it (code_bytes)."""
-    from kit.bundle import build_packed_bytes
+    """Bytes of the train_gpt.py a record with this environment's settings ships: the packed file
+    tools/bundle.py builds from this package for them (its default, ASCII encoding), measured, as every
+    run logs it (code_bytes)."""
+    from kit.bundle import build_packed_bytes, pack_settings
 
-    return len(build_packed_bytes())
+    return len(build_packed_bytes(settings=pack_settings()))
 
 
 def _model_from_env():
