@@ -1,0 +1,52 @@
+"""PR #1855's quantizer functions (its train_gpt.py on CPU stand-ins) against the kit's on the same weights and
+Hessians (tools/parity/parity_quant.py; docs/parity.md). Skips without ../shared."""
+
+import pytest
+
+from tools.parity.parity_models import PR1855_SCRIPT, kit_model, packed_batch, record_model, toy_settings
+from tools.parity.parity_quant import compare_gate_rows, compare_gptq, compare_hessians, compare_lqer
+from tools.parity.standins import import_script
+
+pytestmark = pytest.mark.skipif(not PR1855_SCRIPT.is_file(), reason="needs ../shared/reference/pr1855")
+
+
+@pytest.fixture(scope="module")
+def module():
+    return import_script(PR1855_SCRIPT)
+
+
+def test_gptq_int6_and_int7_on_a_given_hessian_equal_the_records(module):
+    for case in compare_gptq(module):
+        assert case["scale"] == 0 and case["codes"] == 0 and case["max_abs"] <= 1e-6, case
+
+
+def test_gptq_differs_where_an_input_never_fires(module):
+    # the record zeroes the weight columns of dead inputs (diag(H) = 0); the kit rounds them to nearest
+    for case in compare_gptq(module, dead=3):
+        assert case["scale"] == 0 and case["codes"] > 0 and case["max_abs"] > 1e-2, case
+
+
+def test_gate_rows_int8_equal_the_records(module):
+    for shape, case in compare_gate_rows(module).items():
+        assert case["codes"] == 0 and case["max_abs"] == 0, (shape, case)
+
+
+def test_lqer_forms_differ_and_both_reduce_the_error(module):
+    d = compare_lqer(module)
+    assert d["max_abs"] > 1e-3, d  # asym int2 A / signed int4 B (record) against min/scale int4 on both (kit)
+    assert d["rel_err_record"] < 1 and d["rel_err_kit"] < 1, d
+
+
+@pytest.mark.parametrize("looping", [False, True])
+def test_hessians_equal_the_records_on_one_document_rows(module, looping):
+    hp = toy_settings()
+    kit = kit_model(hp)
+    record = record_model(module, kit, hp)
+    kit.looping_active = record.looping_active = looping
+    x, y = packed_batch(2, hp.train_seq_len, hp.vocab_size, ([0], [0]))
+    d = compare_hessians(module, kit, record, x, y)
+    assert d.pop("only_kit") == [] and d.pop("only_record") == [] and len(d) == 6 * hp.num_layers + 1, d
+    assert max(d.values()) <= 2e-6, d
+    # several documents per row: the record calibrates without its document mask (forward_logits, no cu_seqlens)
+    x, y = packed_batch(2, hp.train_seq_len, hp.vocab_size, ([0, 10, 30, 31, 50], [5, 40]))
+    assert max(v for k, v in compare_hessians(module, kit, record, x, y).items() if not k.startswith("only")) > 0.1
