@@ -4,7 +4,8 @@ Hessians (tools/parity/parity_quant.py; docs/parity.md). Skips without ../shared
 import pytest
 
 from tools.parity.parity_models import PR1855_SCRIPT, kit_model, packed_batch, record_model, toy_settings
-from tools.parity.parity_quant import compare_gate_rows, compare_gptq, compare_hessians, compare_lqer
+from tools.parity.parity_quant import (compare_gate_rows, compare_gptq, compare_hessians, compare_lqer,
+                                      compare_state_dict, record_quant_hparams)
 from tools.parity.standins import import_script
 
 pytestmark = pytest.mark.skipif(not PR1855_SCRIPT.is_file(), reason="needs ../shared/reference/pr1855")
@@ -50,3 +51,20 @@ def test_hessians_equal_the_records_on_one_document_rows(module, looping):
     # several documents per row: the record calibrates without its document mask (forward_logits, no cu_seqlens)
     x, y = packed_batch(2, hp.train_seq_len, hp.vocab_size, ([0, 10, 30, 31, 50], [5, 40]))
     assert max(v for k, v in compare_hessians(module, kit, record, x, y).items() if not k.startswith("only")) > 0.1
+
+
+def test_state_dict_gptq_equals_the_records_and_the_routing_differences_are_the_known_ones(module):
+    h = record_quant_hparams(PR1855_SCRIPT.parent / "train_seed42.log")
+    assert (h.matrix_bits, h.embed_bits, h.embed_clip_sigmas, h.lqer_rank, h.lqer_top_k, h.lqer_asym_group) == (
+        6, 7, 14.0, 4, 3, 64)
+    d = compare_state_dict(module, h, lqer=False)
+    assert {n: v[:2] for n, v in d.items()} == {
+        "tok_emb.weight": ("gptq (int7)", "int7"), "blocks.0.attn.c_q.weight": ("gptq (int6)", "int6"),
+        "blocks.0.attn.c_k.weight": ("passthrough (float16)", "int6"), "blocks.0.mlp.fc.weight": ("gptq (int6)", "int6"),
+        "blocks.0.attn.attn_gate_w": ("gate_int8_row", "float"), "blocks.0.attn_scale": ("passthrough (float16)", "float")}
+    for name in ("tok_emb.weight", "blocks.0.attn.c_q.weight", "blocks.0.mlp.fc.weight", "blocks.0.attn_scale"):
+        assert d[name][2] <= 1e-6, (name, d[name])
+    assert d["blocks.0.attn.c_k.weight"][2] > 1e-2 and 0 < d["blocks.0.attn.attn_gate_w"][2] < 1e-3, d
+    d = compare_state_dict(module, h, lqer=True)  # the LQER forms differ on the 3 tensors the record corrects
+    assert all(d[n][0].endswith("+lqer_asym") and d[n][2] > 1e-3
+               for n in ("tok_emb.weight", "blocks.0.attn.c_q.weight", "blocks.0.mlp.fc.weight")), d

@@ -8,14 +8,18 @@ The record's functions: gptq_quantize_weight (SDClip scales k * std(row) / qmax,
 quant/gptq.py, primitives/rowquant.py, quant/lqer.py, quant/gptq.collect_gptq_hessians.
 """
 
+import ast
 import types
 
 import torch
 
 from primitives.rowquant import dequantize_per_row, quantize_per_row
+from quant.artifact import quantize_state_dict
 from quant.gptq import collect_gptq_hessians, gptq_quantize
-from quant.lqer import lqer_correction, lqer_int4
+from quant.lqer import lqer_correction, lqer_factors, lqer_int4
+from quant.policy import QuantPolicy
 from quant.sdclip import sdclip_scale
+from tools.parity.parity_config import read_log_hyperparameters
 from tools.parity.standins import cpu_standins
 
 # (rows, cols, bits, k): int6 attention / MLP shapes (one over the 128-column block) and the int7 embedding, the
@@ -102,4 +106,46 @@ def compare_hessians(module, kit, record, x: torch.Tensor, y: torch.Tensor) -> d
     for name in sorted(set(rec) & set(mine)):
         a, b = rec[name] / rec[name].trace(), mine[name] / mine[name].trace()
         out[name] = ((a - b).abs().max() / a.abs().max()).item()
+    return out
+
+
+# the record's quantizer settings (its train_seed42.log) and the kit's policy with the same meaning
+RECORD_QUANT_KEYS = ("gated_attn_quant_gate", "lqer_enabled", "embed_clip_sigmas", "mlp_clip_sigmas", "attn_clip_sigmas",
+                     "matrix_clip_sigmas", "embed_bits", "matrix_bits", "lqer_top_k", "lqer_rank", "lqer_asym_enabled",
+                     "lqer_asym_group", "lqer_factor_bits")
+KIT_POLICY = dict(attn_bits=6, mlp_bits=6, embed_bits=7, sdclip=True, sdclip_k_embed=14.0, fit=False, lqer_rank=4,
+                  lqer_top_n=3)
+# record-named tensors of one toy block: quantized by the record only above 65,536 values (c_k is not)
+TOY_STATE_SHAPES = {"tok_emb.weight": (320, 256), "blocks.0.attn.c_q.weight": (272, 256),
+                    "blocks.0.attn.c_k.weight": (128, 256), "blocks.0.mlp.fc.weight": (288, 256),
+                    "blocks.0.attn.attn_gate_w": (8, 12), "blocks.0.attn_scale": (256,)}
+
+
+def record_quant_hparams(log_path) -> types.SimpleNamespace:
+    """The record's quantizer settings as its `h` (RECORD_QUANT_KEYS read from a train log's Hyperparameters block)."""
+    values = read_log_hyperparameters(log_path)
+    return types.SimpleNamespace(**{k: ast.literal_eval(values[k]) for k in RECORD_QUANT_KEYS})
+
+
+def compare_state_dict(module, h, lqer: bool, seed: int = 0) -> dict:
+    """The record's gptq_mixed_quantize + dequantize_mixed against the kit's quantize_state_dict (KIT_POLICY, with
+    quant/lqer.py when `lqer`) on TOY_STATE_SHAPES (N(0, 0.05^2)) with the same Hessians (toy_hessian).
+    Returns {name: (the record's kind, "int<bits>" or "float" for the kit, max |diff| of the dequantized tensors)}."""
+    gen = torch.Generator().manual_seed(seed)
+    sd = {n: torch.randn(*shape, generator=gen) * 0.05 for n, shape in TOY_STATE_SHAPES.items()}
+    hessians = {n: toy_hessian(t.shape[1], gen) for n, t in sd.items() if t.ndim == 2}
+    saved, module.log = module.log, lambda *_a, **_k: None  # its "Quantized weights:" lines
+    try:
+        result, meta = module.gptq_mixed_quantize(sd, hessians, types.SimpleNamespace(**{**vars(h), "lqer_enabled": lqer}))
+        rec = module.dequantize_mixed(result, meta, sd)
+    finally:
+        module.log = saved
+    entries, _ = quantize_state_dict(sd, QuantPolicy(**KIT_POLICY, lqer=lqer), hessians)
+    factors = lqer_factors(entries, sd, 4, 3) if lqer else {}
+    out = {}
+    for name, (shape, bits, q, s, _) in entries.items():
+        w = dequantize_per_row(q, s).view(shape) if bits else q.float()
+        if name in factors:
+            w = w + lqer_correction(factors[name][1], factors[name][0], *w.shape)
+        out[name] = meta[name], f"int{bits}" if bits else "float", _diff(rec[name], w)
     return out
