@@ -79,7 +79,9 @@ class Hyperparameters:
     mlp_activation: str = setting("relu2", choices=("relu2", "leaky_relu2"))  # leaky_relu2: LeakyReLU(0.5)^2
     tie_embeddings: bool = setting(True)
     rope_base: float = setting(10_000.0, 0, low_open=True)
-    rope_dims: int = setting(32, 0)  # partial RoPE: rotate only the first ROPE_DIMS dims of each head
+    # partial RoPE: rotate only the first ROPE_DIMS dims of each head (at least one pair: 0 divided by zero in the
+    # first step)
+    rope_dims: int = setting(32, 2)
     logit_softcap: float = setting(30.0, 0, low_open=True)  # 0 would make every logit 0
     qk_gain_init: float = setting(4.0, 0)
     xsa_last_n: int = setting(7, 0, units="layers")  # exclusive self attention on the last N layers

@@ -628,7 +628,7 @@ def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset,
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append(tmp_path / "runs" / f"seed{seed}")
     folder = make_record.make_record(runs, name="RealTiny", author="A", github_id="a", records_dir=tmp_path / "records",
-                                     date=DATE, log=print, approach=APPROACH)
+                                     date=DATE, log=print, approach=APPROACH, min_steps=4)  # ITERATIONS=4
     out = capsys.readouterr().out
     # the packed file ran from inside the folder (before it was renamed into place): trained, exported,
     # evaluated on a few val tokens (a smoke check), and reported its own size

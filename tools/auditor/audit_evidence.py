@@ -21,7 +21,10 @@ PER_RUN_KEYS = re.compile(r"(?i)^(seed|run_id|logfile|log_file|rank|local_rank|i
                           r"artifact_dir|model_path|quantized_model_path|checkpoint.*|.*_path|.*_dir|.*_files|"
                           r"data_dir|date|time|timestamp|host.*|git.*|.*_seed|.*_every|.*log_every.*|.*_batches_to_log|"
                           r"python|torch|numpy|sentencepiece|zstandard|brotli|safetensors|triton|flash.*|.*version.*|"
-                          r"device|cuda.*|driver.*|gpu.*|nvidia.*|world_size|local_world_size|grad_accum_steps|nproc.*|.*wallclock.*)$")
+                          r"device|cuda.*|driver.*|gpu.*|nvidia.*|world_size|local_world_size|grad_accum_steps|nproc.*|.*wallclock.*|"
+                          # chosen by each seed, not configured: the GPTQ reserve a slow calibration raised, and the
+                          # training cap it leaves (trainer/loop.py logs both; make_record compares the setting)
+                          r"gptq_reserve.*|cap)$")
 _RE_SETTING = re.compile(r"^ {1,4}([a-z][a-z0-9_]*):\s?(\S.*)?$")
 _RE_HEADER_PAIR = re.compile(r"(?:^|\s)([a-zA-Z][a-zA-Z0-9_]*):([-+\w.]+)(?=\s|$)")
 _RE_FIRST_STEP = re.compile(r"^(?:step:\s*)?0/\d+\s|^step:1/|^warmup_step")

@@ -60,8 +60,9 @@ if __package__ in (None, ""):  # run as `python tools/make_record.py`: make `too
 
 from kit.bundle import (BUNDLE_HUMAN_NAME, BUNDLE_PACKED_NAME, REPO_ROOT, build_human_parts, minify_source, pack_code,
                           packed_encoding, set_bundle_kind, settings_from_result, unpack_packed)
-from tools.record.record_checks import (RECORD_BYTE_BUDGET, RECORD_TRACKS, check_code_is_current, check_rules, check_run,
-                                 check_runs_agree, choose_track, resolve_run_path)
+from tools.record.record_checks import (RECORD_BYTE_BUDGET, RECORD_MIN_STEPS, RECORD_TRACKS, check_code_is_current,
+                                       check_rules, check_run, check_runs_agree, check_steps, choose_track,
+                                       resolve_run_path)
 from tools.record.record_readme import (SCORE_LABELS, build_readme, build_requirements, build_submission, hardware_of,
                                  mean_std, plot_loss_curves, reproduce_command)
 from tools.record.record_smoke import default_smoke_timeout_seconds, runs_measured_seconds, smoke_run
@@ -220,7 +221,7 @@ def read_approach(text=None, path=None) -> str:
 
 def make_record(run_paths, *, name, author, github_id, approach=None, track=None, blurb=None, force=False,
                 skip_smoke=False, smoke_timeout_seconds=None, records_dir=None, root=None, date=None,
-                log=print) -> Path:
+                min_steps=RECORD_MIN_STEPS, log=print) -> Path:
     """Build and check the record folder; returns its path. Raises RecordError when refused.
     `approach`: the author's text for the README (required); `smoke_timeout_seconds`: the smoke
     run's limit (None: default_smoke_timeout_seconds of the runs)."""
@@ -238,6 +239,7 @@ def make_record(run_paths, *, name, author, github_id, approach=None, track=None
     runs = [load_run(p) for p in run_paths]
     for run in runs:
         check_run(run)
+        check_steps(run, min_steps)
     check_runs_agree(runs)
     human, packed = pack_for_runs(runs, root, log)
     check_code_is_current(runs, human, packed, root)
@@ -353,6 +355,8 @@ def main(argv=None) -> int:
     parser.add_argument("--date", help="YYYY-MM-DD for the folder name (default: today, UTC)")
     parser.add_argument("--check", metavar="FOLDER", help="only check an existing record folder")
     parser.add_argument("--root", default=str(REPO_ROOT), help="source root to bundle (default: this repo)")
+    parser.add_argument("--min-steps", type=int, default=RECORD_MIN_STEPS, metavar="N",
+                        help=f"refuse a seed that trained fewer steps (default {RECORD_MIN_STEPS}; 0: any)")
     args = parser.parse_args(argv)
     try:
         if args.check:
@@ -372,7 +376,7 @@ def main(argv=None) -> int:
         make_record(args.runs, name=args.name, author=args.author, github_id=args.github_id, approach=approach,
                     track=args.track, blurb=args.blurb, force=args.force, skip_smoke=args.skip_smoke,
                     smoke_timeout_seconds=args.smoke_timeout_seconds, records_dir=args.records_dir,
-                    root=args.root, date=args.date)
+                    root=args.root, date=args.date, min_steps=args.min_steps)
     except RecordError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ RECORD_TRAIN_LIMIT_SECONDS = 600.0
 RECORD_EVAL_LIMIT_SECONDS = 600.0
 RECORD_TRACKS = ("track_10min_16mb", "track_non_record_16mb")
 RECORD_IGNORED_HYPERPARAMETERS = ("seed", "run_id", "out_dir")
+RECORD_MIN_STEPS = 20  # make_record's floor of training steps per seed (--min-steps overrides it)
 # result.json["compliance"] (train_gpt.check_compliance): one challenge rule per flag, and the
 # result.json field that is its evidence
 RECORD_RULES = {
@@ -53,6 +54,16 @@ def resolve_run_path(run: Run, key: str) -> Path:
     from where the run was launched."""
     value = Path(str(run.result["hyperparameters"][key]))
     return value if value.is_absolute() else (_run_cwd(run) / value).resolve()
+
+
+def check_steps(run: Run, min_steps: int) -> None:
+    """Refuse (RecordError naming the run) a seed that trained fewer than `min_steps` optimizer steps (a "60 s"
+    CPU seed once trained 1 step and became a record): below RECORD_MIN_STEPS the schedule's warmdown, late
+    QAT and momentum warmup are under a step each, so the seed shows nothing of the recipe."""
+    steps = int(run.result.get("steps") or 0)
+    if steps < min_steps:
+        raise RecordError(f"run {run.label}: trained {steps} step(s), fewer than --min-steps {min_steps}; expected a "
+                          "longer run (MAX_WALLCLOCK_SECONDS or ITERATIONS), or --min-steps 0 to make the record anyway")
 
 
 def check_run(run: Run) -> None:

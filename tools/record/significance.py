@@ -16,11 +16,12 @@ folders (submission.json seed_results), or a folder of run folders (a config of 
 runs/<sweep>/<config>/seed<S>/, every seed that finished).
 
 Refused (exit 2, one line): the same run twice (in one group or in both), a seed twice in one group,
+runs (in either group) scored with another tokenizer or dataset than the first (result.json inputs),
 seeds of one group whose result.json settings differ beyond the seed (as make_record refuses them),
 a val_bpb, baseline or tokens/byte that is not a finite positive number. t is
 (mean(runs) - (baseline - threshold)) / its standard error: t < 0 means the runs beat the baseline
 by more than the threshold. With no variance at all (t infinite) the verdict is UNVERIFIED, never
-SIGNIFICANT.
+SIGNIFICANT; runs scored on part of the val split (VAL_MAX_TOKENS) are UNVERIFIED too, with a note.
 """
 
 from __future__ import annotations
@@ -280,6 +281,9 @@ def format_report(values: list, res: dict, baseline_values=None) -> str:
         lines.append("verdict: UNVERIFIED: the val_bpb values have no variance, so t is not finite (the same "
                      "run given twice, or seeds that did not change the run?)")
         return "\n".join(lines) + "\n"
+    if res.get("verdict") == "UNVERIFIED":  # scored on part of the val split (check_same_data's note)
+        lines.append("verdict: UNVERIFIED: scored on part of the val split, not the challenge's score (see the note)")
+        return "\n".join(lines) + "\n"
     verdict = "SIGNIFICANT" if res["significant"] else "NOT SIGNIFICANT"
     lines.append(f"verdict: {verdict} at p < {res['alpha']} (improvement > {res['min_improvement_nats']} nats)")
     if res["seeds_needed"] is None:
@@ -288,6 +292,39 @@ def format_report(values: list, res: dict, baseline_values=None) -> str:
     else:
         lines.append(f"seeds needed at the observed variance: {res['seeds_needed']}")
     return "\n".join(lines) + "\n"
+
+
+def check_same_data(groups: list) -> list:
+    """Refuse (ValueError naming the flag and both runs) runs, in any group, whose result.json binds them to
+    another tokenizer or dataset (`inputs`: the sha256 of TOKENIZER_PATH and of the data's manifest.json)
+    than the first run's: bpb of two tokenizers or two val splits are not one comparison. Returns notes:
+    runs scored on part of the val split (VAL_MAX_TOKENS, compliance.full_val_split false), which make the
+    verdict UNVERIFIED, and runs whose inputs are unknown (no result.json, or one from before `inputs`)."""
+    first, notes, subset, unknown = None, [], [], 0
+    for flag, values in groups:
+        for v in values:
+            result = v.run.result if v.run is not None else {}
+            inputs = {k: (result.get("inputs") or {}).get(k) for k in ("tokenizer_sha256", "manifest_sha256")}
+            if not inputs["tokenizer_sha256"]:
+                unknown += 1
+            elif first is None:
+                first = (v.label, inputs)
+            else:
+                for key, name in (("tokenizer_sha256", "tokenizer"), ("manifest_sha256", "dataset (manifest.json)")):
+                    if inputs[key] != first[1][key]:
+                        raise ValueError(f"{flag}: run {v.label} was scored with another {name} than run {first[0]} "
+                                         f"(sha256 {str(inputs[key])[:12]} vs {str(first[1][key])[:12]}); expected runs "
+                                         "of one tokenizer and one val split")
+            partial = (result.get("hyperparameters") or {}).get("val_max_tokens") or (
+                (result.get("compliance") or {}).get("full_val_split") is False)
+            if partial:
+                subset.append(v.label)
+    if subset:
+        notes.append(f"{len(subset)} run(s) scored part of the val split ({', '.join(subset[:3])}"
+                     f"{', ...' if len(subset) > 3 else ''}: VAL_MAX_TOKENS or full_val_split false): verdict UNVERIFIED")
+    if unknown and first is not None:
+        notes.append(f"the tokenizer and data of {unknown} run(s) are unknown (no result.json inputs): not compared")
+    return notes
 
 
 def main(argv=None) -> int:
@@ -313,9 +350,13 @@ def main(argv=None) -> int:
         notes = [check_group(values, "--runs", seen)]
         if baseline_values is not None:
             notes.append(check_group(baseline_values, "--baseline-runs", seen))
+        data_notes = check_same_data([("--runs", values), ("--baseline-runs", baseline_values or [])])
         res = analyse(values, baseline_bpb=args.baseline_bpb, baseline_values=baseline_values,
                       tokens_per_byte=args.tokens_per_byte, min_improvement_nats=args.min_improvement_nats,
                       alpha=args.alpha)
+        if any("part of the val split" in n for n in data_notes):  # a subset's score is not the challenge's
+            res.update(significant=False, verdict="UNVERIFIED")
+        notes += data_notes
     except (RecordError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

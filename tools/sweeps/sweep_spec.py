@@ -171,6 +171,10 @@ def build_runs(spec: dict, out_root) -> list:
             if label in names:
                 raise SweepError(f"config {label!r} is defined twice")
             names.add(label)
+            replaced = sorted(k for k in combo if k in own and own[k] != combo[k])
+            if replaced:  # the grid would silently run another value than the config's own
+                raise SweepError(f"config {config!r}: sets {', '.join(f'{k}={own[k]}' for k in replaced)}, which the grid "
+                                 "varies; expected each variable in the config or in the grid, not both")
             settings = {**own, **combo}
             reserved = sorted(set(SWEEP_RESERVED) & (set(settings) | set(shared)))
             if reserved:
@@ -222,6 +226,11 @@ def spec_from_args(args) -> dict:
             if name in configs:
                 raise SweepError(f"--config {name}: defined twice")
             configs[name] = parse_assignments(items, f"--config {name}")
+            key, sep, value = name.partition("=")
+            if sep and _ENV_RE.match(key):  # `--config MATRIX_LR=0.02` alone: named by, and running at, that setting
+                if configs[name].get(key, value) != value:
+                    raise SweepError(f"--config {name}: sets {key}={configs[name][key]}; expected the value its name says")
+                configs[name] = {key: value, **configs[name]}
         spec["configs"] = configs
     if args.grid:
         grid = dict(spec.get("grid") or {})
