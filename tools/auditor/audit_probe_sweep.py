@@ -27,20 +27,18 @@ from tools.auditor.audit_probe import probe_folder
 
 
 def record_folders(git_dir: Path, ref: str) -> list:
-    out = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-d", "--name-only", f"{ref}:records"],
-                         capture_output=True, text=True, check=True).stdout.split()
-    folders = []
-    for track in out:
-        names = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-d", "--name-only",
-                                f"{ref}:records/{track}"], capture_output=True, text=True, check=True).stdout.split()
-        folders += [f"records/{track}/{n}" for n in names]
-    return folders
+    def dirs(tree: str) -> list:  # NUL-separated: folder names hold spaces
+        out = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "-d", "-z", "--name-only", tree],
+                             capture_output=True, text=True, check=True).stdout
+        return [n for n in out.split("\0") if n]
+
+    return [f"records/{track}/{n}" for track in dirs(f"{ref}:records") for n in dirs(f"{ref}:records/{track}")]
 
 
 def pr_folders(git_dir: Path, base: str, pr: int) -> list:
     """The record folders a pull request's head adds or changes against `base` (refs/pull/N/head)."""
-    names = subprocess.run(["git", "--git-dir", str(git_dir), "diff", "--name-only", f"{base}...refs/pull/{pr}/head",
-                            "--", "records/"], capture_output=True, text=True, check=True).stdout.split()
+    names = subprocess.run(["git", "--git-dir", str(git_dir), "diff", "-z", "--name-only", f"{base}...refs/pull/{pr}/head",
+                            "--", "records/"], capture_output=True, text=True, check=True).stdout.split("\0")
     return sorted({"/".join(n.split("/")[:3]) for n in names if n.count("/") >= 3})
 
 
