@@ -64,8 +64,8 @@ def _inspect(path: str, out=print) -> int:
         rows.append((name, "x".join(map(str, shape)) or "scalar", fmt, pieces[name]))
     for name, shape, _, _ in meta["tensors"]:  # LQER factors: their own rows, after the tensors
         if name in lqer:
-            rows.append((f"{name} (lqer)", f"r{lqer[name]}", "int4 asym g64 A^T,B",
-                         lqer_nbytes(lqer[name], shape[0], math.prod(shape[1:]))))
+            rows.append((f"{name} (lqer)", f"r{lqer[name]}", "A int2, B int4 g64" if pol.lqer_asym else "int4 asym g64 A^T,B",
+                         lqer_nbytes(lqer[name], shape[0], math.prod(shape[1:]), pol.lqer_asym)))
     data_bytes = sum(r[3] for r in rows)
     header = {k: v for k, v in meta.items() if k not in ("compressor", "format_version", "groups")}
     raw_bytes = data_bytes + len(json.dumps(header).encode()) + 4  # the payload's JSON header is re-serialized identically

@@ -125,9 +125,10 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         h = (hessians or {}).get(name) if policy.gptq and (policy.gptq_embed or not embed) else None
         if k_sd := policy.sdclip_k_for(name, tuple(t.shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
             q, s, c = sdclip_quantize(v, bits, k_sd)
-            q, s, c = gptq_quantize(v, h, bits, (c,), s) if h is not None else (q, s, c)
+            q, s, c = gptq_quantize(v, h, bits, (c,), s, policy.gptq_records) if h is not None else (q, s, c)
         else:
-            q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,)) if h is not None
+            q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,), None, policy.gptq_records)
+                       if h is not None
                        else gptq_lite_quantize(v, bits) if policy.gptq_lite else (*quantize_per_row(v, bits), 1.0))
         d = dequantize_per_row(q, s, torch.double) - w
         sq_err, sq_norm = float(d.square().sum()), float(w.square().sum())
@@ -245,7 +246,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
 
     def compress(policy: QuantPolicy) -> tuple:  # (blob, its job, rel_mse): the smallest of the candidate encodings
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
-        lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n) if policy.lqer else None
+        lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n, policy.lqer_asym) if policy.lqer else None
         with ThreadPoolExecutor(len(jobs)) as pool:
             payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict(), lqer=lqer)
             blobs = pool.map(lambda j, build=payload: quant_wrap_container(build(*j[:2], run), j[2]), jobs)
@@ -332,12 +333,12 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
         sizes = [-(-math.prod(shape) * (container or kind) // 8) for _, shape, kind, _ in tensors if type(kind) is int]
         sizes += [shape[0] * 2 if type(kind) is int else math.prod(shape) * getattr(torch, kind).itemsize
                   for _, shape, kind, _ in tensors]
-        lqer = head.get("lqer", [])  # LQER factors (quant/lqer.py): one more piece, after the others
+        lqer, asym = head.get("lqer", []), dict(head.get("policy") or {}).get("lqer_asym") is True  # LQER: one more piece
         shapes2d = {name: (shape[0], math.prod(shape[1:])) for name, shape, kind, _ in tensors if type(kind) is int}
-        sizes += [sum(lqer_nbytes(r, *shapes2d.get(name, (0, 0))) for name, r in lqer)] if lqer else []
+        sizes += [sum(lqer_nbytes(r, *shapes2d.get(name, (0, 0)), asym) for name, r in lqer)] if lqer else []
         # split() raises unless the data is exactly these pieces: bounds every later allocation
         pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes)
-        lqer, pieces = (lqer_unpack(pieces[-1], lqer, shapes2d), pieces[:-1]) if lqer else ({}, pieces)
+        lqer, pieces = (lqer_unpack(pieces[-1], lqer, shapes2d, asym), pieces[:-1]) if lqer else ({}, pieces)
         q_pieces, state_dict = iter(pieces), {}
         for (name, shape, kind, _), t in zip(tensors, pieces[-len(tensors):]):  # (no tensors: zip is empty)
             dtype = getattr(torch, "float16" if type(kind) is int else kind)

@@ -82,5 +82,5 @@ def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = Non
     if policy.lqer:  # the factors of the top-N tensors (by size here: the export picks them by error)
         for _, shape in sorted(quantized, key=lambda x: -x[0])[:policy.lqer_top_n]:
             r = min(policy.lqer_rank, shape[0], math.prod(shape[1:]))
-            total += lqer_nbytes(r, shape[0], math.prod(shape[1:]))
+            total += lqer_nbytes(r, shape[0], math.prod(shape[1:]), policy.lqer_asym)
     return math.ceil(total * scale)

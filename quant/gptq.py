@@ -31,7 +31,7 @@ from primitives.progress import Progress
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES,
-                  scale: torch.Tensor | None = None) -> tuple:
+                  scale: torch.Tensor | None = None, records: bool = False) -> tuple:
     """Full GPTQ of w [R, C] (float, CPU or CUDA) with input Hessian h [C, C] (X^T X, any positive scale).
 
     Returns (q int8 [R, C] in [-qmax, qmax], scale float16 [R], clip float): each row keeps the
@@ -40,17 +40,26 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QU
     damping 1% of the mean diagonal (the factorization runs in float64: h + damping is positive
     definite even for inputs that never fire or fewer samples than columns). ValueError for bits
     outside 2..8. scale: fixed float16 [R] row scales (quant/sdclip.py) instead of the clip
-    candidates; `clips` is then a 1-tuple whose value is returned as the clip.
+    candidates; `clips` is then a 1-tuple whose value is returned as the clip. records (QUANT_GPTQ_RECORDS):
+    PR #1855's arithmetic: inputs that never fire (diag(h) = 0) get diagonal 1 and zero weights, the damping
+    is added before the act-order sort, the factorization runs in float32 (its codes, tools/parity/parity_quant.py).
     """
     m, (r, c), k = (1 << bits - 1) - 1, w.shape, len(clips)
     w = w.detach().float()
     s = (torch.cat([quantize_per_row(w, bits, p)[1].float() for p in clips]) if scale is None  # [K*R]: the candidates
          else scale.to(w.device).float())  # fixed scales [R] (SDClip; clips then holds its one k)
     h = h.to(w)
-    o = torch.argsort(h.diagonal(), descending=True, stable=True)  # act-order
-    g = h[o][:, o].double()
-    g = torch.linalg.cholesky(g + 0.01 * g.diagonal().mean() * torch.eye(c, dtype=g.dtype, device=g.device))
-    u = torch.linalg.cholesky(torch.cholesky_inverse(g), upper=True).to(w)  # upper Cholesky factor of H^-1
+    if records:  # PR #1855's order of operations, in float32
+        dead, h = h.diagonal() == 0, h.clone()
+        h[dead, dead], w = 1.0, w.masked_fill(dead, 0.0)
+        g = h + 0.01 * h.diagonal().mean() * torch.eye(c, dtype=h.dtype, device=h.device)
+        o = torch.argsort(g.diagonal(), descending=True)
+        g = g[o][:, o]
+    else:
+        o = torch.argsort(h.diagonal(), descending=True, stable=True)  # act-order
+        g = h[o][:, o].double()
+        g = g + 0.01 * g.diagonal().mean() * torch.eye(c, dtype=g.dtype, device=g.device)
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(g)), upper=True).to(w)  # upper factor of H^-1
     x, q = w[:, o].repeat(k, 1), w.new_empty(k * r, c)
     for i in range(0, c, 128):
         j = min(i + 128, c)

@@ -17,6 +17,14 @@ Source: LQER (Zhang et al. 2024, "LQER: Low-Rank Quantization Error Reconstructi
 in parameter golf PR #1797 and PR #1855 (rank 4 on the tensors with the largest error, factors
 asymmetric int4 in groups of 64).
 
+QUANT_LQER_ASYM=1: PR #1855's own form instead (its `_lqer_pack_asym`), with E and its SVD in float32:
+    A = U[:, :r] * S[:r]  [R, r]: signed int2 in [-2, 1] with one scale sA = fp16(max|A| / 1.5);
+    B = V^T[:r]  [r, C]: signed int4 in [-8, 7] per group of 64 of its flattening (the last group padded
+        with zeros; the record needs r * C divisible by 64), scale fp16(max|group| / 7.5);
+    W' = deq(Q(W)) + (qA * sA) @ (qB * sB)   (float32, as its dequantize_mixed)
+stored as the A codes + 2, four per byte (the first in the low bits; ceil(R r / 4) bytes), sA (2 bytes),
+the B codes + 8, two per byte (32 G bytes), G float16 scales (2 G bytes). The header's policy says which form.
+
 Size note: bundled into the counted train_gpt.py (export and decode call it).
 """
 
@@ -48,17 +56,33 @@ def lqer_dequant(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, sh
     return x.reshape(-1)[:math.prod(shape)].view(shape)
 
 
+def lqer_asym(e: torch.Tensor, r: int) -> tuple:
+    """PR #1855's asym factors of the float32 error e [R, C] at rank r -> ((qA int8 [R, r], sA float16 []),
+    (qB int8 [G, 64], sB float16 [G])) (module docstring)."""
+    u, sv, vh = torch.linalg.svd(e, full_matrices=False)
+    a, b = (u[:, :r] * sv[:r]).contiguous(), vh[:r].reshape(-1)
+    sa = (a.abs().amax().clamp_min(1e-10) / 1.5).half()
+    b = torch.cat([b, b.new_zeros(-b.numel() % LQER_GROUP)]).view(-1, LQER_GROUP)
+    sb = (b.abs().amax(1).clamp_min(1e-10) / 7.5).half()
+    return ((torch.round(a / sa.float()).clamp(-2, 1).to(torch.int8), sa),
+            (torch.round(b / sb.float()[:, None]).clamp(-8, 7).to(torch.int8), sb))
+
+
 def lqer_correction(factors: tuple, r: int, rows: int, cols: int) -> torch.Tensor:
     """float32 [rows, cols] correction A'^T' @ B' from the int4 factors ((A^T codes, scale, low),
-    (B codes, scale, low)) of rank r."""
+    (B codes, scale, low)) of rank r, or (qA * sA) @ (qB * sB) from lqer_asym's ((qA, sA), (qB, sB))."""
+    if len(factors[0]) == 2:  # the asym form
+        (qa, sa), (qb, sb) = factors
+        return (qa.float() * float(sa)) @ (qb.float() * sb.float()[:, None]).reshape(-1)[:r * cols].view(r, cols)
     a = lqer_dequant(*factors[0], (r, rows))
     return a.T @ lqer_dequant(*factors[1], (r, cols))
 
 
-def lqer_factors(entries: dict, state_dict: dict, rank: int, top_n: int) -> dict:
+def lqer_factors(entries: dict, state_dict: dict, rank: int, top_n: int, asym: bool = False) -> dict:
     """LQER factors of the top_n quantized entries (quantize_state_dict's) by squared error.
 
-    Returns {name: (r, ((A^T codes, scale, low), (B codes, scale, low)))} in state-dict order.
+    Returns {name: (r, ((A^T codes, scale, low), (B codes, scale, low)))} in state-dict order, or with
+    `asym` {name: (r, lqer_asym's factors)} (E in float32, as PR #1855 computes it).
     """
     errs = []
     for i, (name, (shape, bits, q, s, _)) in enumerate(entries.items()):
@@ -68,14 +92,20 @@ def lqer_factors(entries: dict, state_dict: dict, rank: int, top_n: int) -> dict
     out = {}
     for _, _, name, e in sorted(errs, key=lambda x: x[:2])[:top_n]:
         r = min(rank, *e.shape)
+        if asym:
+            q, sc = entries[name][2:4]
+            out[name] = r, lqer_asym(state_dict[name].detach().cpu().float().reshape(e.shape) - dequantize_per_row(q, sc), r)
+            continue
         u, sv, vh = torch.linalg.svd(e, full_matrices=False)
         root = sv[:r].sqrt()
         out[name] = r, (lqer_int4(root[:, None] * u[:, :r].T), lqer_int4(root[:, None] * vh[:r]))
     return dict(sorted(out.items(), key=lambda kv: list(entries).index(kv[0])))
 
 
-def lqer_nbytes(r: int, rows: int, cols: int) -> int:
+def lqer_nbytes(r: int, rows: int, cols: int, asym: bool = False) -> int:
     """Stored bytes of one tensor's two factors (module docstring)."""
+    if asym:
+        return -(-r * rows // 4) + 2 + 34 * -(-r * cols // LQER_GROUP)
     return sum(36 * -(-r * n // LQER_GROUP) for n in (rows, cols))
 
 
@@ -83,19 +113,28 @@ def lqer_pack(factors: dict) -> bytes:
     """The payload's LQER piece: per tensor, per factor (A^T, B): 4-bit codes, scales, lows."""
     out = []
     for _, parts in factors.values():
+        if len(parts[0]) == 2:  # the asym form
+            (qa, sa), (qb, sb) = parts
+            a = torch.cat([(qa.reshape(-1) + 2).to(torch.uint8), qa.new_zeros(-qa.numel() % 4, dtype=torch.uint8)])
+            a, b = a.view(-1, 4), (qb.reshape(-1, 2) + 8).to(torch.uint8)
+            out += [(a[:, 0] | a[:, 1] << 2 | a[:, 2] << 4 | a[:, 3] << 6).numpy().tobytes(), sa.reshape(1).numpy().tobytes(),
+                    (b[:, 0] | b[:, 1] << 4).numpy().tobytes(), sb.numpy().tobytes()]
+            continue
         for codes, s, low in parts:
             c = codes.reshape(-1, 2)
             out += [(c[:, 0] | c[:, 1] << 4).numpy().tobytes(), s.numpy().tobytes(), low.numpy().tobytes()]
     return b"".join(out)
 
 
-def lqer_unpack(blob: torch.Tensor, specs: list, shapes: dict) -> dict:
-    """Inverse of lqer_pack: uint8 blob, header specs [[name, r], ...], name -> 2-D shape ->
+def lqer_unpack(blob: torch.Tensor, specs: list, shapes: dict, asym: bool = False) -> dict:
+    """Inverse of lqer_pack: uint8 blob, header specs [[name, r], ...], name -> 2-D shape, the form ->
     {name: (r, factors)}. ValueError for a spec that does not name a distinct quantized tensor, a
     rank outside 1..min(R, C) or a blob of the wrong size."""
     if len({n for n, _ in specs}) != len(specs) or any(n not in shapes or type(r) is not int or not 0 < r <= min(shapes[n])
                                                        for n, r in specs):
         raise ValueError(f"lqer entries {specs!r} do not match the quantized tensors")
+    if asym:
+        return _lqer_unpack_asym(blob, specs, shapes)
     sizes, out = [], {}
     for n, r in specs:
         for m in shapes[n]:
@@ -110,4 +149,19 @@ def lqer_unpack(blob: torch.Tensor, specs: list, shapes: dict) -> dict:
             codes = torch.stack([b & 15, b >> 4], 1).view(g, LQER_GROUP)
             parts.append((codes, next(pieces).clone().view(torch.float16), next(pieces).clone().view(torch.float16)))
         out[n] = r, tuple(parts)
+    return out
+
+
+def _lqer_unpack_asym(blob: torch.Tensor, specs: list, shapes: dict) -> dict:
+    """lqer_unpack of the asym form (specs already checked)."""
+    sizes, out = [], {}
+    for n, r in specs:
+        g = -(-r * shapes[n][1] // LQER_GROUP)
+        sizes += [-(-r * shapes[n][0] // 4), 2, 32 * g, 2 * g]
+    pieces = iter(blob.split(sizes))  # raises unless the blob is exactly these pieces
+    for n, r in specs:
+        a, sa, b, sb = (next(pieces) for _ in range(4))
+        qa = torch.stack([a >> i & 3 for i in (0, 2, 4, 6)], 1).reshape(-1)[:r * shapes[n][0]].to(torch.int8) - 2
+        qb = torch.stack([b & 15, b >> 4], 1).view(-1, LQER_GROUP).to(torch.int8) - 8
+        out[n] = r, ((qa.view(shapes[n][0], r), sa.clone().view(torch.float16)[0]), (qb, sb.clone().view(torch.float16)))
     return out

@@ -36,6 +36,9 @@ warning line, a bad value a ValueError naming the variable):
                               keeps the GPTQ-lite clip search)
   QUANT_LQER=0                rank-QUANT_LQER_RANK (4) correction of the QUANT_LQER_TOP_N (3) tensors with the
                               largest quantization error, int4 factors (quant/lqer.py)
+  QUANT_GPTQ_RECORDS=0        PR #1855's GPTQ arithmetic: float32 factorization, damping before act-order, inputs that
+                              never fire zeroed (quant/gptq.py; the default factors in float64)
+  QUANT_LQER_ASYM=0           with QUANT_LQER: PR #1855's factor form (A = U S in int2, B = V^T in signed int4 per 64)
   QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
   QUANT_GPTQ_EMBED=1          full GPTQ on the embedding / output head too, with the Hessian of the head's input
                               (the final norm's output; 0: the embedding gets the GPTQ-lite clip search)
@@ -53,7 +56,8 @@ from primitives.env import parse_env_value, warn_unknown_env
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
-                      "lqer_top_n", "grouped")
+                      "lqer_top_n", "grouped", "lqer_asym",
+                      "gptq_records")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +101,10 @@ class QuantPolicy:
     lqer: bool = False
     lqer_rank: int = 4
     lqer_top_n: int = 3
+    # QUANT_LQER_ASYM: PR #1855's factor form (A = U S int2, one scale; B = V^T int4 signed per 64; quant/lqer.py)
+    lqer_asym: bool = False
+    # QUANT_GPTQ_RECORDS: PR #1855's GPTQ arithmetic (float32 factorization, its damping order, dead inputs zeroed)
+    gptq_records: bool = False
     # QUANT_GROUPED (quant/grouped.py, PR #1855 / #1218): role groups, sorted rows, one coder each
     grouped: bool = False
     # QUANT_GPTQ_EMBED (PR #1394, #1586): full GPTQ also on the tied embedding, with the head input's Hessian. On:

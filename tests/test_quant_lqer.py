@@ -117,3 +117,25 @@ def test_inspect_shows_k_lqer_ranks_and_groups(tmp_path):
     raw = int(text.split("raw payload: ")[1].split(" bytes")[0].replace(",", ""))
     meta = decode_artifact((tmp_path / "a.ptz").read_bytes())[2]
     assert raw == sum(g[2] for g in meta["groups"][1:])  # rows + LQER + header add up to the payload
+
+
+def test_asym_form_round_trips_and_counts_its_bytes(tmp_path):
+    # QUANT_LQER_ASYM=1: PR #1855's form (A = U S int2 with one scale, B = V^T signed int4 per 64)
+    sd = _state(seed=5)
+    policy = QuantPolicy(lqer=True, lqer_asym=True, lqer_rank=4, lqer_top_n=2, attn_bits=5, mlp_bits=5, embed_bits=6,
+                         fit=False, gptq=False)
+    entries, _ = quantize_state_dict(sd, policy)
+    factors = lqer_factors(entries, sd, 4, 2, asym=True)
+    assert len(lqer_pack(factors)) == sum(lqer_nbytes(r, *entries[n][2].shape, asym=True) for n, (r, _) in factors.items())
+    for name, (r, ((qa, sa), (qb, sb))) in factors.items():
+        assert qa.shape == (entries[name][2].shape[0], r) and int(qa.min()) >= -2 and int(qa.max()) <= 1
+        assert int(qb.min()) >= -8 and int(qb.max()) <= 7 and sa.dtype == sb.dtype == torch.float16
+    export_artifact(sd, CONFIG, tmp_path / "a.ptz", code_bytes=0, policy=policy, compressor="zlib", **QUIET)
+    got, _, meta = decode_artifact((tmp_path / "a.ptz").read_bytes())
+    assert meta["policy"]["lqer_asym"] is True and meta["lqer"] == [[n, 4] for n in factors]
+    for name, (shape, _, q, s, _) in entries.items():
+        if name in factors:
+            plain, w = dequantize_per_row(q, s), sd[name].reshape(q.shape)
+            want = plain + lqer_correction(factors[name][1], 4, *q.shape)
+            assert torch.equal(got[name], want.view(shape)), name
+            assert (want - w).square().sum() < (plain - w).square().sum()

@@ -38,9 +38,10 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
-def compare_gptq(module, cases: tuple = GPTQ_CASES, seed: int = 0, dead: int = 0) -> list:
+def compare_gptq(module, cases: tuple = GPTQ_CASES, seed: int = 0, dead: int = 0, records: bool = False) -> list:
     """[{"shape", "bits", "k", "scale", "codes", "max_abs"}] per case: the record's gptq_quantize_weight against the
-    kit's sdclip_scale + gptq_quantize with those scales fixed, on the same w [R, C] (N(0, 0.05^2)) and H.
+    kit's sdclip_scale + gptq_quantize with those scales fixed (`records`: its QUANT_GPTQ_RECORDS arithmetic), on the
+    same w [R, C] (N(0, 0.05^2)) and H (the last `dead` inputs never firing).
     scale: max |diff| of the float16 row scales; codes: differing integer codes; max_abs: dequantized."""
     gen, out = torch.Generator().manual_seed(seed), []
     for rows, cols, bits, k in cases:
@@ -48,7 +49,7 @@ def compare_gptq(module, cases: tuple = GPTQ_CASES, seed: int = 0, dead: int = 0
         h = toy_hessian(cols, gen, dead)
         q_rec, s_rec = module.gptq_quantize_weight(w, h, clip_sigmas=k, clip_range=(1 << bits - 1) - 1)
         s = sdclip_scale(w, bits, k)
-        q_kit, s_kit, _ = gptq_quantize(w, h, bits, (k,), s)
+        q_kit, s_kit, _ = gptq_quantize(w, h, bits, (k,), s, records)
         out.append({"shape": (rows, cols), "bits": bits, "k": k, "scale": _diff(s_rec, s_kit),
                     "codes": int((q_rec != q_kit).sum()),
                     "max_abs": _diff(q_rec.float() * s_rec.float()[:, None], dequantize_per_row(q_kit, s_kit))})
@@ -127,12 +128,13 @@ def record_quant_hparams(log_path) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{k: ast.literal_eval(values[k]) for k in RECORD_QUANT_KEYS})
 
 
-def compare_state_dict(module, h, lqer: bool, seed: int = 0) -> dict:
+def compare_state_dict(module, h, lqer: bool, seed: int = 0, records: bool = False, shapes: dict = TOY_STATE_SHAPES) -> dict:
     """The record's gptq_mixed_quantize + dequantize_mixed against the kit's quantize_state_dict (KIT_POLICY, with
-    quant/lqer.py when `lqer`) on TOY_STATE_SHAPES (N(0, 0.05^2)) with the same Hessians (toy_hessian).
+    quant/lqer.py when `lqer`; `records`: QUANT_GPTQ_RECORDS=1 QUANT_LQER_ASYM=1, the record's arithmetic and LQER
+    form) on `shapes` (N(0, 0.05^2)) with the same Hessians (toy_hessian).
     Returns {name: (the record's kind, "int<bits>" or "float" for the kit, max |diff| of the dequantized tensors)}."""
     gen = torch.Generator().manual_seed(seed)
-    sd = {n: torch.randn(*shape, generator=gen) * 0.05 for n, shape in TOY_STATE_SHAPES.items()}
+    sd = {n: torch.randn(*shape, generator=gen) * 0.05 for n, shape in shapes.items()}
     hessians = {n: toy_hessian(t.shape[1], gen) for n, t in sd.items() if t.ndim == 2}
     saved, module.log = module.log, lambda *_a, **_k: None  # its "Quantized weights:" lines
     try:
@@ -140,8 +142,8 @@ def compare_state_dict(module, h, lqer: bool, seed: int = 0) -> dict:
         rec = module.dequantize_mixed(result, meta, sd)
     finally:
         module.log = saved
-    entries, _ = quantize_state_dict(sd, QuantPolicy(**KIT_POLICY, lqer=lqer), hessians)
-    factors = lqer_factors(entries, sd, 4, 3) if lqer else {}
+    entries, _ = quantize_state_dict(sd, QuantPolicy(**KIT_POLICY, lqer=lqer, lqer_asym=records, gptq_records=records), hessians)
+    factors = lqer_factors(entries, sd, 4, 3, records) if lqer else {}
     out = {}
     for name, (shape, bits, q, s, _) in entries.items():
         w = dequantize_per_row(q, s).view(shape) if bits else q.float()
