@@ -24,6 +24,7 @@ import torch.distributed as dist
 from eval.bpb import val_byte_luts
 from quant.estimate import estimate_artifact_bytes
 from quant.fit import fit_policy
+from eval.plan import EvalPlan
 from quant.policy import QuantPolicy
 from model.attention import resolve_attention_backend
 from model.fused_loss import fused_loss_active, resolve_loss_kernel
@@ -110,9 +111,7 @@ def train_and_score() -> int:
     ctx.log(f"val_byte_count:{'sidecar (original UTF-8 bytes per val token)' if sidecar else 'tokenizer (byte LUT)'}")
     saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
     # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
-    plan = dict(stride=saved["eval_stride"], ttt_epochs=saved.get("ttt_epochs", 0), ttt_phases=saved.get(
-        "ttt_phases", 0)) if saved else plan_final_eval(ctx, config, hp, num_val_tokens)
-    eval_stride, ttt_epochs, ttt_phases = plan["stride"], plan["ttt_epochs"], plan.get("ttt_phases", 0)
+    plan = EvalPlan.from_saved(saved, hp.ttt_mode) if saved else plan_final_eval(ctx, config, hp, num_val_tokens)
 
     @functools.cache
     def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens
@@ -141,26 +140,22 @@ def train_and_score() -> int:
             return stopped_in_training(ctx, hp, result.stop_signal, summary, record)
 
         summary["phase"], rc, artifact_path = "trained", 0, ctx.run_dir / "final_model.ptz"
-        trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], eval_stride=eval_stride,
-                       ttt_epochs=ttt_epochs, ttt_phases=ttt_phases)
+        trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], **plan.saved())
         try:
             guard.arm()  # from here a signal interrupts where the run is: it saves the weights and says how to finish
             for measured in finish_run(ctx, hp, model=model, config=config, policy=policy, code_bytes=code_bytes,
-                                       artifact_path=artifact_path, val_tokens=val_tokens, luts=luts,
-                                       eval_stride=eval_stride, ttt_epochs=ttt_epochs, ttt_phases=ttt_phases):
+                                       artifact_path=artifact_path, val_tokens=val_tokens, luts=luts, plan=plan):
                 summary.update(measured)
             summary["phase"] = "done"
             rc = int(record(summary) != "ok")  # a non-finite score: status nonfinite_<phase>, exit 1
         except RunInterrupted as stop:
             return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=model, config=config,
-                                              trained=trained, score=score_command(hp, artifact_path, eval_stride, ttt_epochs,
-                                                                                  ttt_phases))
+                                              trained=trained, score=score_command(hp, artifact_path, plan))
         except Exception as err:  # training finished: keep every number measured so far
             guard.hold()
             if no_room(err):  # a full disk or a file-size limit: the weights where they fit, and how to finish
                 return no_room_after_training(ctx, hp, err, summary, record, model=model, config=config, trained=trained)
-            summary["status"] = after_training_error(ctx, hp, err, artifact_path, ttt_epochs=ttt_epochs,
-                                                     ttt_phases=ttt_phases, eval_stride=eval_stride)
+            summary["status"] = after_training_error(ctx, hp, err, artifact_path, plan)
             summary["error"] = f"{type(err).__name__}: {err}"
             rc = 1
             record(summary)

@@ -19,23 +19,21 @@
 
 Attention, autocast and compile follow the trainer: on CUDA FA3 -> FA4 -> FA2 -> SDPA (ATTN_BACKEND /
 --attn-backend), bf16 autocast, torch.compile of the forward; on CPU SDPA in float32, eager.
-Environment defaults (flags override): EVAL_STRIDE (64; the artifact's stride wins over it), EVAL_BATCH_SEQS (32),
-EVAL_MAX_SECONDS (600, for loading + roundtrip + sliding together), EVAL_AUTO_STRIDE (0),
-EVAL_COMPILE (1, CUDA only), VAL_MAX_TOKENS (0 = whole split), ATTN_BACKEND (auto), LOSS_KERNEL (auto: TTT's
-training loss through Liger-Kernel's fused linear cross entropy on CUDA when it imports, as in the trainer).
+Settings (flags override): the trainer's environment variables and defaults, one source: each setting it
+shares with train_gpt.py (EVAL_BATCH_SEQS, EVAL_MAX_SECONDS for loading + roundtrip + sliding together,
+EVAL_AUTO_STRIDE, VAL_MAX_TOKENS, ATTN_BACKEND, LOSS_KERNEL (TTT's training loss: Liger-Kernel's fused linear cross
+entropy on CUDA when it imports), EVAL_STRIDE (the artifact's stride wins over it), TTT_*) is the environment's,
+else primitives.settings.Hyperparameters' default under PRESET (primitives/presets.py), as the trainer resolves
+it; EVAL_COMPILE (1, CUDA only) is the CLI's own.
 Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (primitives/cli_errors.py).
-With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT (eval/ttt.py), printed as
-`final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT settings the run scored with
-(the artifact records them: its planned epochs, TTT_CHUNK_TOKENS, TTT_LR, TTT_MOMENTUM, TTT_GRAD_CLIP,
-TTT_BATCH_SEQS, TTT_PARAMS and its scoring batch), flags override; one line says which came from where.
-An artifact that records none uses the flags, else the environment, else TTT_CHUNK_TOKENS (32768),
-TTT_EPOCHS (3), TTT_LR (0.002), TTT_MOMENTUM (0.9), TTT_GRAD_CLIP (1.0), TTT_BATCH_SEQS (32), TTT_PARAMS
-(all), and the line says the score is the run's only if they match the run's.
---ttt-mode phased (TTT_MODE; the artifact records it) scores with phased TTT (eval/phased_ttt.py):
---ttt-phases phases (TTT_PHASES, 3), each scored, then SGD on every document scored so far.
---ttt-mode lora: per-document LoRA TTT (eval/lora_ttt.py), --ttt-lora-rank (TTT_LORA_RANK, 8) adapters reset per
-document, chunks of --ttt-lora-chunk-tokens (256) scored then --ttt-epochs Adam steps at --ttt-lora-lr (0.01),
---ttt-lora-batch-docs (TTT_LORA_BATCH_DOCS, 64) documents side by side.
+With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT of --ttt-mode (TTT_MODE: a row of eval/ttt_modes.py,
+run by eval/ttt_engine.py), printed as `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT
+settings the run scored with (the artifact records its plan: the planned epochs and phases, its stride, the mode
+and the mode's settings, and its scoring batch), flags override; one line says which came from where. An artifact
+that records none uses the flags, else the environment, else the trainer's defaults, and the line says the score is
+the run's only if they match the run's. Modes: chunked (TTT_CHUNK_TOKENS chunks, SGD on each scored chunk), phased
+(TTT_PHASES phases, SGD on every document scored so far), lora (per-document adapters of TTT_LORA_RANK, reset per
+document, chunks of TTT_LORA_CHUNK_TOKENS, Adam at TTT_LORA_LR, TTT_LORA_BATCH_DOCS documents side by side).
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
@@ -48,24 +46,22 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from primitives.cli_errors import (USER_ERRORS, ArgumentParser, check_dir, check_file, env_choice, env_float, env_int,
-                                   parse_number, protect_console, report_user_error)
+from eval.score_settings import ATTN_BACKENDS, TTT_MODES, resolve_cli_settings, settings_defaults
+from primitives.cli_errors import (USER_ERRORS, ArgumentParser, check_dir, check_file, env_int, parse_number,
+                                   protect_console, report_user_error)
 from primitives.settings import valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
-eval_roundtrip = eval_sliding = run_ttt = ttt_log_line = run_phased_ttt = run_lora_ttt = None
-ATTN_BACKENDS = ("auto", "fa3", "fa4", "fa2", "sdpa")
-LOSS_KERNELS = ("auto", "liger", "torch")
-TTT_MODES = ("chunked", "phased", "lora")
+eval_roundtrip = eval_sliding = run_mode = mode_settings = ttt_result_line = zero_updates_warning = None
 
 
 def _import_evals() -> None:
-    global eval_roundtrip, eval_sliding, run_ttt, ttt_log_line, run_phased_ttt, run_lora_ttt
-    from eval import lora_ttt, phased_ttt, roundtrip, sliding, ttt  # the names below: unless a test patched them
+    global eval_roundtrip, eval_sliding, run_mode, mode_settings, ttt_result_line, zero_updates_warning
+    from eval import roundtrip, sliding, ttt, ttt_modes  # the names below: unless a test patched them
     eval_roundtrip, eval_sliding = eval_roundtrip or roundtrip.eval_roundtrip, eval_sliding or sliding.eval_sliding
-    run_ttt, ttt_log_line = run_ttt or ttt.run_ttt, ttt_log_line or ttt.ttt_log_line
-    run_phased_ttt, run_lora_ttt = run_phased_ttt or phased_ttt.run_phased_ttt, run_lora_ttt or lora_ttt.run_lora_ttt
+    run_mode, mode_settings = run_mode or ttt_modes.run_mode, mode_settings or ttt_modes.mode_settings
+    ttt_result_line, zero_updates_warning = ttt_result_line or ttt.ttt_result_line, ttt.zero_updates_warning
 
 
 def _load_model(artifact_path, device, log, attn_backend="auto", loss_kernel="auto"):
@@ -128,7 +124,7 @@ def resolve_score_settings(args, model_config: dict, meta: dict, environ=None, l
             log(f"EVAL_STRIDE={env_stride} in the environment ignored: the artifact records stride {stride} "
                 f"(pass --stride to override)")
     else:
-        stride = env_int("EVAL_STRIDE", 64, environ, minimum=0)
+        stride = env_int("EVAL_STRIDE", settings_defaults(environ).eval_stride, environ, minimum=0)
     if not 0 <= stride <= seq_len:
         raise ValueError(f"{'--stride' if args.stride is not None else 'stride'} {stride} (artifact {name}): expected 0 "
                          f"(no sliding eval) or a stride in [1, {seq_len}] (the sequence length)")
@@ -169,53 +165,7 @@ def check_score_inputs(args, environ=None) -> None:
     if args.stride is not None:
         parse_number("--stride", args.stride, minimum=0, expected="0 (no sliding eval) or a stride >= 1")
     parse_number("--seq-len", args.seq_len, minimum=0, expected="an integer >= 1 (0: the artifact's)")
-    batch_seqs_flag = args.batch_seqs is not None
-    if args.batch_seqs is None:
-        args.batch_seqs = env_int("EVAL_BATCH_SEQS", 32, environ, minimum=1)
-    parse_number("--batch-seqs", args.batch_seqs, minimum=1)
-    if args.max_seconds is None:
-        args.max_seconds = env_float("EVAL_MAX_SECONDS", 600.0, environ, above=0)
-    parse_number("--max-seconds", args.max_seconds, float, above=0)
-    for flag, var, default in (("auto_stride", "EVAL_AUTO_STRIDE", 0), ("compile", "EVAL_COMPILE", 1)):
-        if getattr(args, flag) is None:
-            setattr(args, flag, int(env_choice(var, str(default), ("0", "1"), environ)))
-    if args.val_max_tokens is None:
-        args.val_max_tokens = env_int("VAL_MAX_TOKENS", 0, environ, minimum=0)
-    parse_number("--val-max-tokens", args.val_max_tokens, minimum=0, expected="an integer >= 0 (0: the whole split)")
-    if args.val_max_tokens == 1:
-        raise ValueError("--val-max-tokens 1 (VAL_MAX_TOKENS): expected 0 (the whole split) or >= 2 targets")
-    if args.attn_backend is None:
-        args.attn_backend = env_choice("ATTN_BACKEND", "auto", ATTN_BACKENDS, environ)
-    args.loss_kernel = env_choice("LOSS_KERNEL", "auto", LOSS_KERNELS, environ)
-    if "EVAL_STRIDE" in environ:
-        env_int("EVAL_STRIDE", 64, environ, minimum=0)
-    ttt = (("ttt", "TTT_ENABLED", 0, int, dict(minimum=0)), ("ttt_chunk_tokens", "TTT_CHUNK_TOKENS", 32768, int, dict(minimum=1)),
-           ("ttt_epochs", "TTT_EPOCHS", 3, int, dict(minimum=0)), ("ttt_lr", "TTT_LR", 0.002, float, dict(minimum=0)),
-           ("ttt_momentum", "TTT_MOMENTUM", 0.9, float, dict(minimum=0)),
-           ("ttt_grad_clip", "TTT_GRAD_CLIP", 1.0, float, dict(minimum=0)),
-           ("ttt_batch_seqs", "TTT_BATCH_SEQS", 32, int, dict(minimum=1)),
-           ("ttt_phases", "TTT_PHASES", 3, int, dict(minimum=1)), ("ttt_lora_rank", "TTT_LORA_RANK", 8, int, dict(minimum=1)),
-           ("ttt_lora_lr", "TTT_LORA_LR", 0.01, float, dict(minimum=0)),
-           ("ttt_lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", 256, int, dict(minimum=1)),
-           ("ttt_lora_batch_docs", "TTT_LORA_BATCH_DOCS", 64, int, dict(minimum=1)))
-    # which TTT settings the flags gave (they beat the artifact's; the environment does not)
-    args.ttt_flags = [attr for attr, *_ in ttt if getattr(args, attr) is not None] + [
-        "ttt_params"] * (args.ttt_params is not None) + ["ttt_eval_batch_seqs"] * batch_seqs_flag + [
-        "ttt_mode"] * (args.ttt_mode is not None)
-    if args.ttt_mode is None:
-        args.ttt_mode = env_choice("TTT_MODE", "chunked", TTT_MODES, environ)
-    for attr, var, default, kind, limits in ttt:
-        if getattr(args, attr) is None:
-            setattr(args, attr, (env_int if kind is int else env_float)(var, default, environ, **limits))
-        parse_number(f"--{attr.replace('_', '-')}", getattr(args, attr), kind, **limits)
-    if args.ttt not in (0, 1):
-        raise ValueError(f"--ttt {args.ttt} (TTT_ENABLED): expected 0 or 1")
-    if args.ttt_params is None:
-        args.ttt_params = environ.get("TTT_PARAMS", "all")
-    if not valid_ttt_params(args.ttt_params):
-        raise ValueError(f"--ttt-params {args.ttt_params!r} (TTT_PARAMS): expected all, scalars or a regular expression "
-                         "of parameter names")
-    args.ttt_eval_batch_seqs = args.batch_seqs
+    resolve_cli_settings(args, environ)
 
 
 # args attribute -> (key of the artifact's run["ttt"], setting name, type, minimum)
@@ -228,10 +178,13 @@ TTT_SETTINGS = {"ttt_epochs": ("epochs", "TTT_EPOCHS", int, 0), "ttt_chunk_token
                 "ttt_lora_rank": ("lora_rank", "TTT_LORA_RANK", int, 1), "ttt_lora_lr": ("lora_lr", "TTT_LORA_LR", float, 0),
                 "ttt_lora_chunk_tokens": ("lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", int, 1),
                 "ttt_lora_batch_docs": ("lora_batch_docs", "TTT_LORA_BATCH_DOCS", int, 1)}
-# the settings each mode does not use (not described in its `ttt settings:` line)
-LORA_ONLY = {"ttt_lora_rank", "ttt_lora_lr", "ttt_lora_chunk_tokens", "ttt_lora_batch_docs"}
-TTT_UNUSED = {"chunked": {"ttt_phases", *LORA_ONLY}, "phased": {"ttt_chunk_tokens", *LORA_ONLY}, "lora": {
-    "ttt_chunk_tokens", "ttt_phases", "ttt_lr", "ttt_momentum", "ttt_grad_clip", "ttt_batch_seqs", "ttt_params"}}
+def unused_ttt_settings(mode: str) -> set:
+    """The TTT_SETTINGS a mode does not read (not described in its `ttt settings:` line): those outside its row's
+    fields (eval/ttt_modes.py), besides the epochs, the scoring batch and the mode every mode has."""
+    from eval.ttt_modes import TTT_MODES  # torch: imported once the inputs are checked
+
+    return set(TTT_SETTINGS) - {f"ttt_{f}" for f in TTT_MODES[mode].fields} - {"ttt_epochs", "ttt_eval_batch_seqs",
+                                                                              "ttt_mode"}
 
 
 def resolve_ttt_settings(args, meta: dict, log=print) -> None:
@@ -259,7 +212,7 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
                 f"pass --ttt 1 for the run's score")
         return
     described = lambda attrs: " ".join(f"{TTT_SETTINGS[a][1]}={getattr(args, a)}" for a in attrs
-                                       if a not in TTT_UNUSED[args.ttt_mode])
+                                       if a not in unused_ttt_settings(args.ttt_mode))
     flags = [a for a in TTT_SETTINGS if a in args.ttt_flags]
     if ttt is None:
         log(f"ttt settings: artifact {name} records none (written before artifacts recorded them, or outside the "
@@ -328,23 +281,12 @@ def cmd_score(args) -> None:
         ttt = dict(epochs=args.ttt_epochs, eval_batch_seqs=args.ttt_eval_batch_seqs, log=log,
                    max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9),
                    **{k: v for k, v in common.items() if k != "batch_seqs"})
-        sgd = dict(lr=args.ttt_lr, momentum=args.ttt_momentum, params=args.ttt_params, batch_seqs=args.ttt_batch_seqs,
-                   grad_clip=args.ttt_grad_clip)
-        if stride > 0 and args.ttt and args.ttt_mode == "lora":  # per-document LoRA TTT (eval/lora_ttt.py)
-            result = run_lora_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, lr=args.ttt_lora_lr,
-                                  chunk_tokens=args.ttt_lora_chunk_tokens, lora_rank=args.ttt_lora_rank,
-                                  batch_docs=args.ttt_lora_batch_docs, **ttt)
-            log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
-        elif stride > 0 and args.ttt and args.ttt_mode == "phased":  # phased score-first TTT (eval/phased_ttt.py)
-            result = run_phased_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, phases=args.ttt_phases, **sgd, **ttt)
-            log(ttt_log_line(result) + f" stride:{stride} phases:{result['phases']} updates:{result['num_updates']}")
-        elif stride > 0 and args.ttt:  # score-first TTT: its scoring pass is the sliding pass (eval/ttt.py)
-            result = run_ttt(model, val_tokens, luts, seq_len=seq_len, stride=stride, chunk_tokens=args.ttt_chunk_tokens,
-                             **sgd, **ttt)
-            log(ttt_log_line(result) + f" stride:{stride} chunks:{result['num_chunks']} updates:{result['num_updates']}")
+        if stride > 0 and args.ttt:  # score-first TTT of --ttt-mode (eval/ttt_modes.py): its scoring pass is the sliding pass
+            result = run_mode(args.ttt_mode, model, val_tokens, luts, seq_len=seq_len, stride=stride, **ttt,
+                              **mode_settings(args.ttt_mode, args))
+            log(ttt_result_line(result))
             if not result["num_updates"] and args.ttt_epochs:
-                log(f"WARNING: TTT made 0 updates in {result['num_chunks']} chunk(s) of --ttt-chunk-tokens "
-                    f"{args.ttt_chunk_tokens} (the last chunk is never trained on): this is the plain sliding score")
+                log(zero_updates_warning(result, args.ttt_mode))
         elif stride > 0:
             # loading and the roundtrip count against the same EVAL_MAX_SECONDS; when they used it all,
             # the guard still projects and says so (a budget <= 0 would be refused as a bad input)
@@ -378,7 +320,8 @@ def cmd_bytes(args) -> None:
     print(f"val_tokens:{num_targets} val_bytes:{num_bytes} tokens_per_byte:{num_targets / max(num_bytes, 1):.8f}")
 
 
-def main(argv=None) -> int:
+def build_parser() -> ArgumentParser:
+    """The `python -m eval` parser: every setting flag defaults to None (check_score_inputs resolves it)."""
     parser = ArgumentParser(prog="python -m eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     score = sub.add_parser("score", help="score an artifact (.ptz) on the val split")
@@ -392,9 +335,11 @@ def main(argv=None) -> int:
     score.add_argument("--allow-tokenizer-mismatch", action="store_true",
                        help="score with a tokenizer whose sha256 differs from the one the artifact records")
     # None: the env var (EVAL_BATCH_SEQS, ...) or its default, read and checked by check_score_inputs
-    score.add_argument("--batch-seqs", type=int, default=None, help="windows per forward (default EVAL_BATCH_SEQS or 32)")
-    score.add_argument("--max-seconds", type=float, default=None, help="default EVAL_MAX_SECONDS or 600")
-    score.add_argument("--auto-stride", type=int, choices=(0, 1), default=None, help="default EVAL_AUTO_STRIDE or 0")
+    score.add_argument("--batch-seqs", type=int, default=None,
+                       help="windows per forward (default EVAL_BATCH_SEQS or the PRESET's, as the trainer)")
+    score.add_argument("--max-seconds", type=float, default=None, help="default EVAL_MAX_SECONDS or the PRESET's")
+    score.add_argument("--auto-stride", type=int, choices=(0, 1), default=None,
+                       help="default EVAL_AUTO_STRIDE or the PRESET's")
     score.add_argument("--compile", type=int, choices=(0, 1), default=None,
                        help="torch.compile the forward (CUDA only; default EVAL_COMPILE or 1)")
     score.add_argument("--val-max-tokens", type=int, default=None,
@@ -403,26 +348,28 @@ def main(argv=None) -> int:
     score.add_argument("--autocast", choices=("bf16", "none"), default="bf16", help="autocast dtype on CUDA")
     score.add_argument("--attn-backend", choices=ATTN_BACKENDS, default=None,
                        help="attention kernel on CUDA, chosen as the trainer does (auto: FA3 -> FA4 -> FA2 -> SDPA; "
-                            "default ATTN_BACKEND or auto)")
+                            "default ATTN_BACKEND or the PRESET's)")
     score.add_argument("--ttt", type=int, choices=(0, 1), default=None,
-                       help="legal score-first TTT in place of the sliding pass (eval/ttt.py; default TTT_ENABLED or 0)")
-    score.add_argument("--ttt-chunk-tokens", type=int, default=None, help="default TTT_CHUNK_TOKENS or 32768")
-    score.add_argument("--ttt-epochs", type=int, default=None, help="default TTT_EPOCHS or 3")
-    score.add_argument("--ttt-lr", type=float, default=None, help="default TTT_LR or 0.002")
-    score.add_argument("--ttt-momentum", type=float, default=None, help="default TTT_MOMENTUM or 0.9")
-    score.add_argument("--ttt-grad-clip", type=float, default=None, help="default TTT_GRAD_CLIP or 1.0")
-    score.add_argument("--ttt-batch-seqs", type=int, default=None, help="default TTT_BATCH_SEQS or 32")
+                       help="legal score-first TTT in place of the sliding pass (eval/ttt_modes.py;"
+                            " default TTT_ENABLED or the PRESET's)")
+    score.add_argument("--ttt-chunk-tokens", type=int, default=None, help="default TTT_CHUNK_TOKENS or the PRESET's")
+    score.add_argument("--ttt-epochs", type=int, default=None, help="default TTT_EPOCHS or the PRESET's")
+    score.add_argument("--ttt-lr", type=float, default=None, help="default TTT_LR or the PRESET's")
+    score.add_argument("--ttt-momentum", type=float, default=None, help="default TTT_MOMENTUM or the PRESET's")
+    score.add_argument("--ttt-grad-clip", type=float, default=None, help="default TTT_GRAD_CLIP or the PRESET's")
+    score.add_argument("--ttt-batch-seqs", type=int, default=None, help="default TTT_BATCH_SEQS or the PRESET's")
     score.add_argument("--ttt-mode", choices=TTT_MODES, default=None,
                        help="chunked: train on each scored chunk; phased: train on every scored document between "
-                            "phases; lora: per-document adapters (default TTT_MODE or chunked)")
-    score.add_argument("--ttt-phases", type=int, default=None, help="phases of --ttt-mode phased (default TTT_PHASES or 3)")
-    for flag, kind, default, what in (("rank", int, 8, "adapter rank"), ("lr", float, 0.01, "Adam lr"),
-                                      ("chunk-tokens", int, 256, "targets scored per adapter step"),
-                                      ("batch-docs", int, 64, "documents adapted side by side")):
+                            "phases; lora: per-document adapters (default TTT_MODE or the PRESET's)")
+    score.add_argument("--ttt-phases", type=int, default=None, help="phases of --ttt-mode phased "
+                       "(default TTT_PHASES or the PRESET's)")
+    for flag, kind, what in (("rank", int, "adapter rank"), ("lr", float, "Adam lr"),
+                             ("chunk-tokens", int, "targets scored per adapter step"),
+                             ("batch-docs", int, "documents adapted side by side")):
         score.add_argument(f"--ttt-lora-{flag}", type=kind, default=None, help=f"--ttt-mode lora: {what} (default "
-                           f"TTT_LORA_{flag.replace('-', '_').upper()} or {default})")
+                           f"TTT_LORA_{flag.replace('-', '_').upper()} or the PRESET's)")
     score.add_argument("--ttt-params", default=None,
-                       help="all | scalars | a regex of parameter names (default TTT_PARAMS or all)")
+                       help="all | scalars | a regex of parameter names (default TTT_PARAMS or the PRESET's)")
     score.add_argument("--code", metavar="FILE", default=None,
                        help="the shipped train_gpt.py, for the bytes line (default: one beside the artifact, else "
                             "result.json's bytes_code)")
@@ -431,7 +378,11 @@ def main(argv=None) -> int:
     count.add_argument("--data-path", required=True)
     count.add_argument("--tokenizer", required=True)
     count.set_defaults(func=cmd_bytes)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         check_score_inputs(args)
         args.func(args)

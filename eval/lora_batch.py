@@ -26,6 +26,9 @@ import torch.nn.functional as F
 from eval.bpb import count_scored_bytes
 from eval.sliding import first_sliding_window, plan_sliding_windows
 
+# the packed train_gpt.py holds this module only for runs with LoRA TTT (kit/bundle_when.py)
+PACKED_WHEN = "TTT_ENABLED and TTT_MODE == 'lora'"
+
 LORA_TARGETS = r"\.(attn\.c_q|attn\.c_v|mlp\.proj)$"
 LORA_SEED = 1234
 ADAM_BETAS, ADAM_EPS = (0.9, 0.95), 1e-8

@@ -1,5 +1,7 @@
 """Legal score-first test-time training (TTT): adapt the model to the val stream while scoring it,
-never scoring a token with a model that has been updated on it.
+never scoring a token with a model that has been updated on it. This module is the library of the modes
+(chunks, the ledger and its legality check, the SGD step, the chunked plan); the one driver is
+eval/ttt_engine.py and the modes are the rows of eval/ttt_modes.py (chunked is the `chunked` row).
 
 The rule (sources):
   - openai/parameter-golf README, FAQ on evaluation: "you are only allowed to test-time train on
@@ -33,14 +35,11 @@ scored.
 import bisect
 import math
 import re
-import time
 
 import torch
 import torch.distributed as dist
 
-from eval.sliding import (EvalTimeError, count_sliding_windows, first_sliding_window, score_window_batch,
-                          scoring_forward)
-from primitives.progress import Progress
+from eval.sliding import count_sliding_windows, first_sliding_window, score_window_batch
 
 
 def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:
@@ -121,21 +120,18 @@ def ttt_window_ranges(bounds: list, *, seq_len: int, stride: int, rank: int, wor
             for c in range(len(bounds) - 1)]
 
 
-def score_ttt_chunk(score_fwd, tokens, luts, windows, lo: int, hi: int, *, eval_batch_seqs: int, seq_len: int,
-                    stride: int, autocast_dtype, bar, what: str) -> torch.Tensor:
-    """float64 [3] (nll nats, targets, bytes) of targets [lo, hi) scored over `windows` under inference
-    mode, summed over ranks. RuntimeError (kept by `python -O`) unless every target was scored
-    exactly once; `what` names the chunk in it."""
+def score_unit_windows(score_fwd, tokens, luts, windows, lo: int, hi: int, *, eval_batch_seqs: int, seq_len: int,
+                       stride: int, autocast_dtype, bar=None) -> torch.Tensor:
+    """float64 [3] (nll nats, targets, bytes) of this rank's share of targets [lo, hi), scored over `windows`
+    (first window of each batch of eval_batch_seqs, ttt_window_ranges) under inference mode; bar: a
+    primitives.progress.Progress updated per batch."""
     sums = torch.zeros(3, dtype=torch.float64, device=tokens.device)
     with torch.inference_mode():
         for first in windows:
             sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len, stride=stride,
                                        autocast_dtype=autocast_dtype, target_lo=lo, target_hi=hi)
-            bar.update()
-    if dist.is_initialized():
-        dist.all_reduce(sums)
-    if sums[1].item() != hi - lo:
-        raise RuntimeError(f"{what} scored {sums[1].item():.0f} of its {hi - lo} targets: a bug of the window plan")
+            if bar is not None:
+                bar.update()
     return sums
 
 
@@ -145,16 +141,6 @@ def ttt_records(bounds: list, **per_chunk) -> list:
     return [dict(chunk=c, **{k: v[c] for k, v in per_chunk.items()}, first_target=bounds[c],
                  num_targets=bounds[c + 1] - bounds[c], scored_at_step=None, first_update_step=None,
                  last_update_step=None) for c in range(len(bounds) - 1)]
-
-
-def score_and_record(score_fwd, tokens, luts, windows, bounds, records, c: int, totals, step: int, *, what: str,
-                     **score_kw) -> None:
-    """Score chunk c's targets (score_ttt_chunk), add the sums to totals (float64 [3]) and write the chunk's
-    record: scored at update `step`, its val_loss and val_bpb."""
-    sums = score_ttt_chunk(score_fwd, tokens, luts, windows, bounds[c], bounds[c + 1], what=what, **score_kw)
-    nll, num_scored, num_bytes = sums.tolist()
-    totals += sums
-    records[c].update(scored_at_step=step, val_loss=nll / num_scored, val_bpb=nll / math.log(2) / max(num_bytes, 1))
 
 
 def mark_update(records: list, bounds: list, lo: int, hi: int, step: int) -> None:
@@ -198,128 +184,22 @@ def sgd_step(train_fwd, optimizer, chosen, tokens, batch, *, seq_len, rank, worl
     optimizer.zero_grad(set_to_none=True)
 
 
-def run_ttt(model, val_tokens, luts, *, seq_len, stride, chunk_tokens=32768, epochs=3, lr=0.002, momentum=0.9,
-            params="all", batch_seqs=32, eval_batch_seqs=32, grad_clip=1.0, device="cpu", rank=0, world_size=1,
-            autocast_dtype=None, compile_model=False, max_seconds=600.0, bos_id=1, log=print,
-            clock=time.perf_counter) -> dict:
-    """Score-first TTT over the stream val_tokens int [N]; adapts `model` IN PLACE (the dequantized
-    artifact's weights; nothing is saved).
-
-    model: nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] (or forward_hidden + head_logits:
-    eval.sliding.scoring_forward) and forward(x, y) -> mean
-    cross-entropy (nats), on `device`, kept in eval mode (no dropout). Scoring: eval/sliding.py's
-    window set at `stride` in batches of eval_batch_seqs windows, under inference mode, exact bytes
-    (eval/bpb.py). Update: SGD(lr, momentum) with lr cosine-decayed over the chunks, grad-norm clip
-    (0: none), `epochs` passes over the chunk's sequences of seq_len (plan_chunk_sequences),
-    min(batch_seqs, chunk_tokens // seq_len rounded up to the world size) sequences per step (global;
-    each rank takes 1 / world_size of them, gradients all-reduced so every rank takes the same
-    step), on the parameters `params` (select_ttt_params).
-    Multi-rank (torch.distributed initialized, call on every rank): every rank walks the chunks in
-    order, scores a share of each chunk's windows (sums all-reduced) and trains on a share of each
-    batch. autocast_dtype: e.g. torch.bfloat16 on CUDA. compile_model: torch.compile the scoring
-    forward and the training forward (static shapes).
-    Time guard (clock in seconds): after each chunk past the first, the rest is projected from the
-    measured seconds per scored target and per updated target (max over ranks); if scoring with
-    updates would exceed max_seconds the updates stop (logged; the remaining chunks are scored by
-    the adapted model, still a legal full score); if scoring alone would, EvalTimeError (a
-    ValueError) is raised with `.partial` = the chunks measured so far.
-    Returns dict(val_loss nats/token, val_bpb, stride, epochs, eval_seconds, num_scored_tokens
-    (== N - 1), num_bytes, num_chunks, num_updates, updates_stopped_at_chunk (None: never),
-    chunks = per-chunk records: chunk, first_target, num_targets, scored_at_step, first_update_step,
-    last_update_step, val_loss, val_bpb). Raises ValueError naming the setting for bad inputs
-    (TTT_CHUNK_TOKENS < TRAIN_SEQ_LEN, TTT_BATCH_SEQS not a multiple of the world size, ...) before
-    anything runs, and (check_ttt_legality) if any chunk was scored after an update on it.
-    """
-    if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
-            0 < stride <= seq_len <= chunk_tokens and epochs >= 0 and lr >= 0 and eval_batch_seqs > 0
-            and batch_seqs > 0 and batch_seqs % world_size == 0 and max_seconds > 0):
-        raise ValueError(f"run_ttt: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
-                         f"TRAIN_SEQ_LEN={seq_len}, TTT_CHUNK_TOKENS={chunk_tokens}, TTT_EPOCHS={epochs}, TTT_LR={lr}, "
-                         f"TTT_BATCH_SEQS={batch_seqs} (world size {world_size}), EVAL_BATCH_SEQS={eval_batch_seqs}, "
-                         f"EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], 0 < stride <= seq_len <= chunk "
-                         "tokens, batch seqs a multiple of the world size, others >= 0")
-    t_start = clock()
-    batch_seqs = ttt_step_seqs(batch_seqs, chunk_tokens, seq_len, world_size)
-    device = torch.device(device)
-    tokens = val_tokens.to(device, torch.int64)
-    luts = [t.to(device) for t in luts]
-    chosen = select_ttt_params(model, params)
-    saved_flags = [(p, p.requires_grad) for p in model.parameters()]
-    bounds = split_ttt_chunks(tokens, chunk_tokens, bos_id)
-    num_chunks = len(bounds) - 1
-    score_fwd = scoring_forward(model, compile_model)
-    train_fwd = torch.compile(model, dynamic=False) if compile_model else model
-    optimizer = torch.optim.SGD(chosen, lr=lr, momentum=momentum)
-    distributed = dist.is_initialized()
-    records = ttt_records(bounds)
-    step, stopped = 0, None
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    seconds = [0.0, 0.0]  # scoring, updating (chunks past the first)
-    window_ranges = ttt_window_ranges(bounds, seq_len=seq_len, stride=stride, rank=rank, world_size=world_size,
-                                      eval_batch_seqs=eval_batch_seqs)
-    bar = Progress(f"ttt eval stride {stride}", sum(map(len, window_ranges)), "window batches")
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        for p in chosen:
-            p.requires_grad_(True)
-        for c in range(num_chunks):
-            lo, hi = bounds[c], bounds[c + 1]
-            t0 = clock()
-            score_and_record(score_fwd, tokens, luts, window_ranges[c], bounds, records, c, totals, step,
-                             eval_batch_seqs=eval_batch_seqs, seq_len=seq_len, stride=stride,
-                             autocast_dtype=autocast_dtype, bar=bar, what=f"run_ttt: chunk {c}")
-            check_ttt_legality(records[c:c + 1])
-            t1 = clock()
-            chunk_lr = lr * 0.5 * (1 + math.cos(math.pi * c / max(1, num_chunks - 1)))
-            starts = plan_chunk_sequences(lo, hi, seq_len, batch_seqs) if c < num_chunks - 1 and stopped is None else []
-            for _ in range(epochs if chunk_lr > 0 else 0):
-                for b in range(0, len(starts), batch_seqs):
-                    batch = starts[b:b + batch_seqs]
-                    sgd_step(train_fwd, optimizer, chosen, tokens, batch, seq_len=seq_len, rank=rank,
-                             world_size=world_size, lr=chunk_lr, grad_clip=grad_clip, autocast_dtype=autocast_dtype,
-                             distributed=distributed)
-                    step += 1
-                    mark_update(records, bounds, min(batch), max(batch) + seq_len, step)  # all ranks' sequences
-            t2 = clock()
-            if c == 0:
-                continue  # chunk 0 pays for compilation: not a rate
-            seconds[0] += t1 - t0
-            seconds[1] += t2 - t1
-            done = bounds[c + 1] - bounds[1]
-            left_targets, left_updated = bounds[-1] - hi, max(0, bounds[-2] - hi)
-            rates = torch.tensor([seconds[0] / done, seconds[1] / done], dtype=torch.float64, device=device)
-            if distributed:
-                dist.all_reduce(rates, op=dist.ReduceOp.MAX)
-            elapsed = clock() - t_start
-            score_rate, update_rate = rates.tolist()
-            if elapsed + score_rate * left_targets > max_seconds:
-                err = EvalTimeError(f"run_ttt: projected {elapsed + score_rate * left_targets:.1f}s for scoring alone "
-                                    f"after chunk {c}/{num_chunks} ({elapsed:.1f}s elapsed) > EVAL_MAX_SECONDS "
-                                    f"{max_seconds:.1f}s: raise EVAL_STRIDE", 0)
-                err.partial = records[:c + 1]
-                raise err
-            projected = elapsed + score_rate * left_targets + update_rate * left_updated
-            if stopped is None and epochs and projected > max_seconds:
-                stopped = c + 1
-                if rank == 0:
-                    log(f"ttt: projected {projected:.1f}s > EVAL_MAX_SECONDS "
-                        f"{max_seconds:.1f}s: updates stop after chunk {c}/{num_chunks}, the rest is scored only")
-    finally:
-        optimizer.zero_grad(set_to_none=True)
-        for p, flag in saved_flags:
-            p.requires_grad_(flag)
-    bar.close()
-    val_loss, val_bpb, num_scored, num_bytes = ttt_totals(records, totals, len(tokens) - 1, "run_ttt")
-    return dict(val_loss=val_loss, val_bpb=val_bpb, stride=stride, epochs=epochs,
-                eval_seconds=clock() - t_start, num_scored_tokens=num_scored, num_bytes=num_bytes,
-                num_chunks=num_chunks, num_updates=step, updates_stopped_at_chunk=stopped, chunks=records)
-
-
 def ttt_log_line(result: dict) -> str:
     """The greppable final line: `final_ttt_exact val_loss:... val_bpb:... eval_time:...ms`."""
     return (f"final_ttt_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
             f"eval_time:{1000 * result['eval_seconds']:.0f}ms")
+
+
+def ttt_result_line(result: dict) -> str:
+    """ttt_log_line plus the stride, the units (phases:P for a mode with phases, else chunks:C) and the updates."""
+    units = f"phases:{result['phases']}" if "phases" in result else f"chunks:{result['num_chunks']}"
+    return ttt_log_line(result) + f" stride:{result['stride']} {units} updates:{result['num_updates']}"
+
+
+def zero_updates_warning(result: dict, mode: str) -> str:
+    """The line a TTT score that made no update gets (a unit's last chunk is never trained on)."""
+    return (f"WARNING: TTT made 0 updates in {result['num_chunks']} chunk(s) of TTT_MODE={mode} (a last chunk is "
+            "never trained on): the TTT score is the plain sliding score")
 
 
 def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_len, stride, epochs, chunk_tokens,

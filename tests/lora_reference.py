@@ -1,6 +1,6 @@
 """The document-by-document LoRA TTT the kit ran before the adapters were batched, kept as the tests'
 oracle for eval/lora_ttt.py: one adapter (F.linear hooks), torch.optim.Adam made fresh per document, chunks
-scored in val order with eval/ttt.py's scoring (score_and_record). No time guard, one rank."""
+scored in val order with eval/ttt.py's scoring (score_unit_windows). No time guard, one rank."""
 
 import math
 
@@ -9,8 +9,7 @@ import torch.nn.functional as F
 
 from eval.lora_batch import LORA_SEED, LORA_TARGETS
 from eval.lora_ttt import split_lora_chunks
-from eval.ttt import mark_update, score_and_record, ttt_records, ttt_totals, ttt_window_ranges
-from primitives.progress import Progress
+from eval.ttt import mark_update, score_unit_windows, ttt_records, ttt_totals, ttt_window_ranges
 
 
 class LoRAAdapter:
@@ -49,7 +48,6 @@ def sequential_lora_ttt(model, tokens, luts, *, seq_len, stride, chunk_tokens, e
     windows = ttt_window_ranges(bounds, seq_len=seq_len, stride=stride, rank=0, world_size=1, eval_batch_seqs=batch)
     totals, step, lora = torch.zeros(3, dtype=torch.float64), 0, LoRAAdapter(model, lora_rank)
     saved = [(p, p.requires_grad) for p in model.parameters()]
-    bar = Progress("reference", 1, "")
     try:
         for p in model.parameters():
             p.requires_grad_(False)
@@ -58,9 +56,13 @@ def sequential_lora_ttt(model, tokens, luts, *, seq_len, stride, chunk_tokens, e
                 lora.reset()
                 optimizer = torch.optim.Adam(lora.params, lr=lr, betas=(0.9, 0.95))
             logits = lambda ids, start: model.forward_logits(ids)[:, start:]  # eval.sliding.scoring_forward's contract
-            score_and_record(logits, tokens, luts, windows[c], bounds, records, c, totals, step,
-                             eval_batch_seqs=batch, seq_len=seq_len, stride=stride, autocast_dtype=None, bar=bar,
-                             what=f"reference chunk {c}")
+            sums = score_unit_windows(logits, tokens, luts, windows[c], bounds[c], bounds[c + 1], eval_batch_seqs=batch,
+                                      seq_len=seq_len, stride=stride, autocast_dtype=None)
+            nll, num_scored, num_bytes = sums.tolist()
+            assert num_scored == bounds[c + 1] - bounds[c], f"reference chunk {c}: a bug of the window plan"
+            totals += sums
+            records[c].update(scored_at_step=step, val_loss=nll / num_scored,
+                              val_bpb=nll / math.log(2) / max(num_bytes, 1))
             if c == len(bounds) - 2 or doc_starts[c + 1] != doc_starts[c]:
                 continue  # the document's last chunk
             b = bounds[c + 1]

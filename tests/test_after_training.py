@@ -159,6 +159,7 @@ def test_eval_auto_stride_recovers_in_the_trainer_within_what_load_and_roundtrip
 def test_the_next_command_after_a_ttt_overrun_scores_at_the_plans_stride(tmp_path):
     """A TTT eval that overruns after the plan coarsened the stride (EVAL_AUTO_STRIDE): `next:` names the plan's
     stride (what the artifact records), not EVAL_STRIDE, so the command repeats the run's eval."""
+    from eval.plan import EvalPlan
     from eval.sliding import EvalTimeError
 
     hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora", ttt_epochs=3)
@@ -167,8 +168,9 @@ def test_the_next_command_after_a_ttt_overrun_scores_at_the_plans_stride(tmp_pat
     ctx.log = lambda msg="", console=True: lines.append(msg)
     artifact = tmp_path / "final_model.ptz"
     artifact.write_bytes(b"x")
-    status = trainer_finish.after_training_error(ctx, hp, EvalTimeError("over", 0), artifact, ttt_epochs=1, eval_stride=256)
+    status = trainer_finish.after_training_error(ctx, hp, EvalTimeError("over", 0), artifact,
+                                                 EvalPlan(stride=256, epochs=1, mode="lora"))
     assert status == "eval_over_time"
     assert re.search(r"^next: python -m eval score .* --stride 256 .*--ttt 1 --ttt-epochs 1 .*--ttt-mode lora", lines[-1])
-    trainer_finish.after_training_error(ctx, hp, EvalTimeError("over", 0), artifact, ttt_epochs=1)
+    trainer_finish.after_training_error(ctx, hp, EvalTimeError("over", 0), artifact, EvalPlan(stride=hp.eval_stride, epochs=1))
     assert " --stride 64 " in lines[-1]  # no plan stride given: EVAL_STRIDE, as before

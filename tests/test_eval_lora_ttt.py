@@ -3,19 +3,25 @@ with the sliding eval and with the document-by-document oracle (tests/lora_refer
 the batched adapter (identity at reset, slots independent, removed after), per-document reset, legality
 (and an illegal variant the check refuses), learning on repeated text, the time guard, the projection."""
 
+import dataclasses
+import functools
+
 import pytest
 import torch
 
 import eval.lora_ttt as lora_ttt
+import eval.ttt_modes as ttt_modes
 from eval.lora_batch import BatchedLoRA, plan_lora_rounds
-from eval.lora_ttt import (count_lora_work, estimate_lora_work, lora_batch_windows, project_lora_seconds, run_lora_ttt,
+from eval.lora_ttt import (count_lora_work, estimate_lora_work, lora_batch_windows, project_lora_seconds,
                            split_lora_chunks)
 from eval.sliding import EvalTimeError, eval_sliding
 from eval.ttt import check_ttt_legality
+from eval.ttt_modes import TTT_MODES, run_mode
 from lora_reference import sequential_lora_ttt
 from model.gpt import GPT
 from test_eval_support import ClockedForward, mixed_stream, read_docs
 
+run_lora_ttt = functools.partial(run_mode, "lora", epochs=1)
 QUIET = dict(device="cpu", log=lambda msg: None)
 CONFIG = dict(vocab_size=1024, num_layers=2, model_dim=32, num_heads=2, num_kv_heads=1, mlp_mult=2.0, rope_dims=8,
               xsa_last_n=1)
@@ -183,7 +189,8 @@ def test_ledger_is_legal_and_training_before_scoring_is_refused(stream, luts, mo
     with pytest.raises(ValueError, match=f"TTT illegal: chunk {c + 1} .* in scoring order"):
         check_ttt_legality(swapped)
     # the illegal variant: the updates after chunk c train on chunk c + 1 too, before it is scored
-    monkeypatch.setattr(lora_ttt, "lora_train_span", lambda bounds, c: (bounds[c], bounds[min(c + 2, len(bounds) - 1)]))
+    two_chunks = lambda sched, c: (sched.bounds[c], sched.bounds[min(c + 2, len(sched.bounds) - 1)])
+    monkeypatch.setitem(TTT_MODES, "lora", dataclasses.replace(TTT_MODES["lora"], scope=two_chunks))
     with pytest.raises(ValueError, match=r"TTT illegal: chunk 1 \(targets 16\.\.\d+\) was scored after 2 updates, "
                                          r"but update 1 had already trained on it"):
         run_lora_ttt(tiny_gpt(seed=3), stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.05,
@@ -257,8 +264,8 @@ def test_time_guard_refuses_when_scoring_alone_cannot_fit(stream, luts):
 
 
 def test_the_projection_counts_the_runs_forwards_and_steps(stream, luts, monkeypatch):
-    calls, real = [], lora_ttt.score_lora_batch
-    monkeypatch.setattr(lora_ttt, "score_lora_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls, real = [], ttt_modes.score_lora_batch
+    monkeypatch.setattr(ttt_modes, "score_lora_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
     res = run_lora_ttt(tiny_gpt(seed=7), stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.01,
                        batch_docs=3, eval_batch_seqs=4, **QUIET)
     windows = lora_batch_windows(16, 16, 1, 4, 3)

@@ -1,15 +1,20 @@
 """Phased score-first TTT (eval/phased_ttt.py): phase boundaries, equivalence with the sliding eval,
 legality (and illegal variants the check refuses), the planner, and the CLI flags."""
 
+import dataclasses
+import functools
+
 import pytest
 import torch
 
-import eval.phased_ttt as phased
-from eval.phased_ttt import plan_phased_ttt, project_phased_seconds, run_phased_ttt, split_phases
+from eval.phased_ttt import plan_phased_ttt, project_phased_seconds
+from eval.ttt_modes import TTT_MODES, run_mode, split_phases
 from eval.sliding import eval_sliding
-from eval.ttt import check_ttt_legality, run_ttt
+from eval.ttt import check_ttt_legality
 from test_eval_support import load_sp, mixed_stream
-from test_eval_ttt import QUIET, TTTLM
+from test_eval_ttt import QUIET, TTTLM, run_ttt
+
+run_phased_ttt = functools.partial(run_mode, "phased", epochs=1)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +70,8 @@ def test_phased_ttt_trains_on_the_scored_prefix_and_learns(stream, luts):
 
 def test_training_on_a_phase_before_scoring_it_is_refused(stream, luts, monkeypatch):
     """The illegal variant: the round after phase p trains on phase p + 1 too (update before score)."""
-    monkeypatch.setattr(phased, "phase_train_span", lambda bounds, p: (0, bounds[min(p + 2, len(bounds) - 1)]))
+    two_phases = lambda sched, p: (0, sched.bounds[min(p + 2, len(sched.bounds) - 1)])
+    monkeypatch.setitem(TTT_MODES, "phased", dataclasses.replace(TTT_MODES["phased"], scope=two_phases))
     with pytest.raises(ValueError, match=r"TTT illegal: chunk 1 \(targets \d+\.\.\d+\) was scored after 17 updates, "
                                          r"but update 10 had already trained on it"):
         run_phased_ttt(TTTLM(seed=3), stream[:1500], luts, seq_len=32, stride=16, phases=3, epochs=1, lr=0.1,

@@ -1,6 +1,8 @@
 """Score-first TTT (eval/ttt.py): chunks, equivalence with the sliding eval, legality (and an illegal
 variant the check catches), the time guard, the planner, 2 ranks against 1, and the CLI."""
 
+import dataclasses
+import functools
 
 import pytest
 import torch
@@ -10,9 +12,11 @@ import torch.nn.functional as F
 
 import eval.ttt as ttt
 from eval.sliding import EvalTimeError, eval_sliding
-from eval.ttt import check_ttt_legality, plan_chunk_sequences, plan_ttt, run_ttt, select_ttt_params, split_ttt_chunks
+from eval.ttt import check_ttt_legality, plan_chunk_sequences, plan_ttt, select_ttt_params, split_ttt_chunks
+from eval.ttt_modes import TTT_MODES, run_mode
 from test_eval_support import ClockedForward, TinyCausalLM, mixed_stream
 
+run_ttt = functools.partial(run_mode, "chunked")
 QUIET = dict(device="cpu", log=lambda msg: None)
 
 
@@ -95,8 +99,8 @@ def test_an_update_before_its_score_is_refused(stream, luts, monkeypatch):
     score, the leak of training on val before evaluating it)."""
     tokens = stream[:1500]
     n = len(tokens) - 1
-    legal = ttt.plan_chunk_sequences
-    monkeypatch.setattr(ttt, "plan_chunk_sequences", lambda lo, hi, seq_len, m: legal(hi, min(n, 2 * hi - lo), seq_len, m))
+    next_chunk = lambda sched, c: (sched.bounds[c + 1], min(n, 2 * sched.bounds[c + 1] - sched.bounds[c]))
+    monkeypatch.setitem(TTT_MODES, "chunked", dataclasses.replace(TTT_MODES["chunked"], scope=next_chunk))
     with pytest.raises(ValueError, match=r"TTT illegal: chunk 1 \(targets \d+\.\.\d+\) was scored after \d+ updates, "
                                          r"but update 1 had already trained on it"):
         run_ttt(TTTLM(seed=3), tokens, luts, seq_len=32, stride=16, chunk_tokens=300, epochs=1, lr=0.1, batch_seqs=2,

@@ -10,11 +10,10 @@ import torch
 import primitives.progress as progress
 from eval.bpb import build_sentencepiece_luts
 from eval.sliding import count_sliding_windows, eval_sliding
-from eval.ttt import run_ttt
 from quant.artifact import export_artifact
 from quant.policy import QuantPolicy
 from test_eval_support import TinyCausalLM, load_sp, mixed_stream
-from test_eval_ttt import TTTLM
+from test_eval_ttt import TTTLM, run_ttt
 from test_quant_artifact import CONFIG, _state
 
 LINE = r"{label}: (\d+)/(\d+) {unit} \((\d+)%\) \d+s elapsed, ETA (\d+|nan)s"

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from eval.plan import EvalPlan
 from quant.artifact import load_artifact
 from tests.test_train import REPO, one_thread, read_result, run_to_done, trainer_env  # noqa: F401 (fixture)
 from tests.test_train_ttt import plan_with
@@ -39,7 +40,7 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
         mode="lora", epochs=1, lora_rank=4, lora_lr=0.02, lora_chunk_tokens=32, lora_batch_docs=4)
     # `python -m eval score --ttt 1`: every TTT setting from the artifact, none from flags or the environment
     hp = Hyperparameters.from_env(env, log=lambda *_: None)
-    command = score_command(hp, artifact, result["eval_stride"], result["ttt_epochs"])
+    command = score_command(hp, artifact, EvalPlan(stride=result["eval_stride"], epochs=result["ttt_epochs"]))
     assert command.endswith(" --ttt-mode lora --ttt-lora-rank 4 --ttt-lora-lr 0.02 --ttt-lora-chunk-tokens 32 "
                             "--ttt-lora-batch-docs 4")
     assert_cli_scores_as_the_trainer(
@@ -55,7 +56,7 @@ def test_a_coarser_lora_stride_is_the_one_the_artifact_scores_with(tiny_dataset,
     the ttt_plan line, the final_ttt line, result.json and the artifact, and `python -m eval score --ttt 1`
     without --stride scores the artifact at it to the same val_bpb."""
     from shards.format import load_validation_tokens
-    from trainer.evaluate import lora_work_at
+    from eval.plan import lora_work_at
 
     env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="coarse", **LORA_ENV, EVAL_AUTO_STRIDE=1,
                       EVAL_STRIDE=16, EVAL_BATCH_SEQS=4)

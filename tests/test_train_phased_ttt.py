@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from eval.plan import EvalPlan
 from quant.artifact import load_artifact
 from tests.test_train import REPO, one_thread, run_to_done, trainer_env  # noqa: F401 (fixture)
 from tests.test_train_ttt import plan_with
@@ -31,7 +32,8 @@ def test_trainer_phased_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_dat
     assert (recorded["mode"], recorded["phases"], recorded["epochs"]) == ("phased", 3, 1)
     # `python -m eval score --ttt 1`: every TTT setting from the artifact, none from flags or the environment
     hp = Hyperparameters.from_env(env, log=lambda *_: None)
-    command = score_command(hp, artifact, result["eval_stride"], result["ttt_epochs"], result["ttt_phases"])
+    command = score_command(hp, artifact, EvalPlan(stride=result["eval_stride"], epochs=result["ttt_epochs"],
+                                               phases=result["ttt_phases"]))
     assert command.endswith(" --ttt-mode phased --ttt-phases 3")
     assert_cli_scores_as_the_trainer(
         command, env, result,

@@ -13,6 +13,7 @@ import trainer.evaluate as trainer_evaluate
 import model.gpt as trainer_model
 from tests.test_after_training import run_main_in_process
 from tests.test_train import REPO, one_thread, read_result, run_to_done, run_trainer, trainer_env  # noqa: F401 (fixture)
+from eval.plan import EvalPlan
 from trainer.context import RunContext
 from trainer.evaluate import plan_final_eval
 from trainer.finish import score_command
@@ -38,7 +39,8 @@ def test_trainer_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_dataset, s
     assert int(m.group(4)) == result["ttt_updates"] and int(m.group(3)) >= 2
     # the same score from the eval CLI on the artifact, with the command the run gives for it
     hp = Hyperparameters.from_env(env, log=lambda *_: None)
-    command = score_command(hp, tmp_path / "ttt" / "final_model.ptz", result["eval_stride"], result["ttt_epochs"])
+    command = score_command(hp, tmp_path / "ttt" / "final_model.ptz", EvalPlan(stride=result["eval_stride"],
+                                                                                   epochs=result["ttt_epochs"]))
     assert "--ttt 1 --ttt-epochs 2 --ttt-chunk-tokens 1024 --ttt-lr 0.01 " in command
     cli_env = {k: v for k, v in env.items() if not k.startswith("TTT_")}  # the flags alone say it
     score = subprocess.run([sys.executable, *command.split()[1:]], cwd=REPO, capture_output=True, text=True,
@@ -66,7 +68,12 @@ def plan_with(monkeypatch, tmp_path, forward_seconds, step_seconds, **settings):
     ctx.log = lambda msg="", console=True: lines.append(msg)
     monkeypatch.setattr(trainer_evaluate, "time_eval_forward", lambda *a: forward_seconds)
     monkeypatch.setattr(trainer_evaluate, "time_ttt_step", lambda *a: step_seconds)
-    return plan_final_eval(ctx, build_model_config(hp), hp, 1_000_001), lines
+    return plan_entries(plan_final_eval(ctx, build_model_config(hp), hp, 1_000_001)), lines
+
+
+def plan_entries(plan) -> dict:
+    """The plan's stride, TTT epochs and (a mode with phases) phases as the entries the tests compare."""
+    return dict(stride=plan.stride, ttt_epochs=plan.epochs, **({"ttt_phases": plan.phases} if plan.phases else {}))
 
 
 def test_the_plan_keeps_cuts_or_skips_ttt_and_says_so(monkeypatch, tmp_path):
@@ -103,10 +110,10 @@ def test_a_ttt_overrun_keeps_the_roundtrip_and_names_the_ttt_command(
     from test_eval_support import BatchClock
 
     clock = BatchClock(100.0)
-    run_ttt = trainer_evaluate.run_ttt
+    run_mode = trainer_evaluate.run_mode
     monkeypatch.setattr(trainer_evaluate, "time_eval_forward", lambda *a: 1e-6)
     monkeypatch.setattr(trainer_evaluate, "time_ttt_step", lambda *a: 1e-6)
-    monkeypatch.setattr(trainer_evaluate, "run_ttt", lambda *a, **k: run_ttt(*a, clock=clock, **k))
+    monkeypatch.setattr(trainer_evaluate, "run_mode", lambda *a, **k: run_mode(*a, clock=clock, **k))
     monkeypatch.setattr(trainer_model.GPT, "head_logits", clock.wrap(trainer_model.GPT.head_logits))  # once per scoring batch
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "over", EVAL_MAX_SECONDS=900,
                                **TTT_ENV) == 1
@@ -169,12 +176,12 @@ def test_one_chunk_of_val_plans_no_ttt_epochs_and_says_why(monkeypatch, tmp_path
     ctx.log = lambda msg="", console=True: lines.append(msg)
     monkeypatch.setattr(trainer_evaluate, "time_eval_forward", lambda *a: 1e-4)
     monkeypatch.setattr(trainer_evaluate, "time_ttt_step", lambda *a: 1e-4)
-    assert plan_final_eval(ctx, build_model_config(hp), hp, 4097) == dict(stride=16, ttt_epochs=0)
+    assert plan_entries(plan_final_eval(ctx, build_model_config(hp), hp, 4097)) == dict(stride=16, ttt_epochs=0)
     assert re.search(r" stride 16 epochs 0 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\); TTT skipped: the "
                      r"4096 val targets are one chunk of TTT_CHUNK_TOKENS=4096, the last one, which score-first TTT never "
                      r"trains on: 0 updates \(the score is the sliding one\)$", lines[-1]), lines[-1]
     # one target more: two chunks (if documents allow), and the epochs are kept
-    assert plan_final_eval(ctx, build_model_config(hp), hp, 4098) == dict(stride=16, ttt_epochs=3)
+    assert plan_entries(plan_final_eval(ctx, build_model_config(hp), hp, 4098)) == dict(stride=16, ttt_epochs=3)
     common = dict(forward_seconds=1e-4, train_seconds=1e-4, seq_len=64, strides=[16], chunk_tokens=4096,
                   eval_batch_seqs=4, batch_seqs=32, max_seconds=600)
     assert plan_ttt(num_val_tokens=100, epochs=0, **common)["reason"] is None  # TTT off: no reason to give

@@ -5,17 +5,17 @@ Autocast and compile as in training; the scoring itself lives in eval/ (exact by
 challenge's sliding-window rule).
 """
 
-import functools
 import time
 
 import torch
 
 from eval.roundtrip import eval_roundtrip
-from eval.lora_ttt import (BatchedLoRA, estimate_lora_work, lora_batch_windows, lora_train_batch, lora_work_counter,
-                           plan_lora_ttt, run_lora_ttt)
-from eval.phased_ttt import plan_phased_ttt, run_phased_ttt
+from eval.lora_batch import BatchedLoRA, lora_train_batch
+from eval.lora_ttt import lora_batch_windows
+from eval.plan import EvalPlan, lora_work_at, plan_ttt_eval
 from eval.sliding import count_sliding_windows, eval_sliding, scoring_forward
-from eval.ttt import plan_ttt, run_ttt, select_ttt_params, ttt_step_seqs
+from eval.ttt import select_ttt_params, ttt_step_seqs
+from eval.ttt_modes import TTT_MODES, mode_settings, run_mode
 from trainer.context import RunContext
 from model.gpt import GPT
 from primitives.progress import Progress
@@ -58,31 +58,20 @@ def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_token
     return out
 
 
-def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, *, stride: int,
-                 epochs: int, started: float, phases: int = 0) -> dict:
-    """Legal score-first TTT in place of the sliding pass (eval.ttt.run_ttt's dict: val_loss, val_bpb,
-    eval_seconds, num_scored_tokens, num_bytes, num_chunks, num_updates, updates_stopped_at_chunk, ...)
-    with the TTT_* settings and `epochs` (the plan's); adapts `model` in place. Its time guard gets what
-    is left of EVAL_MAX_SECONDS since `started`. Raises EvalTimeError when scoring alone cannot fit.
-    TTT_MODE=phased: eval.phased_ttt.run_phased_ttt with `phases` (the plan's) instead; TTT_MODE=lora:
-    eval.lora_ttt.run_lora_ttt (TTT_LORA_*; the model's weights are left as they were)."""
+def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, *, plan: EvalPlan,
+                 started: float) -> dict:
+    """Legal score-first TTT of TTT_MODE in place of the sliding pass (eval.ttt_modes.run_mode's dict: val_loss,
+    val_bpb, eval_seconds, num_scored_tokens, num_bytes, num_chunks, num_updates, updates_stopped_at_chunk, ...)
+    with the mode's TTT_* settings and the plan's stride, epochs and (a mode with phases) phases; SGD modes adapt
+    `model` in place. Its time guard gets what is left of EVAL_MAX_SECONDS since `started`. Raises EvalTimeError
+    when scoring alone cannot fit."""
     left = hp.eval_max_seconds - (time.perf_counter() - started)
-    if hp.ttt_mode == "lora":
-        return run_lora_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
-                            chunk_tokens=hp.ttt_lora_chunk_tokens, epochs=epochs, lr=hp.ttt_lora_lr,
-                            lora_rank=hp.ttt_lora_rank, batch_docs=hp.ttt_lora_batch_docs, eval_batch_seqs=hp.eval_batch_seqs,
-                            max_seconds=max(left, 1e-9), log=ctx.log, **eval_device_args(ctx))
-    if hp.ttt_mode == "phased":
-        return run_phased_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
-                              phases=phases or hp.ttt_phases,
-                              epochs=epochs, lr=hp.ttt_lr, momentum=hp.ttt_momentum, params=hp.ttt_params,
-                              batch_seqs=hp.ttt_batch_seqs, eval_batch_seqs=hp.eval_batch_seqs,
-                              grad_clip=hp.ttt_grad_clip, max_seconds=max(left, 1e-9), log=ctx.log,
-                              **eval_device_args(ctx))
-    return run_ttt(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride, chunk_tokens=hp.ttt_chunk_tokens,
-                   epochs=epochs, lr=hp.ttt_lr, momentum=hp.ttt_momentum, params=hp.ttt_params,
-                   batch_seqs=hp.ttt_batch_seqs, eval_batch_seqs=hp.eval_batch_seqs, grad_clip=hp.ttt_grad_clip,
-                   max_seconds=max(left, 1e-9), log=ctx.log, **eval_device_args(ctx))
+    settings = mode_settings(hp.ttt_mode, hp)
+    if plan.phases and "phases" in settings:
+        settings["phases"] = plan.phases
+    return run_mode(hp.ttt_mode, model, val_tokens, luts, seq_len=hp.train_seq_len, stride=plan.stride,
+                    epochs=plan.epochs, eval_batch_seqs=hp.eval_batch_seqs, max_seconds=max(left, 1e-9), log=ctx.log,
+                    **eval_device_args(ctx), **settings)
 
 
 def seconds_per_call(ctx: RunContext, call, repeats: int = 3, label: str = "timing") -> float:
@@ -122,7 +111,8 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     """Seconds of one TTT update as eval/ttt.py runs it: forward + backward of this rank's share of a
     TTT batch ([ttt_step_seqs / ranks, TRAIN_SEQ_LEN] synthetic tokens) with only TTT_PARAMS requiring
     grad, then SGD; compiled and autocast as the eval runs it. Changes `model`'s weights (a fresh model)."""
-    cap_tokens = hp.ttt_chunk_tokens if hp.ttt_mode == "chunked" else hp.ttt_batch_seqs * hp.train_seq_len  # phased: uncapped
+    # a mode whose units are chunks caps a step at a chunk's sequences; phases are not capped
+    cap_tokens = hp.ttt_chunk_tokens if "chunk_tokens" in TTT_MODES[hp.ttt_mode].fields else hp.ttt_batch_seqs * hp.train_seq_len
     batch = ttt_step_seqs(hp.ttt_batch_seqs, cap_tokens, hp.train_seq_len, ctx.world_size) // ctx.world_size
     chosen = select_ttt_params(model, hp.ttt_params)
     for p in model.parameters():
@@ -145,62 +135,46 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     return seconds
 
 
-def plan_strides(hp: Hyperparameters) -> list:
-    """The strides a TTT plan may choose, preferred first: EVAL_STRIDE, then with EVAL_AUTO_STRIDE every
-    coarser one up to TRAIN_SEQ_LEN."""
-    return list(range(hp.eval_stride, hp.train_seq_len + 1)) if hp.eval_auto_stride else [hp.eval_stride]
-
-
-def plan_ttt_from_timings(hp: Hyperparameters, *, forward_seconds: float, step_seconds: float, num_val_tokens: int,
-                          world_size: int = 1) -> dict:
-    """eval.ttt.plan_ttt for this run's settings from the measured seconds of one eval forward batch
-    and one TTT step: strides >= EVAL_STRIDE with EVAL_AUTO_STRIDE, else EVAL_STRIDE; the roundtrip
-    (windows of TRAIN_SEQ_LEN at the same speed) counted in. Returns plan_ttt's dict plus
-    roundtrip_seconds. Used by the trainer's plan and by tools/gpu_check.py. TTT_MODE=phased:
-    eval.phased_ttt.plan_phased_ttt (TTT_PHASES; the dict adds phases)."""
-    b, seq_len, n = hp.eval_batch_seqs, hp.train_seq_len, num_val_tokens - 1
-    roundtrip = forward_seconds * count_sliding_windows(n, seq_len, seq_len) / (b * world_size)
-    strides = plan_strides(hp)
-    if hp.ttt_mode == "phased":
-        plan = plan_phased_ttt(forward_seconds=forward_seconds, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
-                               seq_len=seq_len, strides=strides, epochs=hp.ttt_epochs, phases=hp.ttt_phases,
-                               eval_batch_seqs=b, batch_seqs=hp.ttt_batch_seqs, max_seconds=hp.eval_max_seconds,
-                               roundtrip_seconds=roundtrip, world_size=world_size)
-        return dict(plan, roundtrip_seconds=roundtrip)
-    plan = plan_ttt(forward_seconds=forward_seconds, train_seconds=step_seconds, num_val_tokens=num_val_tokens,
-                    seq_len=seq_len, strides=strides, epochs=hp.ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens,
-                    eval_batch_seqs=b, batch_seqs=hp.ttt_batch_seqs, max_seconds=hp.eval_max_seconds,
-                    roundtrip_seconds=roundtrip, world_size=world_size)
-    return dict(plan, roundtrip_seconds=roundtrip)
-
-
-def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
-    """The final eval's plan before training: dict(stride, ttt_epochs) (ttt_epochs 0: the sliding pass), with
-    ttt_phases too when TTT_MODE=phased plans TTT (eval.phased_ttt.plan_phased_ttt).
+def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> EvalPlan:
+    """The final eval's plan before training (eval.plan.EvalPlan; epochs 0: the sliding pass).
 
     Without TTT: EVAL_STRIDE, or with EVAL_AUTO_STRIDE the smallest stride that fits (plan_eval_stride).
-    With TTT_ENABLED: the forward and the TTT step are timed on a fresh model (time_eval_forward,
-    time_ttt_step) and eval.ttt.plan_ttt picks the stride (>= EVAL_STRIDE when EVAL_AUTO_STRIDE, else
-    EVAL_STRIDE) and the most epochs <= TTT_EPOCHS that fit 90% of EVAL_MAX_SECONDS with the roundtrip,
-    or skips TTT; logs `ttt_plan:` with the numbers and the reason. The eval's own guards still check
-    the real speed. TTT_MODE=lora: plan_lora_eval.
+    With TTT_ENABLED: the eval forward (time_eval_forward) and what the mode's row times (its `timing`: an SGD
+    step, time_ttt_step; or a LoRA scoring forward and batched step, time_lora_ttt, with the val stream's
+    document schedule, eval.plan.lora_work_at) are timed on a fresh model, and eval.plan.plan_ttt_eval picks the
+    stride (>= EVAL_STRIDE when EVAL_AUTO_STRIDE, else EVAL_STRIDE), the most epochs <= TTT_EPOCHS (then phases)
+    that fit 90% of EVAL_MAX_SECONDS with the roundtrip, or skips TTT; logs `ttt_plan:` with the numbers and the
+    reason. The eval's own guards still check the real speed.
     """
     if not (hp.ttt_enabled and hp.ttt_epochs) or hp.skip_final_eval:
         stride = plan_eval_stride(ctx, model_config, hp, num_val_tokens) if (
             hp.eval_auto_stride and not hp.skip_final_eval) else hp.eval_stride
-        return dict(stride=stride, ttt_epochs=0)
-    if hp.ttt_mode == "lora":
-        return plan_lora_eval(ctx, model_config, hp, num_val_tokens)
+        return EvalPlan(stride=stride)
     model = GPT(**model_config).to(ctx.device).eval()
-    per_batch, step = time_eval_forward(ctx, model, hp), time_ttt_step(ctx, model, hp)
-    plan = plan_ttt_from_timings(hp, forward_seconds=per_batch, step_seconds=step, num_val_tokens=num_val_tokens,
-                                 world_size=ctx.world_size)
-    phases = f" phases {plan['phases']}" if "phases" in plan else ""
-    ctx.log(f"ttt_plan: {1000 * per_batch:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
-            f"{1000 * step:.1f}ms per TTT step, {num_val_tokens - 1} val targets: stride {plan['stride']} epochs "
-            f"{plan['epochs']}{phases} projected {plan['projected_seconds']:.0f}s with the roundtrip "
-            f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
-    return dict(stride=plan["stride"], ttt_epochs=plan["epochs"], **({"ttt_phases": plan["phases"]} if phases else {}))
+    timings = dict(forward_seconds=time_eval_forward(ctx, model, hp))
+    if TTT_MODES[hp.ttt_mode].timing == "lora":
+        tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
+        timings.update(lora=time_lora_ttt(ctx, model, hp), work_at=lora_work_at(hp, num_val_tokens, ctx.world_size, tokens))
+    else:
+        timings.update(step_seconds=time_ttt_step(ctx, model, hp))
+    plan = plan_ttt_eval(hp, timings, num_val_tokens, ctx.world_size)
+    ctx.log(f"ttt_plan: {describe_timings(hp, timings, plan, num_val_tokens)}: stride {plan.stride} epochs {plan.epochs}"
+            + f" phases {plan.phases}" * bool(plan.phases) + f" projected {plan.projected_seconds:.0f}s with the roundtrip "
+            f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan.reason}" * bool(plan.reason))
+    return plan
+
+
+def describe_timings(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
+    """The `ttt_plan:` line's measured part: what was timed and the val stream it is projected over."""
+    if "lora" not in timings:
+        return (f"{1000 * timings['forward_seconds']:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
+                f"{1000 * timings['step_seconds']:.1f}ms per TTT step, {num_val_tokens - 1} val targets")
+    (forward_seconds, step_seconds), work = timings["lora"], plan.work
+    return (f"TTT_MODE=lora {1000 * forward_seconds:.1f}ms per scoring forward of "
+            f"{timings['work_at'](hp.eval_stride)['windows']}x{hp.train_seq_len}, {1000 * step_seconds:.1f}ms per "
+            f"batched adapter step of {hp.ttt_lora_batch_docs}x{hp.train_seq_len}, {num_val_tokens - 1} val targets in "
+            f"{work['documents']} documents: {work['rounds']} rounds of TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} "
+            f"({work['forwards']} forwards, {work['update_rounds']} with steps)")
 
 
 def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:
@@ -257,63 +231,3 @@ def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
         lora.remove()
         for p, flag in saved:
             p.requires_grad_(flag)
-
-
-def lora_work_at(hp: Hyperparameters, num_val_tokens: int, world_size: int, tokens=None, assumed_docs: int = 0):
-    """stride -> the work of TTT_MODE=lora at that stride (memoized): eval.lora_ttt.count_lora_work on the first
-    num_val_tokens of tokens (int64, the val stream the eval scores; its schedule built once), else
-    estimate_lora_work for assumed_docs documents; the dict adds windows (scoring windows per forward,
-    eval.lora_ttt.lora_batch_windows) and counted (which of the two)."""
-    common = dict(chunk_tokens=hp.ttt_lora_chunk_tokens, batch_docs=hp.ttt_lora_batch_docs, world_size=world_size)
-    counter = lora_work_counter(tokens[:num_val_tokens], seq_len=hp.train_seq_len, **common) if tokens is not None else None
-
-    @functools.cache
-    def work_at(stride: int) -> dict:
-        windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, stride, world_size, hp.eval_batch_seqs, hp.ttt_lora_batch_docs)
-        if counter is not None:
-            return dict(counter(stride, windows), windows=windows, counted=True)
-        return dict(estimate_lora_work(num_val_tokens=num_val_tokens, num_docs=assumed_docs, stride=stride,
-                                       batch_windows=windows, **common), windows=windows, counted=False)
-
-    return work_at
-
-
-def plan_lora_from_timings(hp: Hyperparameters, *, eval_forward_seconds: float, forward_seconds: float,
-                           step_seconds: float, work_at, num_val_tokens: int, world_size: int = 1) -> dict:
-    """eval.lora_ttt.plan_lora_ttt for this run's settings: the strides of plan_strides (as the chunked plan),
-    forward_seconds and step_seconds from time_lora_ttt, work_at from lora_work_at; the roundtrip and the
-    sliding pass (when TTT is skipped) from eval_forward_seconds, one forward of [EVAL_BATCH_SEQS,
-    TRAIN_SEQ_LEN]. Returns plan_lora_ttt's dict plus roundtrip_seconds. Used by the trainer's plan and by
-    tools/gpu_check.py."""
-    per_window, seq_len, n = eval_forward_seconds / (hp.eval_batch_seqs * world_size), hp.train_seq_len, num_val_tokens - 1
-    roundtrip = per_window * count_sliding_windows(n, seq_len, seq_len)
-    plan = plan_lora_ttt(forward_seconds=forward_seconds, step_seconds=step_seconds, work_at=work_at,
-                         strides=plan_strides(hp), epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds,
-                         sliding_seconds=lambda s: per_window * count_sliding_windows(n, seq_len, s),
-                         roundtrip_seconds=roundtrip)
-    return dict(plan, roundtrip_seconds=roundtrip)
-
-
-def plan_lora_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> dict:
-    """TTT_MODE=lora's plan before training: plan_lora_from_timings (the most epochs <= TTT_EPOCHS whose projection
-    fits 90% of EVAL_MAX_SECONDS, at EVAL_STRIDE or with EVAL_AUTO_STRIDE the first stride from it up where they
-    fit; else 0 epochs: the sliding pass) from the schedule of the val stream the eval scores
-    (lora_work_at, counted at each stride tried) and the scoring forward and batched step timed on a fresh
-    model by time_lora_ttt (the roundtrip from time_eval_forward). Logs `ttt_plan:`; returns dict(stride,
-    ttt_epochs)."""
-    tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
-    work_at = lora_work_at(hp, num_val_tokens, ctx.world_size, tokens)
-    model = GPT(**model_config).to(ctx.device).eval()
-    per_batch = time_eval_forward(ctx, model, hp)
-    forward_seconds, step_seconds = time_lora_ttt(ctx, model, hp)
-    plan = plan_lora_from_timings(hp, eval_forward_seconds=per_batch, forward_seconds=forward_seconds,
-                                  step_seconds=step_seconds, work_at=work_at, num_val_tokens=num_val_tokens,
-                                  world_size=ctx.world_size)
-    work, timed = plan["work"], work_at(hp.eval_stride)["windows"]
-    ctx.log(f"ttt_plan: TTT_MODE=lora {1000 * forward_seconds:.1f}ms per scoring forward of {timed}x{hp.train_seq_len}, "
-            f"{1000 * step_seconds:.1f}ms per batched adapter step of {hp.ttt_lora_batch_docs}x{hp.train_seq_len}, "
-            f"{num_val_tokens - 1} val targets in {work['documents']} documents: {work['rounds']} rounds of "
-            f"TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} ({work['forwards']} forwards, {work['update_rounds']} with "
-            f"steps): stride {plan['stride']} epochs {plan['epochs']} projected {plan['projected_seconds']:.0f}s with the "
-            f"roundtrip (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan['reason']}" * bool(plan["reason"]))
-    return dict(stride=plan["stride"], ttt_epochs=plan["epochs"])

@@ -1,6 +1,7 @@
 """After training: pre-quant eval -> export -> re-read the artifact from disk -> roundtrip + sliding
 eval, each measured number handed back as soon as it exists; result.json with the compliance flags."""
 
+import dataclasses
 import shlex
 import time
 from pathlib import Path
@@ -10,7 +11,9 @@ import torch.distributed as dist
 
 from eval.bpb import nonfinite_scores
 from eval.sliding import EvalTimeError
-from eval.ttt import ttt_log_line
+from eval.plan import EvalPlan
+from eval.ttt import ttt_result_line, zero_updates_warning
+from eval.ttt_modes import TTT_MODES
 from quant.artifact import export_artifact, load_artifact
 from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
@@ -22,10 +25,9 @@ from primitives.settings import Hyperparameters
 
 
 def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
-               artifact_path: Path, val_tokens, luts, eval_stride: int, ttt_epochs: int = 0, ttt_phases: int = 0):
-    """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval (with ttt_epochs > 0,
-    the plan's: score-first TTT in its place, eval/ttt.py; TTT_MODE=phased: eval/phased_ttt.py with the
-    plan's ttt_phases).
+               artifact_path: Path, val_tokens, luts, plan: EvalPlan):
+    """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval at the plan's stride (with
+    plan.epochs > 0: score-first TTT of TTT_MODE in its place, eval/ttt_modes.py, with the plan's epochs and phases).
 
     A generator: yields a dict of result.json entries as soon as each group is measured, so that the
     caller keeps every number measured before a later step fails or a signal stops it: `phase`
@@ -34,6 +36,8 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     returns the val stream (int64 [N]; loaded only now). Raises what the failing step raised.
     """
     eval_on = not hp.skip_final_eval
+    eval_stride, ttt_epochs = plan.stride, plan.epochs
+    yield dict(eval_plan=dataclasses.asdict(plan))
     seconds, started = {}, [time.perf_counter()]
 
     def lap(name: str, **entries) -> dict:  # the step `name` ended: its numbers and the wall time of each step
@@ -58,7 +62,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
         # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
                    tokenizer_sha256=sha256_file(hp.tokenizer_path),
-                   ttt=ttt_artifact_settings(hp, ttt_epochs, ttt_phases))
+                   ttt=ttt_artifact_settings(hp, plan))
         if len(luts) == 1:  # scored on a CaseOps byte sidecar (eval/bpb.py val_byte_luts); absent: the byte LUT
             run["val_byte_count"] = "sidecar"
         report = export_artifact(state, config, artifact_path, code_bytes=code_bytes, byte_budget=hp.byte_budget,
@@ -83,8 +87,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
               phase="ttt" if ttt_epochs else "sliding")
     ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
     if ttt_epochs:
-        tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, epochs=ttt_epochs,
-                          started=eval_start, phases=ttt_phases)
+        tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, plan=plan, started=eval_start)
         # epochs that updated nothing (one chunk: the last is never trained on) are not reported as TTT epochs
         yield lap("ttt", val_loss_ttt=tt["val_loss"], val_bpb_ttt=tt["val_bpb"], eval_stride=eval_stride,
                   ttt_epochs=ttt_epochs * bool(tt["num_updates"]), ttt_epochs_planned=ttt_epochs,
@@ -92,64 +95,58 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                   ttt_updates_stopped_at_chunk=tt["updates_stopped_at_chunk"],
                   eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
                   tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
-                  score_command=score_command(hp, artifact_path, eval_stride, ttt_epochs, ttt_phases),
+                  score_command=score_command(hp, artifact_path, plan),
                   **({"score_command_unverified": why} if (why := ttt_score_command_caveat(tt)) else {}),
-                  **(dict(ttt_mode="phased", ttt_phases=tt["phases"]) if hp.ttt_mode == "phased" else {}),
-                  **(dict(ttt_mode="lora", ttt_lora_rank=tt["lora_rank"], ttt_documents=tt["num_documents"],
-                          ttt_lora_batch_docs=tt["batch_docs"], ttt_rounds=tt["num_rounds"])
-                     if hp.ttt_mode == "lora" else {}))
-        ctx.log(ttt_log_line(tt) + f" stride:{eval_stride} " + (f"phases:{tt['phases']}" if hp.ttt_mode == "phased" else
-                                                                 f"chunks:{tt['num_chunks']}") + f" updates:{tt['num_updates']}")
+                  **({"ttt_mode": hp.ttt_mode} if tt["mode_entries"] else {}),
+                  **{"ttt_" + k.removeprefix("num_"): tt[k] for k in tt["mode_entries"]})
+        ctx.log(ttt_result_line(tt))
         if ttt_score_command_caveat(tt):
             ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
-        if not tt["num_updates"] and hp.ttt_mode == "lora":
-            ctx.log(f"WARNING: LoRA TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_LORA_CHUNK_TOKENS="
-                    f"{hp.ttt_lora_chunk_tokens} (a document's last chunk is never trained on): the TTT score is the "
-                    "plain sliding score")
-        elif not tt["num_updates"]:
-            ctx.log(f"WARNING: TTT made 0 updates in {tt['num_chunks']} chunk(s) of TTT_CHUNK_TOKENS={hp.ttt_chunk_tokens} "
-                    "(the last chunk is never trained on): the TTT score is the plain sliding score")
+        if not tt["num_updates"]:
+            ctx.log(zero_updates_warning(tt, hp.ttt_mode))
         return
     sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
               tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"],
-              score_command=score_command(hp, artifact_path, sw["stride"]),
+              score_command=score_command(hp, artifact_path, EvalPlan(stride=sw["stride"])),
               **(dict(ttt_epochs=0, ttt_updates=0) if hp.ttt_enabled else {}))  # TTT on, but the plan skipped it
     ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
             f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
 
 
-def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path, *,
-                         ttt_epochs: int = 0, ttt_phases: int = 0, eval_stride: int = 0) -> str:
+def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path,
+                         plan: EvalPlan = None) -> str:
     """The status for result.json of a run whose training finished but a later step failed; logs the
     one-line cause (for OOM: the knob that lowers memory) and what to run next (at the stride that would fit
-    the sliding pass, else the plan's eval_stride, else EVAL_STRIDE)."""
+    the sliding pass, else the plan's stride, else EVAL_STRIDE)."""
     if isinstance(err, torch.OutOfMemoryError):
         ctx.log(f"ERROR: CUDA out of memory after training: lower EVAL_BATCH_SEQS={hp.eval_batch_seqs} "
                 f"(sliding) or VAL_BATCH_SIZE={hp.val_batch_size} (roundtrip)")
     else:
         ctx.log(f"ERROR: {type(err).__name__}: {err}")
     if artifact_path.is_file():
-        stride = getattr(err, 'fit_stride', 0) or eval_stride or hp.eval_stride
-        ctx.log(f"next: {score_command(hp, artifact_path, stride, ttt_epochs, ttt_phases)}")
+        plan = plan or EvalPlan(stride=hp.eval_stride)
+        stride = getattr(err, 'fit_stride', 0) or plan.stride
+        ctx.log(f"next: {score_command(hp, artifact_path, dataclasses.replace(plan, stride=stride))}")
     return {EvalTimeError: "eval_over_time", torch.OutOfMemoryError: "oom"}.get(type(err), "failed_after_training")
 
 
-def ttt_artifact_settings(hp: Hyperparameters, ttt_epochs: int, ttt_phases: int = 0) -> dict:
+# the TTT settings every artifact records (the chunked mode's: older readers take an artifact without `mode` as it)
+ARTIFACT_TTT_FIELDS = ("chunk_tokens", "lr", "momentum", "grad_clip", "batch_seqs", "params")
+
+
+def ttt_artifact_settings(hp: Hyperparameters, plan: EvalPlan) -> dict:
     """The artifact header's run["ttt"]: the TTT settings the run scores with (`python -m eval score --ttt 1`
     uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
-    chunk_tokens, lr, momentum, grad_clip, batch_seqs, params, eval_batch_seqs (the scoring batch); the
-    stride is the run's eval_stride (the plan's); with TTT_MODE=phased also mode and phases (the plan's, else
-    TTT_PHASES); with TTT_MODE=lora mode, lora_rank, lora_lr, lora_chunk_tokens, lora_batch_docs; without them the mode is
-    chunked (older artifacts, and chunked ones stay byte-identical)."""
-    return dict(enabled=int(hp.ttt_enabled), epochs=ttt_epochs, chunk_tokens=hp.ttt_chunk_tokens, lr=hp.ttt_lr,
-                momentum=hp.ttt_momentum, grad_clip=hp.ttt_grad_clip, batch_seqs=hp.ttt_batch_seqs,
-                params=hp.ttt_params, eval_batch_seqs=hp.eval_batch_seqs,
-                **(dict(mode="phased", phases=ttt_phases or hp.ttt_phases) if hp.ttt_mode == "phased" else {}),
-                **(dict(mode="lora", lora_rank=hp.ttt_lora_rank, lora_lr=hp.ttt_lora_lr,
-                        lora_chunk_tokens=hp.ttt_lora_chunk_tokens, lora_batch_docs=hp.ttt_lora_batch_docs)
-                   if hp.ttt_mode == "lora" else {}))
+    ARTIFACT_TTT_FIELDS (TTT_CHUNK_TOKENS, ...), eval_batch_seqs (the scoring batch); the stride is the run's
+    eval_stride (the plan's); a mode with settings of its own (its row's fields, eval/ttt_modes.py) adds mode and
+    them (phases: the plan's); chunked artifacts stay byte-identical to those written before modes."""
+    own = {f: getattr(hp, f"ttt_{f}") for f in TTT_MODES[hp.ttt_mode].fields if f not in ARTIFACT_TTT_FIELDS}
+    if plan.phases and "phases" in own:
+        own["phases"] = plan.phases
+    return dict(enabled=int(hp.ttt_enabled), epochs=plan.epochs, **{f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS},
+                eval_batch_seqs=hp.eval_batch_seqs, **(dict(mode=hp.ttt_mode, **own) if own else {}))
 
 
 def ttt_score_command_caveat(tt: dict):
@@ -163,19 +160,21 @@ def ttt_score_command_caveat(tt: dict):
             f"but score_command reproduces it only if its own run stops at the same {unit} (unverified)")
 
 
-def score_command(hp: Hyperparameters, artifact_path: Path, stride: int, ttt_epochs: int = 0, ttt_phases: int = 0) -> str:
-    """The command that scores a written artifact as the run did (eval/__main__.py): the run's stride and
-    scoring batch, and its TTT settings when its plan kept TTT (ttt_epochs > 0)."""
-    ttt = (f" --ttt 1 --ttt-epochs {ttt_epochs} --ttt-chunk-tokens {hp.ttt_chunk_tokens} --ttt-lr {hp.ttt_lr} "
-           f"--ttt-momentum {hp.ttt_momentum} --ttt-grad-clip {hp.ttt_grad_clip} --ttt-batch-seqs "
-           f"{hp.ttt_batch_seqs} --ttt-params {shlex.quote(hp.ttt_params)} --ttt-mode {hp.ttt_mode}"
-           + f" --ttt-phases {ttt_phases or hp.ttt_phases}" * (hp.ttt_mode == "phased")
-           + (f" --ttt-lora-rank {hp.ttt_lora_rank} --ttt-lora-lr {hp.ttt_lora_lr} --ttt-lora-chunk-tokens "
-              f"{hp.ttt_lora_chunk_tokens} --ttt-lora-batch-docs {hp.ttt_lora_batch_docs}") * (hp.ttt_mode == "lora"))
+def score_command(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan) -> str:
+    """The command that scores a written artifact as the run did (eval/__main__.py): the plan's stride and the
+    run's scoring batch, and its TTT settings (the mode's fields, the plan's epochs and phases) when the plan
+    kept TTT (plan.epochs > 0)."""
+    own = {f: getattr(hp, f"ttt_{f}") for f in TTT_MODES[hp.ttt_mode].fields if f not in ARTIFACT_TTT_FIELDS}
+    if plan.phases and "phases" in own:
+        own["phases"] = plan.phases
+    flags = {f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS}
+    ttt = (f" --ttt 1 --ttt-epochs {plan.epochs}" + "".join(f" --ttt-{f.replace('_', '-')} {shlex.quote(str(v))}"
+                                                           for f, v in flags.items())
+           + f" --ttt-mode {hp.ttt_mode}" + "".join(f" --ttt-{f.replace('_', '-')} {v}" for f, v in own.items()))
     return (f"python -m eval score --artifact {shlex.quote(str(artifact_path))} --data-path "
             f"{shlex.quote(hp.data_path)} --tokenizer {shlex.quote(hp.tokenizer_path)} --seq-len {hp.train_seq_len} "
-            f"--stride {stride} --batch-seqs {hp.eval_batch_seqs}"
-            + f" --val-max-tokens {hp.val_max_tokens}" + (ttt if ttt_epochs else " --ttt 0"))
+            f"--stride {plan.stride} --batch-seqs {hp.eval_batch_seqs}"
+            + f" --val-max-tokens {hp.val_max_tokens}" + (ttt if plan.epochs else " --ttt 0"))
 
 
 def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, train_files) -> str:

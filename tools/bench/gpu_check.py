@@ -92,11 +92,10 @@ import trainer.loop as trainer_loop  # noqa: E402
 import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
-from eval.lora_ttt import project_lora_seconds  # noqa: E402
-from eval.phased_ttt import project_phased_seconds  # noqa: E402
+from eval.plan import lora_work_at, plan_ttt_eval  # noqa: E402
+from eval.ttt_modes import TTT_MODES  # noqa: E402
 from shards.format import load_validation_tokens  # noqa: E402
 from model.fused_loss import resolve_loss_kernel  # noqa: E402
-from eval.ttt import project_ttt_seconds  # noqa: E402
 from primitives.rowquant import dequantize_per_row, fake_quantize_per_row, quantize_per_row  # noqa: E402
 from quant.policy import QuantPolicy  # noqa: E402
 from tools.bench.bench_eval import VAL_TOKENS_BY_VOCAB  # noqa: E402  (val split tokens per vocabulary)
@@ -385,35 +384,38 @@ def agreement_rows(ctx, model, hp) -> list:
 
 def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_tokens: int, hp,
                        world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, lora_work=None) -> Row:
-    """Projected full-val legal TTT eval (eval/ttt.py) as the trainer plans it (eval.ttt.plan_ttt with
-    the roundtrip): TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the plan keeps. seconds_per_window
-    from the sliding eval, step_seconds: one TTT update (trainer.evaluate.time_ttt_step). With TTT_ENABLED,
-    WARN when the plan cuts epochs, coarsens the stride or skips TTT; without it, information only.
-    TTT_MODE=lora: lora_timings (scoring forward, batched adapter step: trainer.evaluate.time_lora_ttt) and
-    lora_work (trainer.evaluate.lora_work_at: the val split's schedule at a stride, counted or assumed), through
-    trainer.evaluate.plan_lora_from_timings as the trainer plans it (without timings: "not projected", a WARN
-    "unverified" with TTT_ENABLED)."""
-    if hp.ttt_mode == "lora" and lora_timings:
-        return lora_projection_row(seconds_per_window, lora_timings, num_val_tokens, lora_work, hp, enforce)
-    if hp.ttt_mode == "lora":  # no timings given: nothing to project
-        return Row("projected TTT eval", "TTT_MODE=lora: not projected by this check", warn="unverified" * hp.ttt_enabled)
-    plan = trainer_evaluate.plan_ttt_from_timings(hp, forward_seconds=seconds_per_window * hp.eval_batch_seqs,
-                                                  step_seconds=step_seconds, num_val_tokens=num_val_tokens,
-                                                  world_size=world_size)
-    common = dict(forward_seconds=seconds_per_window * hp.eval_batch_seqs, train_seconds=step_seconds,
-                  num_val_tokens=num_val_tokens, seq_len=hp.train_seq_len, stride=hp.eval_stride, epochs=hp.ttt_epochs,
-                  eval_batch_seqs=hp.eval_batch_seqs, batch_seqs=hp.ttt_batch_seqs, world_size=world_size)
-    phased = hp.ttt_mode == "phased"
-    wanted = plan["roundtrip_seconds"] + (project_phased_seconds(phases=hp.ttt_phases, **common) if phased else
-                                          project_ttt_seconds(chunk_tokens=hp.ttt_chunk_tokens, **common))
-    mode, kept = ((f"TTT_MODE=phased, TTT_PHASES={hp.ttt_phases}, ", f", {plan.get('phases')} phases") if phased
-                  else ("", ""))
-    value = (f"{1000 * step_seconds:.1f} ms per TTT step; {mode}TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: "
-             f"{wanted:.0f} s incl. roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs{kept}, "
-             f"{plan['projected_seconds']:.0f} s (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
-    cut = (plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
-           or (phased and plan.get("phases") != hp.ttt_phases))
-    return ttt_row(value, hp, enforce, (plan["reason"] or "stride raised to fit the clock") if cut else "")
+    """Projected full-val legal TTT eval of TTT_MODE as the trainer plans it (eval.plan.plan_ttt_eval, the
+    EvalPlan the run would use): the settings as asked (TTT_EPOCHS, TTT_PHASES at EVAL_STRIDE) and what the plan
+    keeps. seconds_per_window from the sliding eval; step_seconds: one SGD TTT update (trainer.evaluate.time_ttt_step);
+    a mode timed as LoRA (its row's `timing`): lora_timings (scoring forward, batched adapter step:
+    trainer.evaluate.time_lora_ttt) and lora_work (eval.plan.lora_work_at: the val split's schedule, counted or
+    assumed; without timings: "not projected", a WARN "unverified" with TTT_ENABLED). With TTT_ENABLED, WARN when
+    the plan cuts epochs or phases, coarsens the stride or skips TTT; without it, information only."""
+    lora = TTT_MODES[hp.ttt_mode].timing == "lora"
+    if lora and not lora_timings:  # no timings given: nothing to project
+        return Row("projected TTT eval", f"TTT_MODE={hp.ttt_mode}: not projected by this check",
+                   warn="unverified" * hp.ttt_enabled)
+    timings = dict(forward_seconds=seconds_per_window * hp.eval_batch_seqs, step_seconds=step_seconds,
+                   **(dict(lora=lora_timings, work_at=lora_work) if lora else {}))
+    plan = plan_ttt_eval(hp, timings, num_val_tokens, world_size)
+    if lora:
+        forward_s, step_s = lora_timings
+        work = lora_work(hp.eval_stride)
+        docs = (f"{work['documents']:,} documents counted from the val data" if work["counted"] else
+                f"{work['documents']:,} documents assumed (no DATA_PATH: the challenge's val split)")
+        timed = (f"{1000 * forward_s:.1f} ms per scoring forward, {1000 * step_s:.1f} ms per batched adapter step; "
+                 f"TTT_MODE={hp.ttt_mode}, {docs}, {work['rounds']:,} rounds of TTT_LORA_BATCH_DOCS="
+                 f"{hp.ttt_lora_batch_docs} ({work['forwards']:,} forwards), ")
+    else:
+        timed = f"{1000 * step_seconds:.1f} ms per TTT step; " + (
+            f"TTT_MODE={hp.ttt_mode}, TTT_PHASES={hp.ttt_phases}, " if plan.phases else "")
+    kept = (f"stride {plan.stride}, {plan.epochs} epochs" + f", {plan.phases} phases" * bool(plan.phases) + ", "
+            + (f"{plan.projected_seconds:.0f} s" if plan.epochs or not lora else "the sliding pass"))
+    value = (f"{timed}TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: {plan.wanted_seconds:.0f} s incl. "
+             f"roundtrip; plan: {kept} (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
+    cut = (plan.epochs != hp.ttt_epochs or plan.stride != hp.eval_stride
+           or (plan.phases and plan.phases != hp.ttt_phases))
+    return ttt_row(value, hp, enforce, (plan.reason or "stride raised to fit the clock") if cut else "")
 
 
 def ttt_row(value: str, hp, enforce: bool, warn: str) -> Row:
@@ -424,32 +426,6 @@ def ttt_row(value: str, hp, enforce: bool, warn: str) -> Row:
     if not hp.ttt_enabled:
         return Row("projected TTT eval", value + " (TTT_ENABLED=0: information)")
     return Row("projected TTT eval", value, warn=warn)
-
-
-def lora_projection_row(seconds_per_window: float, lora_timings: tuple, num_val_tokens: int, work_at, hp,
-                        enforce: bool = True) -> Row:
-    """The projected eval of TTT_MODE=lora: TTT_EPOCHS at EVAL_STRIDE, and the stride and epochs the trainer's plan
-    keeps (trainer.evaluate.plan_lora_from_timings: with EVAL_AUTO_STRIDE a coarser stride before fewer epochs;
-    90% of EVAL_MAX_SECONDS with the roundtrip); WARN when it cuts the epochs, coarsens the stride or skips
-    TTT, with TTT_ENABLED. work_at: trainer.evaluate.lora_work_at. The row says whether the documents were
-    counted from the val data or assumed (no DATA_PATH: the challenge's)."""
-    forward_s, step_s = lora_timings
-    plan = trainer_evaluate.plan_lora_from_timings(hp, eval_forward_seconds=seconds_per_window * hp.eval_batch_seqs,
-                                                   forward_seconds=forward_s, step_seconds=step_s, work_at=work_at,
-                                                   num_val_tokens=num_val_tokens)
-    work = work_at(hp.eval_stride)
-    wanted = plan["roundtrip_seconds"] + project_lora_seconds(forward_seconds=forward_s, step_seconds=step_s, work=work,
-                                                              epochs=hp.ttt_epochs)
-    kept = f"{plan['projected_seconds']:.0f} s" if plan["epochs"] else "the sliding pass"
-    docs = (f"{work['documents']:,} documents counted from the val data" if work["counted"] else
-            f"{work['documents']:,} documents assumed (no DATA_PATH: the challenge's val split)")
-    value = (f"{1000 * forward_s:.1f} ms per scoring forward, {1000 * step_s:.1f} ms per batched adapter step; "
-             f"TTT_MODE=lora, {docs}, {work['rounds']:,} rounds of TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} "
-             f"({work['forwards']:,} forwards), TTT_EPOCHS={hp.ttt_epochs} at stride {hp.eval_stride}: {wanted:.0f} s incl. "
-             f"roundtrip; plan: stride {plan['stride']}, {plan['epochs']} epochs, {kept} "
-             f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
-    cut = plan["epochs"] != hp.ttt_epochs or plan["stride"] != hp.eval_stride
-    return ttt_row(value, hp, enforce, (plan["reason"] or "stride raised to fit the clock") if cut else "")
 
 
 def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
@@ -472,14 +448,14 @@ def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
     recompiles = counters["stats"]["unique_graphs"] - graphs  # before the TTT step, which compiles its own graph
     per_window = result["eval_seconds"] / count_sliding_windows(n, seq_len, 64)
     step = trainer_evaluate.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
-    lora = trainer_evaluate.time_lora_ttt(ctx, model, hp) if hp.ttt_mode == "lora" else None
+    lora = trainer_evaluate.time_lora_ttt(ctx, model, hp) if TTT_MODES[hp.ttt_mode].timing == "lora" else None
     model.train()
     return [Row("eval recompiles", str(recompiles), ok=recompiles == 0),
             Row("sliding eval", f"{1000 * per_window:.2f} ms per window of {seq_len} (batch {b})"),
             eval_projection_row(per_window, num_val_tokens, seq_len, hp.eval_stride, hp.eval_max_seconds,
                                 hp.eval_auto_stride, enforce=ctx.device.type == "cuda"),
             ttt_projection_row(per_window, step, num_val_tokens, hp, enforce=ctx.device.type == "cuda",
-                               lora_timings=lora, lora_work=lora and trainer_evaluate.lora_work_at(
+                               lora_timings=lora, lora_work=lora and lora_work_at(
                                    hp, num_val_tokens, 1, val_tokens, FINEWEB_VAL_DOCS))]
 
 
@@ -555,7 +531,7 @@ def main(argv=None) -> int:
             num_val = VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
         train_rows, model, step_ms = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
         val = None
-        if hp.ttt_mode == "lora" and data_given(hp):  # the documents of the val split the eval scores
+        if TTT_MODES[hp.ttt_mode].timing == "lora" and data_given(hp):  # the documents of the val split the eval scores
             val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
         rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val, val)
         if args.micro_batches:

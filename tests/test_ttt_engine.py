@@ -1,0 +1,123 @@
+"""The TTT engine (eval/ttt_engine.py) and its registry (eval/ttt_modes.py): a mode added through the registry
+alone runs end to end (the trainer's evaluate_ttt and run_mode, legal ledger, learns, its epochs=0 run is the
+sliding score), an illegal toy scope is refused, and every row names only real settings."""
+
+import dataclasses
+import time
+import types
+
+import pytest
+import torch
+
+from eval.plan import EvalPlan
+from eval.sliding import eval_sliding
+from eval.ttt import check_ttt_legality, split_ttt_chunks
+from eval.ttt_engine import Schedule, Scorer
+from eval.ttt_modes import TTT_MODES, TTTMode, mode_settings, prefix_scope, run_mode
+from primitives.settings import Hyperparameters
+from test_eval_support import mixed_stream
+from test_eval_ttt import QUIET, TTTLM
+from trainer.evaluate import evaluate_ttt
+
+
+class HeadStep(Scorer):
+    """The toy updater: one plain gradient step (lr from the mode's settings) on the output head only, per
+    scope and epoch, on the scope's last seq_len targets."""
+
+    def trainable(self) -> list:
+        return [self.model.head]
+
+    def count_steps(self, sched, spans, num_units) -> int:
+        return self.run.epochs * len(spans)
+
+    def steps(self, sched, spans, num_units):
+        r = self.run
+        for _, _, (lo, hi) in spans:
+            for _ in range(r.epochs):
+                a = max(lo, hi - r.seq_len)
+                self.model(r.tokens[None, a:hi], r.tokens[None, a + 1:hi + 1]).backward()
+                with torch.no_grad():
+                    self.model.head -= r.cfg["lr"] * self.model.head.grad
+                self.model.head.grad = None
+                yield [(a, hi)]
+
+
+def documents(run) -> Schedule:
+    bounds = split_ttt_chunks(run.tokens, 1, run.bos_id)  # one unit per document
+    n = len(bounds) - 1
+    return Schedule(bounds, [[(0, c, c == n - 1)] for c in range(n)], [bounds[c + 1] - bounds[c] for c in range(n)],
+                    result=dict(num_documents=n))
+
+
+TOY = TTTMode(label="toy ttt", unit="document", count_from=0, fields=("lr",), valid=lambda run: run.cfg["lr"] >= 0,
+              expected="lr >= 0",
+              schedule=documents, scope=prefix_scope, updater=HeadStep)
+
+
+@pytest.fixture(scope="module")
+def stream(sp):
+    return mixed_stream(sp, 1200)
+
+
+def test_a_toy_mode_added_to_the_registry_runs_end_to_end(stream, luts, monkeypatch):
+    monkeypatch.setitem(TTT_MODES, "toy", TOY)
+    sliding = eval_sliding(TTTLM(seed=1), stream, luts, seq_len=32, stride=16, batch_seqs=8, **QUIET)
+    still = run_mode("toy", TTTLM(seed=1), stream, luts, seq_len=32, stride=16, epochs=0, eval_batch_seqs=8, **QUIET)
+    assert still["num_updates"] == 0 and still["val_loss"] == pytest.approx(sliding["val_loss"], rel=1e-12)
+    # through the trainer's entry: the settings come from the row's fields, the mode from TTT_MODE
+    hp = types.SimpleNamespace(ttt_mode="toy", ttt_lr=0.5, train_seq_len=32, eval_batch_seqs=8, eval_max_seconds=600.0)
+    ctx = types.SimpleNamespace(device="cpu", rank=0, world_size=1, compile=False, autocast_dtype=None, log=print)
+    model = TTTLM(seed=1)
+    head = model.head.detach().clone()
+    res = evaluate_ttt(ctx, hp, model, stream, luts, plan=EvalPlan(stride=16, epochs=2, mode="toy"), started=time.perf_counter())
+    check_ttt_legality(res["chunks"])
+    assert res["num_chunks"] == res["num_documents"] > 2 and res["num_updates"] == 2 * (res["num_chunks"] - 1)
+    assert res["chunks"][-1]["first_update_step"] is None  # the last document is never trained on
+    assert res["num_scored_tokens"] == len(stream) - 1 and res["num_bytes"] == sliding["num_bytes"]
+    assert res["val_loss"] < sliding["val_loss"] and not torch.equal(model.head, head)  # it learned, in place
+    assert all(p.requires_grad for p in model.parameters())  # the freeze was restored
+    assert mode_settings("toy", hp) == {"lr": 0.5}
+
+
+def test_a_toy_scope_that_reaches_ahead_is_refused(stream, luts, monkeypatch):
+    ahead = lambda sched, c: (0, sched.bounds[min(c + 2, len(sched.bounds) - 1)])  # the next document too
+    monkeypatch.setitem(TTT_MODES, "toy", dataclasses.replace(TOY, scope=ahead))
+    with pytest.raises(ValueError, match=r"TTT illegal: chunk 1 \(targets \d+\.\.\d+\) was scored after 1 updates, "
+                                         r"but update 1 had already trained on it"):
+        run_mode("toy", TTTLM(seed=1), stream, luts, seq_len=32, stride=16, epochs=1, lr=0.5, eval_batch_seqs=8, **QUIET)
+
+
+def test_bad_mode_and_settings_are_refused_before_anything_runs(stream, luts, monkeypatch):
+    monkeypatch.setitem(TTT_MODES, "toy", TOY)
+    model = TTTLM(seed=1)
+    with pytest.raises(ValueError, match=r"TTT_MODE='nope': expected one of chunked, phased, lora, toy"):
+        run_mode("nope", model, stream, luts, seq_len=32, stride=16, **QUIET)
+    with pytest.raises(ValueError, match=r"^run_toy_ttt: .*TTT_LR=-1.*expected .*lr >= 0$"):
+        run_mode("toy", model, stream, luts, seq_len=32, stride=16, lr=-1, **QUIET)
+    assert model.num_calls == 0
+
+
+def test_every_row_reads_real_settings():
+    hp = Hyperparameters()
+    for name, row in TTT_MODES.items():
+        settings = mode_settings(name, hp)  # every field is a Hyperparameters ttt_* setting
+        assert len(settings) == len(row.fields) and row.entry.startswith("run_"), name
+
+
+@pytest.mark.parametrize("environ", [{}, {"PRESET": "smoke"}, {"PRESET": "smoke", "EVAL_BATCH_SEQS": "8", "TTT_LR": "0.5",
+                                                              "TTT_MODE": "lora", "EVAL_AUTO_STRIDE": "1"}])
+def test_the_eval_cli_and_the_trainer_resolve_the_same_settings(environ):
+    """`python -m eval score` with no flag resolves every setting it shares with the trainer as
+    Hyperparameters.from_env does (the same environment variables, the same defaults under PRESET)."""
+    from eval.__main__ import build_parser
+    from eval.score_settings import SHARED_SETTINGS, resolve_cli_settings
+
+    args = build_parser().parse_args(["score", "--artifact", "a.ptz", "--data-path", "d", "--tokenizer", "t.model"])
+    resolve_cli_settings(args, environ)
+    hp = Hyperparameters.from_env(environ, log=lambda msg: None)
+    assert len(SHARED_SETTINGS) >= 20
+    for attr, (name, _, _) in SHARED_SETTINGS.items():
+        trainer = getattr(hp, name)
+        assert getattr(args, attr) == (int(trainer) if isinstance(trainer, bool) else trainer), (attr, environ)
+    if "EVAL_BATCH_SEQS" in environ:
+        assert args.batch_seqs == 8 and args.ttt_lr == 0.5 and args.ttt_mode == "lora" and args.auto_stride == 1
