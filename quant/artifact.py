@@ -123,7 +123,9 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
         embed = policy.group_of(name, tuple(t.shape)) == "embed"
         h = (hessians or {}).get(name) if policy.gptq and (policy.gptq_embed or not embed) else None
-        if k_sd := policy.sdclip_k_for(name, tuple(t.shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
+        if policy.int8_gate(name, tuple(t.shape)):  # QUANT_GATE_INT8: max |row| / 127, no GPTQ (PR #1855)
+            q, s, c = (*quantize_per_row(v, 8), 1.0)
+        elif k_sd := policy.sdclip_k_for(name, tuple(t.shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
             q, s, c = sdclip_quantize(v, bits, k_sd)
             q, s, c = gptq_quantize(v, h, bits, (c,), s, policy.gptq_records) if h is not None else (q, s, c)
         else:

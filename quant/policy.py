@@ -38,6 +38,8 @@ warning line, a bad value a ValueError naming the variable):
                               largest quantization error, int4 factors (quant/lqer.py)
   QUANT_GPTQ_RECORDS=0        PR #1855's GPTQ arithmetic: float32 factorization, damping before act-order, inputs that
                               never fire zeroed (quant/gptq.py; the default factors in float64)
+  QUANT_GATE_INT8=0           attention gates (names ending ".attn_gate_w", 2-D, 32..8192 values) in int8 rows at
+                              max |row| / 127 (PR #1855; the fit leaves them there); otherwise float passthrough
   QUANT_LQER_ASYM=0           with QUANT_LQER: PR #1855's factor form (A = U S in int2, B = V^T in signed int4 per 64)
   QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
   QUANT_GPTQ_EMBED=1          full GPTQ on the embedding / output head too, with the Hessian of the head's input
@@ -57,7 +59,7 @@ from primitives.env import parse_env_value, warn_unknown_env
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
                       "lqer_top_n", "grouped", "lqer_asym",
-                      "gptq_records")
+                      "gptq_records", "gate_int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,8 @@ class QuantPolicy:
     lqer_asym: bool = False
     # QUANT_GPTQ_RECORDS: PR #1855's GPTQ arithmetic (float32 factorization, its damping order, dead inputs zeroed)
     gptq_records: bool = False
+    # QUANT_GATE_INT8: PR #1855's int8 rows (max |row| / 127) for the attention gates, else float passthrough
+    gate_int8: bool = False
     # QUANT_GROUPED (quant/grouped.py, PR #1855 / #1218): role groups, sorted rows, one coder each
     grouped: bool = False
     # QUANT_GPTQ_EMBED (PR #1394, #1586): full GPTQ also on the tied embedding, with the head input's Hessian. On:
@@ -181,22 +185,31 @@ class QuantPolicy:
         for pattern, bits in self.overrides:
             if pattern in name:
                 return bits or None
+        if self.int8_gate(name, shape):
+            return 8
         group = self.group_of(name, shape)
         if group == "control" or group == "other" and math.prod(shape) <= self.passthrough_max_numel:
             return None
         return dict(self.fitted).get(name) or getattr(self, group + "_bits") or 8
+
+    def int8_gate(self, name: str, shape: tuple) -> bool:
+        """True for an attention gate stored in int8 rows (QUANT_GATE_INT8; PR #1855's size window 32..8192)."""
+        return self.gate_int8 and name.endswith(".attn_gate_w") and len(shape) == 2 and 32 <= math.prod(shape) <= 8192
 
     def sdclip_k_for(self, name: str, shape: tuple) -> float:
         """The SDClip k of parameter `name` of `shape` (quant/sdclip.py): its group's (attn / mlp / embed; anything
         else, an override-quantized control tensor included, sdclip_k_other); 0 (the GPTQ-lite clip search)
         without QUANT_SDCLIP or where the group's k is 0 (e.g. QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks only)."""
         group = self.group_of(name, shape)
-        return getattr(self, f"sdclip_k_{group if group in ('attn', 'mlp', 'embed') else 'other'}") if self.sdclip else 0.0
+        if not self.sdclip or self.int8_gate(name, shape):
+            return 0.0
+        return getattr(self, f"sdclip_k_{group if group in ('attn', 'mlp', 'embed') else 'other'}")
 
     def fittable(self, name: str, shape: tuple) -> bool:
         """True when the fit may change this tensor's bits: QUANT_FIT=1, quantized, its group's bits
         not set explicitly and no override matches it."""
-        return bool(self.fit and self.bits_for(name, shape) and not getattr(self, self.group_of(name, shape) + "_bits")
+        return bool(self.fit and not self.int8_gate(name, shape) and self.bits_for(name, shape)
+                    and not getattr(self, self.group_of(name, shape) + "_bits")
                     and not any(p in name for p, _ in self.overrides))
 
     def with_bits(self, name: str, bits: int) -> "QuantPolicy":

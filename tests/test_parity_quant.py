@@ -74,11 +74,12 @@ def test_state_dict_gptq_equals_the_records_and_the_routing_differences_are_the_
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_state_dict_with_the_records_arithmetic_and_lqer_form_equals_the_records(module, seed):
-    # QUANT_GPTQ_RECORDS=1 QUANT_LQER_ASYM=1; c_k left out (its routing differs, above). The default float64
+    # QUANT_GPTQ_RECORDS=1 QUANT_LQER_ASYM=1 QUANT_GATE_INT8=1; c_k left out (its routing differs, above). The default float64
     # factorization flips a few codes here (6 and 1 of mlp.fc's 73,728): a one-step difference of 0.02
     h = record_quant_hparams(PR1855_SCRIPT.parent / "train_seed42.log")
     shapes = {n: s for n, s in TOY_STATE_SHAPES.items() if ".c_k." not in n}
     d = compare_state_dict(module, h, lqer=True, seed=seed, records=True, shapes=shapes)
     for name in ("tok_emb.weight", "blocks.0.attn.c_q.weight", "blocks.0.mlp.fc.weight"):
         assert d[name][0].endswith("+lqer_asym") and d[name][2] <= 1e-6, (name, d[name])
+    assert d["blocks.0.attn.attn_gate_w"] == ("gate_int8_row", "int8", 0.0) and d["blocks.0.attn_scale"][2] == 0, d
     assert compare_state_dict(module, h, lqer=False, seed=seed, shapes=shapes)["blocks.0.mlp.fc.weight"][2] > 1e-2

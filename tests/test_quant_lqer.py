@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from quant.artifact import decode_artifact, export_artifact, quant_build_payload, quant_wrap_container, quantize_state_dict
-from primitives.rowquant import dequantize_per_row
+from primitives.rowquant import dequantize_per_row, quantize_per_row
 from quant.lqer import LQER_GROUP, lqer_correction, lqer_dequant, lqer_factors, lqer_int4, lqer_nbytes, lqer_pack
 from quant.policy import QuantPolicy
 from tests.test_quant_artifact import CONFIG, QUIET, _state
@@ -139,3 +139,18 @@ def test_asym_form_round_trips_and_counts_its_bytes(tmp_path):
             want = plain + lqer_correction(factors[name][1], 4, *q.shape)
             assert torch.equal(got[name], want.view(shape)), name
             assert (want - w).square().sum() < (plain - w).square().sum()
+
+
+def test_gate_int8_rows_round_trip_and_stay_out_of_the_fit(tmp_path):
+    # QUANT_GATE_INT8=1: PR #1855's int8 rows (max |row| / 127) for attention gates of 32..8192 values
+    sd = dict(_state(seed=6), **{"blocks.0.attn.attn_gate_w": torch.randn(8, 12) * 0.3,
+                                 "blocks.1.attn.attn_gate_w": torch.randn(2, 12) * 0.3})
+    policy = QuantPolicy(gate_int8=True, sdclip=True, gptq=False)
+    assert policy.bits_for("blocks.0.attn.attn_gate_w", (8, 12)) == 8 and policy.bits_for("blocks.1.attn.attn_gate_w", (2, 12)) is None
+    assert not policy.fittable("blocks.0.attn.attn_gate_w", (8, 12)) and policy.sdclip_k_for("blocks.0.attn.attn_gate_w", (8, 12)) == 0
+    assert QuantPolicy().bits_for("blocks.0.attn.attn_gate_w", (8, 12)) is None  # off: float passthrough, as before
+    export_artifact(sd, CONFIG, tmp_path / "g.ptz", code_bytes=0, policy=policy, compressor="zlib", **QUIET)
+    got, _, _ = decode_artifact((tmp_path / "g.ptz").read_bytes())
+    q, s = quantize_per_row(sd["blocks.0.attn.attn_gate_w"], 8)
+    assert torch.equal(got["blocks.0.attn.attn_gate_w"], dequantize_per_row(q, s))
+    assert torch.equal(got["blocks.1.attn.attn_gate_w"], sd["blocks.1.attn.attn_gate_w"].half().float())

@@ -130,8 +130,8 @@ def record_quant_hparams(log_path) -> types.SimpleNamespace:
 
 def compare_state_dict(module, h, lqer: bool, seed: int = 0, records: bool = False, shapes: dict = TOY_STATE_SHAPES) -> dict:
     """The record's gptq_mixed_quantize + dequantize_mixed against the kit's quantize_state_dict (KIT_POLICY, with
-    quant/lqer.py when `lqer`; `records`: QUANT_GPTQ_RECORDS=1 QUANT_LQER_ASYM=1, the record's arithmetic and LQER
-    form) on `shapes` (N(0, 0.05^2)) with the same Hessians (toy_hessian).
+    quant/lqer.py when `lqer`; `records`: QUANT_GPTQ_RECORDS=1 QUANT_LQER_ASYM=1 QUANT_GATE_INT8=1, the record's
+    arithmetic, LQER form and gate rows) on `shapes` (N(0, 0.05^2)) with the same Hessians (toy_hessian).
     Returns {name: (the record's kind, "int<bits>" or "float" for the kit, max |diff| of the dequantized tensors)}."""
     gen = torch.Generator().manual_seed(seed)
     sd = {n: torch.randn(*shape, generator=gen) * 0.05 for n, shape in shapes.items()}
@@ -142,7 +142,8 @@ def compare_state_dict(module, h, lqer: bool, seed: int = 0, records: bool = Fal
         rec = module.dequantize_mixed(result, meta, sd)
     finally:
         module.log = saved
-    entries, _ = quantize_state_dict(sd, QuantPolicy(**KIT_POLICY, lqer=lqer, lqer_asym=records, gptq_records=records), hessians)
+    policy = QuantPolicy(**KIT_POLICY, lqer=lqer, lqer_asym=records, gptq_records=records, gate_int8=records)
+    entries, _ = quantize_state_dict(sd, policy, hessians)
     factors = lqer_factors(entries, sd, 4, 3, records) if lqer else {}
     out = {}
     for name, (shape, bits, q, s, _) in entries.items():
