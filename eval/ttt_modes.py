@@ -1,7 +1,8 @@
 """The TTT modes: a registry keyed by TTT_MODE (as torchtitan keys its components by name), each row a
 schedule (how the val stream is cut into scored units and rounds), a scope (which scored targets the
 updates after a unit may train on) and an updater; eval/ttt_engine.py walks any row. A new mode is one
-row here (plus its updater when none of these fits); the trainer, `python -m eval score` and the plan
+row here (plus its updater when none of these fits) and its name in primitives/settings.py's TTT_MODE_NAMES (the
+TTT_MODE choices; tests/test_ttt_engine.py asserts the two equal); the trainer, `python -m eval score` and the plan
 read everything mode-specific from its row.
 
 Rows (sources in eval/ttt.py, eval/lora_ttt.py):

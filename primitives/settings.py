@@ -34,9 +34,18 @@ OFFICIAL_GRAD_ACCUM = 8
 SETTINGS_FOREIGN = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # when the TTT_* settings have an effect (a Domain's `applies`: condition text, predicate)
 TTT_ON = ("TTT_ENABLED=1", lambda hp: hp.ttt_enabled)
-TTT_SGD = ("TTT_ENABLED=1 and TTT_MODE=chunked or phased", lambda hp: hp.ttt_enabled and hp.ttt_mode != "lora")
-TTT_CHUNKED = ("TTT_ENABLED=1 and TTT_MODE=chunked", lambda hp: hp.ttt_enabled and hp.ttt_mode == "chunked")
-TTT_LORA = ("TTT_ENABLED=1 and TTT_MODE=lora", lambda hp: hp.ttt_enabled and hp.ttt_mode == "lora")
+# TTT_MODE's names: the rows of eval/ttt_modes.py's registry (layer 3, which this layer cannot import; a test
+# asserts the two lists equal, so a new mode is its row plus its name here). Settings compare a mode name only
+# in ttt_modes_apply.
+TTT_MODE_NAMES = ("chunked", "phased", "lora")
+
+
+def ttt_modes_apply(*modes: str) -> tuple:
+    """A Domain's `applies` (condition text, predicate): TTT_ENABLED=1 and TTT_MODE one of `modes`."""
+    return f"TTT_ENABLED=1 and TTT_MODE={' or '.join(modes)}", lambda hp: hp.ttt_enabled and hp.ttt_mode in modes
+
+
+TTT_SGD, TTT_CHUNKED, TTT_LORA = ttt_modes_apply("chunked", "phased"), ttt_modes_apply("chunked"), ttt_modes_apply("lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,9 +190,8 @@ class Hyperparameters:
     # TTT_MODE=phased (eval/phased_ttt.py; PR #1610, #1626, #1736: about -0.012 bpb post-quant -> post-TTT on
     # 8xH100 with their per-document LoRA, which the kit does not build): TTT_PHASES phases of whole
     # documents, each scored, then TTT_EPOCHS of SGD on every scored document; TTT_CHUNK_TOKENS unused.
-    ttt_mode: str = setting("chunked", choices=("chunked", "phased", "lora"), applies=TTT_ON)
-    ttt_phases: int = setting(3, 1, applies=("TTT_ENABLED=1 and TTT_MODE=phased",
-                                            lambda hp: hp.ttt_enabled and hp.ttt_mode == "phased"))
+    ttt_mode: str = setting("chunked", choices=TTT_MODE_NAMES, applies=TTT_ON)
+    ttt_phases: int = setting(3, 1, applies=ttt_modes_apply("phased"))
     # TTT_MODE=lora (eval/lora_ttt.py; PR #77: per-document rank-8 LoRA on q and v, reset at each document,
     # 256-token chunks, one Adam step of lr 0.01 per scored chunk; PR #1530/#1610/#1626/#1736 pair it with
     # phased SGD for about -0.012 bpb in total on 8xH100): adapters on attn.c_q, attn.c_v and mlp.proj, each
@@ -294,10 +302,9 @@ class Hyperparameters:
             ("EVAL_STRIDE", lambda s: s.eval_stride <= s.train_seq_len, "<= TRAIN_SEQ_LEN"),
             ("TRAIN_BATCH_TOKENS", lambda s: s.train_batch_tokens % s.train_seq_len == 0,
              f"a multiple of TRAIN_SEQ_LEN={self.train_seq_len} (whole sequences)"),
-            ("TTT_CHUNK_TOKENS", lambda s: not s.ttt_enabled or s.ttt_mode == "lora" or s.ttt_chunk_tokens >= s.train_seq_len,
+            ("TTT_CHUNK_TOKENS", lambda s: not TTT_SGD[1](s) or s.ttt_chunk_tokens >= s.train_seq_len,
              f">= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_ENABLED=1)"),
-            ("TTT_LORA_CHUNK_TOKENS", lambda s: not (s.ttt_enabled and s.ttt_mode == "lora"
-                                                     and s.ttt_lora_chunk_tokens > s.train_seq_len),
+            ("TTT_LORA_CHUNK_TOKENS", lambda s: not (TTT_LORA[1](s) and s.ttt_lora_chunk_tokens > s.train_seq_len),
              f"<= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_MODE=lora)"),
             ("TTT_PARAMS", lambda s: valid_ttt_params(s.ttt_params), "all, scalars or a regular expression of parameter names"),
             ("PARALLEL_RESIDUAL_START", lambda s: s.parallel_residual_start < s.num_layers,

@@ -104,6 +104,24 @@ def test_every_row_reads_real_settings():
         assert len(settings) == len(row.fields) and row.entry.startswith("run_"), name
 
 
+def test_the_settings_name_exactly_the_registry_modes():
+    """TTT_MODE's choices (primitives/settings.py, a layer below the registry) are the registry's rows, in order;
+    each mode-specific setting applies under the modes whose row reads it (ttt_modes_apply, the settings' one
+    comparison of mode names)."""
+    from eval.score_settings import choices
+    from primitives.domains import field_domain
+    from primitives.settings import TTT_MODE_NAMES
+
+    assert tuple(TTT_MODES) == TTT_MODE_NAMES == choices("ttt_mode")
+    for f in dataclasses.fields(Hyperparameters):
+        applies = field_domain(f).applies
+        if not applies or not f.name.startswith("ttt_") or f.name in ("ttt_enabled", "ttt_mode", "ttt_epochs"):
+            continue
+        readers = {m for m, row in TTT_MODES.items() if f.name.removeprefix("ttt_") in row.fields}
+        on = {m for m in TTT_MODES if applies[1](Hyperparameters(ttt_enabled=True, ttt_mode=m))}
+        assert readers and readers <= on and not applies[1](Hyperparameters(ttt_enabled=False, ttt_mode=min(readers))), f.name
+
+
 @pytest.mark.parametrize("environ", [{}, {"PRESET": "smoke"}, {"PRESET": "smoke", "EVAL_BATCH_SEQS": "8", "TTT_LR": "0.5",
                                                               "TTT_MODE": "lora", "EVAL_AUTO_STRIDE": "1"}])
 def test_the_eval_cli_and_the_trainer_resolve_the_same_settings(environ):
