@@ -44,19 +44,22 @@ def load_sentencepiece_luts(tokenizer_path, vocab_size: int) -> tuple[torch.Tens
     return build_sentencepiece_luts(sp, vocab_size)
 
 
-def load_val_byte_luts(tokenizer_path, vocab_size: int, data_path, artifact_run=None) -> tuple:
+def load_val_byte_luts(tokenizer_path, vocab_size: int, data_path, artifact_run=None, log=print) -> tuple:
     """(luts, byte count name) for scoring the val split of `data_path` (eval/bpb.py count_scored_bytes):
     its CaseOps byte sidecar when it has one, else the tokenizer's LUTs (load_sentencepiece_luts).
 
     artifact_run: the artifact's run metadata; one that says the run scored on a sidecar
     (run["val_byte_count"] == "sidecar") refuses data without one. Raises ValueError (one line) for
     what shards/sidecar.py check_val_bytes refuses: a CaseOps split without its sidecar, a count
-    mismatch, a tokenizer that is not the data's.
+    mismatch, a tokenizer that is not the data's; first, what shards/format.py verify_dataset refuses
+    (a tokenizer or val shard not the manifest's, an unlisted shard), its WARNING through `log`.
     """
     from primitives.files import sha256_file
+    from shards.format import verify_dataset
     from shards.sidecar import BYTE_COUNT_SIDECAR, check_val_bytes, load_val_bytes
 
     luts = load_sentencepiece_luts(tokenizer_path, vocab_size)  # checks the file first
+    verify_dataset(data_path, tokenizer_path, vocab_size, log=log, hash_splits=("val",))  # the val split is what is scored
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
     byte_count = check_val_bytes(data_path, sp, tokenizer_path, sha256_file(tokenizer_path))["val_byte_count"]
     if (artifact_run or {}).get("val_byte_count") == BYTE_COUNT_SIDECAR != byte_count:

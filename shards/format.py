@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from primitives.files import atomic_write_bytes
+from primitives.files import atomic_write_bytes, sha256_file
 
 SHARD_MAGIC = 20240520
 SHARD_VERSION = 1
@@ -72,8 +72,7 @@ def list_shards(data_path, split: str) -> list:
     Raises ValueError naming DATA_PATH and the pattern if none match (a user's input error, so the
     CLIs exit 2 with one line, with or without a manifest.json).
     """
-    # a CaseOps byte sidecar (fineweb_val_bytes_*.bin, shards/sidecar.py) matches the val pattern: not a val shard
-    files = sorted(p for p in Path(data_path).glob(f"fineweb_{split}_*.bin") if not p.name.startswith("fineweb_val_bytes_"))
+    files = _shard_files(data_path, split)
     if not files:
         raise ValueError(f"DATA_PATH={data_path}: no fineweb_{split}_*.bin (the {split} split; tools/prepare_data.py makes it)")
     for path in files:  # a folder or a dangling link named like a shard: one line, not a traceback
@@ -82,6 +81,11 @@ def list_shards(data_path, split: str) -> list:
                     if path.is_symlink() else "is not a regular file")
             raise ValueError(f"DATA_PATH={data_path}: {path.name} {what}; expected a shard file")
     return files
+
+
+def _shard_files(data_path, split: str) -> list:
+    # a CaseOps byte sidecar (fineweb_val_bytes_*.bin, shards/sidecar.py) matches the val pattern: not a val shard
+    return sorted(p for p in Path(data_path).glob(f"fineweb_{split}_*.bin") if not p.name.startswith("fineweb_val_bytes_"))
 
 
 def val_shard_copy(path, val_files):
@@ -177,3 +181,59 @@ def check_manifest_counts(path: Path, manifest: dict) -> None:
             raise ValueError(f"manifest {path}: the {split} shards hold {sum(counts):,} tokens{shard}; the manifest "
                              f"says {info.get('num_tokens', sum(counts)):,}: a shard was replaced or changed (e.g. a val "
                              f"shard copied over a train shard); expected the shards the manifest was written with")
+
+
+def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_splits=("train", "val")):
+    """The one binding of a dataset to its consumer (the trainer, python -m eval score|bytes, the
+    auditor's measurement): check_data_manifest with the sha256 of `tokenizer_path`, then every
+    fineweb_{train,val}_*.bin in `data_path` must be a shard its manifest.json lists, and each listed
+    shard of `hash_splits` must have the sha256 the manifest records (splits.<split>.shard_sha256,
+    tools/prepare_data.py; one streamed read per file, no cache: a 100M-token shard is 200 MB).
+
+    Returns check_data_manifest's value (the manifest, None when the splits are not proven disjoint).
+    A manifest without per-shard sha256 (a dataset made before they were recorded) logs one WARNING
+    line: the shards are unverified. Raises ValueError (one line) naming TOKENIZER_PATH for a
+    tokenizer that is not the manifest's, and DATA_PATH and the file for an unlisted shard (e.g. an
+    extra val shard) or a shard whose bytes changed (e.g. val tokens written into a train shard).
+    """
+    try:
+        manifest = check_data_manifest(data_path, vocab_size, log, tokenizer_sha256=sha256_file(tokenizer_path))
+    except ValueError as err:
+        raise ValueError(str(err).replace("TOKENIZER_PATH:", f"TOKENIZER_PATH={str(tokenizer_path)!r}:", 1)) from None
+    path = Path(data_path) / "manifest.json"
+    if not path.is_file():
+        return manifest  # check_data_manifest warned: nothing to bind the shards to
+    splits = json.loads(path.read_bytes())["splits"]  # read again: check_data_manifest returns None without doc hashes
+    for split in ("train", "val"):
+        listed = splits.get(split, {}).get("shards", [])
+        extra = [p.name for p in _shard_files(data_path, split) if p.name not in listed]
+        if extra:
+            raise ValueError(f"DATA_PATH={data_path}: {extra[0]} is not a {split} shard of {path} ({len(extra)} unlisted); "
+                             f"expected only the shards the manifest lists (move the file out of the dataset folder)")
+    unhashed = [s for s in hash_splits if s in splits and "shard_sha256" not in splits[s]]
+    if unhashed:
+        log(f"WARNING: {path} records no sha256 per shard ({', '.join(unhashed)}): the shards are unverified "
+            f"(tools/prepare_data.py records them in new datasets)")
+    for split in (s for s in hash_splits if s in splits and s not in unhashed):
+        names, hashes = splits[split]["shards"], splits[split]["shard_sha256"]
+        if len(hashes) != len(names):
+            raise ValueError(f"manifest {path}: {len(hashes)} shard_sha256 for {len(names)} {split} shards; expected one each")
+        for name, want in zip(names, hashes):
+            got = sha256_file(path.parent / name)
+            if got != want:
+                raise ValueError(f"DATA_PATH={data_path}: {split} shard {name} has sha256 {got[:16]}..., not the "
+                                 f"{want[:16]}... {path.name} records; expected the shard as the dataset was made "
+                                 f"(its bytes changed after)")
+    return manifest
+
+
+def shards_unverified(data_path) -> str | None:
+    """Why the shards of `data_path` are not bound by sha256 (no manifest.json, or one without
+    shard_sha256 for a split), None when they are (verify_dataset checked them)."""
+    path = Path(data_path) / "manifest.json"
+    try:
+        splits = json.loads(path.read_bytes())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no readable manifest.json in DATA_PATH={data_path}: the shards' bytes are not checked"
+    missing = [s for s, info in splits.items() if "shard_sha256" not in info]
+    return f"{path} records no sha256 per shard ({', '.join(missing)}): the shards are unverified" if missing else None

@@ -115,6 +115,7 @@ def unchanged(name: str, data: str) -> Callable:
 
 KEEP = "a dataset already there\n"
 GARBAGE_PTZ = b"PK\x03\x04 this is a zip file, not an artifact" * 4
+BYTES = ("-m", "eval", "bytes", "--data-path", "{d}/data", "--tokenizer", "{tok}")
 SCORE = ("-m", "eval", "score", "--artifact", "{d}/final_model.ptz", "--data-path", "{data}", "--tokenizer", "{tok}")
 WITH_PTZ = write("final_model.ptz", GARBAGE_PTZ)  # torch-free checks stop before the artifact is read
 JSONL = ("tools/prepare_data.py", "jsonl", "--input", "{d}/docs.jsonl", "--tokenizer", "{tok}", "--out", "{d}/out",
@@ -192,6 +193,15 @@ def eval_rows() -> list:
         BadInput(e, "bytes: val token id >= the vocab", ("-m", "eval", "bytes", "--data-path", "{d}", "--tokenizer",
                  "{tok}"), r"val shards in DATA_PATH=\S+: max id 5000; expected tokens, ids < VOCAB_SIZE=1024",
                  setup=lambda d: shard_with_id(d, 5000)),
+        BadInput(e, "bytes: --tokenizer not the tokenizer of the data's manifest", BYTES, r"TOKENIZER_PATH='\S+': sha256 "
+                 r"[0-9a-f]{16}\.\.\. is not the tokenizer_sha256 0{16}\.\.\. of \S+/data/manifest.json",
+                 setup=both(small_dataset(), small_manifest("0" * 64, hashed=True))),
+        BadInput(e, "bytes: a val shard the manifest does not list", BYTES, r"DATA_PATH=\S+/data: fineweb_val_000001.bin "
+                 r"is not a val shard of \S+/data/manifest.json \(1 unlisted\); expected only the shards the manifest lists",
+                 setup=both(small_dataset(), small_manifest(hashed=True), extra_val_shard)),
+        BadInput(e, "bytes: a val shard whose bytes are not the manifest's sha256", BYTES, r"DATA_PATH=\S+/data: val shard "
+                 r"fineweb_val_000000.bin has sha256 [0-9a-f]{16}\.\.\., not the [0-9a-f]{16}\.\.\. manifest.json records",
+                 setup=both(small_dataset(), small_manifest(hashed=True), changed_shard("fineweb_val_000000.bin"))),
         BadInput(e, "--ttt-params not a regular expression", SCORE + ("--ttt", "1", "--ttt-params", "blocks.("),
                  r"--ttt-params 'blocks\.\(' \(TTT_PARAMS\): expected all, scalars or a regular expression",
                  setup=WITH_PTZ),
@@ -433,15 +443,39 @@ def replace_shard(name: str, how: str) -> Callable:
     return setup
 
 
-def small_manifest(tokenizer_sha256: str = None, train_tokens: int = 1803) -> Callable:
-    """setup: a manifest.json for small_dataset (no document hashes), with these tokenizer sha256 and train count."""
+def small_manifest(tokenizer_sha256: str = None, train_tokens: int = 1803, hashed: bool = False) -> Callable:
+    """setup: a manifest.json for small_dataset (no document hashes), with these tokenizer sha256 and train
+    count, and (hashed) the sha256 of each shard as tools/prepare_data.py records them."""
     def setup(d: Path):
+        from primitives.files import sha256_file
+
         splits = dict(val=dict(shards=["fineweb_val_000000.bin"], num_tokens=600),
                       train=dict(shards=[f"fineweb_train_{i:06d}.bin" for i in range(3)], num_tokens=train_tokens))
+        for info in splits.values() if hashed else ():
+            info["shard_sha256"] = [sha256_file(d / "data" / name) for name in info["shards"]]
         manifest = dict(format="parameter-golf-shards", vocab_size=1024, tokenizer="other_1024.model", splits=splits)
         if tokenizer_sha256:
             manifest["tokenizer_sha256"] = tokenizer_sha256
         (d / "data" / "manifest.json").write_text(json.dumps(manifest))
+    return setup
+
+
+def extra_val_shard(d: Path) -> None:
+    """setup: a second val shard in {d}/data that no manifest lists."""
+    from shards.format import write_data_shard
+
+    write_data_shard(d / "data" / "fineweb_val_000001.bin", np.arange(300, dtype=np.uint16) + 1)
+
+
+def changed_shard(name: str) -> Callable:
+    """setup: shard `name` of {d}/data rewritten with other tokens and the same header count (the
+    val tokens of fineweb_val_000000.bin, reversed, as if val text were written into it)."""
+    def setup(d: Path):
+        from shards.format import load_data_shard, read_shard_header, write_data_shard
+
+        count = read_shard_header(d / "data" / name)
+        val = load_data_shard(d / "data" / "fineweb_val_000000.bin").numpy()[::-1]
+        write_data_shard(d / "data" / name, np.resize(val, count))
     return setup
 
 
@@ -482,6 +516,14 @@ def train_rows() -> list:
                  r"[0-9a-f]{16}\.\.\. is not the tokenizer_sha256 0{16}\.\.\. of \S+/data/manifest.json; expected the "
                  r"tokenizer the data was made with \(other_1024.model\)", env=train_env(DATA_PATH="{d}/data"),
                  setup=both(small_dataset(), small_manifest("0" * 64)), after=nothing),
+        BadInput(t, "a val shard the data's manifest does not list", TRAIN, r"DATA_PATH=\S+/data: fineweb_val_000001.bin "
+                 r"is not a val shard of \S+/data/manifest.json", env=train_env(DATA_PATH="{d}/data"),
+                 setup=both(small_dataset(), small_manifest(hashed=True), extra_val_shard), after=nothing),
+        BadInput(t, "val tokens written into a train shard, its header count kept", TRAIN, r"DATA_PATH=\S+/data: train "
+                 r"shard fineweb_train_000001.bin has sha256 [0-9a-f]{16}\.\.\., not the [0-9a-f]{16}\.\.\. manifest.json "
+                 r"records; expected the shard as the dataset was made", env=train_env(DATA_PATH="{d}/data"),
+                 setup=both(small_dataset(), small_manifest(hashed=True), changed_shard("fineweb_train_000001.bin")),
+                 after=nothing),
         BadInput(t, "RUN_ID of a trainer still running", TRAIN, r"RUN_ID='r': \S+/runs/r is being written by another run "
                  r"\(pid \d+ on testhost since 2026-01-01T00:00:00Z\); expected a RUN_ID no running process uses",
                  env=train_env(), setup=running_run, after=absent("runs/r/train.log")),

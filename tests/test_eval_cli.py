@@ -212,6 +212,21 @@ def test_score_cli_auto_stride_recovers_within_what_load_and_roundtrip_left(
     assert m and m[3] == str(stride), out
 
 
+def test_score_cli_refuses_a_tokenizer_not_the_datas_even_when_the_artifact_records_none(
+        tiny_artifact, tiny_dataset, sp1024_model, tmp_path):
+    """Before: an artifact without run metadata was scored with any same-vocab tokenizer (3.7515 vs
+    3.5241); now the data's manifest binds it (shards/format.py verify_dataset), in one line."""
+    data = shutil.copytree(tiny_dataset, tmp_path / "data")
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["tokenizer_sha256"] = "e" * 64
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_cli("score", "--artifact", tiny_artifact, "--data-path", data, "--tokenizer", sp1024_model,
+                   "--seq-len", "64", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert re.fullmatch(r"error: TOKENIZER_PATH='\S+': sha256 [0-9a-f]{16}\.\.\. is not the tokenizer_sha256 e{16}\.\.\. "
+                        r"of \S+/manifest.json; expected the tokenizer the data was made with \(.*\)\n", proc.stderr)
+
+
 def test_score_cli_errors_are_clear(tiny_artifact, tiny_dataset, sp1024_model, tmp_path):
     bad = tmp_path / "bad.ptz"
     bad.write_bytes(tiny_artifact.read_bytes()[:-100])

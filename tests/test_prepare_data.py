@@ -34,6 +34,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 QUIET = dict(progress=False, log=lambda msg: None)
 
 
+def file_sha256(path) -> str:
+    """The sha256 a manifest records for a shard (shard_sha256), computed here on its own."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def _write_jsonl(path: Path, docs) -> Path:
     path.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
     return path
@@ -84,7 +89,9 @@ def test_jsonl_to_shards_on_real_text(tmp_path, real_text_docs, sp1024_model):
     assert (manifest["vocab_size"], manifest["bos_id"]) == (1024, 1)
     assert manifest["splits"]["val"] == {"num_docs": 10, "num_tokens": int(val.size),
                                          "shards": [p.name for p in list_shards(out, "val")],
+                                         "shard_sha256": [file_sha256(p) for p in list_shards(out, "val")],
                                          "doc_hashes_file": "doc_hashes_val.txt"}
+    assert manifest["splits"]["train"]["shard_sha256"] == [file_sha256(p) for p in list_shards(out, "train")]
     assert manifest["splits"]["train"]["num_docs"] == 50 and manifest["splits"]["train"]["num_tokens"] == train.size
     assert manifest["splits"]["train"]["shards"] == [p.name for p in train_shards]
     assert manifest["splits"]["train"]["num_dropped_overlap_docs"] == 0
@@ -430,7 +437,8 @@ def test_fineweb_manifest_driven_download_offline(tmp_path, sp1024_model):
     assert manifest["tokenizer"] == "fineweb_1024_bpe.model"
     assert manifest["tokenizer_sha256"] == hashlib.sha256(sp1024_model.read_bytes()).hexdigest()
     assert manifest["splits"]["val"] == {"num_docs": 7, "num_tokens": int(shards["fineweb_val_000000.bin"].size),
-                                         "shards": ["fineweb_val_000000.bin"]}
+                                         "shards": ["fineweb_val_000000.bin"],
+                                         "shard_sha256": [file_sha256(data_path / "fineweb_val_000000.bin")]}
     assert manifest["splits"]["train"]["num_docs"] == 11 + 12
     assert manifest["splits"]["train"]["num_tokens"] == sum(shards[f"fineweb_train_{i:06d}.bin"].size for i in range(2))
     assert manifest["source"]["num_train_shards_available"] == 3
@@ -509,9 +517,12 @@ def test_fineweb_sp8192_from_kevclark_repo(tmp_path, sp8192_model):
     assert (manifest["vocab_size"], manifest["bos_id"], manifest["tokenizer"]) == (8192, 1, "fineweb_8192_bpe.model")
     assert manifest["tokenizer_sha256"] == hashlib.sha256(sp8192_model.read_bytes()).hexdigest()
     assert manifest["splits"]["val"] == {"num_docs": 7 + 8, "num_tokens": int(val.size),
-                                         "shards": ["fineweb_val_000000.bin", "fineweb_val_000001.bin"]}
+                                         "shards": ["fineweb_val_000000.bin", "fineweb_val_000001.bin"],
+                                         "shard_sha256": [file_sha256(data_path / n) for n in ("fineweb_val_000000.bin",
+                                                                                               "fineweb_val_000001.bin")]}
     assert manifest["splits"]["train"] == {"num_docs": 11, "num_tokens": int(shards["fineweb_train_000000.bin"].size),
-                                           "shards": ["fineweb_train_000000.bin"]}
+                                           "shards": ["fineweb_train_000000.bin"],
+                                           "shard_sha256": [file_sha256(data_path / "fineweb_train_000000.bin")]}
     assert manifest["source"]["repo_id"] == "kevclark/parameter-golf"
     assert (manifest["source"]["variant"], manifest["source"]["dataset"]) == ("sp8192", "fineweb10B_sp8192")
     assert manifest["source"]["num_train_shards_available"] == 3 and manifest["source"]["hub_stats"] == hub_manifest["datasets"][0]["stats"]

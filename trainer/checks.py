@@ -16,8 +16,8 @@ from trainer.schedule import run_steps_estimate
 from primitives.settings import Hyperparameters
 from primitives.files import sha256_file
 from shards.sidecar import BYTE_COUNT_SIDECAR, check_val_bytes
-from shards.format import (SHARD_HEADER_BYTES, check_data_manifest, list_shards, load_validation_tokens, read_shard_header,
-                           val_shard_copy)
+from shards.format import (SHARD_HEADER_BYTES, list_shards, load_validation_tokens, read_shard_header, shards_unverified,
+                           val_shard_copy, verify_dataset)
 
 
 def max_shard_id(path, num_tokens: int) -> int:
@@ -88,11 +88,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     if sp.vocab_size() != hp.vocab_size:
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     inputs = run_inputs(hp)
-    try:
-        manifest = check_data_manifest(hp.data_path, vocab_size=hp.vocab_size, log=ctx.log,
-                                       tokenizer_sha256=inputs["tokenizer_sha256"])
-    except ValueError as err:
-        raise ValueError(str(err).replace("TOKENIZER_PATH:", f"TOKENIZER_PATH={hp.tokenizer_path!r}:", 1)) from None
+    manifest = verify_dataset(hp.data_path, hp.tokenizer_path, vocab_size=hp.vocab_size, log=ctx.log)
     if check_val_bytes(hp.data_path, sp, hp.tokenizer_path, inputs["tokenizer_sha256"])["val_byte_count"] == BYTE_COUNT_SIDECAR:
         inputs["val_byte_count"] = BYTE_COUNT_SIDECAR  # CaseOps data: scored on its byte sidecar (a resume keeps it)
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
@@ -154,7 +150,8 @@ def check_compliance(summary: dict, data_path: str, manifest, train_files) -> di
     unverified (a val document inside a train shard cannot be seen without them), and the entry
     `unverified` says why; splits_disjoint: the manifest's train and val document hashes are
     disjoint (check_data_manifest), none of its train shards is a val shard and the loader opened
-    only shards its train split lists (None without such a manifest).
+    only shards its train split lists (None without such a manifest). `unverified` also says when
+    the manifest records no sha256 per shard (shards_unverified: their bytes were not checked).
     """
     ident = lambda path: os.stat(path)[1:3]  # (inode, device)
     listed = lambda split: {ident(Path(data_path) / n) for n in manifest["splits"][split]["shards"]} if manifest else set()
@@ -171,4 +168,6 @@ def check_compliance(summary: dict, data_path: str, manifest, train_files) -> di
     if manifest is None and not seen:
         flags["unverified"] = (f"no manifest.json with the document hashes of both splits in DATA_PATH={data_path}: "
                                "val_not_seen_in_training and splits_disjoint not checked (no val shard file was read)")
+    elif manifest is not None and (why := shards_unverified(data_path)):
+        flags["unverified"] = why  # document hashes disjoint, but a shard changed after could not be seen
     return flags

@@ -10,7 +10,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 from tqdm import tqdm
 
-from tools.data.data_files import fsync_replace, manifest_header, write_json_atomic
+from tools.data.data_files import fsync_replace, manifest_header, sha256_file, write_json_atomic
 from tools.data.data_stage import link_or_copy, staged_writes
 from tools.data.data_tokenizer import load_tokenizer
 from shards.format import read_shard_header
@@ -239,7 +239,8 @@ def _fineweb_manifest(folder: Path, tokenizer_file: Path, tokenizer_name: str, t
             num_tokens += read_shard_header(folder / name)
             tokens = np.memmap(folder / name, dtype="<u2", mode="r", offset=1024)
             num_docs += int(np.count_nonzero(tokens == bos_id))  # one BOS per document (official layout)
-        splits[split] = {"num_docs": num_docs, "num_tokens": num_tokens, "shards": names}
+        splits[split] = {"num_docs": num_docs, "num_tokens": num_tokens, "shards": names,
+                         "shard_sha256": [sha256_file(folder / name) for name in names]}  # shards/format.py verify_dataset
     if stats.get("docs_val") is not None and int(stats["docs_val"]) != splits["val"]["num_docs"]:
         log(f"warning: {splits['val']['num_docs']} BOS tokens in val shards, hub manifest says docs_val={stats['docs_val']}")
     return {**manifest_header(tokenizer_file, vocab_size, bos_id, name=tokenizer_name), "splits": splits}

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from tools.data.data_files import fsync_replace, manifest_header, write_json_atomic
+from tools.data.data_files import fsync_replace, manifest_header, sha256_file, write_json_atomic
 from tools.data.data_stage import staged_writes
 from tools.data.data_text import check_inputs, iter_documents
 from tools.data.data_tokenizer import load_tokenizer
@@ -219,6 +219,7 @@ def _write_dataset(sp, docs_factory, folder: Path, num_docs, num_val_docs, val_h
                 "num_docs": w.num_docs,
                 "num_tokens": w.num_tokens,
                 "shards": w.shards,
+                "shard_sha256": [sha256_file(folder / name) for name in w.shards],  # shards/format.py verify_dataset
                 "doc_hashes_file": f"doc_hashes_{split}.txt",
             }
             for split, w in writers.items() if split != "val_bytes"
