@@ -89,3 +89,17 @@ def test_shard_hashes_that_do_not_match_the_shard_list_are_refused(data, sp1024_
     num = len(manifest["splits"]["val"]["shards"])
     with pytest.raises(ValueError, match=rf"{num + 1} shard_sha256 for {num} val shards; expected one each"):
         verify_dataset(data, sp1024_model, vocab_size=1024, log=lambda msg: None)
+
+
+def test_the_audits_data_row_says_when_the_shards_are_unverified(data):
+    from types import SimpleNamespace
+
+    from tools.auditor.audit_checks import check_data
+
+    rec = SimpleNamespace(folder=data.parent / "record", data_path=str(data), seed_logs=[])
+    assert check_data(rec).status == "pass" and "unverified" not in check_data(rec).evidence
+    manifest = manifest_of(data)
+    del manifest["splits"]["val"]["shard_sha256"]
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    row = check_data(rec)
+    assert row.status == "pass" and row.evidence.endswith("records no sha256 per shard (val): the shards are unverified")

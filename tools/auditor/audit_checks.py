@@ -437,7 +437,7 @@ def check_data(rec) -> Check:
     manifests = [p for p in (rec.folder / "manifest.json",
                              Path(rec.data_path) / "manifest.json" if rec.data_path else None) if p and p.is_file()]
     for path in manifests:
-        from shards.format import check_data_manifest  # imports torch: only when a manifest is there
+        from shards.format import check_data_manifest, shards_unverified  # imports torch: only when a manifest is there
 
         notes = []
         try:
@@ -450,8 +450,9 @@ def check_data(rec) -> Check:
             return Check("data_disjoint", "fail", str(e))
         if manifest is not None:
             n = {k: v.get("num_docs") for k, v in manifest.get("splits", {}).items()}
+            why = shards_unverified(path.parent) if rec.data_path and path.parent == Path(rec.data_path) else None
             return Check("data_disjoint", "pass", f"{path}: document hashes of train ({n.get('train')}) and val "
-                                                  f"({n.get('val')}) docs do not intersect")
+                                                  f"({n.get('val')}) docs do not intersect" + (f"; {why}" if why else ""))
     for lg in rec.seed_logs:
         f = lg.facts
         bad = [(p, n, "train") for p, n in f.train_patterns if "val" in Path(p).name] + \
