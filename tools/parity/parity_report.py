@@ -57,7 +57,37 @@ def main() -> int:
         print(f"6 steps, {label}: params max rel per step " + " ".join(f"{r['params']:.1e}" for r in rows)
               + f"; EMA {max(r['ema'] for r in rows):.1e}; loop on from step "
               + str(next(r['step'] for r in rows if r['looping'])))
+    quant_report(module)
     return 0
+
+
+def quant_report(module) -> None:
+    """The quantization rows of docs/parity.md (tools/parity/parity_quant.py)."""
+    from tools.parity.parity_quant import (TOY_STATE_SHAPES, compare_gate_rows, compare_gptq, compare_hessians,
+                                           compare_lqer, compare_state_dict, record_quant_hparams)
+
+    for dead, records in ((0, False), (3, False), (3, True)):
+        rows = compare_gptq(module, dead=dead, records=records)
+        print(f"GPTQ on a given H, {dead} dead inputs{', QUANT_GPTQ_RECORDS=1' * records}: "
+              + ", ".join(f"{r['shape']} int{r['bits']} {r['codes']} codes, max|diff| {r['max_abs']:.1e}" for r in rows))
+    print("gate rows int8: " + ", ".join(f"{s} max|diff| {d['max_abs']:.1e}" for s, d in compare_gate_rows(module).items()))
+    print("LQER on one error: " + ", ".join(f"{k} {v:.3g}" for k, v in compare_lqer(module).items()))
+    h = record_quant_hparams(PR1855_SCRIPT.parent / "train_seed42.log")
+    shapes = {n: s for n, s in TOY_STATE_SHAPES.items() if ".c_k." not in n}
+    for records, lqer, sh in ((False, False, TOY_STATE_SHAPES), (False, True, TOY_STATE_SHAPES), (True, True, shapes)):
+        for seed in range(4):
+            d = compare_state_dict(module, h, lqer, seed, records, sh)
+            print(f"state dict, LQER {'on' if lqer else 'off'}{', record settings' * records}, draw {seed}: "
+                  + ", ".join(f"{n} {v[0]} / {v[1]} {v[2]:.1e}" for n, v in d.items()))
+    hp = toy_settings()
+    kit = kit_model(hp)
+    record = record_model(module, kit, hp)
+    for looping in (False, True):
+        kit.looping_active = record.looping_active = looping
+        for starts in (([0], [0]), DOC_STARTS):
+            d = compare_hessians(module, kit, record, *packed_batch(2, hp.train_seq_len, hp.vocab_size, starts))
+            print(f"Hessians, looping {'on' if looping else 'off'}, documents at {starts}: max rel "
+                  f"{max(v for k, v in d.items() if not k.startswith('only')):.1e} over {len(d) - 2} names")
 
 
 if __name__ == "__main__":
