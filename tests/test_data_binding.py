@@ -103,3 +103,20 @@ def test_the_audits_data_row_says_when_the_shards_are_unverified(data):
     (data / "manifest.json").write_text(json.dumps(manifest))
     row = check_data(rec)
     assert row.status == "pass" and row.evidence.endswith("records no sha256 per shard (val): the shards are unverified")
+
+
+def test_significance_notes_runs_whose_shards_are_unverified():
+    from types import SimpleNamespace
+
+    from tools.record.significance import check_same_data
+
+    def run(label, unverified=None):
+        result = dict(inputs=dict(tokenizer_sha256="a" * 64, manifest_sha256="b" * 64),
+                      compliance=dict(full_val_split=True, **({"unverified": unverified} if unverified else {})))
+        return SimpleNamespace(label=label, run=SimpleNamespace(result=result))
+
+    assert check_same_data([("--runs", [run("r1"), run("r2")])]) == []
+    notes = check_same_data([("--runs", [run("r1"), run("r2", "m.json records no sha256 per shard (train): the "
+                                                                 "shards are unverified")])])
+    assert notes == ["the shards of 1 run(s) are unverified (r2: its manifest.json records no sha256 per shard, so the "
+                     "same manifest_sha256 does not prove the same shard bytes)"]

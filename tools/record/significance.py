@@ -299,8 +299,9 @@ def check_same_data(groups: list) -> list:
     another tokenizer or dataset (`inputs`: the sha256 of TOKENIZER_PATH and of the data's manifest.json)
     than the first run's: bpb of two tokenizers or two val splits are not one comparison. Returns notes:
     runs scored on part of the val split (VAL_MAX_TOKENS, compliance.full_val_split false), which make the
-    verdict UNVERIFIED, and runs whose inputs are unknown (no result.json, or one from before `inputs`)."""
-    first, notes, subset, unknown = None, [], [], 0
+    verdict UNVERIFIED, runs whose shards are unverified (compliance.unverified: a manifest without
+    shard_sha256), and runs whose inputs are unknown (no result.json, or one from before `inputs`)."""
+    first, notes, subset, unknown, unhashed = None, [], [], 0, []
     for flag, values in groups:
         for v in values:
             result = v.run.result if v.run is not None else {}
@@ -319,9 +320,14 @@ def check_same_data(groups: list) -> list:
                 (result.get("compliance") or {}).get("full_val_split") is False)
             if partial:
                 subset.append(v.label)
+            if "no sha256 per shard" in str((result.get("compliance") or {}).get("unverified", "")):
+                unhashed.append(v.label)  # shards/format.py verify_dataset could not check the shards' bytes
     if subset:
         notes.append(f"{len(subset)} run(s) scored part of the val split ({', '.join(subset[:3])}"
                      f"{', ...' if len(subset) > 3 else ''}: VAL_MAX_TOKENS or full_val_split false): verdict UNVERIFIED")
+    if unhashed:
+        notes.append(f"the shards of {len(unhashed)} run(s) are unverified ({unhashed[0]}: its manifest.json records no "
+                     "sha256 per shard, so the same manifest_sha256 does not prove the same shard bytes)")
     if unknown and first is not None:
         notes.append(f"the tokenizer and data of {unknown} run(s) are unknown (no result.json inputs): not compared")
     return notes
