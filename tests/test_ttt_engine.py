@@ -3,6 +3,7 @@ alone runs end to end (the trainer's evaluate_ttt and run_mode, legal ledger, le
 sliding score), an illegal toy scope is refused, and every row names only real settings."""
 
 import dataclasses
+import re
 import time
 import types
 
@@ -77,6 +78,61 @@ def test_a_toy_mode_added_to_the_registry_runs_end_to_end(stream, luts, monkeypa
     assert res["val_loss"] < sliding["val_loss"] and not torch.equal(model.head, head)  # it learned, in place
     assert all(p.requires_grad for p in model.parameters())  # the freeze was restored
     assert mode_settings("toy", hp) == {"lr": 0.5}
+
+
+class AllStep(HeadStep):
+    """The toy updater on any model (the trainer's GPT): the same plain step on every parameter."""
+
+    def trainable(self) -> list:
+        return list(self.model.parameters())
+
+    def steps(self, sched, spans, num_units):
+        r = self.run
+        for _, _, (lo, hi) in spans:
+            for _ in range(r.epochs):
+                a = max(lo, hi - r.seq_len)
+                self.model(r.tokens[None, a:hi], r.tokens[None, a + 1:hi + 1]).backward()
+                with torch.no_grad():
+                    for p in self.trainable():
+                        p -= r.cfg["lr"] * p.grad
+                        p.grad = None
+                yield [(a, hi)]
+
+
+@pytest.mark.slow
+def test_a_toy_mode_runs_through_the_trainer_and_the_score_command(monkeypatch, tiny_dataset, sp1024_model, tmp_path,
+                                                                    capsys):
+    """The toy mode, added as a new mode is (its row, and its name among TTT_MODE's choices: both monkeypatched, no
+    file edited), through train_gpt.main() (plan, finish_run, result.json, score command) and then `python -m eval
+    score` (main(), in process) on the artifact with that command: the trainer's score, updates and all."""
+    import eval.__main__ as eval_cli
+    from primitives.domains import field_domain
+    from tests.test_after_training import run_main_in_process
+    from tests.test_train import read_result
+    from trainer.finish import score_command
+
+    monkeypatch.setitem(TTT_MODES, "toy", dataclasses.replace(TOY, updater=AllStep))
+    field = next(f for f in dataclasses.fields(Hyperparameters) if f.name == "ttt_mode")
+    names = field_domain(field).choices + ("toy",)
+    monkeypatch.setattr(field, "metadata", types.MappingProxyType(
+        {**field.metadata, "domain": dataclasses.replace(field_domain(field), choices=names)}))
+    monkeypatch.setattr(eval_cli, "TTT_MODES", names)
+    toy_env = dict(TTT_ENABLED="1", TTT_MODE="toy", TTT_EPOCHS="1", TTT_LR="0.001")
+    assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "toy", **toy_env) == 0
+    out = capsys.readouterr().out
+    result = read_result(tmp_path, "toy")
+    assert result["ttt_mode"] == "toy" and result["ttt_epochs"] == 1 and result["ttt_updates"] > 0, out[-2000:]
+    assert result["eval_plan"]["mode"] == "toy" and "TTT_MODE=toy has no plan" in result["eval_plan"]["reason"]
+    hp = Hyperparameters.from_env(log=lambda *_: None)  # the environment run_main_in_process set
+    command = score_command(hp, tmp_path / "toy" / "final_model.ptz", EvalPlan(**result["eval_plan"]))
+    assert " --ttt 1 --ttt-epochs 1 " in command and " --ttt-mode toy" in command
+    for key in toy_env:
+        monkeypatch.delenv(key)
+    assert eval_cli.main(command.split()[3:]) == 0
+    cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", capsys.readouterr().out, re.M)
+    assert cli and int(cli.group(3)) == result["ttt_updates"]
+    assert float(cli.group(2)) == pytest.approx(result["val_bpb_ttt"], abs=1e-7)
+    assert float(cli.group(1)) == pytest.approx(result["val_loss_ttt"], abs=1e-7)
 
 
 def test_a_toy_scope_that_reaches_ahead_is_refused(stream, luts, monkeypatch):

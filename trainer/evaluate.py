@@ -158,9 +158,10 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
     else:
         timings.update(step_seconds=time_ttt_step(ctx, model, hp))
     plan = plan_ttt_eval(hp, timings, num_val_tokens, ctx.world_size)
+    projected = "" if plan.projected_seconds is None else f" projected {plan.projected_seconds:.0f}s with the roundtrip"
     ctx.log(f"ttt_plan: {describe_timings(hp, timings, plan, num_val_tokens)}: stride {plan.stride} epochs {plan.epochs}"
-            + f" phases {plan.phases}" * bool(plan.phases) + f" projected {plan.projected_seconds:.0f}s with the roundtrip "
-            f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})" + f"; {plan.reason}" * bool(plan.reason))
+            + f" phases {plan.phases}" * bool(plan.phases) + projected + f" (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})"
+            + f"; {plan.reason}" * bool(plan.reason))
     return plan
 
 
