@@ -49,7 +49,7 @@ import sentencepiece as spm
 from eval.score_settings import ATTN_BACKENDS, TTT_MODES, resolve_cli_settings, settings_defaults
 from primitives.cli_errors import (USER_ERRORS, ArgumentParser, check_dir, check_file, env_int, parse_number,
                                    protect_console, report_user_error)
-from primitives.settings import valid_ttt_params
+from primitives.settings import UNRECORDED_TTT_MODE, valid_ttt_params
 
 # Imported by _import_evals() once the inputs are checked: a bad input fails before torch's import
 # (seconds). Module names so that tests can patch them.
@@ -196,7 +196,7 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
     ValueError naming the artifact for malformed settings."""
     ttt, name = (meta.get("run") or {}).get("ttt"), args.artifact
     if isinstance(ttt, dict):  # before the phased mode: chunked; lora keys only in lora's; before batching: 1 document
-        ttt = {"mode": "chunked", "phases": 1, "lora_rank": 8, "lora_lr": 0.01, "lora_chunk_tokens": 256,
+        ttt = {"mode": UNRECORDED_TTT_MODE, "phases": 1, "lora_rank": 8, "lora_lr": 0.01, "lora_chunk_tokens": 256,
                "lora_batch_docs": 1, **ttt}
     if ttt is not None:
         ok = isinstance(ttt, dict) and ttt.get("enabled") in (0, 1) and all(

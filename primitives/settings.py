@@ -38,6 +38,9 @@ TTT_ON = ("TTT_ENABLED=1", lambda hp: hp.ttt_enabled)
 # asserts the two lists equal, so a new mode is its row plus its name here). Settings compare a mode name only
 # in ttt_modes_apply.
 TTT_MODE_NAMES = ("chunked", "phased", "lora")
+# the mode of an artifact whose run["ttt"] records none (those written before modes; trainer/finish.py records
+# every other mode, so chunked artifacts stay byte-identical)
+UNRECORDED_TTT_MODE = TTT_MODE_NAMES[0]
 
 
 def ttt_modes_apply(*modes: str) -> tuple:
