@@ -22,8 +22,8 @@ from trainer.evaluate import evaluate_ttt
 
 
 class HeadStep(Scorer):
-    """The toy updater: one plain gradient step (lr from the mode's settings) on the output head only, per
-    scope and epoch, on the scope's last seq_len targets."""
+    """The toy updater: one plain gradient step (lr from the mode's settings) on the output head only (trainable()),
+    per scope and epoch, on the scope's last seq_len targets."""
 
     def trainable(self) -> list:
         return [self.model.head]
@@ -38,8 +38,9 @@ class HeadStep(Scorer):
                 a = max(lo, hi - r.seq_len)
                 self.model(r.tokens[None, a:hi], r.tokens[None, a + 1:hi + 1]).backward()
                 with torch.no_grad():
-                    self.model.head -= r.cfg["lr"] * self.model.head.grad
-                self.model.head.grad = None
+                    for p in self.trainable():
+                        p -= r.cfg["lr"] * p.grad
+                        p.grad = None
                 yield [(a, hi)]
 
 
@@ -86,18 +87,6 @@ class AllStep(HeadStep):
     def trainable(self) -> list:
         return list(self.model.parameters())
 
-    def steps(self, sched, spans, num_units):
-        r = self.run
-        for _, _, (lo, hi) in spans:
-            for _ in range(r.epochs):
-                a = max(lo, hi - r.seq_len)
-                self.model(r.tokens[None, a:hi], r.tokens[None, a + 1:hi + 1]).backward()
-                with torch.no_grad():
-                    for p in self.trainable():
-                        p -= r.cfg["lr"] * p.grad
-                        p.grad = None
-                yield [(a, hi)]
-
 
 @pytest.mark.slow
 def test_a_toy_mode_runs_through_the_trainer_and_the_score_command(monkeypatch, tiny_dataset, sp1024_model, tmp_path,
@@ -107,6 +96,7 @@ def test_a_toy_mode_runs_through_the_trainer_and_the_score_command(monkeypatch, 
     score` (main(), in process) on the artifact with that command: the trainer's score, updates and all."""
     import eval.__main__ as eval_cli
     from primitives.domains import field_domain
+    from quant.artifact import load_artifact
     from tests.test_after_training import run_main_in_process
     from tests.test_train import read_result
     from trainer.finish import score_command
@@ -123,12 +113,13 @@ def test_a_toy_mode_runs_through_the_trainer_and_the_score_command(monkeypatch, 
     result = read_result(tmp_path, "toy")
     assert result["ttt_mode"] == "toy" and result["ttt_epochs"] == 1 and result["ttt_updates"] > 0, out[-2000:]
     assert result["eval_plan"]["mode"] == "toy" and "TTT_MODE=toy has no plan" in result["eval_plan"]["reason"]
+    assert load_artifact(tmp_path / "toy" / "final_model.ptz")[2]["run"]["ttt"]["mode"] == "toy"  # its fields: shared
     hp = Hyperparameters.from_env(log=lambda *_: None)  # the environment run_main_in_process set
     command = score_command(hp, tmp_path / "toy" / "final_model.ptz", EvalPlan(**result["eval_plan"]))
     assert " --ttt 1 --ttt-epochs 1 " in command and " --ttt-mode toy" in command
     for key in toy_env:
         monkeypatch.delenv(key)
-    assert eval_cli.main(command.split()[3:]) == 0
+    assert eval_cli.main(command[:command.index(" --ttt 1 ")].split()[3:] + ["--ttt", "1"]) == 0  # the rest: the artifact's
     cli = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) .* updates:(\d+)$", capsys.readouterr().out, re.M)
     assert cli and int(cli.group(3)) == result["ttt_updates"]
     assert float(cli.group(2)) == pytest.approx(result["val_bpb_ttt"], abs=1e-7)
