@@ -184,7 +184,7 @@ def test_record_from_the_run_passes_the_audit_and_transformed_bytes_fail(caseops
     # bytes_code (tests/test_make_record.py), which any edit of the tree since the run module fixture trips
     monkeypatch.setattr(make_record, "check_code_is_current", lambda *args, **kwargs: None)
     assert make_record.main(["--runs", str(run_dir), "--name", "CaseOpsSmoke", "--author", "A", "--github-id", "a",
-                             "--skip-smoke", "--records-dir", str(tmp_path / "records"), "--approach",
+                             "--skip-smoke", "--min-steps", "0", "--records-dir", str(tmp_path / "records"), "--approach",
                              "PRESET=smoke on CaseOps shards of the shared text, scored on the val byte sidecar."]) == 0, \
         capsys.readouterr()
     folder = next((tmp_path / "records").glob("*/*_CaseOpsSmoke"))

@@ -158,19 +158,20 @@ def test_with_auto_stride_the_lora_plan_coarsens_the_stride_before_it_cuts_epoch
 
 
 def test_lora_settings_are_checked():
-    base = {"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora", "TRAIN_SEQ_LEN": "64"}
-    hp = Hyperparameters.from_env(dict(base, TTT_LORA_CHUNK_TOKENS="64"), log=lambda *_: None)
+    base = {"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora", "TRAIN_SEQ_LEN": "64", "TTT_LORA_CHUNK_TOKENS": "64"}
+    hp = Hyperparameters.from_env(base, log=lambda *_: None)
     assert (hp.ttt_mode, hp.ttt_lora_rank, hp.ttt_lora_lr, hp.ttt_lora_chunk_tokens, hp.ttt_lora_batch_docs) == (
         "lora", 8, 0.01, 64, 64)
     for bad, message in ((dict(TTT_LORA_CHUNK_TOKENS="65"), "TTT_LORA_CHUNK_TOKENS=65: expected > 0 and <= TRAIN_SEQ_LEN=64"),
-                         (dict(TTT_LORA_RANK="0"), "TTT_LORA_RANK=0: expected >= 1"),
-                         (dict(TTT_LORA_BATCH_DOCS="0"), "TTT_LORA_BATCH_DOCS=0: expected >= 1"),
-                         (dict(TTT_LORA_LR="-1"), "TTT_LORA_LR=-1.0: expected a finite value >= 0"),
-                         (dict(TTT_MODE="adapter"), "TTT_MODE='adapter': expected chunked, phased or lora")):
+                         (dict(TTT_LORA_RANK="0"), "TTT_LORA_RANK=0: expected a whole number >= 1"),
+                         (dict(TTT_LORA_BATCH_DOCS="0"), "TTT_LORA_BATCH_DOCS=0: expected a whole number >= 1"),
+                         (dict(TTT_LORA_LR="-1"), "TTT_LORA_LR=-1.0: expected a finite number >= 0"),
+                         (dict(TTT_MODE="adapter"), "TTT_MODE='adapter': expected one of chunked, phased, lora")):
         with pytest.raises(ValueError, match=re.escape(message)):
             Hyperparameters.from_env(dict(base, **bad), log=lambda *_: None)
     # the LoRA chunk only matters with TTT_MODE=lora: the default 256 does not refuse a short TRAIN_SEQ_LEN otherwise
-    Hyperparameters.from_env(dict(base, TTT_MODE="chunked", TTT_CHUNK_TOKENS="64"), log=lambda *_: None)
+    Hyperparameters.from_env(dict(base, TTT_MODE="chunked", TTT_CHUNK_TOKENS="64", TTT_LORA_CHUNK_TOKENS="256"),
+                             log=lambda *_: None)
 
 
 def test_a_stopped_lora_eval_names_the_round_in_its_caveat():

@@ -37,7 +37,7 @@ checks (tools/auditor/audit_checks.py, audit_limits.py, audit_config.py, audit_r
   full_val_split      no log says only part of the val split was scored
   file_safety         symlinks (outside the folder: fail), undecodable log bytes, oversized files
   smoke_run           a folder built with make_record --skip-smoke says so (warn)
-run probe (unless --no-run; needs ../shared/data/tokenizers):
+run probe (unless --no-run; needs the challenge tokenizers in data/tokenizers):
   run_causal          (1) no probability before position t changes when the val tokens from t on change
   run_normalized      (2) each scored probability comes from a distribution over the vocabulary that sums to 1
   run_score_first     (3) no val token is trained on before it is scored

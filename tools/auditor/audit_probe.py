@@ -37,7 +37,19 @@ from tools.auditor.audit_checks import Check
 from tools.auditor.audit_code import unpack_script
 
 PROBE_CHECKS = ("run_causal", "run_normalized", "run_score_first", "run_single_pass", "run_bytes", "run_after_clock")
-SHARED = Path(__file__).resolve().parents[3] / "shared"
+_KIT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tokenizer_root() -> Path:
+    """The folder whose data/tokenizers holds the challenge's fineweb_<V>_bpe.model files: the kit's own
+    (`tools/prepare_data.py fineweb` writes them there), else a `shared/` folder beside the kit."""
+    for root in (_KIT_ROOT, _KIT_ROOT.parent / "shared"):
+        if any((root / "data" / "tokenizers").glob("fineweb_*_bpe.model")):
+            return root
+    return _KIT_ROOT
+
+
+SHARED = _tokenizer_root()
 RUN_TIMEOUT_S = 300  # a shared, loaded machine runs a toy run several times slower than its ~30 s
 PERTURB_FRACTION = 0.6  # t: the first redrawn val index, as a fraction of the val stream
 # the toy size, set only for the variables the script reads (its other settings stay its own)
@@ -157,7 +169,7 @@ def probe_folder(folder, *, shared=SHARED, timeout_s: float = RUN_TIMEOUT_S, kee
 
     folder = Path(folder)
     if not (Path(shared) / "data" / "tokenizers").is_dir():
-        return _na(f"no challenge tokenizers in {shared}/data/tokenizers")
+        return _na(f"no challenge tokenizers in {shared}/data/tokenizers (tools/prepare_data.py fineweb writes them)")
     pair = run_pair(folder, Path(shared), timeout_s, keep)
     try:
         if "error" in pair:

@@ -1,5 +1,5 @@
 """The run probe's toy data: a val split and a train split in the official shard format, made with
-the folder's tokenizer or the challenge's (../shared/data/tokenizers), and their byte truth.
+the folder's tokenizer or the challenge's (data/tokenizers), and their byte truth.
 
 Documents are BOS followed by random ordinary pieces (no control, unknown, unused or byte pieces): in
 the val split every piece appears at most once (the probe locates each scored target by its token:

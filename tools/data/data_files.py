@@ -1,7 +1,6 @@
 """File helpers of the data tools (tools/prepare_data.py): fsync + rename, sha256 of a file, JSON
 written atomically, and the keys every dataset manifest.json starts with."""
 
-import hashlib
 import json
 import os
 from pathlib import Path
