@@ -22,6 +22,9 @@ over the phases. With phases=1 or epochs=0 nothing is trained and the score equa
 from eval.sliding import count_sliding_windows
 from eval.ttt import pick_ttt_plan, ttt_step_seqs
 
+# the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
+PACKED_WHEN = "TTT_ENABLED"
+
 
 def project_phased_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_len, stride, epochs, phases,
                            eval_batch_seqs, batch_seqs, world_size=1) -> float:

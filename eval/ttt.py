@@ -41,6 +41,9 @@ import torch.distributed as dist
 
 from eval.sliding import count_sliding_windows, first_sliding_window, score_window_batch
 
+# the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
+PACKED_WHEN = "TTT_ENABLED"
+
 
 def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:
     """Chunk boundaries over the targets of the stream tokens int64 [N] (target t is token t + 1).

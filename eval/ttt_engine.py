@@ -27,6 +27,9 @@ from eval.ttt import (check_ttt_legality, mark_update, score_unit_windows, ttt_r
                       ttt_window_ranges)
 from primitives.progress import Progress
 
+# the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
+PACKED_WHEN = "TTT_ENABLED"
+
 
 @dataclass
 class TTTRun:

@@ -33,6 +33,9 @@ from eval.ttt import (plan_chunk_sequences, plan_ttt, project_ttt_seconds, selec
 from eval.ttt_engine import Schedule, Scorer, TTTRun, run_score_first
 from primitives.settings import Hyperparameters
 
+# the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
+PACKED_WHEN = "TTT_ENABLED"
+
 SGD_FIELDS = ("lr", "momentum", "params", "batch_seqs", "grad_clip")
 
 

@@ -136,15 +136,24 @@ def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, a
 ARTIFACT_TTT_FIELDS = ("chunk_tokens", "lr", "momentum", "grad_clip", "batch_seqs", "params")
 
 
+def mode_own_settings(hp: Hyperparameters, plan: EvalPlan) -> dict:
+    """{field: value} of TTT_MODE's row fields beyond ARTIFACT_TTT_FIELDS (eval/ttt_modes.py; phases: the plan's);
+    {} with TTT off: the packed train_gpt.py holds the registry only for runs with TTT (kit/bundle_when.py)."""
+    if not hp.ttt_enabled:
+        return {}
+    own = {f: getattr(hp, f"ttt_{f}") for f in TTT_MODES[hp.ttt_mode].fields if f not in ARTIFACT_TTT_FIELDS}
+    if plan.phases and "phases" in own:
+        own["phases"] = plan.phases
+    return own
+
+
 def ttt_artifact_settings(hp: Hyperparameters, plan: EvalPlan) -> dict:
     """The artifact header's run["ttt"]: the TTT settings the run scores with (`python -m eval score --ttt 1`
     uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
     ARTIFACT_TTT_FIELDS (TTT_CHUNK_TOKENS, ...), eval_batch_seqs (the scoring batch); the stride is the run's
     eval_stride (the plan's); every mode but UNRECORDED_TTT_MODE adds mode, and its row's own fields (eval/ttt_modes.py;
     phases: the plan's); chunked artifacts stay byte-identical to those written before modes."""
-    own = {f: getattr(hp, f"ttt_{f}") for f in TTT_MODES[hp.ttt_mode].fields if f not in ARTIFACT_TTT_FIELDS}
-    if plan.phases and "phases" in own:
-        own["phases"] = plan.phases
+    own = mode_own_settings(hp, plan)
     return dict(enabled=int(hp.ttt_enabled), epochs=plan.epochs, **{f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS},
                 eval_batch_seqs=hp.eval_batch_seqs,
                 **(dict(mode=hp.ttt_mode, **own) if own or hp.ttt_mode != UNRECORDED_TTT_MODE else {}))
@@ -165,9 +174,7 @@ def score_command(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan) -> s
     """The command that scores a written artifact as the run did (eval/__main__.py): the plan's stride and the
     run's scoring batch, and its TTT settings (the mode's fields, the plan's epochs and phases) when the plan
     kept TTT (plan.epochs > 0)."""
-    own = {f: getattr(hp, f"ttt_{f}") for f in TTT_MODES[hp.ttt_mode].fields if f not in ARTIFACT_TTT_FIELDS}
-    if plan.phases and "phases" in own:
-        own["phases"] = plan.phases
+    own = mode_own_settings(hp, plan)
     flags = {f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS}
     ttt = (f" --ttt 1 --ttt-epochs {plan.epochs}" + "".join(f" --ttt-{f.replace('_', '-')} {shlex.quote(str(v))}"
                                                            for f, v in flags.items())
