@@ -308,7 +308,7 @@ class Hyperparameters:
             ("TTT_CHUNK_TOKENS", lambda s: not TTT_SGD[1](s) or s.ttt_chunk_tokens >= s.train_seq_len,
              f">= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_ENABLED=1)"),
             ("TTT_LORA_CHUNK_TOKENS", lambda s: not (TTT_LORA[1](s) and s.ttt_lora_chunk_tokens > s.train_seq_len),
-             f"> 0 and <= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_MODE=lora)"),
+             f"<= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_MODE=lora)"),
             ("TTT_PARAMS", lambda s: valid_ttt_params(s.ttt_params), "all, scalars or a regular expression of parameter names"),
             ("PARALLEL_RESIDUAL_START", lambda s: s.parallel_residual_start < s.num_layers,
              f"-1 (off) or a layer index 0..{self.num_layers - 1}"),

@@ -186,7 +186,7 @@ def test_newton_schulz_batches_equal_one_matrix_at_a_time():
 
 def test_bf16_autocast_switch_resolves_per_device():
     hp = Hyperparameters(autocast="bf16")
-    with pytest.raises(ValueError, match="AUTOCAST='fp8': expected auto, bf16 or none"):
+    with pytest.raises(ValueError, match="AUTOCAST='fp8': expected one of auto, bf16, none"):
         Hyperparameters(autocast="fp8", run_id="x").validate()
     assert hp.autocast == "bf16"
 

@@ -241,7 +241,7 @@ def test_liger_is_taken_only_when_it_passes_its_self_check(monkeypatch):
 
 
 def test_loss_kernel_is_a_setting_outside_the_artifact_bound_like_attn_backend():
-    with pytest.raises(ValueError, match="LOSS_KERNEL='fused': expected auto, liger or torch"):
+    with pytest.raises(ValueError, match="LOSS_KERNEL='fused': expected one of auto, liger, torch"):
         Hyperparameters.from_env({"PRESET": "smoke", "LOSS_KERNEL": "fused"}, log=lambda *_: None)
     hp = Hyperparameters.from_env({"PRESET": "smoke", "LOSS_KERNEL": "torch"}, log=lambda *_: None)
     assert hp.loss_kernel == "torch" and Hyperparameters().loss_kernel == "auto"

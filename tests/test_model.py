@@ -86,8 +86,8 @@ def test_parallel_residual_start_is_validated_and_reaches_the_model_config():
     hp = Hyperparameters.from_env({"PARALLEL_RESIDUAL_START": "6"}, log=lambda *_: None)
     assert build_model_config(hp)["parallel_residual_start"] == 6
     assert Hyperparameters.from_env({}, log=lambda *_: None).parallel_residual_start == -1
-    for bad in ("8", "-2"):
-        with pytest.raises(ValueError, match=f"PARALLEL_RESIDUAL_START={bad}: expected -1 \\(off\\) or a layer index 0..7"):
+    for bad, expected in (("8", "-1 \\(off\\) or a layer index 0..7"), ("-2", "a whole number >= -1")):
+        with pytest.raises(ValueError, match=f"PARALLEL_RESIDUAL_START={bad}: expected {expected}"):
             Hyperparameters.from_env({"PARALLEL_RESIDUAL_START": bad, "PRESET": "1xh100"}, log=lambda *_: None)
 
 

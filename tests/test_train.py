@@ -215,7 +215,6 @@ def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
     run, and the schedules run on time. Asserts the log lines and flags, never step counts (the
     machine is shared: a step takes 10-300 ms)."""
     import train_gpt
-    import trainer.loop as trainer_loop
     import trainer.schedule as trainer_schedule
 
     cap_s = 6.0
@@ -231,7 +230,7 @@ def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
         return seen[-1][1]
 
     original = trainer_schedule.lr_multiplier_floored
-    monkeypatch.setattr(trainer_loop, "lr_multiplier_floored", spy)
+    monkeypatch.setattr(trainer_schedule, "lr_multiplier_floored", spy)
     assert train_gpt.main() == 0
     log = (tmp_path / "capped" / "train.log").read_text()
     result = read_result(tmp_path, "capped")

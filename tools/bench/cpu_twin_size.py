@@ -58,9 +58,15 @@ def cpu_twin_settings(preset_size: bool, environ=None):
     the environment's own settings, or the preset's shape with preset_size. Raises ValueError naming the
     shape when its estimated memory is more than CPU_TWIN_MEMORY_FRACTION of the memory available."""
     environ = dict(os.environ if environ is None else environ)
-    hp = trainer_settings.Hyperparameters.from_env(environ if preset_size else {**CPU_TWIN_SHAPE, **environ})
+
+    def log(line: str) -> None:  # the twin's own shape variables (e.g. the TTT step's) are no user's setting
+        if not any(line.startswith(f"WARNING: {name}=") for name in CPU_TWIN_SHAPE if name not in environ):
+            print(line)
+
+    hp = trainer_settings.Hyperparameters.from_env(environ if preset_size else {**CPU_TWIN_SHAPE, **environ}, log=log)
     if not preset_size and not data_given(hp, environ):
-        hp = trainer_settings.Hyperparameters.from_env({**CPU_TWIN_SHAPE, **CPU_TWIN_SYNTHETIC_VOCAB, **environ})
+        hp = trainer_settings.Hyperparameters.from_env({**CPU_TWIN_SHAPE, **CPU_TWIN_SYNTHETIC_VOCAB, **environ},
+                                                       log=lambda line: None)  # said by the call above
     need, have = estimate_cpu_twin_bytes(hp), available_memory_bytes()
     if need > CPU_TWIN_MEMORY_FRACTION * have:
         shape = (f"PRESET={hp.preset}'s shape" if preset_size else "the shape asked for") + (
