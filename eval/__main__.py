@@ -26,6 +26,7 @@ entropy on CUDA when it imports), EVAL_STRIDE (the artifact's stride wins over i
 else primitives.settings.Hyperparameters' default under PRESET (primitives/presets.py), as the trainer resolves
 it; EVAL_COMPILE (1, CUDA only) is the CLI's own.
 Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (primitives/cli_errors.py).
+A NaN or infinite score is never printed as a result: one line naming the pass, exit 1 (as the trainer's).
 With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT of --ttt-mode (TTT_MODE: a row of eval/ttt_modes.py,
 run by eval/ttt_engine.py), printed as `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT
 settings the run scored with (the artifact records its plan: the planned epochs and phases, its stride, the mode
@@ -46,6 +47,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from eval.offline import NonFiniteScoreError
 from eval.score_settings import ATTN_BACKENDS, TTT_MODES, resolve_cli_settings, settings_defaults
 from primitives.cli_errors import (USER_ERRORS, ArgumentParser, check_dir, check_file, env_int, parse_number,
                                    protect_console, report_user_error)
@@ -386,6 +388,9 @@ def main(argv=None) -> int:
     try:
         check_score_inputs(args)
         args.func(args)
+    except NonFiniteScoreError as exc:  # the scoring ran and gave no number: exit 1, as the trainer's nonfinite_<phase>
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
     except USER_ERRORS as exc:
         return report_user_error(exc)
     except Exception as exc:

@@ -113,7 +113,8 @@ def submission_bytes_line(artifact_path, code_path=None) -> str:
             f"{SUBMISSION_BYTE_BUDGET:,} ({verdict})")
 
 class NonFiniteScoreError(ValueError):
-    """A score (val_loss / val_bpb) is NaN or infinite: never printed as a result (one line, exit 2)."""
+    """A score (val_loss / val_bpb) is NaN or infinite: never printed as a result (one line, exit 1: the scoring
+    ran, its result is not a score; exit 2 is for a bad input found before any work)."""
 
 
 def require_finite_scores(scores: dict) -> None:

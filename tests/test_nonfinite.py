@@ -26,6 +26,25 @@ def test_nonfinite_scores_name_the_pass_that_produced_them():
     require_finite_scores({"roundtrip": (1.0, 1.2), "sliding": (1.0, 1.2)})
 
 
+def test_eval_score_exits_1_on_a_nonfinite_score_like_the_trainer_and_2_only_for_bad_input(monkeypatch, capsys):
+    # exit 2 is a bad input found before any work (docs/reliability.md); a score that came out NaN is the
+    # run's result, as the trainer's nonfinite_<phase> (exit 1): eval score used to exit 2 for it
+    import eval.__main__ as cli
+
+    def nan_score(args):
+        require_finite_scores({"roundtrip": (1.0, 1.2), "chunked TTT": (math.nan, math.nan)})
+
+    monkeypatch.setattr(cli, "check_score_inputs", lambda args: None)
+    monkeypatch.setattr(cli, "cmd_score", nan_score)
+    argv = ["score", "--artifact", "a.ptz", "--data-path", "d", "--tokenizer", "t.model"]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: the chunked TTT pass produced val_loss:nan val_bpb:nan; expected finite scores (a diverged "
+                   "TTT, or weights that are not finite): no score is reported"], err
+    monkeypatch.setattr(cli, "cmd_score", lambda args: (_ for _ in ()).throw(ValueError("--stride=-5: expected ...")))
+    assert cli.main(argv) == 2 and capsys.readouterr().err == "error: --stride=-5: expected ...\n"
+
+
 @pytest.mark.parametrize("key,status", [("val_bpb_ttt", "nonfinite_ttt"), ("val_loss_prequant", "nonfinite_prequant_eval"),
                                         ("val_bpb_sliding", "nonfinite_sliding"), (None, "ok")])
 def test_write_result_never_writes_status_ok_with_a_nonfinite_number(tiny_dataset, tmp_path, key, status):
@@ -56,5 +75,5 @@ def test_a_diverged_ttt_is_status_nonfinite_ttt_and_eval_score_refuses_it_in_one
            "1e30", "--ttt-chunk-tokens", "1024", "--ttt-epochs", "1"]
     score = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     lines = score.stderr.strip().splitlines()
-    assert score.returncode == 2 and len(lines) == 1, score.stderr
+    assert score.returncode == 1 and len(lines) == 1, score.stderr  # the trainer's code for the same result
     assert lines[0].startswith("error: the chunked TTT pass produced val_loss:nan"), lines[0]
