@@ -37,7 +37,7 @@ TTT_ON = ("TTT_ENABLED=1", lambda hp: hp.ttt_enabled)
 # TTT_MODE's names: the rows of eval/ttt_modes.py's registry (layer 3, which this layer cannot import; a test
 # asserts the two lists equal, so a new mode is its row plus its name here). Settings compare a mode name only
 # in ttt_modes_apply.
-TTT_MODE_NAMES = ("chunked", "phased", "lora")
+TTT_MODE_NAMES = ("chunked", "phased", "lora", "phased_lora")
 # the mode of an artifact whose run["ttt"] records none (those written before modes; trainer/finish.py records
 # every other mode, so chunked artifacts stay byte-identical)
 UNRECORDED_TTT_MODE = TTT_MODE_NAMES[0]
@@ -49,6 +49,11 @@ def ttt_modes_apply(*modes: str) -> tuple:
 
 
 TTT_SGD, TTT_CHUNKED, TTT_LORA = ttt_modes_apply("chunked", "phased"), ttt_modes_apply("chunked"), ttt_modes_apply("lora")
+# TTT_MODE=phased_lora (PR #1855's phased TTT, eval/phased_lora.py) reads the SGD settings for its global SGD, the
+# TTT_LORA_* settings for its adapters, TTT_PHASES, and its own (TTT_PREFIX_DOCS, ...)
+TTT_RECORD = ttt_modes_apply("phased_lora")
+TTT_SGD, TTT_CHUNKED = ttt_modes_apply("chunked", "phased", "phased_lora"), ttt_modes_apply("chunked", "phased_lora")
+TTT_LORA, TTT_PHASED = ttt_modes_apply("lora", "phased_lora"), ttt_modes_apply("phased", "phased_lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +199,7 @@ class Hyperparameters:
     # 8xH100 with their per-document LoRA, which the kit does not build): TTT_PHASES phases of whole
     # documents, each scored, then TTT_EPOCHS of SGD on every scored document; TTT_CHUNK_TOKENS unused.
     ttt_mode: str = setting("chunked", choices=TTT_MODE_NAMES, applies=TTT_ON)
-    ttt_phases: int = setting(3, 1, applies=ttt_modes_apply("phased"))
+    ttt_phases: int = setting(3, 1, applies=TTT_PHASED)
     # TTT_MODE=lora (eval/lora_ttt.py; PR #77: per-document rank-8 LoRA on q and v, reset at each document,
     # 256-token chunks, one Adam step of lr 0.01 per scored chunk; PR #1530/#1610/#1626/#1736 pair it with
     # phased SGD for about -0.012 bpb in total on 8xH100): adapters on attn.c_q, attn.c_v and mlp.proj, each
@@ -205,6 +210,18 @@ class Hyperparameters:
     # adapter slots: documents adapted side by side, each with its own adapter (64: PR #77's batch of documents,
     # the batching PR #1530's records keep); the score is the same at any value, up to float rounding
     ttt_lora_batch_docs: int = setting(64, 1, applies=TTT_LORA)
+    # TTT_MODE=phased_lora (PR #1855's phased TTT, eval/phased_lora.py; the record's names in its log: PHASED_TTT_
+    # PREFIX_DOCS, GLOBAL_TTT_EPOCHS, TTT_LORA_ALPHA, TTT_WEIGHT_DECAY, TTT_BETA1/2, TTT_K/MLP/O_LORA): the phases
+    # cover the first TTT_PREFIX_DOCS documents of its batch order; adapters scaled alpha / rank, AdamW
+    ttt_prefix_docs: int = setting(2500, 0, units="documents", applies=TTT_RECORD)
+    ttt_global_epochs: int = setting(1, 0, applies=TTT_RECORD)
+    ttt_lora_alpha: float = setting(144.0, 0, low_open=True, applies=TTT_RECORD)
+    ttt_lora_wd: float = setting(0.5, 0, applies=TTT_RECORD)
+    ttt_lora_beta1: float = setting(0.0, 0, 1, high_open=True, applies=TTT_RECORD)
+    ttt_lora_beta2: float = setting(0.99, 0, 1, high_open=True, applies=TTT_RECORD)
+    ttt_lora_k: bool = setting(True, applies=TTT_RECORD)
+    ttt_lora_mlp: bool = setting(True, applies=TTT_RECORD)
+    ttt_lora_o: bool = setting(True, applies=TTT_RECORD)
     byte_budget: int = setting(16_000_000, 1, units="bytes of code + artifact")
     # measured / estimated artifact bytes that the fit before training assumes (quant/estimate.py is
     # calibrated on Gaussian weights; 1 = trust it; the 1xh100-sp* presets use PR #1617's ratios)
@@ -369,6 +386,16 @@ def valid_ttt_params(value: str) -> bool:
     except re.error:
         return False
     return bool(value)
+
+
+def setting_warnings(hp: Hyperparameters, environ=None) -> list:
+    """The WARNING lines Hyperparameters.from_env logs for `environ` (default os.environ) and its `hp`: a
+    variable that looks like ours but is not, a setting whose effect never happens in this run. The trainer
+    writes them into train.log too: the log is what a reviewer reads, the console is gone."""
+    environ = os.environ if environ is None else environ
+    lines = []
+    warn_unknown_settings(environ, lines.append)
+    return lines + inert_settings(hp, {f.name for f in dataclasses.fields(hp) if f.name.upper() in environ})
 
 
 def warn_unknown_settings(environ, log=print) -> list:

@@ -1,6 +1,7 @@
 """Every setting has a declared domain (primitives/domains.py), checked as a whole before anything is written."""
 
 import dataclasses
+import os
 
 import pytest
 
@@ -108,3 +109,28 @@ def test_inert_settings_reads_only_the_given_names():
     hp = Hyperparameters.from_env({"PRESET": "smoke"}, **QUIET)
     assert inert_settings(hp, set()) == []
     assert len(inert_settings(hp, {"loop_start", "loop_end", "ttt_lr"})) == 3
+
+
+def test_the_settings_warnings_are_in_train_log_not_only_on_the_console(tmp_path, monkeypatch, capsys):
+    # the organizers read train.log: an inert setting or a typo warned on the console only was lost with it
+    from trainer import runfolder
+    from trainer.context import setup_distributed
+
+    env = {"PRESET": "smoke", "RUN_ID": "r", "OUT_DIR": str(tmp_path), "LOOP_START": "2", "MATRIX_LRR": "0.02"}
+    for name in [n for n in os.environ if n.startswith(("TTT_", "LOOP_", "MATRIX_", "NUM_LOOPS"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    console = []
+    hp = Hyperparameters.from_env(log=console.append)
+    assert [line.split(":")[0] for line in console] == ["WARNING", "WARNING"], console
+    run = setup_distributed(hp)
+    run.log("a line of the input checks")
+    monkeypatch.setattr(runfolder, "log_run_header", lambda ctx, hp: ctx.log("the header"))
+    runfolder.open_run_log(run, hp, {})
+    run.log_file.close()
+    runfolder.release_run_folders()
+    log = (tmp_path / "r" / "train.log").read_text().splitlines()
+    assert log == ["the header", *console, "a line of the input checks"], log
+    assert any("LOOP_START=2 has no effect" in line for line in log) and any("MATRIX_LRR" in line for line in log)
+    assert capsys.readouterr().out.count("WARNING") == 0  # printed once, by from_env; train.log gets its copy only

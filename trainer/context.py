@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from primitives.settings import Hyperparameters
+from primitives.settings import Hyperparameters, setting_warnings
 from quant.policy import QuantPolicy
 
 
@@ -89,8 +89,10 @@ def setup_distributed(hp: Hyperparameters) -> RunContext:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     run_dir = Path(hp.out_dir) / hp.run_id
     bf16 = hp.autocast == "bf16" or hp.autocast == "auto" and device.type == "cuda"
-    return RunContext(rank, world_size, local_rank, device, run_dir, torch.bfloat16 if bf16 else None,
-                      hp.compile == 1 or hp.compile == -1 and device.type == "cuda")
+    ctx = RunContext(rank, world_size, local_rank, device, run_dir, torch.bfloat16 if bf16 else None,
+                     hp.compile == 1 or hp.compile == -1 and device.type == "cuda")
+    ctx.pending.extend(setting_warnings(hp) if ctx.is_main else ())  # from_env printed them; train.log keeps them
+    return ctx
 
 
 def require_kit(setting: str) -> None:
