@@ -332,6 +332,24 @@ def test_result_rows_read_a_status_less_result_json_as_ok_like_the_resume_check(
     assert [sweep.is_finished(r) for r in runs] == [True, False, False]
 
 
+def test_a_nonfinite_result_is_final_not_rerun_and_has_no_score_in_the_table(tmp_path):
+    """A run that came out NaN (status nonfinite_<phase>, exit 1) is its configuration's outcome: a rerun of
+    the same settings repeats it, so a resumed sweep keeps it (it used to rerun every phase but the loss's)
+    and the table counts it as a run without a score."""
+    runs = sweep_spec.build_runs({"name": "nan", "seeds": [1, 2, 3, 4], "configs": {"a": {"TTT_LR": 1e30}}}, tmp_path)
+    results = ({"status": "nonfinite_ttt", "val_bpb_ttt": math.nan, "val_bpb_sliding": 2.5, "steps": 9},
+               {"status": "nonfinite_loss", "steps": 4}, {"status": "failed_in_training", "steps": 2},
+               {"status": "ok", "val_bpb_ttt": 2.4, "steps": 9})
+    for run, result in zip(runs, results):
+        run.run_dir.mkdir(parents=True)
+        (run.run_dir / "result.json").write_text(json.dumps(result))  # NaN as Python's json writes it
+    assert [sweep.is_finished(r) for r in runs] == [True, True, False, True]
+    assert [sweep.finished_status(s) for s in ("ok", "nonfinite_roundtrip", "interrupted", "missing")] == [
+        True, True, False, False]
+    (summary,) = sweep_report.summarize(sweep_report.result_rows(runs, "final"))
+    assert (summary["n"], summary["runs"], summary["mean"], summary["steps"]) == (1, 4, 2.4, 9)
+
+
 def test_metric_final_ranks_each_run_by_its_headline_ttt_or_sliding(tmp_path):
     runs = sweep_spec.build_runs({"name": "m", "seeds": [1, 2], "configs": {"a": {}}}, tmp_path)
     for run, result in zip(runs, ({"val_bpb_ttt": 2.4, "val_bpb_roundtrip": 2.6}, {"val_bpb_sliding": 2.5})):

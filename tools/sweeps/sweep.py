@@ -26,8 +26,9 @@ row per run), `results.md` (per config: mean, std, n, steps, ms per step; sorted
 
 Scheduling: with CUDA GPUs, one run per GPU at a time (`CUDA_VISIBLE_DEVICES`; 8 seeds at once on
 an 8-GPU node), or `--gpus-per-run K` for torchrun runs on groups of K GPUs; on CPU, one run after
-another. A run whose result.json exists with status ok (or nonfinite_loss: a deterministic
-outcome) is finished and skipped; a crashed or interrupted run is run again.
+another. A run whose result.json exists with status ok or nonfinite_<phase> (a loss, eval or TTT that
+came out NaN: the configuration's outcome, which a rerun of the same settings repeats) is finished and
+skipped, and the table counts it as a run without a score; a crashed or interrupted run is run again.
 
 Compare two configurations of a sweep with the significance tool, which reads a config folder as
 its group of seeds: `python tools/significance.py --runs runs/<name>/<A> --baseline-runs runs/<name>/<B>`.
@@ -56,7 +57,6 @@ from tools.sweeps.sweep_spec import (SWEEP_METRICS, SweepError, SweepRun, build_
                               spec_from_args)
 from primitives.files import atomic_write_bytes, lock_holder  # noqa: E402
 
-SWEEP_FINISHED = ("ok", "nonfinite_loss")  # result.json statuses that rerunning would not change
 RUN_FOLDER_BUSY = 75  # launch_run's code for a run folder another process's trainer holds (EX_TEMPFAIL)
 _LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stopped sweep stops them too
 
@@ -66,10 +66,17 @@ _LIVE_TRAINERS = set()  # subprocess.Popen of the trainers running now: a stoppe
 # -----------------------------------------------------------------------------------------------
 
 
+def finished_status(status: str) -> bool:
+    """A result.json status that rerunning the same settings would not change: ok, and every
+    nonfinite_<phase> (trainer/finish.py): a diverged run is a result of its configuration, kept as
+    such (delete its folder to try again); a crash, a signal or a missing result.json are not."""
+    return status == "ok" or status.startswith("nonfinite_")
+
+
 def is_finished(run: SweepRun) -> bool:
     """Finished = a result.json whose status rerunning would not change, written with these settings.
     A finished run with other settings is a SweepError (rename the config or delete its folder)."""
-    if run_status(read_result(run)) not in SWEEP_FINISHED:
+    if not finished_status(run_status(read_result(run))):
         return False
     before = recorded_env(run)
     if before is not None and before != run.env:
@@ -296,7 +303,7 @@ def main(argv=None) -> int:
         if rc == RUN_FOLDER_BUSY:
             state["failed"] += 1
             print(f"{head} not run: another sweep's trainer is writing {run.run_dir}; {left} left", flush=True)
-        elif r is None or rc != 0 and status not in SWEEP_FINISHED:
+        elif r is None or rc != 0 and not finished_status(status):
             state["failed"] += 1
             print(f"{head} FAILED (exit {rc}; see {run.run_dir / 'console.txt'}) in {_duration(seconds)}; "
                   f"{left} left", flush=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -77,14 +78,14 @@ def _mean(values):
 
 def summarize(rows: list, baseline: str | None = None) -> list:
     """Per config: n, mean, std, min, max of val_bpb, mean steps, ms per step and bytes of the runs that
-    finished (those with a val_bpb, as n counts them: a failed or unfinished run's steps are not a
+    finished (those with a finite val_bpb, as n counts them: a failed, diverged or unfinished run's steps are not a
     result); sorted by mean val_bpb (configs with no result last). `vs` = mean - the baseline config's mean."""
     groups = {}
     for row in rows:
         groups.setdefault(row["config"], []).append(row)
     out = []
     for config, group in groups.items():
-        done = [r for r in group if r["val_bpb"] is not None]
+        done = [r for r in group if r["val_bpb"] is not None and math.isfinite(r["val_bpb"])]  # nonfinite_*: no score
         values = [r["val_bpb"] for r in done]
         out.append({"config": config, "n": len(values), "runs": len(group),
                     "mean": statistics.fmean(values) if values else None,
