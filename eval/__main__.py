@@ -30,9 +30,9 @@ A NaN or infinite score is never printed as a result: one line naming the pass, 
 With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT of --ttt-mode (TTT_MODE: a row of eval/ttt_modes.py,
 run by eval/ttt_engine.py), printed as `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT
 settings the run scored with (the artifact records its plan: the planned epochs and phases, its stride, the mode
-and the mode's settings, and its scoring batch), flags override; one line says which came from where. An artifact
-that records none uses the flags, else the environment, else the trainer's defaults, and the line says the score is
-the run's only if they match the run's. Modes: chunked (TTT_CHUNK_TOKENS chunks, SGD on each scored chunk), phased
+and the mode's settings, and its scoring batch), flags override; one line says which came from where (and names a
+TTT_* variable of the environment the artifact's value replaced). An artifact that records none, or one of a run
+without TTT, uses the flags, else the environment, else the trainer's defaults, and the line says so. Modes: chunked (TTT_CHUNK_TOKENS chunks, SGD on each scored chunk), phased
 (TTT_PHASES phases, SGD on every document scored so far), lora (per-document adapters of TTT_LORA_RANK, reset per
 document, chunks of TTT_LORA_CHUNK_TOKENS, Adam at TTT_LORA_LR, TTT_LORA_BATCH_DOCS documents side by side).
 This module is CLI-only and is not bundled into train_gpt.py.
@@ -189,13 +189,14 @@ def unused_ttt_settings(mode: str) -> set:
                                                                               "ttt_mode"}
 
 
-def resolve_ttt_settings(args, meta: dict, log=print) -> None:
+def resolve_ttt_settings(args, meta: dict, log=print, environ=None) -> None:
     """With --ttt 1: set args' TTT settings (TTT_SETTINGS) to the ones the run scored with, recorded in the
     artifact's run["ttt"] (trainer/finish.py), except those a flag gave; log one line saying which came from
-    the artifact and which from flags. An artifact that records none (written before they were recorded,
-    or outside the trainer) keeps the flags / environment / CLI defaults, and the line says the score is the
-    run's only if they match its TTT_* settings. Without --ttt, a run that scored with TTT gets a hint.
-    ValueError naming the artifact for malformed settings."""
+    the artifact and which from flags, and naming a TTT variable of `environ` (default os.environ) the
+    artifact's value replaced. An artifact that records none (written before they were recorded, or outside
+    the trainer), or a run without TTT (TTT_ENABLED=0: its settings never ran, its epochs are 0), keeps the
+    flags / environment / the trainer's defaults, and the line says so. Without --ttt, a run that scored with
+    TTT gets a hint. ValueError naming the artifact for malformed settings."""
     ttt, name = (meta.get("run") or {}).get("ttt"), args.artifact
     if isinstance(ttt, dict):  # before the phased mode: chunked; lora keys only in lora's; before batching: 1 document
         ttt = {"mode": UNRECORDED_TTT_MODE, "phases": 1, "lora_rank": 8, "lora_lr": 0.01, "lora_chunk_tokens": 256,
@@ -216,19 +217,32 @@ def resolve_ttt_settings(args, meta: dict, log=print) -> None:
     described = lambda attrs: " ".join(f"{TTT_SETTINGS[a][1]}={getattr(args, a)}" for a in attrs
                                        if a not in unused_ttt_settings(args.ttt_mode))
     flags = [a for a in TTT_SETTINGS if a in args.ttt_flags]
-    if ttt is None:
-        log(f"ttt settings: artifact {name} records none (written before artifacts recorded them, or outside the "
-            f"trainer): the environment or CLI defaults {described(a for a in TTT_SETTINGS if a not in flags)}"
-            + f", flags {described(flags)}" * bool(flags)
-            + "; the score is the run's only if these match the run's TTT_* settings (its result.json's score_command)")
+    if ttt is None or not ttt["enabled"]:  # a run without TTT: 0 epochs and 1 phase are not settings to score with
+        why = ("records none (written before artifacts recorded them, or outside the trainer)" if ttt is None else
+               "is from a run without TTT (TTT_ENABLED=0): its TTT settings never ran")
+        log(f"ttt settings: artifact {name} {why}: the environment or CLI defaults "
+            f"{described(a for a in TTT_SETTINGS if a not in flags)}" + f", flags {described(flags)}" * bool(flags)
+            + ("; the score is the run's only if these match the run's TTT_* settings (its result.json's score_command)"
+               if ttt is None else "; a TTT score of its weights, not the run's score (the sliding one)"))
         return
     taken = [a for a in TTT_SETTINGS if a not in flags]
     for attr in taken:
         setattr(args, attr, ttt[TTT_SETTINGS[attr][0]])
-    run = ("" if not ttt["enabled"] else " (the run's plan skipped TTT: its score is the sliding one)"
-           if not ttt["epochs"] else "")
+    environ = os.environ if environ is None else environ
+    replaced = [f"{TTT_SETTINGS[a][1]}={environ[TTT_SETTINGS[a][1]]}" for a in taken if TTT_SETTINGS[a][1] in environ
+                and not same_setting(environ[TTT_SETTINGS[a][1]], ttt[TTT_SETTINGS[a][0]])]
     log(f"ttt settings: from the artifact {described(taken) or 'none'}; from flags {described(flags) or 'none'}"
-        + (" (the run scored without TTT: TTT_ENABLED=0)" if not ttt["enabled"] else run))
+        + (" (the run's plan skipped TTT: its score is the sliding one)" if not ttt["epochs"] else "")
+        + (f"; not used: the environment's {' '.join(replaced)} (the artifact records what the run scored with; "
+           "a flag overrides it)" if replaced else ""))
+
+
+def same_setting(raw: str, value) -> bool:
+    """True when the environment's text `raw` is the recorded `value` (2e-3 is 0.002)."""
+    try:
+        return float(raw) == float(value)
+    except (TypeError, ValueError):
+        return str(raw) == str(value)
 
 
 def check_sentencepiece(what: str, path) -> None:

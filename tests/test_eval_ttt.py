@@ -308,8 +308,20 @@ def test_score_takes_the_artifacts_ttt_settings_unless_a_flag_overrides():
     logs = []
     resolve_ttt_settings(_score_args(), dict(run=dict(ttt=dict(recorded, epochs=0))), log=logs.append)
     assert logs[0].endswith("(the run's plan skipped TTT: its score is the sliding one)")
-    resolve_ttt_settings(_score_args(), dict(run=dict(ttt=dict(recorded, enabled=0))), log=logs.append)
-    assert logs[1].endswith("(the run scored without TTT: TTT_ENABLED=0)")
+    # a run without TTT records epochs 0 (and phases 1): --ttt 1 used to take them "from the artifact" and make 0
+    # updates; its TTT settings never ran, so the environment / the trainer's defaults score, and the line says so
+    args = _score_args(ttt_mode="phased")
+    resolve_ttt_settings(args, dict(run=dict(ttt=dict(recorded, enabled=0, epochs=0, phases=1))), log=logs.append)
+    assert (args.ttt_epochs, args.ttt_phases, args.ttt_chunk_tokens) == (3, 3, 32768)
+    assert logs[1].startswith("ttt settings: artifact A.ptz is from a run without TTT (TTT_ENABLED=0): its TTT "
+                              "settings never ran: the environment or CLI defaults TTT_EPOCHS=3 "), logs[1]
+    assert logs[1].endswith(", flags TTT_MODE=phased; a TTT score of its weights, not the run's score (the sliding one)")
+    # a TTT variable of the environment that the artifact's value replaces is named, not dropped without a word
+    args, env = _score_args(), {"TTT_MODE": "phased", "TTT_LR": "0.01", "TTT_EPOCHS": "1e0", "HOME": "/h"}
+    resolve_ttt_settings(args, dict(run=dict(ttt=recorded)), log=logs.append, environ=env)
+    assert args.ttt_mode == "chunked" and logs[-1].endswith(
+        "; not used: the environment's TTT_MODE=phased (the artifact records what the run scored with; a flag "
+        "overrides it)"), logs[-1]  # TTT_LR=0.01 and TTT_EPOCHS=1e0 are the artifact's own values: nothing replaced
     resolve_ttt_settings(dict_args := _score_args(), dict(run=dict(ttt=recorded)), log=logs.append)
     dict_args.ttt = 0
     resolve_ttt_settings(dict_args, dict(run=dict(ttt=recorded)), log=logs.append)
