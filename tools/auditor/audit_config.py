@@ -18,7 +18,8 @@ import statistics
 from pathlib import Path
 
 from tools.auditor.audit_checks import NON_RECORD_TRACK, Check, check_data as check_manifest_data
-from tools.auditor.audit_evidence import EVAL_KEYS, config_of, export_for, skip_smoke_marker, val_tokens_canonical
+from tools.auditor.audit_evidence import (EVAL_KEYS, config_of, export_for, run_chosen_note, skip_smoke_marker,
+                                          val_tokens_canonical)
 
 _RE_NUMBER = re.compile(r"\b\d\.\d{4,8}\b")
 _REFERENCE_KEYS = ("reference_logs", "excluded_logs", "other_logs", "ablation_logs")
@@ -129,17 +130,18 @@ def check_same_config(rec) -> Check:
     if problems and rec.track == NON_RECORD_TRACK and not (ref_logs and rec.readme):
         return Check(name, "pass", f"a study, not a record: its {len(backing)} logs ran different configurations "
                      f"in the non-record track ({problems[0]}), which claims no 3-seed mean of one configuration")
+    chosen = run_chosen_note([lg.evidence.settings for lg in backing])
     if problems:
         return Check(name, "fail", "; ".join(problems[:2]) + ": seeds from different configurations (organizers, "
                                    "PR #2124: a leaderboard row needs a 3-seed mean from the same submitted "
-                                   "configuration)")
+                                   "configuration)" + chosen)
     if eval_only:
         return Check(name, "warn", "; ".join(eval_only[:2]) + ": the seeds differ in settings that act after "
                                    "training only (the same trained configuration)")
     if len(backing) >= 2:
         keys = len(set.intersection(*(set(configs[lg.name]) for lg in backing)))
         return Check(name, "pass", f"{len(backing)} seed logs log the same {keys} settings ("
-                                   + ", ".join(lg.name for lg in backing[:4]) + ")")
+                                   + ", ".join(lg.name for lg in backing[:4]) + ")" + chosen)
     if len(rec.seed_logs) >= 2:
         return Check(name, "n/a", f"{len(rec.seed_logs)} seed logs, but they log no settings block to compare")
     return Check(name, "n/a", f"{len(rec.seed_logs)} seed log(s): nothing to compare")

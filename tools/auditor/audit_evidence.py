@@ -25,6 +25,7 @@ PER_RUN_KEYS = re.compile(r"(?i)^(seed|run_id|logfile|log_file|rank|local_rank|i
                           # chosen by each seed, not configured: the GPTQ reserve a slow calibration raised, and the
                           # training cap it leaves (trainer/loop.py logs both; make_record compares the setting)
                           r"gptq_reserve.*|cap)$")
+RUN_CHOSEN_KEYS = re.compile(r"^(gptq_reserve.*|cap)$")  # of PER_RUN_KEYS: what the trainer chose for each seed
 _RE_SETTING = re.compile(r"^ {1,4}([a-z][a-z0-9_]*):\s?(\S.*)?$")
 _RE_HEADER_PAIR = re.compile(r"(?:^|\s)([a-zA-Z][a-zA-Z0-9_]*):([-+\w.]+)(?=\s|$)")
 _RE_FIRST_STEP = re.compile(r"^(?:step:\s*)?0/\d+\s|^step:1/|^warmup_step")
@@ -144,6 +145,17 @@ def val_tokens_canonical(export: Export, count: int) -> bool:
 def config_of(ev: LogEvidence) -> dict:
     """The settings that decide the run: every logged setting but the per-run ones (seed, paths, ids)."""
     return {k: v for k, v in ev.settings.items() if not PER_RUN_KEYS.match(k)}
+
+
+def run_chosen_note(settings: list) -> str:
+    """'' or a note naming the values each seed chose (RUN_CHOSEN_KEYS: the trainer's training cap, left by a
+    GPTQ reserve it raised when that seed's calibration was slow, trainer/loop.py) that differ between the
+    seed logs' `settings` ({key: (value, line)} each), and why same_config does not compare them."""
+    keys = sorted({k for one in settings for k in one if RUN_CHOSEN_KEYS.match(k)})
+    values = {k: list(dict.fromkeys(one[k][0] for one in settings if k in one)) for k in keys}
+    differ = [f"{k} {' vs '.join(v)}" for k, v in values.items() if len(v) > 1]
+    return (f"; not compared: {', '.join(differ)} (each seed's GPTQ reserve, raised by the trainer when its calibration "
+            "was slow, and the training cap it leaves are run-dependent, not its configuration)") if differ else ""
 
 
 def skip_smoke_marker(submission: dict, readme: str | None):
