@@ -29,12 +29,13 @@ Every input is checked before torch is imported: a bad one is one line on stderr
 A NaN or infinite score is never printed as a result: one line naming the pass, exit 1 (as the trainer's).
 With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT of --ttt-mode (TTT_MODE: a row of eval/ttt_modes.py,
 run by eval/ttt_engine.py), printed as `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT
-settings the run scored with (the artifact records its plan: the planned epochs and phases, its stride, the mode
-and the mode's settings, and its scoring batch), flags override; one line says which came from where (and names a
-TTT_* variable of the environment the artifact's value replaced). An artifact that records none, or one of a run
-without TTT, uses the flags, else the environment, else the trainer's defaults, and the line says so. Modes: chunked (TTT_CHUNK_TOKENS chunks, SGD on each scored chunk), phased
-(TTT_PHASES phases, SGD on every document scored so far), lora (per-document adapters of TTT_LORA_RANK, reset per
-document, chunks of TTT_LORA_CHUNK_TOKENS, Adam at TTT_LORA_LR, TTT_LORA_BATCH_DOCS documents side by side).
+settings the run scored with (the artifact records its plan: the planned epochs and phases, its stride, the mode and
+the mode's settings, and its scoring batch), flags override; one line says which came from where (and names a TTT_*
+variable of the environment the artifact's value replaced). An artifact that records none, or one of a run without
+TTT, uses the flags, else the environment, else the trainer's defaults, and the line says so. Modes: chunked
+(TTT_CHUNK_TOKENS chunks, SGD on each scored chunk), phased (TTT_PHASES phases, SGD on every document scored so
+far), lora (per-document adapters of TTT_LORA_RANK, reset per document, chunks of TTT_LORA_CHUNK_TOKENS, Adam at
+TTT_LORA_LR, TTT_LORA_BATCH_DOCS documents side by side).
 This module is CLI-only and is not bundled into train_gpt.py.
 """
 
