@@ -294,6 +294,7 @@ def cmd_score(args) -> None:
         common = dict(batch_seqs=args.batch_seqs, device=device, rank=rank, world_size=world_size,
                       autocast_dtype=autocast_dtype, compile_model=bool(args.compile) and device.type == "cuda")
         val_loss, val_bpb = eval_roundtrip(model, val_tokens, luts, seq_len=seq_len, **common)
+        require_finite_scores({"roundtrip": (val_loss, val_bpb)})  # checked before its line: nan is never printed
         log(f"final_roundtrip_exact val_loss:{val_loss:.8f} val_bpb:{val_bpb:.8f}")
         ttt = dict(epochs=args.ttt_epochs, eval_batch_seqs=args.ttt_eval_batch_seqs, log=log,
                    max_seconds=max(args.max_seconds - (time.perf_counter() - t_start), 1e-9),
@@ -301,6 +302,7 @@ def cmd_score(args) -> None:
         if stride > 0 and args.ttt:  # score-first TTT of --ttt-mode (eval/ttt_modes.py): its scoring pass is the sliding pass
             result = run_mode(args.ttt_mode, model, val_tokens, luts, seq_len=seq_len, stride=stride, **ttt,
                               **mode_settings(args.ttt_mode, args))
+            require_finite_scores({f"{args.ttt_mode} TTT": (result["val_loss"], result["val_bpb"])})
             log(ttt_result_line(result))
             if not result["num_updates"] and args.ttt_epochs:
                 log(zero_updates_warning(result, args.ttt_mode))
@@ -310,12 +312,11 @@ def cmd_score(args) -> None:
             budget_seconds = max(args.max_seconds - (time.perf_counter() - t_start), 1e-9)
             result = eval_sliding(model, val_tokens, luts, seq_len=seq_len, stride=stride, max_seconds=budget_seconds,
                                   auto_stride=bool(args.auto_stride), log=log, **common)
+            require_finite_scores({"sliding": (result["val_loss"], result["val_bpb"])})
             log(f"final_sliding_window_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
                 f"stride:{result['stride']} eval_time:{1000 * result['eval_seconds']:.0f}ms")
         else:
             log("sliding eval skipped: stride 0")
-        require_finite_scores({"roundtrip": (val_loss, val_bpb), **({f"{args.ttt_mode} TTT" if args.ttt else "sliding": (
-            result["val_loss"], result["val_bpb"])} if stride > 0 else {})})
         log(f"eval_total_time:{1000 * (time.perf_counter() - t_start):.0f}ms seq_len:{seq_len} "
             f"val_tokens:{val_tokens.numel()}")
         log(submission_bytes_line(args.artifact, args.code))

@@ -77,3 +77,4 @@ def test_a_diverged_ttt_is_status_nonfinite_ttt_and_eval_score_refuses_it_in_one
     lines = score.stderr.strip().splitlines()
     assert score.returncode == 1 and len(lines) == 1, score.stderr  # the trainer's code for the same result
     assert lines[0].startswith("error: the chunked TTT pass produced val_loss:nan"), lines[0]
+    assert "final_ttt_exact" not in score.stdout and "nan" not in score.stdout, score.stdout  # no score line at all
