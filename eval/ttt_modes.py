@@ -26,6 +26,7 @@ import torch
 from eval.lora_batch import BatchedLoRA, lora_train_batch, round_windows, score_lora_batch
 from eval.lora_ttt import (lora_batch_windows, lora_schedule, plan_lora_ttt, project_lora_seconds, round_forwards,
                            split_lora_chunks)
+from eval.phased_lora import PhasedLoRAUpdater, phased_lora_schedule
 from eval.phased_ttt import plan_phased_ttt, project_phased_seconds
 from eval.sliding import count_sliding_windows
 from eval.ttt import (plan_chunk_sequences, plan_ttt, project_ttt_seconds, select_ttt_params, sgd_step, split_ttt_chunks,
@@ -243,6 +244,14 @@ def plan_lora(hp, t: dict, *, strides, roundtrip_seconds, num_val_tokens, world_
                                                           work=t["work_at"](hp.eval_stride), epochs=hp.ttt_epochs))
 
 
+def record_schedule(run: TTTRun) -> Schedule:
+    return phased_lora_schedule(run)  # eval/phased_lora.py is packed only for its mode: called, not referenced
+
+
+def record_updater(model, run: TTTRun) -> Scorer:
+    return PhasedLoRAUpdater(model, run)
+
+
 SGD = " batch seqs a multiple of the world size, others >= 0"
 TTT_MODES = {
     "chunked": TTTMode(
@@ -262,19 +271,36 @@ TTT_MODES = {
                            and run.cfg["lora_rank"] >= 1 and run.cfg["batch_docs"] >= 1),
         expected="0 < chunk tokens <= seq_len, rank and batch docs >= 1, others >= 0",
         schedule=lora_schedule_of, scope=unit_scope, updater=LoRAUpdater, plan=plan_lora, timing="lora"),
+    # PR #1855's phased TTT (eval/phased_lora.py): per-document adapters in batches, global SGD between phases
+    "phased_lora": TTTMode(
+        label="phased lora ttt", unit="round", count_from=1,
+        fields=("phases", "prefix_docs", "global_epochs", "chunk_tokens", *SGD_FIELDS, "lora_rank", "lora_lr",
+                "lora_chunk_tokens", "lora_batch_docs", "lora_alpha", "lora_wd", "lora_beta1", "lora_beta2", "lora_k",
+                "lora_mlp", "lora_o"),
+        valid=lambda run: (sgd_valid(run, "chunk_tokens") and 0 < run.cfg["lora_chunk_tokens"] <= run.seq_len
+                           and min(run.cfg["phases"], run.cfg["lora_rank"], run.cfg["batch_docs"]) >= 1
+                           and min(run.cfg["prefix_docs"], run.cfg["global_epochs"], run.cfg["lora_lr"],
+                                   run.cfg["lora_wd"]) >= 0 and run.cfg["lora_alpha"] > 0
+                           and 0 <= run.cfg["lora_beta1"] < 1 and 0 <= run.cfg["lora_beta2"] < 1),
+        expected="seq_len <= chunk tokens, 0 < lora chunk tokens <= seq_len, phases, rank and batch docs >= 1, "
+                 "alpha > 0, betas in [0, 1)," + SGD,
+        schedule=record_schedule, scope=unit_scope, updater=record_updater),
 }
 
 
-def cfg_key(name: str) -> str:
+def cfg_key(name: str, fields: tuple = ()) -> str:
     """run.cfg's key of a row field: lora_chunk_tokens -> chunk_tokens, lora_lr -> lr (the LoRA mode's own
-    settings, TTT_LORA_*), others as they are."""
-    return {"lora_chunk_tokens": "chunk_tokens", "lora_lr": "lr", "lora_batch_docs": "batch_docs"}.get(name, name)
+    settings, TTT_LORA_*), others as they are; a field keeps its name where the short one is also one of the
+    row's `fields` (phased_lora has both TTT_LR and TTT_LORA_LR)."""
+    short = {"lora_chunk_tokens": "chunk_tokens", "lora_lr": "lr", "lora_batch_docs": "batch_docs"}.get(name, name)
+    return name if short in fields and short != name else short
 
 
 def mode_settings(mode: str, settings) -> dict:
     """The keyword settings of run_mode for `mode` from an object with Hyperparameters' ttt_* attributes (the
     trainer's settings or `python -m eval score`'s args)."""
-    return {cfg_key(f): getattr(settings, f"ttt_{f}") for f in TTT_MODES[mode].fields}
+    fields = TTT_MODES[mode].fields
+    return {cfg_key(f, fields): getattr(settings, f"ttt_{f}") for f in fields}
 
 
 def run_mode(mode: str, model, val_tokens, luts, *, seq_len, stride, epochs=None, eval_batch_seqs=32, device="cpu",
@@ -299,7 +325,7 @@ def run_mode(mode: str, model, val_tokens, luts, *, seq_len, stride, epochs=None
                  compile_model=compile_model, bos_id=bos_id, cfg=cfg)
     if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
             0 < stride <= seq_len and epochs >= 0 and eval_batch_seqs > 0 and max_seconds > 0 and row.valid(run)):
-        named = ", ".join(f"{('TTT_' + f).upper()}={cfg[cfg_key(f)]}" for f in row.fields)
+        named = ", ".join(f"{('TTT_' + f).upper()}={cfg[cfg_key(f, row.fields)]}" for f in row.fields)
         raise ValueError(f"{row.entry}: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
                          f"TRAIN_SEQ_LEN={seq_len}, {named}, TTT_EPOCHS={epochs} (world size {world_size}), "
                          f"EVAL_BATCH_SEQS={eval_batch_seqs}, EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], "

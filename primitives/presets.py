@@ -53,7 +53,8 @@ Evidence, per preset:
   Adam lr 0.02 / tied embedding 0.03 (betas 0.9/0.99, WD 0.02), grad clip 0.3, warmdown 85 % to a floor of 0.1,
   EMA 0.9965 from the first step (no warmup), the embedding's own WD 0.085, its Muon arithmetic (bf16
   momentum, its Newton-Schulz op order), no QAT. Not in the kit yet (docs/parity.md): its CaseOps data, its
-  quantizer (int7 embedding GPTQ, int8 gate rows, LQER asym) and per-group lrzip, its phased LoRA TTT.
+  quantizer (int7 embedding GPTQ, int8 gate rows, LQER asym) and per-group lrzip. Its phased LoRA TTT is the
+  preset's eval (TTT_MODE=phased_lora, every TTT value its log prints).
 - smoke: ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
   Muon's momentum (0.99 remembers ~100 steps, two thirds of the run). So smoke takes the baseline's
@@ -99,7 +100,11 @@ PRESETS = {
         "muon_row_normalize": True, "muon_form": "records", "muon_wd": 0.095, "adam_wd": 0.02, "embed_wd": 0.085,
         "beta2": 0.99, "grad_clip_norm": 0.3, "min_lr": 0.1, "warmdown_frac": 0.85, "ema_decay": 0.9965,
         "ema_warmup": False, "qat_start_frac": 0.0, "gptq_calib_batches": 16, "gptq_reserve_seconds": 0.5,
-        "expected_steps": 4931},
+        "expected_steps": 4931,
+        # its phased score-first TTT (eval/phased_lora.py): 3 phases over 2,500 documents, rank-80 adapters on
+        # K/MLP/O, chunks of 48, AdamW lr 1e-4; global SGD lr 0.001 on the scored prefix, 1 epoch
+        "ttt_enabled": True, "ttt_mode": "phased_lora", "ttt_phases": 3, "ttt_prefix_docs": 2500, "ttt_epochs": 1,
+        "ttt_lr": 0.001, "ttt_lora_rank": 80, "ttt_lora_lr": 0.0001, "ttt_lora_chunk_tokens": 48},
     "smoke": {
         **SP1024, "num_layers": 4, "model_dim": 256, "num_heads": 4, "num_kv_heads": 2, "train_seq_len": 256,
         "train_batch_tokens": 8192, "max_wallclock_seconds": 240.0, "warmup_steps": 0, "xsa_last_n": 0,

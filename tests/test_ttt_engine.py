@@ -137,7 +137,7 @@ def test_a_toy_scope_that_reaches_ahead_is_refused(stream, luts, monkeypatch):
 def test_bad_mode_and_settings_are_refused_before_anything_runs(stream, luts, monkeypatch):
     monkeypatch.setitem(TTT_MODES, "toy", TOY)
     model = TTTLM(seed=1)
-    with pytest.raises(ValueError, match=r"TTT_MODE='nope': expected one of chunked, phased, lora, toy"):
+    with pytest.raises(ValueError, match=r"TTT_MODE='nope': expected one of chunked, phased, lora, phased_lora, toy"):
         run_mode("nope", model, stream, luts, seq_len=32, stride=16, **QUIET)
     with pytest.raises(ValueError, match=r"^run_toy_ttt: .*TTT_LR=-1.*expected .*lr >= 0$"):
         run_mode("toy", model, stream, luts, seq_len=32, stride=16, lr=-1, **QUIET)

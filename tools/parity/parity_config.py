@@ -26,12 +26,24 @@ RECORD_TO_KIT = {
     "gptq_calibration_batches": "gptq_calib_batches",
     "val_doc_fraction": ("val_max_tokens", lambda v: 1.0 if v == 0 else None),  # 0 = the whole val split
     "sparse_attn_gate_init_std": ("sparse_attn_gate_enabled", lambda v: 0.0),  # the kit's gate: zero init
+    # the phased LoRA TTT (TTT_MODE=phased_lora, eval/phased_lora.py)
+    **{k: k for k in ("ttt_enabled", "ttt_lora_lr", "ttt_lora_rank")},
+    "ttt_batch_size": "ttt_lora_batch_docs", "ttt_chunk_size": "ttt_lora_chunk_tokens", "ttt_beta1": "ttt_lora_beta1",
+    "ttt_beta2": "ttt_lora_beta2", "ttt_weight_decay": "ttt_lora_wd", "ttt_k_lora": "ttt_lora_k",
+    "ttt_mlp_lora": "ttt_lora_mlp", "ttt_o_lora": "ttt_lora_o", "ttt_grad_steps": "ttt_epochs",
+    "ttt_eval_seq_len": "train_seq_len", "phased_ttt_num_phases": "ttt_phases", "phased_ttt_prefix_docs": "ttt_prefix_docs",
+    "global_ttt_lr": "ttt_lr", "global_ttt_momentum": "ttt_momentum", "global_ttt_epochs": "ttt_global_epochs",
+    "global_ttt_chunk_tokens": "ttt_chunk_tokens", "global_ttt_batch_seqs": "ttt_batch_seqs",
+    "global_ttt_grad_clip": "ttt_grad_clip",
+    # the global SGD attends within documents as the model does (DOC_PACKED_ATTENTION)
+    "global_ttt_respect_doc_boundaries": "doc_packed_attention",
+    # the kit's global SGD has no warmup: the record's 0 warmup chunks (its start lr then unused)
+    "global_ttt_warmup_chunks": ("ttt_lr", lambda v: 0), "global_ttt_warmup_start_lr": ("ttt_lr", lambda v: 0.0),
 }
 
 _PATH = "a path on the record's machine (the kit: DATA_PATH, TOKENIZER_PATH, OUT_DIR and its run folder)"
 _LAUNCH = "set by torchrun for each process (8 ranks), not a setting"
 _OFF_GATE = "an alternative output gate the record leaves off (sparse_attn_gate is its gate); the kit does not build it"
-_TTT = "the record's phased LoRA TTT: built by the TTT engine work (eval/), not mapped yet"
 _QUANT = "the record's quantizer (GPTQ int6/int7, int8 gate rows, LQER asym): the quantization parity stage"
 NOT_APPLICABLE = {
     **dict.fromkeys(("artifact_dir", "data_dir", "datasets_dir", "tokenizer_path", "train_files", "val_files",
@@ -45,6 +57,9 @@ NOT_APPLICABLE = {
     "fused_ce_enabled": "a kernel choice for the same loss (the kit's LOSS_KERNEL picks its own fused kernel)",
     "rope_train_seq_len": "read only with ROPE_YARN=1; the record runs without YaRN",
     "rope_yarn": "off in the record: plain RoPE, as the kit's",
+    "ttt_optimizer": "the adapters' optimizer: phased_lora's is AdamW, the record's 'adam' (its 'sgd' option is not built)",
+    "ttt_eval_batches": "a logging filter (which batches' running score the record prints; empty: all), not a setting "
+                        "of the score",
 }
 PENDING = {
     "caseops_enabled": "CaseOps data and its byte sidecar (the CaseOps data work)",
@@ -52,13 +67,6 @@ PENDING = {
     **dict.fromkeys(("embed_bits", "embed_clip_sigmas", "matrix_bits", "matrix_clip_sigmas", "mlp_clip_sigmas",
                      "attn_clip_sigmas", "gated_attn_quant_gate", "lqer_enabled", "lqer_rank", "lqer_top_k",
                      "lqer_factor_bits", "lqer_asym_enabled", "lqer_asym_group"), _QUANT),
-    **dict.fromkeys(("ttt_enabled", "ttt_batch_size", "ttt_beta1", "ttt_beta2", "ttt_chunk_size", "ttt_eval_batches",
-                     "ttt_eval_seq_len", "ttt_grad_steps", "ttt_k_lora", "ttt_lora_lr", "ttt_lora_rank", "ttt_mlp_lora",
-                     "ttt_o_lora", "ttt_optimizer", "ttt_weight_decay", "phased_ttt_num_phases",
-                     "phased_ttt_prefix_docs", "global_ttt_batch_seqs", "global_ttt_chunk_tokens", "global_ttt_epochs",
-                     "global_ttt_grad_clip", "global_ttt_lr", "global_ttt_momentum",
-                     "global_ttt_respect_doc_boundaries", "global_ttt_warmup_chunks", "global_ttt_warmup_start_lr"),
-                    _TTT),
 }
 
 
