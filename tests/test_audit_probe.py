@@ -1,8 +1,9 @@
 """The auditor's run probe (tools/auditor/audit_probe.py) on a merged record's own script: PR #1617's
-train_gpt.py from ../shared/reference passes the four conditions, and each copy of it with one rule
-break patched into its text fails the condition that break violates (skipped without ../shared)."""
+train_gpt.py from ../shared/reference passes the four conditions, and each rule break patched into its
+text fails the condition that break violates (skipped without ../shared); the sweep's snapshot reading."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +20,17 @@ needs_reference = pytest.mark.skipif(not (PR1617.is_file() and (SHARED / "data" 
 
 SCORE_LINE = "                scored_nll = nll[i, score_start:wlen].to(torch.float64)\n"
 MIX = "                scored_nll = -torch.log(0.9 * torch.exp(-nll[i, score_start:wlen].to(torch.float64)) + 0.1 * {})\n"
-# one rule break each, as (old text, new text) in PR #1617's script, and the check it must fail
+SLIDING, TTT = r"pass '\w+_sliding_window'", r"pass 'ttt_sliding:done'"  # PR #1617's eval passes, as named
+# one rule break each, as (the check it must fail, a pattern its evidence must match (the condition and the
+# pass the break sits in), the other rows it may fail, (old text, new text) in PR #1617's script)
 VIOLATIONS = {
-    "train_before_score": ("run_score_first", [(
+    "train_before_score": ("run_score_first", rf"^\(3\) trained on val positions .*: {TTT}", {"run_causal"}, [(
         "        is_last_chunk = ci == num_chunks - 1\n",
         "        chunk_start, chunk_end = chunk_end, min(chunk_end + ttt_chunk, total_tokens)\n"
         "        is_last_chunk = ci == num_chunks - 1\n")]),
-    "rescore_after_adapting": ("run_single_pass", [(
+    "rescore_after_adapting": ("run_single_pass", rf"^\(4\) {TTT} .*, with a training step between$", {"run_causal"}, [(
         "    for ci in range(num_chunks):\n", "    for ci in [c for c in range(num_chunks) for _ in (0, 1)]:\n")]),
-    "hashed_ngram_target_only": ("run_normalized", [(SCORE_LINE, (
+    "hashed_ngram_target_only": ("run_normalized", rf"^\(2\) {SLIDING}", set(), [(SCORE_LINE, (
         "                _ng = globals().setdefault('_NGRAM', torch.zeros(2, 4096, dtype=torch.float64))\n"
         "                _prev, _tgt = x_batch[i, score_start:wlen], y_batch[i, score_start:wlen]\n"
         "                _hp, _hc = (_prev * 1009 + _tgt) % 4096, (_prev * 1009) % 4096\n"
@@ -35,12 +38,19 @@ VIOLATIONS = {
         + MIX.format("_p_ng") +
         "                _ng[0].index_add_(0, _hp, torch.ones_like(_p_ng))\n"
         "                _ng[1].index_add_(0, _hc, torch.ones_like(_p_ng))\n"))]),
-    "mixture_reads_next_token": ("run_causal", [(SCORE_LINE, (
-        "                _nxt = val_tokens[ws + score_start + 2 : ws + wlen + 2].to(torch.int64)\n"
-        "                _nxt = F.pad(_nxt, (0, wlen - score_start - _nxt.numel()))\n"
-        + MIX.format("_nxt.to(torch.float64) / 1024")))]),
-    "space_counted_twice": ("run_bytes", [("            piece = piece[1:]\n", "            piece = ' ' + piece[1:]\n")]),
-    "calibration_after_clock": ("run_after_clock", [(
+    # a mixture in logit space (a softmax, so condition 2 holds and needs no sweep) with an expert that
+    # boosts the token after the target (read from the val stream, past a window's end too), by an amount
+    # that grows with its id (a toy model's logits are nearly equal: a fixed boost moves -log p by < 1e-6)
+    "mixture_reads_next_token": ("run_causal", rf"^\(1\) {SLIDING}", set(), [(
+        "                logits = base_model.forward_logits(x_batch)\n            nll = F.cross_entropy(\n",
+        "                logits = base_model.forward_logits(x_batch)\n"
+        "            _at = torch.tensor(batch_ws).unsqueeze(1) + torch.arange(seq_len) + 2\n"
+        "            _nxt = val_tokens[_at.clamp(max=total_tokens)].to(torch.int64).unsqueeze(-1)\n"
+        "            logits = logits.float().scatter_add(-1, _nxt, _nxt.float() / 128)\n"
+        "            nll = F.cross_entropy(\n")]),
+    "space_counted_twice": ("run_bytes", r"^pass '[^']+': the bpb denominator is .*, the decoded text", set(), [
+        ("            piece = piece[1:]\n", "            piece = ' ' + piece[1:]\n")]),
+    "calibration_after_clock": ("run_after_clock", r"^\d+ forward passes on [\d,]+ training tokens after the log's training stop", set(), [(
         "    log0(\n        f\"peak memory allocated:",
         "    with torch.no_grad():\n"
         "        for _ in range(2):\n"
@@ -48,6 +58,14 @@ VIOLATIONS = {
         "            base_model(cx, cy)\n"
         "    log0(\n        f\"peak memory allocated:")]),
 }
+# Rule breaks in different passes (or rows) share one patched copy: two copies test the six, so the probe
+# runs three scripts, not seven. A break's row names the pass it sits in (the sliding window comes before
+# the TTT pass, so the next-token mixture's causality break is the first the probe reports), and every
+# row a copy fails is one its breaks may fail; the merged script passes every row (the breaks removed).
+COPIES = {"ttt_trains_first": ("train_before_score", "hashed_ngram_target_only", "space_counted_twice",
+                               "calibration_after_clock"),
+          "ttt_rescores": ("rescore_after_adapting", "mixture_reads_next_token")}
+COPY_OF = {name: copy for copy, names in COPIES.items() for name in names}
 
 
 def patched_folder(tmp_path: Path, patches) -> Path:
@@ -86,11 +104,15 @@ def test_record_standins_put_cuda_work_on_the_cpu_in_every_thread():
         x = torch.zeros(4, device="cuda", pin_memory=True).cuda()
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
             y = torch.ones(2, 3, device="cuda") @ torch.ones(3, 2).to("cuda", non_blocking=True)
+        gen = torch.Generator(device=torch.device("cuda", 0))  # a CUDA generator (PR #1019's calibration draws)
+        drawn = torch.randint(0, 9, (3,), device="cuda", generator=gen.manual_seed(5))
         worker = threading.Thread(target=lambda: got.update(t=torch.empty(2, device="cuda").device.type))
         worker.start()
         worker.join()
         assert torch.cuda.is_available() and torch.compile(len) is len
     assert x.device.type == "cpu" and y.dtype == torch.bfloat16 and got["t"] == "cpu"
+    assert isinstance(gen, torch.Generator) and drawn.tolist() == torch.randint(
+        0, 9, (3,), generator=torch.Generator().manual_seed(5)).tolist()
     assert not torch.cuda.is_available() or torch.cuda.device_count() > 0
 
 
@@ -170,15 +192,66 @@ def test_decoded_bytes_count_a_document_start_without_its_space():
     assert D.decoded_bytes(sp, val, [n + 2 + 3]) == len(sp.id_to_piece(ids[3]).replace("\u2581", " ").encode())
 
 
+def test_sweep_reads_a_pull_request_head_whose_model_blob_is_absent(tmp_path):
+    """A snapshot lists a PR head's model file without its blob (git archive fails on it): the folder is
+    still extracted, the model left out; a folder the head deletes is not one of its folders."""
+    import subprocess
+
+    from tools.auditor.audit_probe_sweep import extract, pr_folders
+
+    work, bare = tmp_path / "work", tmp_path / "snap.git"
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(work)]
+    rec = work / "records" / "track_10min_16mb"
+    (rec / "old").mkdir(parents=True)
+    (rec / "old" / "train_gpt.py").write_text("print('old')\n")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], check=True)
+    (rec / "new").mkdir()
+    (rec / "new" / "train_gpt.py").write_text("print('new')\n")
+    (rec / "new" / "final_model.ptz").write_bytes(b"weights" * 10)
+    subprocess.run([*git, "rm", "-rq", str(rec / "old")], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "head"], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
+    subprocess.run(["git", "--git-dir", str(bare), "update-ref", "refs/pull/7/head", "main"], check=True)
+    subprocess.run(["git", "--git-dir", str(bare), "update-ref", "refs/heads/main", "main~1"], check=True)
+    blob = subprocess.run(["git", "--git-dir", str(bare), "rev-parse", "refs/pull/7/head:records/track_10min_16mb/"
+                           "new/final_model.ptz"], capture_output=True, text=True, check=True).stdout.strip()
+    for pack in list((bare / "objects" / "pack").glob("*.pack")):  # loose objects, then drop the model's blob
+        moved = pack.rename(tmp_path / pack.name)
+        pack.with_suffix(".idx").unlink()
+        with open(moved, "rb") as fh:
+            subprocess.run(["git", "--git-dir", str(bare), "unpack-objects", "-q"], stdin=fh, check=True)
+    (bare / "objects" / blob[:2] / blob[2:]).unlink()
+    assert pr_folders(bare, "main", 7) == ["records/track_10min_16mb/new"]
+    got = extract(bare, "refs/pull/7/head", "records/track_10min_16mb/new", tmp_path / "out")
+    assert (got / "train_gpt.py").read_text() == "print('new')\n" and not (got / "final_model.ptz").exists()
+
+
 # -----------------------------------------------------------------------------------------------
 # the record's own script, run
 # -----------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """{copy name: {check: Check}} for the merged script ("merged") and each copy of COPIES, each probed
+    once per test session (module scope; `--dist loadfile` keeps this file on one worker)."""
+    got = {}
+
+    def probe_copy(name: str) -> dict:
+        if name not in got:
+            patches = [p for v in COPIES.get(name, ()) for p in VIOLATIONS[v][3]]
+            got[name] = probe(patched_folder(tmp_path_factory.mktemp(name), patches))
+        return got[name]
+    return probe_copy
+
+
 @pytest.mark.slow
 @needs_reference
-def test_the_merged_script_passes_every_condition(tmp_path):
-    checks = probe(patched_folder(tmp_path, []))
+def test_the_merged_script_passes_every_condition(probed):
+    checks = probed("merged")
     assert {k: c.status for k, c in checks.items()} == {
         "run_causal": "pass", "run_normalized": "pass", "run_score_first": "pass",
         "run_single_pass": "warn",  # its sliding window scores the last positions again (tail windows)
@@ -188,7 +261,10 @@ def test_the_merged_script_passes_every_condition(tmp_path):
 @pytest.mark.slow
 @needs_reference
 @pytest.mark.parametrize("name", sorted(VIOLATIONS))
-def test_each_rule_break_fails_its_condition(tmp_path, name):
-    check, patches = VIOLATIONS[name]
-    got = probe(patched_folder(tmp_path, patches))[check]
-    assert got.status == "fail", got.evidence
+def test_each_rule_break_fails_its_condition(probed, name):
+    check, marker, _, _ = VIOLATIONS[name]
+    checks = probed(COPY_OF[name])
+    assert checks[check].status == "fail" and re.search(marker, checks[check].evidence), checks[check].evidence
+    may_fail = {r for v in COPIES[COPY_OF[name]] for r in {VIOLATIONS[v][0], *VIOLATIONS[v][2]}}
+    assert {k for k, c in checks.items() if c.status == "fail"} <= may_fail, {
+        k: c.evidence for k, c in checks.items() if c.status == "fail"}

@@ -10,6 +10,7 @@ torch.compile off):
   arguments and drops pin_memory=True; .cuda() and .pin_memory() return the tensor;);
 - torch.cuda's is_available (True), set_device, synchronize, memory counters, manual_seed and Event
   are CPU stand-ins (Event times with time.perf_counter);
+- torch.Generator(device="cuda") is a CPU generator (the self-generated GPTQ calibration of PR #1019's line);
 - autocast on "cuda" is the CPU's autocast in the same dtype (bfloat16 by default);
 - torch's SDPA backend switches (enable_flash_sdp, ...) are no-ops (they would leave the CPU no kernel);
 - the fake Triton is handed to every importer but torch itself (an import hook; torch's own
@@ -72,6 +73,19 @@ class _Event:
 
     def elapsed_time(self, end) -> float:
         return 1000.0 * ((end.t or 0.0) - (self.t or 0.0))
+
+
+_REAL_GENERATOR = torch.Generator
+
+
+class _CpuGenerator(_REAL_GENERATOR):
+    """torch.Generator whose CUDA device is the CPU (isinstance checks against torch.Generator still hold)."""
+
+    def __new__(cls, device="cpu"):
+        return _REAL_GENERATOR.__new__(cls, device=_cpu(device))
+
+    def __init__(self, device="cpu"):
+        pass
 
 
 _REAL_AUTOCAST = torch.autocast
@@ -153,6 +167,7 @@ def record_standins():
         patches = [(torch.cuda, name, value) for name, value in _CUDA.items()]
         patches += [(torch.backends.cuda, name, lambda *a: None) for name in _SDP_SWITCHES]
         patches += [(torch, "autocast", _CpuAutocast), (torch.amp, "autocast", _CpuAutocast),
+                    (torch, "Generator", _CpuGenerator),
                     (builtins, "__import__", _import_hook(fakes, builtins.__import__)),
                     (threading.Thread, "run", _run_in_mode(threading.Thread.run))]
         try:
