@@ -6,7 +6,17 @@ multiplier, gradient clipping, the step, then its EMA (decay from step 0, no war
 at ENABLE_LOOPING_AT. The kit's side is trainer/optim.py's optimizers driven by trainer/schedule.py's
 set_step_schedule in trainer/loop.py's order. Without a wallclock cap the run's fraction is step / ITERATIONS on
 both sides.
+
+Both Muons round the gradient to bfloat16 before their momentum and run Newton-Schulz in bfloat16, whose
+first Polar Express steps multiply small singular directions by up to 8x each: a float32 gradient that
+differs in its last bit flips bf16 roundings, and the flips move the update by whole percents. So the two
+models' float32 gradients (equal to 2.7e-5, not bit for bit) cannot give parameters equal to 1e-4 after a
+Muon step, and neither does the record against itself (record_self_spread). `bf16_lifted()` runs both
+sides' bfloat16 steps at the models' float64 instead: every other op (momentum, Nesterov, row normalization,
+Polar Express, WD, schedules, clipping, loop switch, EMA) as it is, the comparison then free of the rounding.
 """
+
+import contextlib
 
 import torch
 
@@ -53,6 +63,23 @@ def record_step(record, optimizers, ema_state: dict, h, step: int, backward) -> 
             ema_state[name].mul_(h.ema_decay).add_(t.detach().float(), alpha=1.0 - h.ema_decay)
 
 
+@contextlib.contextmanager
+def bf16_lifted():
+    """Inside: Tensor.bfloat16() returns a float64 tensor unchanged (other dtypes as before), so both Muons run
+    their bf16 casts at float64 when the models and gradients are float64 (the record's Muon and the kit's
+    MUON_FORM=records both round through .bfloat16()). Restored on exit."""
+    real = torch.Tensor.bfloat16
+
+    def lifted(self, *args, **kwargs):
+        return self if self.dtype == torch.float64 else real(self, *args, **kwargs)
+
+    torch.Tensor.bfloat16 = lifted
+    try:
+        yield
+    finally:
+        torch.Tensor.bfloat16 = real
+
+
 def relative_diffs(kit_state: dict, record_state: dict, num_layers: int) -> dict:
     """{kit name: max |kit - record| / max |record|} of every tensor, the record's mapped to the kit's names."""
     mapped = record_to_kit(record_state, num_layers)
@@ -90,6 +117,8 @@ def compare_steps(module, kit, record, hp: Hyperparameters, backwards: list) -> 
     out = []
     with cpu_standins():
         optimizers = build_optimizers(kit, hp, is_cuda=False)
+        for group in optimizers.adamw.param_groups:  # fused, as the kit's on CUDA and the record's (CPU kernels exist)
+            group["fused"] = True
         record_opts = module.Optimizers(h, record)
         ema = EMA(kit, hp.ema_warmup) if hp.ema_decay else None
         ema_state = {n: t.detach().float().clone() for n, t in record.state_dict().items()}
@@ -107,4 +136,39 @@ def compare_steps(module, kit, record, hp: Hyperparameters, backwards: list) -> 
                 shadow = dict(zip((n for n, _ in kit.named_parameters()), ema.shadow))
                 row["ema"] = max(relative_diffs(shadow, ema_state, hp.num_layers).values())
             out.append(row)
+    return out
+
+
+def record_self_spread(module, kit, hp: Hyperparameters, batches: list, rel_noise: float, seed: int = 0) -> list:
+    """The record against itself: two copies of its model with kit's weights take one step per (x, y) of batches,
+    the second's gradients times (1 + rel_noise N(0, 1)) before its clipping and step (rel_noise 1.2e-7: a float32
+    ulp's order); returns per step {"params": max relative diff over parameters, "worst": its name (the record's)}."""
+    from tools.parity.parity_models import record_model
+
+    gen = torch.Generator().manual_seed(seed)
+    first, second = record_model(module, kit, hp), record_model(module, kit, hp)
+    pairs = [(batch_backwards(module, kit, first, [b])[0][1], batch_backwards(module, kit, second, [b])[0][1])
+             for b in batches]
+
+    def perturbed(backward):
+        def run():
+            backward()
+            for p in second.parameters():
+                p.grad.mul_(1 + rel_noise * torch.randn(p.shape, generator=gen, dtype=p.grad.dtype))
+        return run
+
+    h, out = first.parity_h, []
+    with cpu_standins():
+        opts = [module.Optimizers(h, m) for m in (first, second)]
+        emas = [{n: t.detach().float().clone() for n, t in m.state_dict().items()} for m in (first, second)]
+        for m in (first, second):
+            m.train()
+            m.looping_active = False
+        for step, (one, two) in enumerate(pairs):
+            record_step(first, opts[0], emas[0], h, step, one)
+            record_step(second, opts[1], emas[1], h, step, perturbed(two))
+            diffs = {n: ((p - q).abs().max() / q.abs().max().clamp_min(1e-30)).item()
+                     for (n, p), (_, q) in zip(first.named_parameters(), second.named_parameters())}
+            worst = max(diffs, key=diffs.get)
+            out.append({"step": step + 1, "params": diffs[worst], "worst": worst})
     return out

@@ -5,7 +5,7 @@ A record's train_gpt.py (PR #1855's, PR #1617's) imports FlashAttention-3 (`flas
 the SM count, and wraps functions in `torch.compile` at import. Inside `cpu_standins()`:
 
 - `flash_attn_interface` (and `flash_attn`): `flash_attn_func` and `flash_attn_varlen_func` as their reference
-  math in float32 (softmax(q k^T / sqrt(D)) v, causal, GQA, documents cut at cu_seqlens), in q's dtype;
+  math in float32 (float64 inputs: float64) (softmax(q k^T / sqrt(D)) v, causal, GQA, documents cut at cu_seqlens), in q's dtype;
 - `triton`: `triton.jit` returns a `StandinKernel` that, launched as `kernel[grid](*args, **meta)`, runs the
   reference math of the same function (REFERENCE_KERNELS, by the kernel's name) on the tensors it was given;
   a kernel without one raises NotImplementedError naming it when launched (importing still works);
@@ -40,12 +40,18 @@ H100_SM_COUNT = 132
 # FlashAttention's interface, as reference math
 # ----------------------------------------------------------------------------------------------------------------
 
+def _math(t: torch.Tensor) -> torch.Tensor:
+    """t in the stand-ins' math dtype: float32, float64 kept (parity_train's float64 runs)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def _attend(q, k, v, allowed, softmax_scale):
-    """q [N, H, D], k, v [M, Hkv, D], allowed bool [N, M] -> [N, H, D] in q's dtype (float32 math, GQA)."""
+    """q [N, H, D], k, v [M, Hkv, D], allowed bool [N, M] -> [N, H, D] in q's dtype (float32 math, float64 kept;
+    GQA)."""
     rep = q.size(1) // k.size(1)
-    kf, vf = (t.float().repeat_interleave(rep, dim=1) for t in (k, v))
+    kf, vf = (_math(t).repeat_interleave(rep, dim=1) for t in (k, v))
     scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(q.size(-1))
-    scores = torch.einsum("nhd,mhd->hnm", q.float(), kf) * scale
+    scores = torch.einsum("nhd,mhd->hnm", _math(q), kf) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a query with no key (empty segment) reads nothing
     return torch.einsum("hnm,mhd->nhd", probs, vf).to(q.dtype)
@@ -98,7 +104,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
 def _softcapped_ce_fwd(logits, losses, lse, targets, _s_n, _s_v, _n_rows, _n_cols, softcap, block_size=None):
     """PR #1855's fused softcapped CE forward: z = 2c sigmoid(2x / c) (= c tanh(x / c) + c), per row
     lse = logsumexp(z), loss = lse - z[target]; written into losses and lse (float32 [N])."""
-    z = 2 * softcap * torch.sigmoid(logits.float() * (2 / softcap))
+    z = 2 * softcap * torch.sigmoid(_math(logits) * (2 / softcap))
     row_lse = torch.logsumexp(z, dim=-1)
     lse.copy_(row_lse)
     losses.copy_(row_lse - z.gather(1, targets.view(-1, 1).long()).squeeze(1))
@@ -108,17 +114,17 @@ def _softcapped_ce_bwd(grad_logits, grad_losses, lse, logits, targets, *_strides
                        block_size=None):
     """Its backward: d loss / d x = g (softmax(z) - onehot(target)) * 4 s (1 - s), s = sigmoid(2x / c)."""
     softcap = _strides_rows_cols[-1] if softcap is None else softcap
-    s = torch.sigmoid(logits.float() * (2 / softcap))
-    probs = torch.exp(2 * softcap * s - lse.float()[:, None])
-    onehot = F.one_hot(targets.long(), logits.size(1)).float()
-    grad = grad_losses.float()[:, None] * (probs - onehot) * (4 * s * (1 - s))
+    s = torch.sigmoid(_math(logits) * (2 / softcap))
+    probs = torch.exp(2 * softcap * s - _math(lse)[:, None])
+    onehot = F.one_hot(targets.long(), logits.size(1)).to(s.dtype)
+    grad = _math(grad_losses)[:, None] * (probs - onehot) * (4 * s * (1 - s))
     grad_logits.copy_(grad.to(grad_logits.dtype))
 
 
 def _linear_leaky_relu_square(a_desc, b_desc, c_desc, aux_desc, *_mnk, FORWARD=True, **_blocks):
     """PR #1855's fused MLP GEMM: c = a b^T (float32 accumulate, stored in c's dtype); FORWARD: aux =
     leaky_relu(c, 0.5)^2; else c *= where(aux > 0, 2 aux, 0.5 aux), aux being the forward's pre-activation."""
-    c = (a_desc.tensor.float() @ b_desc.tensor.float().T).to(c_desc.tensor.dtype)
+    c = (_math(a_desc.tensor) @ _math(b_desc.tensor).T).to(c_desc.tensor.dtype)
     if FORWARD:
         c_desc.tensor.copy_(c)
         aux_desc.tensor.copy_(F.leaky_relu(c, 0.5).square())
