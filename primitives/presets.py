@@ -52,8 +52,10 @@ Evidence, per preset:
   tokens/step, Muon lr 0.026 (Polar Express, row-normalized, momentum 0.92 -> 0.97 over 1,500 steps, WD 0.095),
   Adam lr 0.02 / tied embedding 0.03 (betas 0.9/0.99, WD 0.02), grad clip 0.3, warmdown 85 % to a floor of 0.1,
   EMA 0.9965 from the first step (no warmup), the embedding's own WD 0.085, its Muon arithmetic (bf16
-  momentum, its Newton-Schulz op order), no QAT. Not in the kit yet (docs/parity.md): its CaseOps data, its
-  quantizer (int7 embedding GPTQ, int8 gate rows, LQER asym) and per-group lrzip. Its phased LoRA TTT is the
+  momentum, its Newton-Schulz op order), no QAT; its quantizer through PRESET_QUANT (int6 matrices, int7 embedding
+  GPTQ at SDClip k 14, int8 gate rows, LQER asym, no fit) and QUANT_ESTIMATE_SCALE 0.975 = its log's 15,865,260
+  model bytes over quant/estimate.py's 16,269,985 for that policy. Not in the kit yet (docs/parity.md): its
+  CaseOps data and per-group lrzip. Its phased LoRA TTT is the
   preset's eval (TTT_MODE=phased_lora, every TTT value its log prints).
 - smoke: ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
@@ -100,7 +102,7 @@ PRESETS = {
         "muon_row_normalize": True, "muon_form": "records", "muon_wd": 0.095, "adam_wd": 0.02, "embed_wd": 0.085,
         "beta2": 0.99, "grad_clip_norm": 0.3, "min_lr": 0.1, "warmdown_frac": 0.85, "ema_decay": 0.9965,
         "ema_warmup": False, "qat_start_frac": 0.0, "gptq_calib_batches": 16, "gptq_reserve_seconds": 0.5,
-        "expected_steps": 4931,
+        "expected_steps": 4931, "quant_estimate_scale": 15_865_260 / 16_269_985,  # its model bytes / the estimate
         # its phased score-first TTT (eval/phased_lora.py): 3 phases over 2,500 documents, rank-80 adapters on
         # K/MLP/O, chunks of 48, AdamW lr 1e-4; global SGD lr 0.001 on the scored prefix, 1 epoch
         "ttt_enabled": True, "ttt_mode": "phased_lora", "ttt_phases": 3, "ttt_prefix_docs": 2500, "ttt_epochs": 1,
@@ -113,4 +115,12 @@ PRESETS = {
         "muon_momentum": 0.0, "muon_momentum_horizon_frac": (1 / 0.12) / 150, "muon_momentum_warmup_start": 0.85,
         "muon_momentum_warmup_frac": 1.0, "ema_horizon_frac": 0.0, "eval_auto_stride": False, "gptq_calib_batches": 4,
         "rope_dims": 64, "grad_clip_norm": 0.3, "qk_gain_init": 1.5, "qat_start_frac": 0.1, "quant_estimate_scale": 1.0},
+}
+# QUANT_* settings of a preset (quant/policy.py QuantPolicy.from_env reads them under the environment, which wins),
+# as environment strings: the quantizer is not a Hyperparameters field. 8xh100-pr1855: its log's quantizer (int6
+# matrices, int7 embedding GPTQ at SDClip k 14, int8 gate rows, LQER asym rank 4 top 3, its GPTQ arithmetic, no fit).
+PRESET_QUANT = {
+    "8xh100-pr1855": {"QUANT_MATRIX_BITS": "6", "QUANT_EMBED_BITS": "7", "QUANT_SDCLIP": "1", "QUANT_SDCLIP_K_EMBED": "14",
+                      "QUANT_FIT": "0", "QUANT_LQER": "1", "QUANT_LQER_ASYM": "1", "QUANT_GPTQ_RECORDS": "1",
+                      "QUANT_GATE_INT8": "1"},
 }

@@ -44,7 +44,8 @@ warning line, a bad value a ValueError naming the variable):
   QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
   QUANT_GPTQ_EMBED=1          full GPTQ on the embedding / output head too, with the Hessian of the head's input
                               (the final norm's output; 0: the embedding gets the GPTQ-lite clip search)
-from_env validates each variable on its own (a one-field policy) and prefixes the message with the
+A preset may set any of them (primitives/presets.py PRESET_QUANT, e.g. 8xh100-pr1855's quantizer); the environment
+wins over the preset. from_env validates each variable on its own (a one-field policy) and prefixes the message with the
 variable and its raw value.
 """
 
@@ -55,6 +56,7 @@ import os
 from collections.abc import Callable
 
 from primitives.env import parse_env_value, warn_unknown_env
+from primitives.presets import DEFAULT_PRESET, PRESET_QUANT
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
@@ -135,7 +137,8 @@ class QuantPolicy:
 
     @classmethod
     def from_env(cls, environ: dict | None = None, log: Callable = print) -> "QuantPolicy":
-        """Policy from the QUANT_* variables of `environ` (default os.environ).
+        """Policy from the QUANT_* variables of `environ` (default os.environ), over the QUANT_* values of its
+        PRESET (primitives/presets.py PRESET_QUANT; a variable set in `environ` wins, as for other settings).
 
         Each variable is parsed by its field's type (primitives/env.py's parser; tuple: comma-separated
         items, for QUANT_OVERRIDES / QUANT_FITTED name:bits pairs) and validated on its own (a
@@ -145,6 +148,7 @@ class QuantPolicy:
         does not parse or is out of range.
         """
         env = os.environ if environ is None else environ
+        env = {**PRESET_QUANT.get(env.get("PRESET", DEFAULT_PRESET), {}), **env}  # the preset's, under the environment
         kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
         known = {f"QUANT_{name.upper()}" for name in kinds} | {"QUANT_MATRIX_BITS"}
         warn_unknown_env(env, known, ("QUANT_",), log)

@@ -4,8 +4,9 @@ tools/parity/parity_config.py's documented map. Skips without ../shared."""
 import pytest
 
 from primitives.settings import Hyperparameters
-from tools.parity.parity_config import (NOT_APPLICABLE, PENDING, RECORD_TO_KIT, log_mismatches,
-                                        read_log_hyperparameters, record_hparams)
+from quant.policy import QuantPolicy
+from tools.parity.parity_config import (NOT_APPLICABLE, PENDING, QUANT_RECORD_TO_KIT, RECORD_TO_KIT, log_mismatches,
+                                        quant_log_mismatches, read_log_hyperparameters, record_hparams)
 from tools.parity.parity_models import PR1855_SCRIPT
 
 LOG = PR1855_SCRIPT.parent / "train_seed42.log"
@@ -20,7 +21,8 @@ def test_every_key_of_the_log_is_the_presets_value_or_listed_with_its_reason():
     logged = read_log_hyperparameters(LOG)
     assert len(logged) == 124 and logged["num_layers"] == "11"
     assert log_mismatches(logged, preset()) == []
-    groups = (set(RECORD_TO_KIT), set(NOT_APPLICABLE), set(PENDING))
+    assert quant_log_mismatches(logged, QuantPolicy.from_env({"PRESET": "8xh100-pr1855"}, log=lambda *_: None)) == []
+    groups = (set(RECORD_TO_KIT), set(QUANT_RECORD_TO_KIT), set(NOT_APPLICABLE), set(PENDING))
     assert set(logged) == set.union(*groups) and sum(map(len, groups)) == len(logged)  # each key in one group
 
 
@@ -28,6 +30,19 @@ def test_a_changed_setting_is_reported():
     hp = Hyperparameters.from_env({"PRESET": "8xh100-pr1855", "MUON_WD": "0.09", "LN_SCALE": "0"}, log=lambda *_: None)
     assert log_mismatches(read_log_hyperparameters(LOG), hp) == ["ln_scale: log 'True', kit False",
                                                                   "muon_wd: log '0.095', kit 0.09"]
+
+
+def test_the_preset_sets_the_records_quantizer_and_the_environment_wins():
+    """PRESET alone gives the record's quantizer (QUANT_* through primitives/presets.py PRESET_QUANT), with the two
+    settings its log does not print: no fit to a budget, its GPTQ arithmetic; a QUANT_* variable overrides the
+    preset's value and the map reports it; another preset keeps the class defaults."""
+    logged = read_log_hyperparameters(LOG)
+    policy = QuantPolicy.from_env({"PRESET": "8xh100-pr1855"}, log=lambda *_: None)
+    assert (policy.fit, policy.gptq_records) == (False, True)
+    changed = QuantPolicy.from_env({"PRESET": "8xh100-pr1855", "QUANT_LQER": "0", "QUANT_EMBED_BITS": "8"},
+                                   log=lambda *_: None)
+    assert quant_log_mismatches(logged, changed) == ["embed_bits: log '7', kit 8", "lqer_enabled: log 'True', kit False"]
+    assert QuantPolicy.from_env({"PRESET": "1xh100-sp4096"}, log=lambda *_: None) == QuantPolicy()
 
 
 def test_the_records_h_built_from_the_preset_prints_the_logged_values():

@@ -1,9 +1,10 @@
 """PR #1855's hyperparameters against the kit's settings: the documented map, both ways.
 
 `RECORD_TO_KIT` maps each `Hyperparameters:` key the record's log prints to the kit setting of the same
-meaning (a name, or (name, kit value -> record value)); `NOT_APPLICABLE` lists the keys that are not
+meaning (a name, or (name, kit value -> record value)), `QUANT_RECORD_TO_KIT` its quantizer's keys to the
+kit's QuantPolicy (the QUANT_* settings); `NOT_APPLICABLE` lists the keys that are not
 settings of a model or run (paths, launch, per-run choices) with the reason; `PENDING` the keys whose
-feature the kit does not have yet, with what brings it. Every log key is in exactly one of the three
+feature the kit does not have yet, with what brings it. Every log key is in exactly one of the four
 (tests/test_parity_config.py checks it against train_seed42.log).
 """
 
@@ -41,10 +42,27 @@ RECORD_TO_KIT = {
     "global_ttt_warmup_chunks": ("ttt_lr", lambda v: 0), "global_ttt_warmup_start_lr": ("ttt_lr", lambda v: 0.0),
 }
 
+def _sdclip_k(field: str):
+    return lambda q: getattr(q, field) if q.sdclip else None
+
+
+# the record's quantizer keys -> the value the kit's QuantPolicy q implies (QUANT_* settings, which a preset sets through
+# primitives/presets.py PRESET_QUANT); SDClip's k only means the record's clip_sigmas with QUANT_SDCLIP on
+QUANT_RECORD_TO_KIT = {
+    "matrix_bits": lambda q: q.attn_bits if q.attn_bits == q.mlp_bits else (q.attn_bits, q.mlp_bits),
+    "embed_bits": lambda q: q.embed_bits,
+    **{key: _sdclip_k(field) for key, field in (
+        ("attn_clip_sigmas", "sdclip_k_attn"), ("mlp_clip_sigmas", "sdclip_k_mlp"), ("embed_clip_sigmas", "sdclip_k_embed"),
+        ("matrix_clip_sigmas", "sdclip_k_other"))},
+    "gated_attn_quant_gate": lambda q: q.gate_int8,
+    "lqer_enabled": lambda q: q.lqer, "lqer_rank": lambda q: q.lqer_rank, "lqer_top_k": lambda q: q.lqer_top_n,
+    "lqer_asym_enabled": lambda q: q.lqer_asym,
+    "lqer_factor_bits": lambda q: 4, "lqer_asym_group": lambda q: 64,  # quant/lqer.py: int4 factors, LQER_GROUP 64
+}
+
 _PATH = "a path on the record's machine (the kit: DATA_PATH, TOKENIZER_PATH, OUT_DIR and its run folder)"
 _LAUNCH = "set by torchrun for each process (8 ranks), not a setting"
 _OFF_GATE = "an alternative output gate the record leaves off (sparse_attn_gate is its gate); the kit does not build it"
-_QUANT = "the record's quantizer (GPTQ int6/int7, int8 gate rows, LQER asym): the quantization parity stage"
 NOT_APPLICABLE = {
     **dict.fromkeys(("artifact_dir", "data_dir", "datasets_dir", "tokenizer_path", "train_files", "val_files",
                      "val_bytes_files", "logfile", "model_path", "quantized_model_path", "run_id"), _PATH),
@@ -64,9 +82,6 @@ NOT_APPLICABLE = {
 PENDING = {
     "caseops_enabled": "CaseOps data and its byte sidecar (the CaseOps data work)",
     "compressor": "the per-group lrzip/ZPAQ stream (pergroup): not in the kit yet",
-    **dict.fromkeys(("embed_bits", "embed_clip_sigmas", "matrix_bits", "matrix_clip_sigmas", "mlp_clip_sigmas",
-                     "attn_clip_sigmas", "gated_attn_quant_gate", "lqer_enabled", "lqer_rank", "lqer_top_k",
-                     "lqer_factor_bits", "lqer_asym_enabled", "lqer_asym_group"), _QUANT),
 }
 
 
@@ -107,16 +122,23 @@ def printed_matches(printed: str, value) -> bool:
 
 def log_mismatches(log_values: dict, hp) -> list:
     """['key: log X, kit Y' ...] for every mapped key whose kit value differs, and 'key: not mapped' for a log key
-    in none of RECORD_TO_KIT, NOT_APPLICABLE and PENDING."""
+    in none of RECORD_TO_KIT, QUANT_RECORD_TO_KIT, NOT_APPLICABLE and PENDING."""
     out = []
     for key, printed in log_values.items():
         if key in RECORD_TO_KIT:
             value = kit_value_as_record(hp, key)
             if not printed_matches(printed, value):
                 out.append(f"{key}: log {printed!r}, kit {value!r}")
-        elif key not in NOT_APPLICABLE and key not in PENDING:
+        elif key not in NOT_APPLICABLE and key not in PENDING and key not in QUANT_RECORD_TO_KIT:  # quant_log_mismatches
             out.append(f"{key}: not mapped")
     return out
+
+
+def quant_log_mismatches(log_values: dict, policy) -> list:
+    """['key: log X, kit Y' ...] for every QUANT_RECORD_TO_KIT key of the log whose value the kit's QuantPolicy
+    differs in."""
+    return [f"{key}: log {log_values[key]!r}, kit {convert(policy)!r}" for key, convert in QUANT_RECORD_TO_KIT.items()
+            if key in log_values and not printed_matches(log_values[key], convert(policy))]
 
 
 def record_hparams(module, hp, **overrides) -> types.SimpleNamespace:
