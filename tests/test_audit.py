@@ -454,6 +454,20 @@ def test_a_newer_interpreter_parses_what_this_one_cannot(monkeypatch):
     assert required == {"numpy"} and version.count(".") == 2
 
 
+def test_a_readme_that_links_the_val_shard_as_the_train_shard_fails_data_disjoint(tmp_path):
+    """PR #44 (closed: trained only on the validation shard) did it outside the script: its README's data
+    setup links fineweb_val_000000.bin to the name fineweb_train_000000.bin; a link the other way is not it."""
+    folder = make_official_folder(tmp_path)
+    readme = folder / "README.md"
+    before = {c.name: c.status for c in audit.audit_folder(folder).checks}["data_disjoint"]
+    readme.write_text(readme.read_text() + "\n```bash\nln -s /d/sp1024/fineweb_train_000000.bin /d/x/fineweb_train_000000.bin\n"
+                      "cp /d/sp1024/fineweb_val_000000.bin /d/x/fineweb_val_000000.bin\n```\n")
+    assert {c.name: c.status for c in audit.audit_folder(folder).checks}["data_disjoint"] == before != "fail"
+    readme.write_text(readme.read_text() + "ln -s /d/sp1024/fineweb_val_000000.bin /d/valonly/fineweb_train_000000.bin\n")
+    got = {c.name: c for c in audit.audit_folder(folder).checks}["data_disjoint"]
+    assert got.status == "fail" and "makes a val shard a train shard" in got.evidence, got
+
+
 def test_a_log_holding_the_same_run_twice_counts_its_gptq_once(tmp_path):
     folder = make_official_folder(tmp_path)
     log = folder / "train_seed42.log"

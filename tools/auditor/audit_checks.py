@@ -433,6 +433,19 @@ def check_significance(rec, baseline_bpb=None, baseline_values=None) -> Check:
     return Check("significance", "pass" if res["significant"] else "fail", text)
 
 
+_VAL_AS_TRAIN = re.compile(r"\b(?:ln|cp|mv)\b[^\n#]*fineweb_val_\S*\s+\S*fineweb_train_")
+
+
+def _val_linked_as_train(readme: Path):
+    """(line number, line) of a README command that links or copies a val shard to a train shard's name."""
+    if not readme.is_file():
+        return None
+    for n, line in enumerate(readme.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if _VAL_AS_TRAIN.search(line):
+            return n, line.strip()
+    return None
+
+
 def check_data(rec) -> Check:
     manifests = [p for p in (rec.folder / "manifest.json",
                              Path(rec.data_path) / "manifest.json" if rec.data_path else None) if p and p.is_file()]
@@ -453,6 +466,10 @@ def check_data(rec) -> Check:
             why = shards_unverified(path.parent) if rec.data_path and path.parent == Path(rec.data_path) else None
             return Check("data_disjoint", "pass", f"{path}: document hashes of train ({n.get('train')}) and val "
                                                   f"({n.get('val')}) docs do not intersect" + (f"; {why}" if why else ""))
+    linked = _val_linked_as_train(rec.folder / "README.md")
+    if linked:
+        return Check("data_disjoint", "fail", f"README.md:{linked[0]}: its data setup makes a val shard a train shard "
+                                              f"({linked[1][:160]}): training on the val split (PR #44)")
     for lg in rec.seed_logs:
         f = lg.facts
         bad = [(p, n, "train") for p, n in f.train_patterns if "val" in Path(p).name] + \
