@@ -7,8 +7,11 @@ functions nothing in the file calls. Stdlib only.
    sit in such blocks: the package runs them, a record's train_gpt.py does not carry them. Applied to
    every module as it is read, so an import inside such a block reaches nothing in the bundle.
 2. `unused_definitions`: top-level functions and classes (without decorators, which may register them)
-   that no code left in the file names, found again until none is left: what only a package-only block,
-   a left-out module or a CLI used.
+   and constants (a name bound once, to an expression that calls nothing) that no code left in the file
+   names, found again until none is left: what only a package-only block, a left-out module or a CLI used.
+3. `keep_presets`: packed for one preset, the rows of the other presets (but the default and smoke ones).
+4. `drop_package_keywords`: the arguments only the package's help reads (a setting's units, when it applies).
+5. `unused_methods`: the methods whose name nothing in the file uses (but the ones frameworks call by name).
 """
 
 from __future__ import annotations
@@ -71,23 +74,50 @@ def fold_package_only(source: str, relpath: str = "") -> str:
         source = "\n".join(lines)
 
 
+# the expression forms of a constant whose assignment the bundle may drop when nothing reads it: building it
+# calls nothing (no call, comprehension, subscript or f-string: none of them runs code or can fail)
+_PURE_NODES = (ast.Constant, ast.Tuple, ast.List, ast.Set, ast.Dict, ast.Name, ast.Load, ast.Attribute, ast.Starred,
+               ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop, ast.Lambda, ast.arguments, ast.arg)
+
+
+def _constant_name(node) -> str | None:
+    """The name a top-level `NAME = <pure expression>` binds (None for any other statement)."""
+    if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and all(isinstance(sub, _PURE_NODES) for sub in ast.walk(node.value))):
+        return node.targets[0].id
+    return None
+
+
 def unused_definitions(texts: list, keep=()) -> set:
-    """Names of the top-level functions and classes (undecorated) of the concatenated `texts` (each a
-    module's body, parseable alone) that nothing else in them names, found again until none is left;
-    `keep`: names that stay whatever (bound or read from outside the code)."""
+    """Names of the top-level functions and classes (undecorated) and of the constants (a name bound once
+    by `NAME = <pure expression>`, _PURE_NODES) of the concatenated `texts` (each a module's body,
+    parseable alone) that nothing else in them names, found again until none is left; `keep`: names
+    that stay whatever (bound or read from outside the code)."""
     trees = [ast.parse(t) for t in texts]
-    defs = {}
+    defs, bound = {}, {}
     for tree in trees:
         for node in tree.body:
+            for sub in ast.walk(node) if isinstance(node, ast.Assign) else ():
+                if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                    bound[sub.id] = bound.get(sub.id, 0) + 1
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.decorator_list \
                     and node.name not in keep:
                 defs[node.name] = node
-    uses = {}  # name -> set of ids of the top-level statements that read it
+    for tree in trees:
+        for node in tree.body:
+            name = _constant_name(node)
+            if name is not None and name not in keep and name not in defs and bound.get(name) == 1:
+                defs[name] = node
+    uses = {}  # name -> set of ids of the top-level statements that read it (a constant: that name it at all)
     for tree in trees:
         for node in tree.body:
             for sub in ast.walk(node):
-                if isinstance(sub, ast.Name) and not isinstance(sub.ctx, ast.Store):
+                if isinstance(sub, ast.Name) and (not isinstance(sub.ctx, ast.Store) or isinstance(defs.get(sub.id),
+                                                                                                  ast.Assign)):
                     uses.setdefault(sub.id, set()).add(id(node))
+                elif isinstance(sub, (ast.Global, ast.Nonlocal)):
+                    for n in sub.names:
+                        uses.setdefault(n, set()).add(id(node))
     dead = set()
     while True:
         dead_ids = {id(defs[d]) for d in dead}
@@ -99,13 +129,140 @@ def unused_definitions(texts: list, keep=()) -> set:
 
 
 def drop_definitions(text: str, names: set) -> str:
-    """`text` without the top-level (undecorated) function and class definitions named `names`."""
+    """`text` without the top-level (undecorated) function and class definitions and the constants
+    (`_constant_name`) named `names`."""
     lines = text.split("\n")
     nodes = [n for n in ast.parse(text).body
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name in names]
+             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name in names
+             or _constant_name(n) in names]
     for node in sorted(nodes, key=lambda n: -n.lineno):
         del lines[node.lineno - 1:node.end_lineno]
     out = "\n".join(lines)
     while "\n\n\n\n" in out:
         out = out.replace("\n\n\n\n", "\n\n\n")
     return out
+
+
+# 3. `keep_presets`: a file packed for one preset runs that preset, the default one and the CPU smoke preset (the
+# record's smoke run, tools/record/record_smoke.py): the other presets' rows of the preset tables can never run
+# there, and PRESET=<another> is refused in one line by the settings themselves (primitives/settings.py: PRESET's
+# choices are PRESETS' keys).
+PRESET_TABLES = ("PRESETS", "PRESET_QUANT")  # primitives/presets.py: {preset name: its values}
+DEFAULT_PRESET_NAME = "DEFAULT_PRESET"
+SMOKE_PRESET = "smoke"
+
+
+def keep_presets(text: str, preset: str) -> str:
+    """`text` (a module's body) with its top-level PRESET_TABLES dict literals reduced to the rows of `preset`,
+    DEFAULT_PRESET and SMOKE_PRESET (unchanged without them). A dropped row's lines go when the row has
+    lines of its own, else its table is written again by ast.unparse."""
+    tree = ast.parse(text)
+    default = next((n.value.value for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+                    and isinstance(n.targets[0], ast.Name) and n.targets[0].id == DEFAULT_PRESET_NAME
+                    and isinstance(n.value, ast.Constant)), None)
+    keep = {preset, default, SMOKE_PRESET}
+    lines, cuts = text.split("\n"), []  # cuts: (first line, last line + 1, replacement lines)
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in PRESET_TABLES and isinstance(node.value, ast.Dict)):
+            continue
+        rows = list(zip(node.value.keys, node.value.values))
+        drop = [(k, v) for k, v in rows if isinstance(k, ast.Constant) and k.value not in keep]
+        after = lambda v: lines[v.end_lineno - 1][v.end_col_offset:].lstrip()  # noqa: E731
+        if all(lines[k.lineno - 1][:k.col_offset].strip() == "" and after(v)[:1] == ","
+               and after(v)[1:].lstrip()[:1] in ("", "#") for k, v in drop):
+            cuts += [(k.lineno - 1, v.end_lineno, []) for k, v in drop]
+        elif drop:
+            gone = {id(k) for k, _ in drop}
+            kept = ast.Dict([k for k, _ in rows if id(k) not in gone], [v for k, v in rows if id(k) not in gone])
+            cuts.append((node.lineno - 1, node.end_lineno, [f"{node.targets[0].id} = {ast.unparse(kept)}"]))
+    for first, end, new in sorted(cuts, key=lambda c: -c[0]):
+        lines[first:end] = new
+    return "\n".join(lines)
+
+
+# 4. `drop_package_keywords`: keyword arguments that only the package's help reads: a setting's units (in its
+# out-of-domain message) and when it applies (the WARNING for a setting set without effect, primitives/domains.py).
+# A record's file keeps each setting's default and domain, and refuses the same values (its message without units).
+PACKAGE_ONLY_KEYWORDS = {"setting": ("units", "applies")}
+
+
+def drop_package_keywords(text: str) -> str:
+    """`text` without the PACKAGE_ONLY_KEYWORDS arguments of its calls (`setting(0.2, 0, 1, units="...")` ->
+    `setting(0.2, 0, 1)`), each cut from the end of the argument before it (a first argument stays)."""
+    tree = ast.parse(text)
+    lines = text.split("\n")
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line) + 1)
+    spans = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PACKAGE_ONLY_KEYWORDS):
+            continue
+        names = PACKAGE_ONLY_KEYWORDS[node.func.id]
+        items = sorted([*node.args, *node.keywords], key=lambda n: (n.lineno, n.col_offset))
+        for prev, item in zip(items, items[1:]):  # never the first argument: a setting's default comes first
+            if isinstance(item, ast.keyword) and item.arg in names:
+                spans.append((starts[prev.end_lineno - 1] + prev.end_col_offset,
+                              starts[item.end_lineno - 1] + item.end_col_offset))
+    for start, end in sorted(spans, reverse=True):
+        text = text[:start] + text[end:]
+    return text
+
+
+# 5. `unused_methods`: a method that nothing in the file names (as an attribute, a keyword or a string) is never
+# called there, except by a framework that calls it by its name: those below, and every `_name` (dunders, torch's
+# hooks such as _load_from_state_dict), always stay.
+FRAMEWORK_METHODS = ("forward", "backward", "setup_context", "jvp", "vjp", "vmap", "extra_repr", "reset_parameters",
+                     "step", "zero_grad", "state_dict", "load_state_dict", "run", "default")
+
+
+def _method_nodes(tree):
+    """(class node, method node) of every undecorated or static/class method of the top-level classes."""
+    for cls in tree.body:
+        if isinstance(cls, ast.ClassDef):
+            for node in cls.body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and all(
+                        isinstance(d, ast.Name) and d.id in ("staticmethod", "classmethod") for d in node.decorator_list):
+                    yield cls, node
+
+
+def unused_methods(texts: list) -> set:
+    """{"Class.method"} of the methods (_method_nodes; not a dunder, a `_name` or FRAMEWORK_METHODS) whose name
+    nothing else in the concatenated `texts` uses as an attribute, a keyword argument or a string, found again
+    until none is left (a method only a dropped one named goes too)."""
+    trees = [ast.parse(t) for t in texts]
+    dead = set()
+    while True:
+        named = set()
+        for tree in trees:
+            skip = {id(n) for cls, m in _method_nodes(tree) if f"{cls.name}.{m.name}" in dead for n in ast.walk(m)}
+            for node in ast.walk(tree):
+                if id(node) in skip:
+                    continue
+                if isinstance(node, ast.Attribute):
+                    named.add(node.attr)
+                elif isinstance(node, ast.keyword) and node.arg:
+                    named.add(node.arg)
+                elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    named.add(node.value)
+        more = {f"{cls.name}.{m.name}" for tree in trees for cls, m in _method_nodes(tree)
+                if not m.name.startswith("_") and m.name not in FRAMEWORK_METHODS and m.name not in named}
+        if more <= dead:
+            return dead
+        dead |= more
+
+
+def drop_methods(text: str, names: set) -> str:
+    """`text` without the methods named "Class.method" in `names` (a class left empty keeps a `pass`)."""
+    lines = text.split("\n")
+    tree = ast.parse(text)
+    cuts = []
+    for cls, m in _method_nodes(tree):
+        if f"{cls.name}.{m.name}" in names:
+            first = min([m.lineno] + [d.lineno for d in m.decorator_list]) - 1
+            left = [n for n in cls.body if n is not m and f"{cls.name}.{getattr(n, 'name', '')}" not in names]
+            cuts.append((first, m.end_lineno, [] if left else [" " * m.col_offset + "pass"]))
+    for first, end, new in sorted(cuts, key=lambda c: -c[0]):
+        lines[first:end] = new
+    return "\n".join(lines)

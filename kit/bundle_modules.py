@@ -10,7 +10,7 @@ import dataclasses
 import heapq
 from pathlib import Path
 
-from kit.bundle_fold import fold_package_only
+from kit.bundle_fold import drop_package_keywords, fold_package_only
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_PACKAGES = ("primitives", "model", "shards", "trainer", "quant", "eval")
@@ -56,6 +56,7 @@ def _read_module(root: Path, relpath: str) -> SourceModule:
     try:
         tree = ast.parse(source, filename=str(path))
         source = fold_package_only(source, relpath)  # kit/bundle_fold.py: package-only blocks never run in the bundle
+        source = drop_package_keywords(source)  # and the settings' help (units, when a setting applies)
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as e:
         raise BundleError(f"{relpath}:{e.lineno}: cannot parse: {e.msg}") from e

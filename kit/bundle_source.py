@@ -10,7 +10,7 @@ import sys
 
 from kit.bundle_modules import (BUNDLE_BANNER, BUNDLE_HUMAN_NAME, BUNDLE_KIND_LINE, BUNDLE_PACKED_NAME, BundleError,
                                   SourceModule, _is_internal_import, discover_for)
-from kit.bundle_fold import drop_definitions, unused_definitions
+from kit.bundle_fold import drop_definitions, drop_methods, keep_presets, unused_definitions, unused_methods
 from kit.bundle_when import PackSettings, is_packed_when, needed_for, packed_when, refusal_source, refused_names
 
 BUNDLE_ENTRY_MAIN = "main"  # the entry's main() is called by its `__main__` block, which the bundle keeps
@@ -142,12 +142,17 @@ def build_human_parts(root=None, settings: PackSettings | None = None) -> tuple[
     modules, left_out = found.modules, found.left_out
     imports = _ImportCollector()
     bodies = [(m.relpath, _module_body(m, imports)) for m in modules]
+    if settings is not None:  # the rows of the presets this file can never run (kit/bundle_fold.py keep_presets)
+        bodies = [(r, keep_presets(body, settings.preset)) for r, body in bodies]
     kinds = [r for r, body in bodies if 'BUNDLE_KIND = "human"' in body.splitlines()]
     if len(kinds) != 1:
         raise BundleError(f"expected exactly one top-level line `{BUNDLE_KIND_LINE}` among the bundled modules, "
                           f"found {len(kinds)} ({', '.join(kinds) or 'none'})")
-    unused = unused_definitions([body for _, body in bodies], keep=(BUNDLE_ENTRY_MAIN,))
+    unused = unused_definitions([body for _, body in bodies], keep=(BUNDLE_ENTRY_MAIN, "BUNDLE_KIND", "BUNDLE_REFUSALS"))
     bodies = [(r, drop_definitions(body, unused)) for r, body in bodies]
+    methods = unused_methods([body for _, body in bodies])
+    bodies = [(r, drop_methods(body, methods)) for r, body in bodies]
+    unused |= methods
     conditions = _left_out_conditions(found.off)
     if conditions:
         holders = [r for r, body in bodies if BUNDLE_REFUSALS_LINE in body.splitlines()]

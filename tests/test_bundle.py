@@ -433,7 +433,7 @@ def test_cli_reports_a_bundle_error_with_exit_2(tmp_path, capsys):
 
 def test_locals_or_globals_anywhere_stop_renaming_and_the_report_says_so(tmp_path, capsys):
     src = FAKE_TREE["quant/core.py"] + ("\n\ndef peek():\n    return sorted(locals()) + sorted(globals())\n\n\n"
-                                       "QUANT_PEEK = peek  # used: the bundle keeps it\n")
+                                       "QUANT_PEEK = dict(peek=peek)  # built by a call: the bundle keeps it\n")
     root = write_tree(tmp_path / "tainted", {"quant/core.py": src})
     human = bundle.set_bundle_kind(bundle.build_human_source(root), "packed")
     blockers = bundle.renaming_blockers(human)

@@ -131,6 +131,55 @@ def test_package_only_blocks_fold_to_their_else_and_what_nothing_calls_is_droppe
     assert "called by nothing in this file: deep_value, kit_only, only_here" in human
 
 
+def test_constants_nothing_reads_are_dropped_and_those_built_by_a_call_or_rebound_stay():
+    from kit.bundle_fold import drop_definitions, unused_definitions
+
+    texts = ["A = 1\nB = (A, 2)  # only B reads A\nC = {'k': [3]}\nD = dict(x=1)\nE = 1\nE = 2\n"
+             "F = 5\n\n\ndef g():\n    global F\n    F = 6\n",
+             "KEEP = 0\nprint(C, g)\n"]
+    dead = unused_definitions(texts, keep=("KEEP",))
+    assert dead == {"A", "B"}  # C read; D a call; E bound twice; F named by `global` in g
+    assert unused_definitions(texts[:1]) == {"A", "B", "C", "F", "g"}  # g unread: F's `global` goes with it
+    assert drop_definitions(texts[0], dead).startswith("C = {'k': [3]}\nD = dict(x=1)\n")
+
+
+def test_a_file_packed_for_a_preset_keeps_its_default_and_smoke_rows_and_refuses_the_others():
+    from kit.bundle_fold import keep_presets
+
+    text = ('DEFAULT_PRESET = "a"\nPRESETS = {\n    "a": {},\n    "b": {"x": 1,\n          "y": 2},  # b\n'
+            '    "c": {"x": 3},\n    "smoke": {},\n}\nPRESET_QUANT = {"b": {"Q": "1"}, "c": {"Q": "2"}}\n')
+    assert keep_presets(text, "c") == ('DEFAULT_PRESET = "a"\nPRESETS = {\n    "a": {},\n    "c": {"x": 3},\n'
+                                       '    "smoke": {},\n}\nPRESET_QUANT = {\'c\': {\'Q\': \'2\'}}\n')
+    parts = dict(bundle.build_human_parts(REPO, settings(PRESET="1xh100-frontier"))[0])
+    presets = parts["primitives/presets.py"]
+    assert '"1xh100-frontier": {' in presets and '"smoke": {' in presets and '"8xh100": {' not in presets
+    assert '"1xh100-sp8192": {}' in presets  # the default preset: a run without PRESET
+
+
+def test_the_settings_help_stays_in_the_package_and_their_domains_in_the_file():
+    from kit.bundle_fold import drop_package_keywords
+
+    text = ('x: float = setting(0.7, 0, 1, units="a fraction", applies=(\n    "N > 0", lambda hp: hp.n > 0))\n'
+            'y: int = setting(3, applies=ON)  # note\nz = other(1, units="kept")\n')
+    assert drop_package_keywords(text) == 'x: float = setting(0.7, 0, 1)\ny: int = setting(3)  # note\nz = other(1, units="kept")\n'
+    human = bundle.build_human_source(REPO, settings())
+    assert "setting(0.2, 0, 1)" in human and "units=" not in human.split("class Hyperparameters")[1].split("def from_env")[0]
+
+
+def test_methods_nothing_names_are_dropped_but_the_ones_frameworks_call():
+    from kit.bundle_fold import drop_methods, unused_methods
+
+    cls = ("class A:\n    def f(self):\n        return self.g()\n\n    def g(self):\n        return 1\n\n"
+           "    def h(self):\n        return 2\n\n    def forward(self):\n        return 3\n\n"
+           "    def _hook(self):\n        pass\n\n    @property\n    def p(self):\n        return 4\n")
+    assert unused_methods([cls, "print(A().h(), getattr(A(), 'x'))\n"]) == {"A.f", "A.g"}  # g: only the dead f calls it
+    dead = unused_methods([cls, "print(A())\n"])
+    assert dead == {"A.f", "A.g", "A.h"}
+    assert drop_methods(cls, dead) == ("class A:\n\n\n\n    def forward(self):\n        return 3\n\n"
+                                       "    def _hook(self):\n        pass\n\n    @property\n    def p(self):\n"
+                                       "        return 4\n")
+
+
 def test_packed_header_names_the_settings_and_the_file_still_unpacks(tmp_path):
     root = write(tmp_path / "src", TREE)
     for enc in bundle.BUNDLE_ENCODINGS:
