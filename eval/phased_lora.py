@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from eval.bpb import count_scored_bytes
-from eval.record_lora import KINDS, LORA_SEED, RecordLoRA, record_lora_nll
+from eval.record_lora import RECORD_LORA_KINDS, RECORD_LORA_SEED, RecordLoRA, record_lora_nll
 from eval.ttt import select_ttt_params
 from eval.ttt_engine import Schedule, Scorer
 
@@ -132,8 +132,8 @@ class PhasedLoRAUpdater(Scorer):
     def __init__(self, model, run):
         super().__init__(model, run)
         cfg = run.cfg
-        self.kinds = ("q", "v") + tuple(k for k in KINDS[2:] if cfg[f"lora_{k}"])
-        self.gen = torch.Generator().manual_seed(LORA_SEED)
+        self.kinds = ("q", "v") + tuple(k for k in RECORD_LORA_KINDS[2:] if cfg[f"lora_{k}"])
+        self.gen = torch.Generator().manual_seed(RECORD_LORA_SEED)
         self.chosen = select_ttt_params(model, cfg["params"])
         self.lora = self.phase_lora = self._draw(cfg["batch_docs"])
         self.round, self.counted, self.nll = -1, -1, None

@@ -18,7 +18,7 @@ m: its normalized MLP input, h: the final normalized stream):
 A layer application is counted at each attention call (the blocks run attention then MLP), so with depth
 recurrence the k-th block run of a forward uses adapter k, as the record's slots do.
 
-Draws: every A comes from one torch.Generator seeded with LORA_SEED, in the record's module order (head, then
+Draws: every A comes from one torch.Generator seeded with RECORD_LORA_SEED, in the record's module order (head, then
 q, v, k, mlp, o, each for every layer application), as the record draws them from torch's global generator:
 with the same seed both hold the same adapters (the parity harness seeds the record with it).
 """
@@ -31,8 +31,8 @@ import torch.nn.functional as F
 # the packed train_gpt.py holds this module only for runs with the record's phased LoRA TTT (kit/bundle_when.py)
 PACKED_WHEN = "TTT_ENABLED and TTT_MODE == 'phased_lora'"
 
-LORA_SEED = 1234
-KINDS = ("q", "v", "k", "mlp", "o")  # the record's draw order after the head
+RECORD_LORA_SEED = 1234
+RECORD_LORA_KINDS = ("q", "v", "k", "mlp", "o")  # the record's draw order after the head
 
 
 def layer_applications(model) -> int:
@@ -42,7 +42,7 @@ def layer_applications(model) -> int:
 
 class RecordLoRA:
     """Adapters for `slots` documents of `model` (a model.gpt.GPT): rank, alpha (scale alpha / rank), kinds (a
-    subset of KINDS; q and v always, as the record), generator (the A draws). attach(model): the adapters of the
+    subset of RECORD_LORA_KINDS; q and v always, as the record), generator (the A draws). attach(model): the adapters of the
     slots in `rows` (set_rows) join every forward of model until remove(). params(): the trainable A and B
     tensors. reset(): B to 0 (A kept warm, the record's TTT_WARM_START_A)."""
 
@@ -61,7 +61,7 @@ class RecordLoRA:
                     torch.zeros(slots, out_features, rank, device=device, requires_grad=True)]
 
         self.head = adapter(dim, model.tok_emb.num_embeddings)
-        self.layers = {kind: [adapter(dim, out[kind]) for _ in range(count)] for kind in KINDS if kind in kinds}
+        self.layers = {kind: [adapter(dim, out[kind]) for _ in range(count)] for kind in RECORD_LORA_KINDS if kind in kinds}
         self.rows, self.k, self.saved, self.hooks = None, -1, {}, []
 
     def attach(self, model) -> None:

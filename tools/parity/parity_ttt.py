@@ -4,7 +4,7 @@ the kit's TTT_MODE=phased_lora (eval/phased_lora.py) on the same weights, val to
 Both models start from the same float32 weights (parity_models.record_model copies the kit's through the name map;
 each eval adapts its own copy in place). The val stream is documents of given lengths, each starting with BOS;
 its bytes are a CaseOps-style sidecar (a byte count per token position) or the three byte LUTs. The record's
-adapters are drawn from torch's global generator, the kit's from its own seeded with eval.record_lora.LORA_SEED:
+adapters are drawn from torch's global generator, the kit's from its own seeded with eval.record_lora.RECORD_LORA_SEED:
 the harness seeds the global one with it, so both hold the same adapters. Returns both val_bpb values.
 """
 
@@ -13,7 +13,7 @@ import types
 
 import torch
 
-from eval.record_lora import LORA_SEED
+from eval.record_lora import RECORD_LORA_SEED
 from eval.ttt_modes import mode_settings, run_mode
 from tools.parity.parity_config import record_hparams
 from tools.parity.parity_models import BOS_ID, record_model
@@ -58,7 +58,7 @@ def record_phased_lora(module, record, hp, tokens: torch.Tensor, luts: list) -> 
                                      is_boundary_token_lut=tables[2])
     record.looping_active = hp.num_loops > 0
     module.BOS_ID = BOS_ID
-    torch.manual_seed(LORA_SEED)
+    torch.manual_seed(RECORD_LORA_SEED)
     with cpu_standins():
         return module.eval_val_ttt_phased(h, record, torch.device("cpu"), val_data,
                                           lambda x, y, lora: record.forward_ttt(x, y, lora=lora))
