@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tools.parity.parity_models import PR1617_SCRIPT, kit_model, pr1617_model, toy_settings
-from tools.parity.parity_pr1617 import compare_sliding, tail_rescored_targets
+from tools.parity.parity_pr1617 import compare_row_quant, compare_sliding, tail_rescored_targets
 from tools.parity.standins import cpu_standins, import_script
 
 pytestmark = pytest.mark.skipif(not PR1617_SCRIPT.is_file(), reason="needs ../shared/reference/pr1617")
@@ -45,3 +45,15 @@ def test_its_sliding_eval_scores_the_kits_model_as_its_own_and_differs_from_the_
     assert max(abs(a - b) for a, b in zip(d["record_on_record"], d["record_on_kit"])) <= 1e-6, d
     assert d["rescored"] == tail_rescored_targets(599, 64, 16) == 48
     assert abs(d["kit_on_kit"][0] - d["record_on_kit"][0]) > 1e-5, d  # the tail rule, not the model
+
+
+def test_its_row_quantizer_against_the_kits_rounding_and_scale_floor():
+    """PR #1617's quantize_float_tensor against the kit's quantize_per_row at its clip quantile 0.9999984: rows whose
+    clip is above 1 differ only where rounding with the float32 scale and with the stored float16 scale disagree
+    (measured 11 .. 107 codes of 16,384); rows of small weights differ in most codes: the record floors the scale at
+    1 / qmax (the official baseline's clamp_min(1 / 127), a fixed grid of 1/31 at int6), the kit does not."""
+    module = import_script(PR1617_SCRIPT)
+    large = compare_row_quant(module, std=1.0)
+    assert all(0 < r["codes"] < 0.01 * 16384 for r in large), large
+    small = compare_row_quant(module, std=0.05)
+    assert all(r["codes"] > 0.5 * 16384 for r in small), small

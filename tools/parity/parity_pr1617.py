@@ -41,3 +41,24 @@ def compare_sliding(module, kit, record, tokens: torch.Tensor, luts: tuple, seq_
     out["kit_on_kit"] = (mine["val_loss"], mine["val_bpb"])
     out["rescored"] = tail_rescored_targets(len(tokens) - 1, seq_len, stride)
     return out
+
+
+def compare_row_quant(module, shapes: tuple = ((64, 256), (256, 64)), bits: tuple = (6, 8), seed: int = 0,
+                      std: float = 0.05) -> list:
+    """[{"shape", "bits", "codes", "max_abs"}]: PR #1617's quantize_float_tensor (per-row clip at the |w| quantile
+    0.9999984, scale clip / qmax floored at 1 / qmax, rounding with the float32 scale, stored as float16) against
+    the kit's quantize_per_row(w, bits, 0.9999984) (no floor, rounding with the float16 scale it stores) on the same
+    w (N(0, std^2) with a few 20x outliers): the differing integer codes and max |diff| of the dequantized tensors."""
+    from primitives.rowquant import dequantize_per_row, quantize_per_row
+
+    gen, out = torch.Generator().manual_seed(seed), []
+    for shape in shapes:
+        w = torch.randn(*shape, generator=gen) * std
+        w.view(-1)[torch.randint(0, w.numel(), (8,), generator=gen)] *= 20
+        for b in bits:
+            q_rec, s_rec = module.quantize_float_tensor(w, bits=b)
+            q_kit, s_kit = quantize_per_row(w, b, module.INT8_CLIP_Q)
+            out.append({"shape": shape, "bits": b, "codes": int((q_rec.to(torch.int8) != q_kit).sum()),
+                        "max_abs": (q_rec.float() * s_rec.float()[:, None] - dequantize_per_row(q_kit, s_kit))
+                        .abs().max().item()})
+    return out
