@@ -29,7 +29,7 @@ from quant.policy import QuantPolicy
 from model.attention import resolve_attention_backend
 from model.fused_loss import fused_loss_active, resolve_loss_kernel
 from trainer.checks import check_inputs
-from trainer.context import RunContext, check_packed_for, describe_device, measure_code_bytes, setup_distributed
+from trainer.context import BUNDLE_KIND, RunContext, check_packed_for, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
 from trainer.finish import after_training_error, finish_run, score_command, write_result
 from trainer.interrupt import (NO_ROOM_ERRNOS, TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training,
@@ -83,23 +83,26 @@ def main() -> int:
     try:
         return train_and_score()
     finally:
-        release_run_folders()
+        if BUNDLE_KIND == "package":  # the run folder's lock is the kit's (trainer/runfolder.py)
+            release_run_folders()
 
 
 def train_and_score() -> int:
     """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json.
 
-    Every input is checked before anything is written. A run whose training finished always writes
-    result.json, whatever fails or which signal comes after (status, phase, every number measured so
-    far, what to run next); a signal after training also saves the trained weights for RESUME=1
-    (trainer/interrupt.py). Returns the exit code.
+    Every input is checked before anything is written. In the package (not in a record's packed file:
+    the kit's), a run whose training finished always writes result.json, whatever fails or which
+    signal comes after (status, phase, every number measured so far, what to run next); a signal after
+    training also saves the trained weights for RESUME=1 (trainer/interrupt.py). Returns the exit code.
     """
     hp = Hyperparameters.from_env()
     check_packed_for(hp)  # a packed file refuses settings it was packed without, before anything runs
     code_bytes = measure_code_bytes(hp)
     hp.validate(code_bytes)  # BYTE_BUDGET above the shipped code's bytes, before anything is written
     ctx = setup_distributed(hp)
-    resume = check_run_folder(hp)  # a finished run's folder is refused before anything is written
+    resume, saved = "", None
+    if BUNDLE_KIND == "package":  # a finished run's folder is refused before anything is written; RESUME=1
+        resume = check_run_folder(hp)
     sp, manifest, num_val_tokens, inputs = check_inputs(hp, ctx)
     open_run_log(ctx, hp, inputs)  # one writer per folder (a lock); RESUME=1: the same settings and inputs
     torch.manual_seed(hp.seed)
@@ -109,7 +112,8 @@ def train_and_score() -> int:
     sidecar = inputs.get("val_byte_count") == "sidecar"  # CaseOps data: val bytes from its sidecar (shards/sidecar.py)
     luts = val_byte_luts(sp, hp.vocab_size, hp.data_path, sidecar)
     ctx.log(f"val_byte_count:{'sidecar (original UTF-8 bytes per val token)' if sidecar else 'tokenizer (byte LUT)'}")
-    saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
+    if BUNDLE_KIND == "package":
+        saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
     # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
     plan = EvalPlan.from_saved(saved, hp.ttt_mode) if saved else plan_final_eval(ctx, config, hp, num_val_tokens)
 
@@ -121,53 +125,101 @@ def train_and_score() -> int:
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
     summary.update(phase="train", inputs=inputs, val_byte_count="sidecar" if sidecar else "tokenizer",
                    loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
-    record = functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
+    run = Run(ctx, hp, summary, loader, model, config, ctx.run_dir / "final_model.ptz", plan,
+              record=functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest,
+                                       train_files=loader.opened),
+              train=functools.partial(train, ctx, hp, model, loader, flops_per_token=flops_per_token,
+                                      val_eval=lambda m: evaluate_roundtrip(ctx, hp, m, val_tokens(), luts)),
+              finish=functools.partial(finish_run, ctx, hp, model=model, config=config, policy=policy,
+                                       code_bytes=code_bytes, artifact_path=ctx.run_dir / "final_model.ptz",
+                                       val_tokens=val_tokens, luts=luts, plan=plan))
+    if BUNDLE_KIND == "package":  # the kit's signals, resume and recovery after training (trainer/interrupt.py)
+        return train_and_finish_guarded(run, saved)
+    run.trained(run.train(stop=[0]))
+    return run.ended(run.finished())
+
+
+@dataclasses.dataclass
+class Run:
+    """A run from its first training step on: what the entry's two flows (the record's file, the kit's
+    guarded one) share. `train(stop=)` -> TrainResult; `finish()` -> finish_run's generator of result
+    entries; `record(summary)` -> result.json's status."""
+
+    ctx: RunContext
+    hp: Hyperparameters
+    summary: dict
+    loader: DistributedTokenLoader
+    model: GPT
+    config: dict
+    artifact_path: Path
+    plan: EvalPlan
+    record: object
+    train: object
+    finish: object
+
+    def trained(self, result: TrainResult, resumed: bool = False) -> None:
+        """The training's numbers into the summary (`resumed`: RESUME=1 after training, from saved weights)."""
+        self.summary.update(steps=result.steps, train_seconds=result.train_seconds, train_losses=result.train_losses,
+                            ms_per_step=1000 * result.train_seconds / max(1, result.steps),
+                            resumed_after_training=resumed, train_shards=sorted(p.name for p in self.loader.opened),
+                            phase="trained")
+
+    def finished(self) -> int:
+        """Export and the final eval, every number into the summary, result.json; the exit code (a
+        non-finite score: status nonfinite_<phase>, 1)."""
+        for measured in self.finish():
+            self.summary.update(measured)
+        self.summary["phase"] = "done"
+        return int(self.record(self.summary) != "ok")
+
+    def ended(self, rc: int) -> int:
+        """`rc`, once a multi-process run's group is destroyed."""
+        if self.ctx.world_size > 1:
+            dist.destroy_process_group()
+        return rc
+
+
+def train_and_finish_guarded(run: Run, saved: dict | None) -> int:
+    """The package's flow from the first training step: a signal, an error or a full disk at any point
+    still writes result.json (status, phase, every number so far, what to run next) and, after
+    training, keeps the trained weights for RESUME=1 (trainer/interrupt.py); `saved`: the weights of
+    an interrupted run (RESUME=1 after training). Returns the exit code."""
+    ctx, hp, summary, record = run.ctx, run.hp, run.summary, run.record
     with SignalGuard() as guard:
         try:
-            result = TrainResult(**saved["result"]) if saved else train(
-                ctx, hp, model, loader, flops_per_token=flops_per_token, stop=guard.flag,
-                val_eval=lambda m: evaluate_roundtrip(ctx, hp, m, val_tokens(), luts))
+            result = TrainResult(**saved["result"]) if saved else run.train(stop=guard.flag)
         except Exception as err:  # result.json says what failed (a non-finite loss, OOM, a bug)
             guard.hold()
-            return training_failed(ctx, hp, err, summary, record, train_shards=sorted(p.name for p in loader.opened))
+            return training_failed(ctx, hp, err, summary, record, train_shards=sorted(p.name for p in run.loader.opened))
         if saved:
-            loader.opened.update(Path(hp.data_path) / n for n in saved["train_shards"])
+            run.loader.opened.update(Path(hp.data_path) / n for n in saved["train_shards"])
             ctx.log(f"resumed after training from {ctx.run_dir / TRAINED_FILE}: export and final eval only")
-        summary.update(steps=result.steps, train_seconds=result.train_seconds, train_losses=result.train_losses,
-                       ms_per_step=1000 * result.train_seconds / max(1, result.steps), resumed_after_training=bool(saved),
-                       train_shards=sorted(p.name for p in loader.opened))
+        run.trained(result, bool(saved))
         if result.stop_signal:
             return stopped_in_training(ctx, hp, result.stop_signal, summary, record)
-
-        summary["phase"], rc, artifact_path = "trained", 0, ctx.run_dir / "final_model.ptz"
-        trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], **plan.saved())
+        trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], **run.plan.saved())
         try:
             guard.arm()  # from here a signal interrupts where the run is: it saves the weights and says how to finish
-            for measured in finish_run(ctx, hp, model=model, config=config, policy=policy, code_bytes=code_bytes,
-                                       artifact_path=artifact_path, val_tokens=val_tokens, luts=luts, plan=plan):
-                summary.update(measured)
-            summary["phase"] = "done"
-            rc = int(record(summary) != "ok")  # a non-finite score: status nonfinite_<phase>, exit 1
+            rc = run.finished()
         except RunInterrupted as stop:
-            return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=model, config=config,
-                                              trained=trained, score=score_command(hp, artifact_path, plan))
+            return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=run.model, config=run.config,
+                                              trained=trained, score=score_command(hp, run.artifact_path, run.plan))
         except Exception as err:  # training finished: keep every number measured so far
             guard.hold()
             if no_room(err):  # a full disk or a file-size limit: the weights where they fit, and how to finish
-                return no_room_after_training(ctx, hp, err, summary, record, model=model, config=config, trained=trained)
-            summary["status"] = after_training_error(ctx, hp, err, artifact_path, plan)
+                return no_room_after_training(ctx, hp, err, summary, record, model=run.model, config=run.config,
+                                              trained=trained)
+            summary["status"] = after_training_error(ctx, hp, err, run.artifact_path, run.plan)
             summary["error"] = f"{type(err).__name__}: {err}"
             rc = 1
             record(summary)
             if not isinstance(err, (ValueError, torch.OutOfMemoryError)):
                 raise
-    if ctx.world_size > 1:
-        dist.destroy_process_group()
-    return rc
+    return run.ended(rc)
 
 
-if __name__ == "__main__":
-    protect_console()  # `| head`, `2>&-` or a full device end the console output, never the run
+def run_entry() -> None:
+    """main()'s exit code as the process's; a ValueError (a user mistake) as one line, exit 2."""
     try:
         code = main()
         # stopped by a signal, all written: exit now, not after seconds of the interpreter's teardown (whose default
@@ -182,12 +234,21 @@ if __name__ == "__main__":
     except ValueError as err:  # a user mistake: say what and where, no traceback
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    except OSError as err:
-        if err.errno not in NO_ROOM_ERRNOS:
-            raise
-        print(f"error: no room to write {err.filename or 'a file'} ({err.strerror}); expected free space and no file-size "
-              "limit (ulimit -f) below the run's files", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:  # Ctrl-C before training: nothing to save (from the first step on, SignalGuard)
-        print("interrupted before training: nothing written to keep", file=sys.stderr)
-        sys.exit(128 + 2)
+
+
+if __name__ == "__main__":
+    if BUNDLE_KIND == "package":  # the kit's console guard and its one line for a full disk or Ctrl-C
+        protect_console()  # `| head`, `2>&-` or a full device end the console output, never the run
+        try:
+            run_entry()
+        except OSError as err:
+            if err.errno not in NO_ROOM_ERRNOS:
+                raise
+            print(f"error: no room to write {err.filename or 'a file'} ({err.strerror}); expected free space and no "
+                  "file-size limit (ulimit -f) below the run's files", file=sys.stderr)
+            sys.exit(1)
+        except KeyboardInterrupt:  # Ctrl-C before training: nothing to save (from the first step on, SignalGuard)
+            print("interrupted before training: nothing written to keep", file=sys.stderr)
+            sys.exit(128 + 2)
+    else:
+        run_entry()
