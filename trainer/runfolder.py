@@ -17,7 +17,7 @@ import os
 import socket
 from pathlib import Path
 
-from trainer.context import RunContext, log_run_header
+from trainer.context import BUNDLE_KIND, RunContext, log_run_header
 from primitives.files import atomic_write_json
 from trainer.interrupt import TRAINED_FILE
 from primitives.settings import Hyperparameters
@@ -180,18 +180,24 @@ def open_run_log(ctx: RunContext, hp: Hyperparameters, inputs: dict = None) -> N
     """Lock the run folder (lock_run_folder), check it again under the lock, bind the run to its
     settings and inputs (run_settings.json; RESUME=1: check_resume_binding), then open train.log
     (appended to when resuming): the header first, then the lines logged by the input checks before
-    it existed. ValueError naming train.log when it cannot be written (a full disk, `ulimit -f`)."""
+    it existed. ValueError naming train.log when it cannot be written (a full disk, `ulimit -f`).
+    A record's packed file makes the folder and opens train.log only: the lock, the folder's checks
+    and the binding are the kit's (kit/bundle_fold.py)."""
     if not ctx.is_main:
         return
-    ctx.lock = lock_run_folder(ctx, hp)
-    check_run_folder(hp)  # another run may have finished in this folder since the first check
-    binding = run_binding(hp, inputs or {})
-    if hp.resume:
-        check_resume_binding(ctx.run_dir, binding)
+    if BUNDLE_KIND == "package":
+        ctx.lock = lock_run_folder(ctx, hp)
+        check_run_folder(hp)  # another run may have finished in this folder since the first check
+        binding = run_binding(hp, inputs or {})
+        if hp.resume:
+            check_resume_binding(ctx.run_dir, binding)
     pending, ctx.pending = ctx.pending, []
     try:
-        if not hp.resume:
-            atomic_write_json(ctx.run_dir / SETTINGS_FILE, binding)
+        if BUNDLE_KIND == "package":
+            if not hp.resume:
+                atomic_write_json(ctx.run_dir / SETTINGS_FILE, binding)
+        else:
+            ctx.run_dir.mkdir(parents=True, exist_ok=True)
         ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
         log_run_header(ctx, hp)
         for line in pending:
