@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from eval.ttt import select_ttt_params
-from trainer.context import RunContext, require_kit
+from trainer.context import BUNDLE_KIND, RunContext, require_kit
 from model.fused_loss import choose_loss_kernel
 from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
@@ -36,9 +36,9 @@ def dataset_command(data_path) -> str | None:
 
 def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
     """(tokens in the train shards, tokens the run will read: EXPECTED_STEPS, or ITERATIONS without a
-    wallclock cap, x TRAIN_BATCH_TOKENS); logs a WARNING when the shards hold fewer, since the loader
-    then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same budget); a note instead
-    for the offline sample (tools/prepare_data.py sample), which is small by design. Raises
+    wallclock cap, x TRAIN_BATCH_TOKENS; None in a record's packed file); logs a WARNING when the shards
+    hold fewer, since the loader then repeats them (PR #1463: 1 shard 1.5070 vs 20 shards 1.2774 on the same
+    budget); a note instead for the offline sample (tools/prepare_data.py sample), which is small by design. Raises
     ValueError naming DATA_PATH and the shard when any train shard holds an id >= VOCAB_SIZE or is a
     val shard (the same file, or a copy: same bytes): every shard is checked here, before the clock,
     not when the loader reaches it."""
@@ -55,6 +55,14 @@ def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
             raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} holds token id {top_id}; expected ids "
                              f"< VOCAB_SIZE={hp.vocab_size} (the tokenizer's)")
         held += num_tokens
+    if BUNDLE_KIND == "package":  # the kit's advice on too few train tokens (a record's file does not carry it)
+        return held, warn_repeated_data(hp, held, log)
+    return held, None
+
+
+def warn_repeated_data(hp: Hyperparameters, held: int, log=print) -> int:
+    """check_train_tokens' advice when the train shards hold fewer than the `needed` tokens the run reads
+    (returned); a note instead for the offline sample."""
     steps = run_steps_estimate(0, 0.0, hp)
     needed = int(steps * hp.train_batch_tokens)
     if held < needed and dataset_command(hp.data_path) == "sample":
@@ -66,20 +74,15 @@ def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
             f"{needed:,} ({steps:.0f} steps x TRAIN_BATCH_TOKENS={hp.train_batch_tokens:,}) and will repeat data, "
             f"which costs bpb; `tools/prepare_data.py fineweb --train-shards {math.ceil(1.2 * needed / 1e8)}` "
             f"covers it with 20% margin (100M tokens per shard)")
-    return held, needed
+    return needed
 
 
 def check_inputs(hp: Hyperparameters, ctx: RunContext):
     """Everything that can be wrong with the input is checked here, before the clock starts."""
     import sentencepiece as spm
 
-    for name, path, kind in (("DATA_PATH", hp.data_path, "a dataset folder (tools/prepare_data.py makes one)"),
-                             ("TOKENIZER_PATH", hp.tokenizer_path, "a SentencePiece .model file")):
-        exists = Path(path).is_dir() if name == "DATA_PATH" else Path(path).is_file()
-        if not exists:
-            what = "is a file" if name == "DATA_PATH" else "is a folder"
-            what = what if Path(path).exists() else "no such file or folder"
-            raise ValueError(f"{name}={path!r}: {what}; expected {kind}")
+    if BUNDLE_KIND == "package":  # the kit's one line for a wrong path (a record's file fails on it further on)
+        check_input_paths(hp)
     try:
         sp = spm.SentencePieceProcessor(model_file=hp.tokenizer_path)
     except (RuntimeError, OSError) as err:
@@ -101,13 +104,25 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
             select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
     if hp.checkpoint_every or hp.resume:
         require_kit("CHECKPOINT_EVERY/RESUME")
-    check_file_size_limit(hp)
+    if BUNDLE_KIND == "package":  # room to keep the trained weights: the kit's recovery (trainer/interrupt.py)
+        check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)
     num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
                          f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
     return sp, manifest, min(num_val, hp.val_max_tokens + 1) if hp.val_max_tokens else num_val, inputs
+
+
+def check_input_paths(hp: Hyperparameters) -> None:
+    """ValueError naming DATA_PATH or TOKENIZER_PATH when it is not a folder / a file."""
+    for name, path, kind in (("DATA_PATH", hp.data_path, "a dataset folder (tools/prepare_data.py makes one)"),
+                             ("TOKENIZER_PATH", hp.tokenizer_path, "a SentencePiece .model file")):
+        exists = Path(path).is_dir() if name == "DATA_PATH" else Path(path).is_file()
+        if not exists:
+            what = "is a file" if name == "DATA_PATH" else "is a folder"
+            what = what if Path(path).exists() else "no such file or folder"
+            raise ValueError(f"{name}={path!r}: {what}; expected {kind}")
 
 
 def check_file_size_limit(hp: Hyperparameters) -> None:
