@@ -7,7 +7,7 @@ from inside its record folder. Our source is a package (`train_gpt.py` + `traine
    internal imports), concatenated in pipeline order (primitives/files.py, primitives/settings.py,
    shards/format.py, quant/*, eval/*, model/gpt.py, ..., train_gpt.py last; dependencies first),
    one banner per module, internal imports removed, stdlib/third-party imports hoisted to the top and
-   deduplicated, the one `BUNDLE_KIND = "package"` line (trainer/context.py) rewritten to `"human"`.
+   deduplicated, the one `BUNDLE_KIND = "package"` line (primitives/env.py) rewritten to `"human"`.
    Runs on its own: `train_gpt_human.py`.
 2. `build_packed_bytes()`: the human source with `BUNDLE_KIND = "packed"`, minified by
    python-minifier (comments, docstrings and annotations go, except class attribute annotations,

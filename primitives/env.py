@@ -7,6 +7,11 @@ looks like one of ours but is not gets one warning line (typos are silent killer
 import difflib
 import math
 
+# The form this code runs in: "package" (the kit's repo). The bundler rewrites this one line to "human" or "packed"
+# in the files it writes (kit/bundle.py) and replaces each `if BUNDLE_KIND == "package":` block by its else-body
+# there (kit/bundle_fold.py): the kit's own features stay in the package.
+BUNDLE_KIND = "package"
+
 
 def parse_env_value(name: str, raw: str, kind: type):
     """Parse env var `name`'s text `raw` to `kind` (int, float, bool or str).

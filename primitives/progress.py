@@ -11,39 +11,47 @@ import os
 import sys
 import time
 
+from primitives.env import BUNDLE_KIND
+
 PROGRESS_EVERY_SECONDS = 10.0  # a line at most this often when stderr is not a terminal
 PROGRESS_TTY_EVERY_SECONDS = 0.5  # a rewrite at most this often on a terminal (update runs per eval batch)
 
 
 class Progress:
     """Progress(label, total, unit): `update(n)` after each n units of work, `close()` at the end
-    (a final line only when a line was already shown). total: the units expected (int >= 0)."""
+    (a final line only when a line was already shown). total: the units expected (int >= 0).
+    The kit's: in a record's packed file it shows nothing (kit/bundle_fold.py)."""
 
     def __init__(self, label: str, total: int, unit: str):
         self.label, self.total, self.unit, self.done = label, max(int(total), 0), unit, 0
-        self.start = self.last = time.perf_counter()
-        self.shown_done = None  # `done` when a line was last shown
-        self.on = os.environ.get("RANK", "0") == "0"
-        self.tty = self.on and sys.stderr.isatty()
+        if BUNDLE_KIND == "package":
+            self.start = self.last = time.perf_counter()
+            self.shown_done = None  # `done` when a line was last shown
+            self.on = os.environ.get("RANK", "0") == "0"
+            self.tty = self.on and sys.stderr.isatty()
 
     def line(self) -> str:
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
-        return (f"{self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done / max(self.total, 1):.0f}%) "
-                f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
+        if BUNDLE_KIND == "package":  # (update and close call it there only)
+            elapsed = time.perf_counter() - self.start
+            eta = elapsed / self.done * (self.total - self.done) if self.done else float("nan")
+            return (f"{self.label}: {self.done}/{self.total} {self.unit} ({100 * self.done / max(self.total, 1):.0f}%) "
+                    f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
 
     def update(self, n: int = 1) -> None:
         self.done += n
-        now = time.perf_counter()
-        if self.on and now - self.last >= (PROGRESS_TTY_EVERY_SECONDS if self.tty else PROGRESS_EVERY_SECONDS):
-            print(("\r" if self.tty else "") + self.line(), end="" if self.tty else "\n", file=sys.stderr, flush=True)
-            self.last, self.shown_done = now, self.done
+        if BUNDLE_KIND == "package":
+            now = time.perf_counter()
+            if self.on and now - self.last >= (PROGRESS_TTY_EVERY_SECONDS if self.tty else PROGRESS_EVERY_SECONDS):
+                print(("\r" if self.tty else "") + self.line(), end="" if self.tty else "\n", file=sys.stderr,
+                      flush=True)
+                self.last, self.shown_done = now, self.done
 
     def close(self) -> None:
-        if self.shown_done is not None and self.tty:  # the last rewrite may be up to 0.5 s old
-            print("\r" + self.line(), file=sys.stderr, flush=True)
-        elif self.shown_done not in (None, self.done):
-            print(self.line(), file=sys.stderr, flush=True)
+        if BUNDLE_KIND == "package":
+            if self.shown_done is not None and self.tty:  # the last rewrite may be up to 0.5 s old
+                print("\r" + self.line(), file=sys.stderr, flush=True)
+            elif self.shown_done not in (None, self.done):
+                print(self.line(), file=sys.stderr, flush=True)
 
 
 class ConsoleStream:

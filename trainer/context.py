@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from primitives.env import BUNDLE_KIND  # the trainer's modules import it from here
 from primitives.settings import Hyperparameters, setting_warnings
 from quant.policy import QuantPolicy
 
 
-BUNDLE_KIND = "package"
 # (settings, left-out modules, probe(hp, quant policy) -> (needed, each setting's value)) per condition
 # (kit/bundle_when.py): the bundler writes them into a packed file packed without some modules
 BUNDLE_REFUSALS = ()
@@ -49,16 +49,20 @@ class RunContext:
             if self.log_error is None:
                 self.pending.append(msg)
             return
-        try:
+        if BUNDLE_KIND == "package":  # the kit's: a train.log that cannot be written is not the end of the run
+            try:
+                self.log_file.write(msg + "\n")
+                self.log_file.flush()
+            except OSError as err:  # the run goes on, logging to the console: its numbers still reach result.json
+                with contextlib.suppress(OSError):  # closed now: its unwritten buffer is not flushed again at exit
+                    self.log_file.close()
+                self.log_file, self.log_error = None, err
+                if self.log_opened:
+                    print(f"WARNING: train.log: cannot write ({err.strerror or err}): the rest of the log is on the "
+                          "console only", file=sys.stderr, flush=True)
+        else:
             self.log_file.write(msg + "\n")
             self.log_file.flush()
-        except OSError as err:  # the run goes on, logging to the console: its numbers still reach result.json
-            with contextlib.suppress(OSError):  # closed now: its unwritten buffer is not flushed again at exit
-                self.log_file.close()
-            self.log_file, self.log_error = None, err
-            if self.log_opened:
-                print(f"WARNING: train.log: cannot write ({err.strerror or err}): the rest of the log is on the console "
-                      "only", file=sys.stderr, flush=True)
 
     def autocast(self):
         return torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None)
