@@ -12,7 +12,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from quant.gptq import collect_gptq_hessians
-from trainer.context import RunContext
+from trainer.context import BUNDLE_KIND, RunContext
 from trainer.interrupt import SignalGuard
 from shards.loader import DistributedTokenLoader
 from model.gpt import GPT
@@ -154,10 +154,10 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     cap_ms = 1000.0 * (hp.max_wallclock_seconds - gptq_reserve)
     if gptq_reserve:
         ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
-    ckpt_path = ctx.run_dir / "checkpoint.pt"
-    ckpt = None
-    if hp.checkpoint_every or hp.resume:  # package only, refused before the clock in the packed script
-        from kit import checkpoint as ckpt
+    if BUNDLE_KIND == "package":  # checkpoints are the kit's: refused before the clock in the packed script
+        ckpt_path, ckpt = ctx.run_dir / "checkpoint.pt", None
+        if hp.checkpoint_every or hp.resume:
+            from kit import checkpoint as ckpt
     nonfinite = NonFiniteWatch(ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:
@@ -196,23 +196,30 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     def history(values) -> torch.Tensor:  # per-step train loss averaged over ranks, one collective
         return ctx.mean_over_ranks(torch.stack(values)) if values else torch.zeros(0, device=ctx.device)
 
-    def checkpoint(ms: float) -> None:
-        hist = history(losses)
-        if ctx.is_main:
-            ckpt.save_checkpoint(ckpt_path, model, optimizers.all, ema, step, loader, ms / 1000, hist)
+    if BUNDLE_KIND == "package":  # CHECKPOINT_EVERY and RESUME=1 inside training (kit/checkpoint.py)
+        def checkpoint(ms: float) -> None:
+            hist = history(losses)
+            if ctx.is_main:
+                ckpt.save_checkpoint(ckpt_path, model, optimizers.all, ema, step, loader, ms / 1000, hist)
 
-    if hp.resume:
-        step, train_seconds, losses = ckpt.load_checkpoint(ckpt_path, model, optimizers.all, ema, loader)
-        train_ms = 1000.0 * train_seconds
-        ctx.log(f"resumed from {ckpt_path} at step:{step}")
+        if hp.resume:
+            step, train_seconds, losses = ckpt.load_checkpoint(ckpt_path, model, optimizers.all, ema, loader)
+            train_ms = 1000.0 * train_seconds
+            ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = model.looping_active = False
     ctx.log(f"grad_accum_steps:{accum} micro_batch_seqs:{local_tokens // hp.train_seq_len}")  # the default is per GPU count
     ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
-    warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
-    if warning and not hp.resume:
-        ctx.log(warning)
-    with contextlib.nullcontext() if stop is not None else SignalGuard() as guard:
-        stop = stop if stop is not None else guard.flag
+    if BUNDLE_KIND == "package":  # the kit's advice on a schedule that degenerates at this run length
+        warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
+        if warning and not hp.resume:
+            ctx.log(warning)
+    guard = contextlib.nullcontext()
+    if BUNDLE_KIND == "package":
+        if stop is None:  # no caller's guard: the loop's own, for the signals (trainer/interrupt.py)
+            guard = SignalGuard()
+            stop = guard.flag
+    stop = [0] if stop is None else stop
+    with guard:
         ctx.sync()
         t0 = time.perf_counter()
         log_t, log_step = t0, step
@@ -259,8 +266,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                     line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
                 ctx.log(line)
                 log_t, log_step = now, step
-            if hp.checkpoint_every and step % hp.checkpoint_every == 0:
-                checkpoint(train_ms + 1000 * (time.perf_counter() - t0))
+            if BUNDLE_KIND == "package":
+                if hp.checkpoint_every and step % hp.checkpoint_every == 0:
+                    checkpoint(train_ms + 1000 * (time.perf_counter() - t0))
         if ema and not signum:  # the swap counts as training time
             ema.copy_to_model()
         model.set_qat(False)
@@ -287,9 +295,10 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         train_ms += 1000 * (time.perf_counter() - t0)
     if signum:
         ctx.log(f"stopped by signal {signal.Signals(signum).name} at step:{step}")
-        if hp.checkpoint_every:
-            checkpoint(train_ms)
-            ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
+        if BUNDLE_KIND == "package":
+            if hp.checkpoint_every:
+                checkpoint(train_ms)
+                ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
     else:
         ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
                 if step < hp.iterations else f"training done step:{step}")
