@@ -17,7 +17,7 @@ from eval.ttt_modes import TTT_MODES
 from quant.artifact import export_artifact, load_artifact
 from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
-from trainer.context import RunContext, require_kit
+from trainer.context import BUNDLE_KIND, RunContext, require_kit
 from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
 from primitives.files import atomic_write_json, sha256_file
 from model.gpt import GPT
@@ -95,13 +95,13 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
                   ttt_updates_stopped_at_chunk=tt["updates_stopped_at_chunk"],
                   eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
                   tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
-                  score_command=score_command(hp, artifact_path, plan),
-                  **({"score_command_unverified": why} if (why := ttt_score_command_caveat(tt)) else {}),
+                  **rescore_entries(hp, artifact_path, plan, tt),
                   **({"ttt_mode": hp.ttt_mode} if tt["mode_entries"] else {}),
                   **{"ttt_" + k.removeprefix("num_"): tt[k] for k in tt["mode_entries"]})
         ctx.log(ttt_result_line(tt))
-        if ttt_score_command_caveat(tt):
-            ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
+        if BUNDLE_KIND == "package":  # the kit's re-scoring command may not reproduce this score
+            if ttt_score_command_caveat(tt):
+                ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
         if not tt["num_updates"]:
             ctx.log(zero_updates_warning(tt, hp.ttt_mode))
         return
@@ -109,7 +109,7 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
               tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"],
-              score_command=score_command(hp, artifact_path, EvalPlan(stride=sw["stride"])),
+              **rescore_entries(hp, artifact_path, EvalPlan(stride=sw["stride"])),
               **(dict(ttt_epochs=0, ttt_updates=0) if hp.ttt_enabled else {}))  # TTT on, but the plan skipped it
     ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
             f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
@@ -168,6 +168,15 @@ def ttt_score_command_caveat(tt: dict):
     unit, of = ("round", tt["num_rounds"]) if "num_rounds" in tt else ("chunk", tt["num_chunks"])  # lora: rounds
     return (f"the eval time guard stopped TTT updates at {unit} {stopped} of {of}: the score is legal, "
             f"but score_command reproduces it only if its own run stops at the same {unit} (unverified)")
+
+
+def rescore_entries(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan, tt: dict = None) -> dict:
+    """result.json's `score_command` (the kit's `python -m eval score`, which scores the written artifact again) and,
+    for a TTT score it may not reproduce, `score_command_unverified`; {} in a record's packed file (no kit there)."""
+    if BUNDLE_KIND == "package":
+        why = ttt_score_command_caveat(tt) if tt else None
+        return dict(score_command=score_command(hp, artifact_path, plan), **({"score_command_unverified": why} if why else {}))
+    return {}
 
 
 def score_command(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan) -> str:
