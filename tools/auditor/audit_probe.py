@@ -116,6 +116,7 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
 
     from tools.auditor import audit_probe_data as D
 
+    folder = Path(folder).resolve()  # the toy runs' cwd is their work folder: `audit.py records/...` must still find it
     script = folder / "train_gpt.py"
     if not script.is_file():
         return {"error": "no train_gpt.py"}

@@ -1,0 +1,36 @@
+"""`python tools/audit.py records/...` as the README writes it: a folder given by a relative path is run by
+the probe (its toy runs' cwd is their own work folder; the relative script path was not found there)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tools.auditor import audit_probe
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+class Started(Exception):
+    pass
+
+
+@pytest.mark.skipif(not (SHARED / "data" / "tokenizers").is_dir(), reason="needs ../shared/data/tokenizers")
+def test_the_run_probe_runs_a_folder_given_by_a_relative_path(tmp_path, monkeypatch):
+    folder = tmp_path / "records" / "track_non_record_16mb" / "2026-11-28_CpuTry"
+    folder.mkdir(parents=True)
+    (folder / "train_gpt.py").write_text("import os\nvocab = int(os.environ['VOCAB_SIZE'])\n"
+                                         "tokenizer = os.environ['TOKENIZER_PATH']\n")
+    seen = []
+
+    def start(script, run_folder, *args, **kwargs):
+        seen.append((script, run_folder))
+        raise Started
+
+    monkeypatch.setattr(audit_probe, "_start", start)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Started):
+        audit_probe.run_pair(Path("records/track_non_record_16mb/2026-11-28_CpuTry"), SHARED, keep=tmp_path / "work")
+    script, run_folder = seen[0]
+    os.chdir(tmp_path / "work")  # where the toy run starts: its script must still be there
+    assert script.is_absolute() and script.is_file() and run_folder == folder.resolve(), seen
