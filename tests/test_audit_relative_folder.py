@@ -34,3 +34,14 @@ def test_the_run_probe_runs_a_folder_given_by_a_relative_path(tmp_path, monkeypa
     script, run_folder = seen[0]
     os.chdir(tmp_path / "work")  # where the toy run starts: its script must still be there
     assert script.is_absolute() and script.is_file() and run_folder == folder.resolve(), seen
+
+
+def test_a_probe_run_inherits_the_machine_not_the_shells_settings(monkeypatch):
+    # the README's CPU record exports PRESET=smoke DATA_PATH=...: the probe ran the kit's packed file with them
+    # and it refused the toy data (exit 2: DATA_PATH='./data/datasets/fineweb10B_sp1024': no such file or folder)
+    for name, value in {"PRESET": "smoke", "DATA_PATH": "data/x", "ITERATIONS": "25", "RANK": "1", "PATH": "/bin",
+                        "LC_ALL": "C.UTF-8"}.items():
+        monkeypatch.setenv(name, value)
+    env = audit_probe.probe_env("import os\nn = os.environ.get('ITERATIONS')\n", Path("d"), Path("t.model"), 1024)
+    assert "PRESET" not in env and "DATA_PATH" not in env and "RANK" not in env
+    assert env["ITERATIONS"] == "3" and env["PATH"] == "/bin" and env["LC_ALL"] == "C.UTF-8"  # the toy's, the machine's

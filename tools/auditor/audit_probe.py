@@ -61,6 +61,10 @@ TOY_ENV = {
     "VAL_LOSS_EVERY": "0", "TRAIN_LOG_EVERY": "1", "MAX_WALLCLOCK_SECONDS": "100000", "SEED": "1337",
     "RUN_ID": "probe", "GPTQ_CALIBRATION_BATCHES": "2", "GPTQ_CALIB_BATCHES": "2",
 }
+# what a probe run inherits of the auditor's environment: the machine's, never a setting (a shell that exported
+# PRESET or DATA_PATH for its own runs, as the README's CPU record does, must not change the folder's run)
+INHERITED_ENV = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|VIRTUAL_ENV|"
+                           r"LD_LIBRARY_PATH|LC_\w+|CONDA\w*|XDG_\w+|SYSTEMROOT|COMSPEC)$")
 _ENV_NAME = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z][A-Z0-9_]*)["']""")
 
 
@@ -69,12 +73,12 @@ def _na(reason: str) -> list:
 
 
 def probe_env(source: str, data_dir: Path, tokenizer: Path, vocab_size: int) -> dict:
-    """The environment of a probe run: TOY_ENV and the data/tokenizer paths, each only where the
-    script reads that variable; one CPU thread per run."""
+    """The environment of a probe run: the machine's variables (INHERITED_ENV), TOY_ENV and the data/tokenizer
+    paths, each only where the script reads that variable; one CPU thread per run."""
     names = set(_ENV_NAME.findall(source))
     wanted = {**TOY_ENV, "DATA_PATH": str(data_dir), "DATA_DIR": "data", "TOKENIZER_PATH": str(tokenizer),
               "VOCAB_SIZE": str(vocab_size)}
-    env = {k: v for k, v in os.environ.items() if k not in wanted and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env = {k: v for k, v in os.environ.items() if INHERITED_ENV.match(k)}
     env.update({k: v for k, v in wanted.items() if k in names})
     env.update(PROBE_SHARDS=str(data_dir), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONHASHSEED="0",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]))
