@@ -174,6 +174,7 @@ def test_two_runs_make_a_complete_folder_that_passes_its_checks(fake_src, tmp_pa
     req = (folder / "requirements.txt").read_text()
     assert "torch==2.13.0" in req and "numpy==2.4.6" in req and "sentencepiece==0.2.3" in req
     assert "zstandard==" in req and "brotli==" in req and "safetensors==" in req
+    assert "# optional, CUDA only: liger-kernel" in req  # the packed file imports it: the audit warned it was not named
     assert sub["metric"] == "final_sliding_window_exact (mean over seeds)" and "val_bpb_ttt" not in sub["seed_results"][0]
     readme = (folder / "README.md").read_text()
     assert "| roundtrip val_bpb | sliding val_bpb |" in readme and "sliding window, stride 32" in readme
