@@ -11,7 +11,7 @@ import pytest
 
 from tools.auditor import audit_probe_data as D
 from tools.auditor import audit_probe_trace as T
-from tools.auditor.audit_probe_verdicts import check_after_clock, check_single_pass, passes
+from tools.auditor.audit_probe_verdicts import check_after_clock, check_single_pass, passes, untraced_results
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 PR1617 = SHARED / "reference" / "pr1617" / "train_gpt.py"
@@ -171,6 +171,20 @@ def test_passes_merge_the_exact_restatement_and_tail_rescoring_warns():
     assert check_single_pass(ps).status == "fail"
     ev[1]["pos"] = [1]  # the first position again: not the tail
     assert check_single_pass(passes(ev)).status == "fail"
+
+
+def test_a_printed_result_the_trace_does_not_explain_is_named():
+    """PR #779 mixes n-gram probabilities in numpy and prints that pass with no traced -log p; PR #982's
+    n-gram pass logs a val_loss that is not the mean of its traced -log p: the scoring left torch."""
+    ev = [{"seq": 0, "kind": "score", "pos": [1, 2], "val": [1.0, 3.0]},
+          {"seq": 1, "kind": "line", "text": "sliding val_loss:2.0000 val_bpb:1.0000"},
+          {"seq": 2, "kind": "line", "text": "sliding_exact val_loss:2.00000000 val_bpb:1.00004000"}]
+    assert T is not None and untraced_results(ev, passes(ev)) == []  # a restatement of a traced pass
+    ev.append({"seq": 3, "kind": "line", "text": "ngram val_loss:1.2000 val_bpb:0.6000"})
+    assert untraced_results(ev, passes(ev)) == ["'ngram val_loss:1.2000 val_bpb:0.6000' has no traced -log p behind it"]
+    ev[1]["text"], ev[2]["text"] = "sliding val_loss:1.5000 val_bpb:1.0000", "sliding_exact val_loss:1.5 val_bpb:1.0"
+    assert "pass 'sliding' logs val_loss 1.5 where its traced -log p average 2.000000" in untraced_results(
+        ev[:3], passes(ev[:3]))
 
 
 def test_after_clock_reads_the_log_for_a_reserve():
