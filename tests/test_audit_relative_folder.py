@@ -45,3 +45,12 @@ def test_a_probe_run_inherits_the_machine_not_the_shells_settings(monkeypatch):
     env = audit_probe.probe_env("import os\nn = os.environ.get('ITERATIONS')\n", Path("d"), Path("t.model"), 1024)
     assert "PRESET" not in env and "DATA_PATH" not in env and "RANK" not in env
     assert env["ITERATIONS"] == "3" and env["PATH"] == "/bin" and env["LC_ALL"] == "C.UTF-8"  # the toy's, the machine's
+
+
+def test_a_script_that_reads_its_settings_under_computed_names_gets_every_toy_variable():
+    # this kit's packed train_gpt.py reads `f.name.upper()` of each field: the probe set none of the toy sizes and
+    # the script refused the toy val split at its default TRAIN_SEQ_LEN=2048 (exit 2, not checkable)
+    kit = "import dataclasses, os\nfor f in dataclasses.fields(H):\n    v = os.environ.get(f.name.upper())\n"
+    env = audit_probe.probe_env(kit, Path("d"), Path("t.model"), 8192)
+    assert (env["TRAIN_SEQ_LEN"], env["ITERATIONS"], env["DATA_PATH"], env["VOCAB_SIZE"]) == ("128", "3", "d", "8192")
+    assert "TRAIN_SEQ_LEN" not in audit_probe.probe_env("import os\n", Path("d"), Path("t.model"), 8192)

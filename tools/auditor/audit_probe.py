@@ -65,6 +65,9 @@ TOY_ENV = {
 # PRESET or DATA_PATH for its own runs, as the README's CPU record does, must not change the folder's run)
 INHERITED_ENV = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|VIRTUAL_ENV|"
                            r"LD_LIBRARY_PATH|LC_\w+|CONDA\w*|XDG_\w+|SYSTEMROOT|COMSPEC)$")
+# a script that reads its settings under computed names (this kit's: each dataclass field's `f.name.upper()`)
+# reads any of them: it gets every toy variable (the kit's packed file refused the toy data at its default size)
+_COMPUTED_NAMES = re.compile(r"\.name\.upper\(\)")
 _ENV_NAME = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z][A-Z0-9_]*)["']""")
 
 
@@ -79,7 +82,7 @@ def probe_env(source: str, data_dir: Path, tokenizer: Path, vocab_size: int) -> 
     wanted = {**TOY_ENV, "DATA_PATH": str(data_dir), "DATA_DIR": "data", "TOKENIZER_PATH": str(tokenizer),
               "VOCAB_SIZE": str(vocab_size)}
     env = {k: v for k, v in os.environ.items() if INHERITED_ENV.match(k)}
-    env.update({k: v for k, v in wanted.items() if k in names})
+    env.update({k: v for k, v in wanted.items() if k in names or _COMPUTED_NAMES.search(source)})
     env.update(PROBE_SHARDS=str(data_dir), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONHASHSEED="0",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]))
     return env
