@@ -218,7 +218,7 @@ BUNDLE_PIPELINE = (
     "shards/format.py", "shards/sidecar.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/lqer.py",
     "quant/estimate.py", "quant/fit.py", "quant/sdclip.py", "quant/grouped.py", "quant/artifact.py", "eval/bpb.py",
     "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py", "eval/phased_ttt.py", "eval/lora_batch.py", "eval/lora_ttt.py",
-    "eval/ttt_engine.py", "eval/ttt_modes.py", "eval/plan.py",
+    "eval/record_lora.py", "eval/ttt_engine.py", "eval/phased_lora.py", "eval/ttt_modes.py", "eval/plan.py",
     "model/fa4.py", "model/attention.py", "model/fused_loss.py", "trainer/context.py", "trainer/interrupt.py",
     "shards/loader.py", "model/attn_ops.py", "model/softcap_loss.py", "model/stack.py",
     "model/gpt.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
