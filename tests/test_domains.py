@@ -90,7 +90,7 @@ def test_a_field_of_the_wrong_type_built_by_hand_is_named_not_a_traceback():
     ({"LOOP_START": "2"}, ["LOOP_START=2 has no effect in this run: it applies only when NUM_LOOPS > 0"]),
     ({"TTT_EPOCHS": "1", "TTT_LORA_RANK": "4"}, ["TTT_EPOCHS=1 has no effect in this run: it applies only when TTT_ENABLED=1",
                                                  "TTT_LORA_RANK=4 has no effect in this run: it applies only when "
-                                                 "TTT_ENABLED=1 and TTT_MODE=lora"]),
+                                                 "TTT_ENABLED=1 and TTT_MODE=lora or phased_lora"]),
     ({"WD_TAPER_START_FRAC": "0.5"}, ["WD_TAPER_START_FRAC=0.5 has no effect in this run: it applies only when "
                                       "WD_TAPER_FINAL_MULT != 1"]),
     ({"SPARSE_ATTN_GATE_SCALE": "0.5"}, ["SPARSE_ATTN_GATE_SCALE=0.5 has no effect in this run: it applies only when "
