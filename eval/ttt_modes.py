@@ -66,10 +66,6 @@ class TTTMode:
     def entry(self) -> str:
         return "run_" + self.label.replace(" ", "_")
 
-    @property
-    def title(self) -> str:
-        return self.label + " eval"
-
 
 class SGDUpdater(Scorer):
     """SGD (momentum) on the TTT_PARAMS parameters: after unit c, `epochs` passes over the sequences of seq_len

@@ -9,8 +9,7 @@ import torch.nn.functional as F
 
 from eval.lora_batch import LORA_SEED, LORA_TARGETS
 from eval.lora_ttt import split_lora_chunks
-from eval.sliding import score_unit_windows, ttt_window_ranges
-from eval.walk import mark_update, ttt_records, ttt_totals
+from eval.ttt import mark_update, score_unit_windows, ttt_records, ttt_totals, ttt_window_ranges
 
 
 class LoRAAdapter:

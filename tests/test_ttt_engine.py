@@ -12,10 +12,9 @@ import torch
 
 from eval.plan import EvalPlan
 from eval.sliding import eval_sliding
-from eval.ttt import split_ttt_chunks
+from eval.ttt import check_ttt_legality, split_ttt_chunks
 from eval.ttt_engine import Schedule, Scorer
 from eval.ttt_modes import TTT_MODES, TTTMode, mode_settings, prefix_scope, run_mode
-from eval.walk import check_ttt_legality
 from primitives.settings import Hyperparameters
 from test_eval_support import mixed_stream
 from test_eval_ttt import QUIET, TTTLM
