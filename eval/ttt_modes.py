@@ -48,8 +48,9 @@ class TTTMode:
     count_from: the names and round numbering its messages use (entry: run_<label>); plan(hp, timings, *, strides,
     roundtrip_seconds, num_val_tokens, world_size) -> the mode's plan dict (eval/plan.py makes the EvalPlan) with
     wanted_seconds (None: the mode is not planned, it runs TTT_EPOCHS at EVAL_STRIDE); timing: what the trainer
-    times for the plan ("sgd": one SGD step, "lora": a scoring forward and a batched adapter step,
-    trainer/evaluate.py)."""
+    times for the plan, a key of trainer.evaluate.PLAN_TIMINGS and tools/bench/gpu_check.py's TTT_TIMED ("sgd": one
+    SGD step, "lora": a scoring forward and a batched adapter step); recorded: the artifact's run["ttt"] names the
+    mode (False for one row: artifacts that name none, written before modes, are read as it, and it stays so)."""
     label: str
     unit: str
     count_from: int
@@ -61,6 +62,7 @@ class TTTMode:
     updater: object
     plan: object = None
     timing: str = "sgd"
+    recorded: bool = True
 
     @property
     def entry(self) -> str:
@@ -258,7 +260,7 @@ TTT_MODES = {
         label="ttt", unit="chunk", count_from=0, fields=("chunk_tokens", *SGD_FIELDS),
         valid=lambda run: sgd_valid(run, "chunk_tokens"), expected="seq_len <= chunk tokens," + SGD,
         schedule=chunked_schedule, scope=unit_scope, updater=SGDUpdater,
-        plan=plan_sgd(plan_ttt, project_ttt_seconds, "chunk_tokens")),
+        plan=plan_sgd(plan_ttt, project_ttt_seconds, "chunk_tokens"), recorded=False),
     "phased": TTTMode(
         label="phased ttt", unit="phase", count_from=0, fields=("phases", *SGD_FIELDS),
         valid=lambda run: sgd_valid(run, "phases"), expected="phases >= 1," + SGD,

@@ -157,9 +157,11 @@ def test_the_settings_name_exactly_the_registry_modes():
     comparison of mode names)."""
     from eval.score_settings import choices
     from primitives.domains import field_domain
-    from primitives.settings import TTT_MODE_NAMES
+    from primitives.settings import TTT_MODE_NAMES, UNRECORDED_TTT_MODE
 
     assert tuple(TTT_MODES) == TTT_MODE_NAMES == choices("ttt_mode")
+    # the one mode an artifact does not name (its row's `recorded`, trainer/finish.py) is the one eval score reads it as
+    assert [m for m, row in TTT_MODES.items() if not row.recorded] == [UNRECORDED_TTT_MODE]
     for f in dataclasses.fields(Hyperparameters):
         applies = field_domain(f).applies
         if not applies or not f.name.startswith("ttt_") or f.name in ("ttt_enabled", "ttt_mode", "ttt_epochs"):

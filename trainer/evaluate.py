@@ -139,7 +139,7 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
     """The final eval's plan before training (eval.plan.EvalPlan; epochs 0: the sliding pass).
 
     Without TTT: EVAL_STRIDE, or with EVAL_AUTO_STRIDE the smallest stride that fits (plan_eval_stride).
-    With TTT_ENABLED: the eval forward (time_eval_forward) and what the mode's row times (its `timing`: an SGD
+    With TTT_ENABLED: the eval forward (time_eval_forward) and what the mode's row times (its `timing`, PLAN_TIMINGS: an SGD
     step, time_ttt_step; or a LoRA scoring forward and batched step, time_lora_ttt, with the val stream's
     document schedule, eval.plan.lora_work_at) are timed on a fresh model, and eval.plan.plan_ttt_eval picks the
     stride (>= EVAL_STRIDE when EVAL_AUTO_STRIDE, else EVAL_STRIDE), the most epochs <= TTT_EPOCHS (then phases)
@@ -151,31 +151,44 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
             hp.eval_auto_stride and not hp.skip_final_eval) else hp.eval_stride
         return EvalPlan(stride=stride)
     model = GPT(**model_config).to(ctx.device).eval()
-    timings = dict(forward_seconds=time_eval_forward(ctx, model, hp))
-    if TTT_MODES[hp.ttt_mode].timing == "lora":
-        tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
-        timings.update(lora=time_lora_ttt(ctx, model, hp), work_at=lora_work_at(hp, num_val_tokens, ctx.world_size, tokens))
-    else:
-        timings.update(step_seconds=time_ttt_step(ctx, model, hp))
+    measure, describe = PLAN_TIMINGS[TTT_MODES[hp.ttt_mode].timing]
+    timings = dict(forward_seconds=time_eval_forward(ctx, model, hp), **measure(ctx, model, hp, num_val_tokens))
     plan = plan_ttt_eval(hp, timings, num_val_tokens, ctx.world_size)
     projected = "" if plan.projected_seconds is None else f" projected {plan.projected_seconds:.0f}s with the roundtrip"
-    ctx.log(f"ttt_plan: {describe_timings(hp, timings, plan, num_val_tokens)}: stride {plan.stride} epochs {plan.epochs}"
+    ctx.log(f"ttt_plan: {describe(hp, timings, plan, num_val_tokens)}: stride {plan.stride} epochs {plan.epochs}"
             + f" phases {plan.phases}" * bool(plan.phases) + projected + f" (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})"
             + f"; {plan.reason}" * bool(plan.reason))
     return plan
 
 
-def describe_timings(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
+def sgd_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int) -> dict:
+    """An SGD row's plan timings (`timing` "sgd"): one TTT step, time_ttt_step."""
+    return dict(step_seconds=time_ttt_step(ctx, model, hp))
+
+
+def describe_sgd(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
     """The `ttt_plan:` line's measured part: what was timed and the val stream it is projected over."""
-    if "lora" not in timings:
-        return (f"{1000 * timings['forward_seconds']:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
-                f"{1000 * timings['step_seconds']:.1f}ms per TTT step, {num_val_tokens - 1} val targets")
+    return (f"{1000 * timings['forward_seconds']:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
+            f"{1000 * timings['step_seconds']:.1f}ms per TTT step, {num_val_tokens - 1} val targets")
+
+
+def lora_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int) -> dict:
+    """A LoRA row's plan timings (`timing` "lora"): time_lora_ttt and the val stream's schedule (lora_work_at)."""
+    tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
+    return dict(lora=time_lora_ttt(ctx, model, hp), work_at=lora_work_at(hp, num_val_tokens, ctx.world_size, tokens))
+
+
+def describe_lora(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
     (forward_seconds, step_seconds), work = timings["lora"], plan.work
-    return (f"TTT_MODE=lora {1000 * forward_seconds:.1f}ms per scoring forward of "
+    return (f"TTT_MODE={hp.ttt_mode} {1000 * forward_seconds:.1f}ms per scoring forward of "
             f"{timings['work_at'](hp.eval_stride)['windows']}x{hp.train_seq_len}, {1000 * step_seconds:.1f}ms per "
             f"batched adapter step of {hp.ttt_lora_batch_docs}x{hp.train_seq_len}, {num_val_tokens - 1} val targets in "
             f"{work['documents']} documents: {work['rounds']} rounds of TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} "
             f"({work['forwards']} forwards, {work['update_rounds']} with steps)")
+
+
+# what plan_final_eval times and logs for a row's `timing` (eval/ttt_modes.py TTTMode.timing): (measure, describe)
+PLAN_TIMINGS = dict(sgd=(sgd_timings, describe_sgd), lora=(lora_timings, describe_lora))
 
 
 def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:

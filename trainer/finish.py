@@ -21,7 +21,7 @@ from trainer.context import BUNDLE_KIND, RunContext, require_kit
 from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
 from primitives.files import atomic_write_json, sha256_file
 from model.gpt import GPT
-from primitives.settings import UNRECORDED_TTT_MODE, Hyperparameters
+from primitives.settings import Hyperparameters
 
 
 def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
@@ -151,12 +151,12 @@ def ttt_artifact_settings(hp: Hyperparameters, plan: EvalPlan) -> dict:
     """The artifact header's run["ttt"]: the TTT settings the run scores with (`python -m eval score --ttt 1`
     uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
     ARTIFACT_TTT_FIELDS (TTT_CHUNK_TOKENS, ...), eval_batch_seqs (the scoring batch); the stride is the run's
-    eval_stride (the plan's); every mode but UNRECORDED_TTT_MODE adds mode, and its row's own fields (eval/ttt_modes.py;
-    phases: the plan's); chunked artifacts stay byte-identical to those written before modes."""
+    eval_stride (the plan's); with TTT on, a mode whose row is `recorded` (every one but chunked) adds mode, and its row's
+    own fields (eval/ttt_modes.py; phases: the plan's); chunked artifacts stay byte-identical to those written before modes."""
     own = mode_own_settings(hp, plan)
     return dict(enabled=int(hp.ttt_enabled), epochs=plan.epochs, **{f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS},
                 eval_batch_seqs=hp.eval_batch_seqs,
-                **(dict(mode=hp.ttt_mode, **own) if own or hp.ttt_mode != UNRECORDED_TTT_MODE else {}))
+                **(dict(mode=hp.ttt_mode, **own) if own or hp.ttt_enabled and TTT_MODES[hp.ttt_mode].recorded else {}))
 
 
 def ttt_score_command_caveat(tt: dict):

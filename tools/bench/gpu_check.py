@@ -382,6 +382,16 @@ def agreement_rows(ctx, model, hp) -> list:
     return rows
 
 
+# per row `timing` (eval/ttt_modes.py TTTMode.timing, the keys of trainer.evaluate.PLAN_TIMINGS): whether the
+# projection needs batched LoRA timings (trainer.evaluate.time_lora_ttt) and the val split's documents
+TTT_TIMED = dict(sgd=False, lora=True)
+
+
+def timed_as_lora(hp) -> bool:
+    """Whether TTT_MODE's row is planned from a LoRA scoring forward and adapter step (TTT_TIMED), not an SGD step."""
+    return TTT_TIMED[TTT_MODES[hp.ttt_mode].timing]
+
+
 def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_tokens: int, hp,
                        world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, lora_work=None) -> Row:
     """Projected full-val legal TTT eval of TTT_MODE as the trainer plans it (eval.plan.plan_ttt_eval, the
@@ -391,7 +401,7 @@ def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_t
     trainer.evaluate.time_lora_ttt) and lora_work (eval.plan.lora_work_at: the val split's schedule, counted or
     assumed; without timings: "not projected", a WARN "unverified" with TTT_ENABLED). With TTT_ENABLED, WARN when
     the plan cuts epochs or phases, coarsens the stride or skips TTT; without it, information only."""
-    lora = TTT_MODES[hp.ttt_mode].timing == "lora"
+    lora = timed_as_lora(hp)
     if lora and not lora_timings:  # no timings given: nothing to project
         return Row("projected TTT eval", f"TTT_MODE={hp.ttt_mode}: not projected by this check",
                    warn="unverified" * hp.ttt_enabled)
@@ -448,7 +458,7 @@ def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
     recompiles = counters["stats"]["unique_graphs"] - graphs  # before the TTT step, which compiles its own graph
     per_window = result["eval_seconds"] / count_sliding_windows(n, seq_len, 64)
     step = trainer_evaluate.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
-    lora = trainer_evaluate.time_lora_ttt(ctx, model, hp) if TTT_MODES[hp.ttt_mode].timing == "lora" else None
+    lora = trainer_evaluate.time_lora_ttt(ctx, model, hp) if timed_as_lora(hp) else None
     model.train()
     return [Row("eval recompiles", str(recompiles), ok=recompiles == 0),
             Row("sliding eval", f"{1000 * per_window:.2f} ms per window of {seq_len} (batch {b})"),
@@ -531,7 +541,7 @@ def main(argv=None) -> int:
             num_val = VAL_TOKENS_BY_VOCAB.get(hp.vocab_size, VAL_TOKENS_BY_VOCAB[1024])
         train_rows, model, step_ms = training_rows(ctx, hp, GraphCountingLoader(loader), args.steps)
         val = None
-        if TTT_MODES[hp.ttt_mode].timing == "lora" and data_given(hp):  # the documents of the val split the eval scores
+        if timed_as_lora(hp) and data_given(hp):  # the documents of the val split the eval scores
             val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
         rows += train_rows + agreement_rows(ctx, model, hp) + eval_rows(ctx, model, hp, num_val, val)
         if args.micro_batches:
