@@ -49,7 +49,8 @@ from pathlib import Path
 import sentencepiece as spm
 
 from eval.offline import NonFiniteScoreError
-from eval.score_settings import ATTN_BACKENDS, TTT_MODES, resolve_cli_settings, settings_defaults
+from eval.score_settings import ATTN_BACKENDS, TTT_MODES, mode_only_settings, resolve_cli_settings, settings_defaults
+from primitives.domains import field_domain
 from primitives.cli_errors import (USER_ERRORS, ArgumentParser, check_dir, check_file, env_int, parse_number,
                                    protect_console, report_user_error)
 from primitives.settings import UNRECORDED_TTT_MODE, valid_ttt_params
@@ -180,7 +181,12 @@ TTT_SETTINGS = {"ttt_epochs": ("epochs", "TTT_EPOCHS", int, 0), "ttt_chunk_token
                 "ttt_mode": ("mode", "TTT_MODE", str, None), "ttt_phases": ("phases", "TTT_PHASES", int, 1),
                 "ttt_lora_rank": ("lora_rank", "TTT_LORA_RANK", int, 1), "ttt_lora_lr": ("lora_lr", "TTT_LORA_LR", float, 0),
                 "ttt_lora_chunk_tokens": ("lora_chunk_tokens", "TTT_LORA_CHUNK_TOKENS", int, 1),
-                "ttt_lora_batch_docs": ("lora_batch_docs", "TTT_LORA_BATCH_DOCS", int, 1)}
+                "ttt_lora_batch_docs": ("lora_batch_docs", "TTT_LORA_BATCH_DOCS", int, 1),
+                # a mode's own settings (e.g. phased_lora's TTT_PREFIX_DOCS): recorded only by that mode's artifacts
+                **{f.name: (f.name[4:], f.name.upper(), f.type, field_domain(f).low) for f in mode_only_settings()}}
+MODE_ONLY_KEYS = {f.name[4:] for f in mode_only_settings()}
+
+
 def unused_ttt_settings(mode: str) -> set:
     """The TTT_SETTINGS a mode does not read (not described in its `ttt settings:` line): those outside its row's
     fields (eval/ttt_modes.py), besides the epochs, the scoring batch and the mode every mode has."""
@@ -206,8 +212,8 @@ def resolve_ttt_settings(args, meta: dict, log=print, environ=None) -> None:
         ok = isinstance(ttt, dict) and ttt.get("enabled") in (0, 1) and all(
             (isinstance(ttt.get(key), str) and (ttt[key] in TTT_MODES if key == "mode" else valid_ttt_params(ttt[key]))
              if kind is str else type(ttt.get(key)) in (int, kind)
-             and ttt[key] >= minimum and ttt[key] == ttt[key] and ttt[key] != float("inf"))
-            for key, _, kind, minimum in TTT_SETTINGS.values())
+             and (minimum is None or ttt[key] >= minimum) and ttt[key] == ttt[key] and ttt[key] != float("inf"))
+            for key, _, kind, minimum in TTT_SETTINGS.values() if key in ttt or key not in MODE_ONLY_KEYS)
         if not ok:
             raise ValueError(f"artifact {name}: malformed TTT settings {ttt}")
     if not args.ttt:
@@ -226,7 +232,7 @@ def resolve_ttt_settings(args, meta: dict, log=print, environ=None) -> None:
             + ("; the score is the run's only if these match the run's TTT_* settings (its result.json's score_command)"
                if ttt is None else "; a TTT score of its weights, not the run's score (the sliding one)"))
         return
-    taken = [a for a in TTT_SETTINGS if a not in flags]
+    taken = [a for a in TTT_SETTINGS if a not in flags and TTT_SETTINGS[a][0] in ttt]  # a mode's own: if recorded
     for attr in taken:
         setattr(args, attr, ttt[TTT_SETTINGS[attr][0]])
     environ = os.environ if environ is None else environ
@@ -388,6 +394,9 @@ def build_parser() -> ArgumentParser:
                            f"TTT_LORA_{flag.replace('-', '_').upper()} or the PRESET's)")
     score.add_argument("--ttt-params", default=None,
                        help="all | scalars | a regex of parameter names (default TTT_PARAMS or the PRESET's)")
+    for f in mode_only_settings():  # a mode's own settings (e.g. phased_lora's): parsed with their domains
+        score.add_argument("--" + f.name.replace("_", "-"), default=None,
+                           help=f"default {f.name.upper()} or the PRESET's (read by its TTT mode only)")
     score.add_argument("--code", metavar="FILE", default=None,
                        help="the shipped train_gpt.py, for the bytes line (default: one beside the artifact, else "
                             "result.json's bytes_code)")

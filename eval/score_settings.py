@@ -7,7 +7,8 @@ import dataclasses
 import os
 
 from primitives.cli_errors import env_choice, env_float, env_int, parse_number
-from primitives.domains import field_domain
+from primitives.domains import domain_violations, field_domain
+from primitives.env import parse_env_value
 from primitives.presets import DEFAULT_PRESET, PRESETS
 from primitives.settings import Hyperparameters, valid_ttt_params
 
@@ -46,6 +47,34 @@ SHARED_SETTINGS = {
     "ttt_params": ("ttt_params", str, {})}
 
 
+def mode_only_settings() -> tuple:
+    """The TTT_* fields of Hyperparameters that no flag shares (a mode's own, e.g. TTT_PREFIX_DOCS): the CLI
+    reads them as the trainer does, so a row's fields reach `score` without an entry in SHARED_SETTINGS."""
+    shared = {name for name, _, _ in SHARED_SETTINGS.values()}
+    return tuple(f for f in dataclasses.fields(Hyperparameters) if f.name.startswith("ttt_") and f.name not in shared)
+
+
+def resolve_mode_only_settings(args, defaults: Hyperparameters, environ) -> None:
+    """Set args.<field> of each mode_only_settings() field from its flag, else its environment variable (parsed
+    and checked against its declared domain as the trainer does), else the trainer's default; ValueError naming
+    every malformed one (one line)."""
+    values, errors = {}, []
+    for f in mode_only_settings():
+        flag, env = getattr(args, f.name, None), f.name.upper()
+        try:
+            if flag is not None:
+                values[f.name] = parse_env_value(f"--{f.name.replace('_', '-')}", str(flag), f.type)
+            else:
+                values[f.name] = parse_env_value(env, environ[env], f.type) if env in environ else getattr(defaults, f.name)
+        except ValueError as err:
+            errors.append(str(err))
+    found = {k: v for k, v in domain_violations(dataclasses.replace(defaults, **values)).items() if k in values}
+    if errors or found:
+        raise ValueError("; ".join([*errors, *found.values()]))
+    for name, value in values.items():
+        setattr(args, name, value)
+
+
 def resolve_cli_settings(args, environ=None) -> None:
     """Fill the settings of `score` args that no flag gave: the environment variable (the trainer's name), else
     the trainer's default under PRESET (settings_defaults: no default table of the CLI's own); then check each
@@ -53,7 +82,8 @@ def resolve_cli_settings(args, environ=None) -> None:
     args.ttt_flags which TTT settings came from flags (they beat the artifact's; the environment does not)."""
     environ = os.environ if environ is None else environ
     defaults = settings_defaults(environ)
-    args.ttt_flags = [a for a in SHARED_SETTINGS if a.startswith("ttt_") and getattr(args, a) is not None] + [
+    args.ttt_flags = [a for a in [*SHARED_SETTINGS, *(f.name for f in mode_only_settings())]
+                      if a.startswith("ttt_") and getattr(args, a, None) is not None] + [
         "ttt_eval_batch_seqs"] * (args.batch_seqs is not None)
     for attr, (name, kind, limits) in SHARED_SETTINGS.items():
         default, env = getattr(defaults, name), name.upper()
@@ -68,6 +98,7 @@ def resolve_cli_settings(args, environ=None) -> None:
             setattr(args, attr, (env_int if kind is int else env_float)(env, default, environ, **limits))
         else:
             parse_number(f"--{attr.replace('_', '-')}", getattr(args, attr), kind, **limits)
+    resolve_mode_only_settings(args, defaults, environ)
     if args.compile is None:  # the CLI's own: the trainer compiles whenever it runs on CUDA
         args.compile = int(env_choice("EVAL_COMPILE", "1", ("0", "1"), environ))
     if "EVAL_STRIDE" in environ:

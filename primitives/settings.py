@@ -48,7 +48,6 @@ def ttt_modes_apply(*modes: str) -> tuple:
     return f"TTT_ENABLED=1 and TTT_MODE={' or '.join(modes)}", lambda hp: hp.ttt_enabled and hp.ttt_mode in modes
 
 
-TTT_SGD, TTT_CHUNKED, TTT_LORA = ttt_modes_apply("chunked", "phased"), ttt_modes_apply("chunked"), ttt_modes_apply("lora")
 # TTT_MODE=phased_lora (PR #1855's phased TTT, eval/phased_lora.py) reads the SGD settings for its global SGD, the
 # TTT_LORA_* settings for its adapters, TTT_PHASES, and its own (TTT_PREFIX_DOCS, ...)
 TTT_RECORD = ttt_modes_apply("phased_lora")

@@ -219,6 +219,9 @@ def eval_rows() -> list:
                  r"--ttt-lora-rank=0: expected an integer >= 1", setup=WITH_PTZ),
         BadInput(e, "--ttt-lora-batch-docs 0", SCORE + ("--ttt", "1", "--ttt-mode", "lora", "--ttt-lora-batch-docs", "0"),
                  r"--ttt-lora-batch-docs=0: expected an integer >= 1", setup=WITH_PTZ),
+        BadInput(e, "--ttt-lora-alpha 0 (a mode's own setting)",
+                 SCORE + ("--ttt", "1", "--ttt-mode", "phased_lora", "--ttt-lora-alpha", "0"),
+                 r"TTT_LORA_ALPHA=0.0: expected a finite number > 0", setup=WITH_PTZ),
     ]
 
 

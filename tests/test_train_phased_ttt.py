@@ -53,3 +53,26 @@ def test_the_phased_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
     assert plan == dict(stride=16, ttt_epochs=0, ttt_phases=3) and "TTT skipped: 1 epoch of 2 phases" in lines[-1]
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, ttt_mode="phased", ttt_phases=1, ttt_epochs=1)
     assert plan["ttt_epochs"] == 0 and "TTT_PHASES=1 scores the whole stream before any update" in lines[-1]
+
+
+# PR #1855's form (TTT_MODE=phased_lora) at toy sizes: its own settings (TTT_PREFIX_DOCS, TTT_LORA_ALPHA, ...) reach
+# the artifact and come back from it in `python -m eval score --ttt 1`, which has flags for them
+PHASED_LORA_ENV = dict(TTT_ENABLED=1, TTT_MODE="phased_lora", TTT_PHASES=2, TTT_EPOCHS=1, TTT_BATCH_SEQS=8, TTT_LR=0.01,
+                       TTT_PREFIX_DOCS=4, TTT_LORA_RANK=4, TTT_LORA_BATCH_DOCS=4, TTT_LORA_CHUNK_TOKENS=64,
+                       TTT_LORA_ALPHA=8, TTT_LORA_MLP=0)
+
+
+@pytest.mark.slow
+def test_trainer_phased_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_dataset, sp1024_model, tmp_path):
+    env, proc, result = run_to_done(tiny_dataset, sp1024_model, tmp_path, "plora", **PHASED_LORA_ENV)
+    assert result["ttt_mode"] == "phased_lora" and result["ttt_updates"] > 0, proc.stdout[-3000:]
+    recorded = load_artifact(tmp_path / "plora" / "final_model.ptz")[2]["run"]["ttt"]
+    assert (recorded["mode"], recorded["prefix_docs"], recorded["lora_alpha"], recorded["lora_mlp"]) == (
+        "phased_lora", 4, 8.0, False)
+    hp = Hyperparameters.from_env(env, log=lambda *_: None)
+    command = score_command(hp, tmp_path / "plora" / "final_model.ptz",
+                            EvalPlan(stride=result["eval_stride"], epochs=result["ttt_epochs"], phases=result["ttt_phases"]))
+    assert " --ttt-prefix-docs 4 " in command and " --ttt-lora-mlp False" in command
+    assert_cli_scores_as_the_trainer(
+        command, env, result, r"^ttt settings: from the artifact .*TTT_PREFIX_DOCS=4 .*TTT_LORA_MLP=False.*; from flags ",
+        r"updates:(\d+)")

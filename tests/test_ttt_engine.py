@@ -172,12 +172,13 @@ def test_the_settings_name_exactly_the_registry_modes():
 
 
 @pytest.mark.parametrize("environ", [{}, {"PRESET": "smoke"}, {"PRESET": "smoke", "EVAL_BATCH_SEQS": "8", "TTT_LR": "0.5",
-                                                              "TTT_MODE": "lora", "EVAL_AUTO_STRIDE": "1"}])
+                                                              "TTT_MODE": "lora", "EVAL_AUTO_STRIDE": "1"},
+                                     {"PRESET": "8xh100-pr1855", "TTT_PREFIX_DOCS": "7", "TTT_LORA_K": "0"}])
 def test_the_eval_cli_and_the_trainer_resolve_the_same_settings(environ):
     """`python -m eval score` with no flag resolves every setting it shares with the trainer as
     Hyperparameters.from_env does (the same environment variables, the same defaults under PRESET)."""
     from eval.__main__ import build_parser
-    from eval.score_settings import SHARED_SETTINGS, resolve_cli_settings
+    from eval.score_settings import SHARED_SETTINGS, mode_only_settings, resolve_cli_settings
 
     args = build_parser().parse_args(["score", "--artifact", "a.ptz", "--data-path", "d", "--tokenizer", "t.model"])
     resolve_cli_settings(args, environ)
@@ -186,5 +187,26 @@ def test_the_eval_cli_and_the_trainer_resolve_the_same_settings(environ):
     for attr, (name, _, _) in SHARED_SETTINGS.items():
         trainer = getattr(hp, name)
         assert getattr(args, attr) == (int(trainer) if isinstance(trainer, bool) else trainer), (attr, environ)
+    for f in mode_only_settings():  # a mode's own settings (no flag): the same variables and defaults
+        assert getattr(args, f.name) == getattr(hp, f.name), (f.name, environ)
+    if "TTT_PREFIX_DOCS" in environ:
+        assert args.ttt_prefix_docs == 7 and args.ttt_lora_k is False and args.ttt_mode == "phased_lora"
     if "EVAL_BATCH_SEQS" in environ:
         assert args.batch_seqs == 8 and args.ttt_lr == 0.5 and args.ttt_mode == "lora" and args.auto_stride == 1
+
+
+@pytest.mark.parametrize("flags, environ, named", [
+    ([], {"TTT_PREFIX_DOCS": "-1"}, "TTT_PREFIX_DOCS=-1: expected a whole number >= 0"),
+    (["--ttt-lora-alpha", "0"], {}, "TTT_LORA_ALPHA=0.0: expected a finite number > 0"),
+    (["--ttt-lora-k", "maybe"], {}, "--ttt-lora-k")])
+def test_the_eval_cli_checks_a_modes_own_settings_as_the_trainer(flags, environ, named):
+    """A mode's own setting (no SHARED_SETTINGS entry: phased_lora's TTT_PREFIX_DOCS, ...) is checked against its
+    declared domain, from a flag or the environment, in one line naming it."""
+    from eval.__main__ import build_parser
+    from eval.score_settings import resolve_cli_settings
+
+    args = build_parser().parse_args(["score", "--artifact", "a.ptz", "--data-path", "d", "--tokenizer", "t.model",
+                                      *flags])
+    with pytest.raises(ValueError, match=re.escape(named)) as err:
+        resolve_cli_settings(args, environ)
+    assert "\n" not in str(err.value)
