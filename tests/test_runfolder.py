@@ -224,3 +224,20 @@ def test_a_train_log_that_stops_being_writable_mid_run_only_warns(tmp_path, caps
     assert log.lines == ["step:0\n", "step:1\n"] and log.closed and run.log_file is None
     assert out.splitlines() == ["step:0", "step:1", "step:2", "step:3"]  # the console keeps every line
     assert err == "WARNING: train.log: cannot write (File too large): the rest of the log is on the console only\n"
+
+
+@pytest.mark.parametrize("status, said", [("ok", "holds a finished run"),
+                                          ("nonfinite_sliding", "holds a run that ended with status 'nonfinite_sliding'"),
+                                          ("error", "holds a run that ended with status 'error'")])
+def test_a_kept_run_folder_is_refused_naming_how_that_run_ended(tmp_path, status, said):
+    """A RUN_ID whose folder holds a result is refused before anything is written; a failed run's folder is
+    not called finished: the line names its status."""
+    from trainer.runfolder import check_run_folder
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text(json.dumps({"status": status}))
+    hp = Hyperparameters(out_dir=str(tmp_path), run_id="r")
+    with pytest.raises(ValueError, match=re.escape(f"RUN_ID='r': {run_dir} {said} (result.json); expected a new RUN_ID")):
+        check_run_folder(hp)
+    assert sorted(p.name for p in run_dir.iterdir()) == ["result.json"]

@@ -66,7 +66,9 @@ def check_run_folder(hp: Hyperparameters) -> str:
         raise ValueError(f"RUN_ID={hp.run_id!r}: {run_dir} is a file; expected a run folder")
     finished = [n for n in FINISHED_MARKS if (run_dir / n).exists()]
     if finished and not hp.resume:
-        raise ValueError(f"RUN_ID={hp.run_id!r}: {run_dir} holds a finished run ({', '.join(finished)}); expected a new "
+        status = read_json(run_dir / "result.json").get("status", "ok")  # a failed run is kept too: say how it ended
+        what = "a finished run" if status == "ok" else f"a run that ended with status {status!r}"
+        raise ValueError(f"RUN_ID={hp.run_id!r}: {run_dir} holds {what} ({', '.join(finished)}); expected a new "
                          "RUN_ID (or RESUME=1 to finish an interrupted run)")
     if not hp.resume:
         return ""
