@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from eval.bpb import count_scored_bytes
 from eval.record_lora import RECORD_LORA_KINDS, RECORD_LORA_SEED, RecordLoRA, record_lora_nll
-from eval.ttt import select_ttt_params
+from eval.ttt import reduce_clip_step, select_ttt_params
 from eval.ttt_engine import Schedule, Scorer
 
 # the packed train_gpt.py holds this module only for runs with the record's phased LoRA TTT (kit/bundle_when.py)
@@ -245,18 +245,9 @@ class PhasedLoRAUpdater(Scorer):
                 with torch.enable_grad(), torch.autocast(r.tokens.device.type, r.autocast_dtype,
                                                          enabled=r.autocast_dtype is not None):
                     loss = self.model(stream[lo:hi - 1][None], stream[lo + 1:hi][None])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if dist.is_initialized():
-                    for p in self.chosen:
-                        if p.grad is not None:
-                            dist.all_reduce(p.grad)
-                            p.grad.div_(r.world_size)
-                if cfg["grad_clip"] > 0:
-                    torch.nn.utils.clip_grad_norm_(self.chosen, cfg["grad_clip"])
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                optimizer.step()
+                (loss / r.world_size).backward()  # the ranks' mean gradient after the all-reduce's sum
+                reduce_clip_step(optimizer, self.chosen, lr=lr, grad_clip=cfg["grad_clip"],
+                                 distributed=dist.is_initialized())
                 first, last = ci * cfg["chunk_tokens"], min((ci + 1) * cfg["chunk_tokens"], len(stream) - 1) + 1
                 yield [sched.docs[d] for d, end, size in zip(chosen_docs, ends, map(len, pieces))
                        if end > first and end - size < last]

@@ -172,6 +172,12 @@ def sgd_step(train_fwd, optimizer, chosen, tokens, batch, *, seq_len, rank, worl
     with torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
         loss = train_fwd(tokens[mine[:, :-1]], tokens[mine[:, 1:]])
     (loss * (len(mine) / len(batch))).backward()
+    reduce_clip_step(optimizer, chosen, lr=lr, grad_clip=grad_clip, distributed=distributed)
+
+
+def reduce_clip_step(optimizer, chosen, *, lr, grad_clip, distributed) -> None:
+    """The SGD step after a backward: the ranks' gradients of `chosen` summed in one all-reduce (each rank
+    scales its loss to its share), grad-norm clip (0: none), the step at lr, gradients cleared."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in chosen]
     if distributed:
         flat = torch.cat([g.flatten() for g in grads])
