@@ -13,13 +13,10 @@ pytestmark = pytest.mark.skipif(not PR1855_SCRIPT.is_file(), reason="needs ../sh
 SIX_STEPS = {"ITERATIONS": "6", "MAX_WALLCLOCK_SECONDS": "0"}  # run fraction = step / 6: loops on at step 4
 
 
-def models(float64: bool = False, **env):
+def models(**env):
     module = import_script(PR1855_SCRIPT)
     hp = toy_settings(**SIX_STEPS, **env)
     kit = kit_model(hp, noise=0.05)
-    if float64:
-        kit = kit.double()
-        return module, hp, kit, record_model(module, kit, hp).double()
     return module, hp, kit, record_model(module, kit, hp)
 
 
@@ -32,7 +29,7 @@ def test_the_optimizers_equal_the_records_on_the_same_gradients():
     WD 0.085), WD, the LR and momentum schedules and the EMA: 6 steps from the same gradients, bit for bit (the
     kit's AdamW fused, as on CUDA). Without clipping: the two models sum the squares of the total norm in another
     order (banks against matrices), which moves the clipped gradients by 1e-7 and Muon's bf16 momentum by whole
-    bf16 steps (clipping: the float64 test)."""
+    bf16 steps (clipping: the float32 test)."""
     module, hp, kit, record = models(GRAD_CLIP_NORM="0")
     gen = torch.Generator().manual_seed(1)
     grads = [{n: torch.randn(p.shape, generator=gen) * 0.05 for n, p in kit.named_parameters()} for _ in range(6)]
@@ -40,12 +37,12 @@ def test_the_optimizers_equal_the_records_on_the_same_gradients():
     assert max(r["params"] for r in rows) == 0.0 and max(r["ema"] for r in rows) == 0.0, rows
 
 
-def test_six_training_steps_with_every_optimizer_equal_the_records_with_bf16_lifted():
-    """The issue's stage: the models' own gradients, Muon, both AdamW groups, WD, clipping, the LR and momentum
-    schedules, the loop switching on at step 4, the EMA; in float64 with both Muons' bf16 casts lifted to float64
-    (bf16_lifted: the bf16 rounding is the previous test's, bit for bit). Every parameter within 1e-4 after each
-    step (measured 7.4e-7: what is left in float32 is the record's loss and both rotary tables)."""
-    module, hp, kit, record = models(float64=True)
+def test_six_training_steps_with_every_optimizer_equal_the_records_in_float32():
+    """The issue's stage in float32: the models' own gradients, Muon, both AdamW groups, WD, clipping 0.3, the LR
+    and momentum schedules, the loop switching on at step 4, the EMA; both Muons' bf16 casts lifted to the models'
+    float32 (bf16_lifted: the bf16 rounding is the previous test's, bit for bit). Every parameter within 1e-4 after
+    each step (measured 1.8e-5 .. 1.9e-5, the sparse gate's AdamW; EMA 4.5e-7)."""
+    module, hp, kit, record = models()
     with bf16_lifted():
         rows = compare_steps(module, kit, record, hp, batch_backwards(module, kit, record, six_batches(hp)))
     assert [r["looping"] for r in rows] == [r["record_looping"] for r in rows] == [False] * 3 + [True] * 3
@@ -58,15 +55,6 @@ def test_the_records_bf16_muon_moves_itself_past_the_bound_from_a_last_bit():
     module, hp, kit, _ = models()
     rows = record_self_spread(module, kit, hp, six_batches(hp), 1.2e-7)
     assert max(r["params"] for r in rows) > 1e-3, rows
-
-
-def test_six_training_steps_equal_the_records_where_muon_leaves_the_matrices():
-    """The models' own gradients, 6 steps with the loop switching on at step 4 on both sides; MATRIX_LR=0, because
-    Muon's bf16 momentum turns float32 gradient differences of 1e-5 into bf16 rounding flips (docs/parity.md)."""
-    module, hp, kit, record = models(MATRIX_LR="0")
-    rows = compare_steps(module, kit, record, hp, batch_backwards(module, kit, record, six_batches(hp)))
-    assert [r["looping"] for r in rows] == [r["record_looping"] for r in rows] == [False] * 3 + [True] * 3
-    assert max(r["params"] for r in rows) <= 1e-4 and max(r["ema"] for r in rows) <= 1e-4, rows
 
 
 def test_the_comparison_sees_the_torch_muon_form():

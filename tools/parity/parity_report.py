@@ -6,6 +6,7 @@ CPU, float32, PRESET=8xh100-pr1855 at parity_models.TOY_ENV's widths. Exits 2 wi
 record's folder is missing.
 """
 
+import contextlib
 import sys
 
 import torch
@@ -14,7 +15,7 @@ from primitives.cli_errors import USER_ERRORS, check_file, report_user_error
 from tools.parity.parity_config import log_mismatches, read_log_hyperparameters
 from tools.parity.parity_models import (PR1855_SCRIPT, compare_forward, kit_model, packed_batch, record_model,
                                         toy_settings)
-from tools.parity.parity_train import batch_backwards, compare_steps, gradient_backwards
+from tools.parity.parity_train import batch_backwards, bf16_lifted, compare_steps, gradient_backwards
 from tools.parity.standins import import_script
 
 DOC_STARTS = ([0, 10, 30, 31, 50], [5, 40])
@@ -40,9 +41,9 @@ def main() -> int:
         print(f"forward looping={'on' if looping else 'off'}: logits max|diff| {d['logits']:.2e}, "
               f"loss |diff| {d['loss']:.2e}, gradients max rel {d['grad']:.2e}")
     six = {"ITERATIONS": "6", "MAX_WALLCLOCK_SECONDS": "0"}
-    for label, env, from_batches in (("same gradients, no clipping", {"GRAD_CLIP_NORM": "0"}, False),
-                                     ("model gradients, MATRIX_LR=0", {"MATRIX_LR": "0"}, True),
-                                     ("model gradients, every optimizer on", {}, True)):
+    for label, env, from_batches, lift in (("same gradients, no clipping", {"GRAD_CLIP_NORM": "0"}, False, False),
+                                           ("model gradients, float32, bf16 lifted", {}, True, True),
+                                           ("model gradients, bf16 (a measurement)", {}, True, False)):
         hp = toy_settings(**six, **env)
         kit = kit_model(hp, noise=0.05)
         record = record_model(module, kit, hp)
@@ -53,7 +54,8 @@ def main() -> int:
             gen = torch.Generator().manual_seed(1)
             grads = [{n: torch.randn(p.shape, generator=gen) * 0.05 for n, p in kit.named_parameters()} for _ in range(6)]
             backwards = gradient_backwards(kit, record, grads)
-        rows = compare_steps(module, kit, record, hp, backwards)
+        with bf16_lifted() if lift else contextlib.nullcontext():
+            rows = compare_steps(module, kit, record, hp, backwards)
         print(f"6 steps, {label}: params max rel per step " + " ".join(f"{r['params']:.1e}" for r in rows)
               + f"; EMA {max(r['ema'] for r in rows):.1e}; loop on from step "
               + str(next(r['step'] for r in rows if r['looping'])))

@@ -11,9 +11,10 @@ Both Muons round the gradient to bfloat16 before their momentum and run Newton-S
 first Polar Express steps multiply small singular directions by up to 8x each: a float32 gradient that
 differs in its last bit flips bf16 roundings, and the flips move the update by whole percents. So the two
 models' float32 gradients (equal to 2.7e-5, not bit for bit) cannot give parameters equal to 1e-4 after a
-Muon step, and neither does the record against itself (record_self_spread). `bf16_lifted()` runs both
-sides' bfloat16 steps at the models' float64 instead: every other op (momentum, Nesterov, row normalization,
-Polar Express, WD, schedules, clipping, loop switch, EMA) as it is, the comparison then free of the rounding.
+bf16 Muon step, and neither does the record against itself (record_self_spread). `bf16_lifted()` runs both
+sides' bfloat16 casts at the models' own float32 (or float64) instead, without editing either side: every
+other op (momentum, Nesterov, row normalization, Polar Express, WD, schedules, clipping, loop switch, EMA) as
+it is, the comparison then free of the bf16 rounding (which the same-gradients comparison checks bit for bit).
 """
 
 import contextlib
@@ -65,13 +66,13 @@ def record_step(record, optimizers, ema_state: dict, h, step: int, backward) -> 
 
 @contextlib.contextmanager
 def bf16_lifted():
-    """Inside: Tensor.bfloat16() returns a float64 tensor unchanged (other dtypes as before), so both Muons run
-    their bf16 casts at float64 when the models and gradients are float64 (the record's Muon and the kit's
-    MUON_FORM=records both round through .bfloat16()). Restored on exit."""
+    """Inside: Tensor.bfloat16() returns a float32 or float64 tensor unchanged (other dtypes as before), so both
+    Muons run their bf16 casts at the models' float32 (or float64): the record's Muon and the kit's
+    MUON_FORM=records both round only through .bfloat16(). Restored on exit."""
     real = torch.Tensor.bfloat16
 
     def lifted(self, *args, **kwargs):
-        return self if self.dtype == torch.float64 else real(self, *args, **kwargs)
+        return self if self.dtype in (torch.float32, torch.float64) else real(self, *args, **kwargs)
 
     torch.Tensor.bfloat16 = lifted
     try:
