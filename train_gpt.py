@@ -27,7 +27,8 @@ from quant.fit import fit_policy
 from eval.plan import EvalPlan
 from quant.policy import QuantPolicy
 from model.attention import resolve_attention_backend
-from model.fused_loss import fused_loss_active, resolve_loss_kernel
+from model.fused_loss import resolve_loss_kernel
+from model.softcap_loss import fused_loss_active, use_plain_loss
 from trainer.checks import check_inputs
 from trainer.context import BUNDLE_KIND, RunContext, check_packed_for, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
@@ -51,7 +52,10 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
     model = GPT(**config).to(ctx.device)
     model.init_weights(hp.tied_embed_init_std)
     attn_backend = resolve_attention_backend(hp.attn_backend, ctx.device, ctx.log, hp.model_dim // hp.num_heads)
-    resolve_loss_kernel(hp.loss_kernel, ctx.device, ctx.log)  # logs loss:liger or loss:torch
+    if hp.loss_kernel == "liger":  # model/fused_loss.py: a record's train_gpt.py holds it only for liger
+        resolve_loss_kernel(hp.loss_kernel, ctx.device, ctx.log)  # logs loss:liger
+    else:
+        use_plain_loss(ctx.log)  # logs loss:torch
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     scale = hp.quant_estimate_scale  # bits before QAT, on the estimate scaled as the preset measured
     policy = fit_policy(QuantPolicy.from_env(log=ctx.log), shapes, hp.byte_budget - code_bytes, log=ctx.log,

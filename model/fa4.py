@@ -5,12 +5,15 @@ scale 1/sqrt(D), called as flash_attn.cute.interface.FlashAttnFunc calls _flash_
 q [B, T, H, D], k/v [B, Tk, Hkv, D] fp16/bf16, one dtype, H % Hkv == 0 (query head h reads KV head h // (H // Hkv));
 out [B, T, H, D] in q's dtype, lse float32 [B, H, T] (natural-log sum of exps of the scaled scores).
 On CUDA the FA4 kernels run (imported once, on first use); elsewhere the twin computes the same math in float32
-(its backward recomputes P from lse, as a flash backward does). Both assert FA4's checks first (AssertionError).
+(its backward recomputes P from lse, as a flash backward does; the package's only: a record's train_gpt.py, which
+takes FA4 on CUDA alone, does not carry it). Both assert FA4's checks first (AssertionError).
 """
 
 import math
 
 import torch
+
+from primitives.env import BUNDLE_KIND
 
 # the packed train_gpt.py holds FA4 only for runs that may pick it (kit/bundle_when.py)
 PACKED_WHEN = "ATTN_BACKEND in ('auto', 'fa4')"
@@ -74,11 +77,17 @@ def _scores(q, k):
 def fa4_fwd(q, k, v):
     # CUDA: FA4 asserts its contract itself (the fake checks it while torch.compile traces); return_lse=True, as
     # inside a compiled graph q has no requires_grad and FA4 would not compute the lse the backward needs
-    if q.is_cuda:
-        out, lse = load()._flash_attn_fwd(q, k, v, softmax_scale=None, causal=True, window_size_left=None,
-                                          window_size_right=None, softcap=0.0, num_splits=1, pack_gqa=None,
-                                          return_lse=True)[:2]
-        return out.contiguous(), lse.contiguous()
+    if BUNDLE_KIND == "package":  # the twin is the package's (tests, benches): a run takes FA4 on CUDA only
+        if not q.is_cuda:
+            return _twin_fwd(q, k, v)
+    out, lse = load()._flash_attn_fwd(q, k, v, softmax_scale=None, causal=True, window_size_left=None,
+                                      window_size_right=None, softcap=0.0, num_splits=1, pack_gqa=None,
+                                      return_lse=True)[:2]
+    return out.contiguous(), lse.contiguous()
+
+
+def _twin_fwd(q, k, v):
+    """pgkit::fa4_fwd's CPU kernel: FA4's math in float32."""
     _check(q, k, v)
     with torch.autocast(q.device.type, enabled=False):  # the twin's float32 math, also inside an autocast region
         _, _, s, _ = _scores(q, k)
@@ -97,10 +106,16 @@ def _fa4_fwd_fake(q, k, v):
 @torch.library.custom_op("pgkit::fa4_bwd", mutates_args=(),
                          schema="(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse) -> (Tensor, Tensor, Tensor)")
 def fa4_bwd(dout, q, k, v, out, lse):
-    if q.is_cuda:
-        grads = load()._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=True, softcap=0.0,
-                                       window_size_left=None, window_size_right=None, deterministic=False)
-        return tuple(x.contiguous() for x in grads[:3])
+    if BUNDLE_KIND == "package":  # the twin (fa4_fwd)
+        if not q.is_cuda:
+            return _twin_bwd(dout, q, k, v, out, lse)
+    grads = load()._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=True, softcap=0.0,
+                                   window_size_left=None, window_size_right=None, deterministic=False)
+    return tuple(x.contiguous() for x in grads[:3])
+
+
+def _twin_bwd(dout, q, k, v, out, lse):
+    """pgkit::fa4_bwd's CPU kernel: FA4's backward in float32, P recomputed from lse."""
     _check(q, k, v, out, dout, lse)
     # P = exp(S - lse); dV = P^T dO; dS = P (dO V^T - rowsum(dO * O)); dQ = dS K scale; dK = dS^T Q scale
     g = q.size(2) // k.size(2)

@@ -19,8 +19,11 @@ import math
 
 import torch
 
+from model.softcap_loss import _FUSED_LOSS, fused_loss_active  # noqa: F401 (fused_loss_active: this module's API too)
+
+# the packed train_gpt.py holds the fused loss only for runs that ask for it (kit/bundle_when.py): auto is torch
+PACKED_WHEN = "LOSS_KERNEL == 'liger'"
 LOSS_KERNELS = ("auto", "liger", "torch")
-_FUSED_LOSS = []  # [True] while resolve_loss_kernel chose liger: GPT.forward then calls linear_softcap_cross_entropy
 
 
 def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
@@ -71,11 +74,6 @@ def resolve_loss_kernel(requested: str, device: torch.device, log=print) -> str:
     _FUSED_LOSS[:] = [True] * (name == "liger")
     log(f"loss:{name}")
     return name
-
-
-def fused_loss_active(device: torch.device) -> bool:
-    """True when the fused loss is chosen; never on meta (FLOP counting sees the plain loss's matmuls)."""
-    return bool(_FUSED_LOSS) and device.type != "meta"
 
 
 def _check_contract(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float) -> None:

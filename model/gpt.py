@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from primitives.rowquant import fake_quantize_per_row
 from model.attention import DocSegments, attention, doc_segments
 from model.attn_ops import apply_partial_rope, qk_norm_rope  # noqa: F401 (apply_partial_rope: model.gpt's API)
-from model.fused_loss import fused_loss_active, fused_softcap_op, linear_softcap_cross_entropy, linear_softcap_nll
-from model.softcap_loss import head_softcap_cross_entropy
+from model.fused_loss import fused_softcap_op, linear_softcap_cross_entropy, linear_softcap_nll
+from model.softcap_loss import fused_loss_active, head_softcap_cross_entropy
 from model.stack import PARALLEL_FINAL_LANES, block_input_norm, run_stack
 from primitives.settings import Hyperparameters
 
@@ -112,7 +112,7 @@ class CastedLinear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__(in_features, out_features, bias=False)
-        self.qat_bits, self.qat_on = 0, False
+        self.qat_bits, self.qat_on, self.qat_clip = 0, False, 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight_as(x.dtype))
@@ -122,7 +122,7 @@ class CastedLinear(nn.Linear):
         row_scale [out] (float32 math) when given."""
         w = self.weight
         if self.qat_bits and self.qat_on:
-            w = fake_quantize_per_row(w, self.qat_bits)
+            w = fake_quantize_per_row(w, self.qat_bits, self.qat_clip)
         if row_scale is not None:
             w = w * row_scale.to(w.dtype)[:, None]
         return w.to(dtype)
@@ -296,7 +296,8 @@ class GPT(nn.Module):
 
         QAT rounds per row at max-abs, the rule of the export without GPTQ (bit for bit). With
         QUANT_GPTQ=1 the export rounds with error feedback instead: QAT then trains the weights for
-        the grid and scale the artifact uses, not for its exact rounding. With QUANT_GPTQ=1,
+        the grid and scale the artifact uses, not for its exact rounding. QUANT_BASELINE_CLIP: QAT and export both
+        round with PR #1617's baseline rule (primitives/rowquant.py quantize_per_row_baseline). With QUANT_GPTQ=1,
         `gptq_hessians` becomes {} and train() fills it with calibration Hessians for the export.
         """
         self.gptq_hessians = {} if policy.gptq else None
@@ -304,7 +305,7 @@ class GPT(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, CastedLinear) and name.startswith("blocks."):
                 bits = policy.bits_for(f"{name}.weight", tuple(module.weight.shape))
-                module.qat_bits = int(bits or 0)
+                module.qat_bits, module.qat_clip = int(bits or 0), policy.baseline_clip
                 chosen[f"{name}.weight"] = module.qat_bits
         return chosen
 

@@ -13,6 +13,23 @@ exact for a power of two.
 import torch
 import torch.nn.functional as F
 
+_FUSED_LOSS = []  # [True] while LOSS_KERNEL=liger chose model/fused_loss.py's op (its resolve_loss_kernel)
+
+
+def fused_loss_active(device: torch.device) -> bool:
+    """True when LOSS_KERNEL chose the fused loss (GPT.forward then calls model/fused_loss.py's op); never on meta
+    (FLOP counting sees the plain loss's matmuls). Here, not in model/fused_loss.py: a record's train_gpt.py holds
+    that module only for LOSS_KERNEL=liger."""
+    return bool(_FUSED_LOSS) and device.type != "meta"
+
+
+def use_plain_loss(log=print) -> str:
+    """LOSS_KERNEL auto or torch (auto is torch, model/fused_loss.py has the measurement): GPT.forward takes the
+    plain loss process-wide; logs "loss:torch", as model/fused_loss.py resolve_loss_kernel does for these values."""
+    _FUSED_LOSS.clear()
+    log("loss:torch")
+    return "torch"
+
 
 class _HeadSoftcapCE(torch.autograd.Function):
     @staticmethod

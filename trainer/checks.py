@@ -95,7 +95,8 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     if check_val_bytes(hp.data_path, sp, hp.tokenizer_path, inputs["tokenizer_sha256"])["val_byte_count"] == BYTE_COUNT_SIDECAR:
         inputs["val_byte_count"] = BYTE_COUNT_SIDECAR  # CaseOps data: scored on its byte sidecar (a resume keeps it)
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
-    choose_loss_kernel(hp.loss_kernel, ctx.device)  # LOSS_KERNEL=liger without CUDA or liger_kernel: refused here
+    if hp.loss_kernel == "liger":  # without CUDA or liger_kernel, or failing its check: refused here (auto is torch)
+        choose_loss_kernel(hp.loss_kernel, ctx.device)
     if hp.ttt_enabled and hp.ttt_batch_seqs % ctx.world_size:
         raise ValueError(f"TTT_BATCH_SEQS={hp.ttt_batch_seqs}: expected a multiple of the world size {ctx.world_size} "
                          "(each rank trains on an equal share of a TTT batch)")
