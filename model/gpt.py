@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from primitives.env import BUNDLE_KIND
 from primitives.rowquant import fake_quantize_per_row
 from model.attention import DocSegments, attention, doc_segments
 from model.attn_ops import apply_partial_rope, qk_norm_rope  # noqa: F401 (apply_partial_rope: model.gpt's API)
@@ -247,8 +248,9 @@ class GPT(nn.Module):
                  num_loops=0, loop_start=3, loop_end=5, doc_packed_attention=False, ln_scale=False,
                  skip_gates_enabled=False, parallel_start_layer=0, parallel_final_lane="mean"):
         super().__init__()
-        if parallel_final_lane not in PARALLEL_FINAL_LANES:
-            raise ValueError(f"parallel_final_lane={parallel_final_lane!r}: expected one of {PARALLEL_FINAL_LANES}")
+        if BUNDLE_KIND == "package":  # a record's file: PARALLEL_FINAL_LANE's choices refuse it with the settings
+            if parallel_final_lane not in PARALLEL_FINAL_LANES:
+                raise ValueError(f"parallel_final_lane={parallel_final_lane!r}: expected one of {PARALLEL_FINAL_LANES}")
         activation = mlp_activation
         self.logit_softcap, self.gptq_hessians = logit_softcap, None
         self.tok_emb = nn.Embedding(vocab_size, model_dim)

@@ -5,6 +5,7 @@ Validation tokens are never read here: only the evaluators load them (trainer/fi
 
 import torch
 
+from primitives.env import BUNDLE_KIND
 from shards.format import list_shards, load_data_shard, read_shard_header
 
 
@@ -13,8 +14,9 @@ class DistributedTokenLoader:
 
     `next_batch` takes one span of local_tokens + 1 tokens per rank (official layout), so world size
     W with accumulation A sees the same tokens in the same order as 1 rank with W*A micro steps: DDP
-    and grad accumulation are interchangeable. Every shard header is validated up front and each
-    shard's ids against `vocab_size` when it is loaded (ValueError naming the file). The position
+    and grad accumulation are interchangeable. Every shard header is validated up front and, in the package, each
+    shard's ids against `vocab_size` when it is loaded (ValueError naming the file; a record's train_gpt.py has
+    checked every train shard's ids before the clock, trainer/checks.py check_train_tokens). The position
     (`shard_index`, `offset`) is checkpointable through `seek`. `opened` is the set of shard paths
     loaded so far (warmup steps included): the evidence for compliance.val_not_seen_in_training.
     """
@@ -31,9 +33,10 @@ class DistributedTokenLoader:
         if shard_index != self.shard_index:
             self.opened.add(self.files[shard_index])
             self.tokens = load_data_shard(self.files[shard_index])
-            top = int(self.tokens.numpy().max()) if self.tokens.numel() else 0
-            if top >= self.vocab_size:
-                raise ValueError(f"{self.files[shard_index]}: token id {top} >= VOCAB_SIZE={self.vocab_size}")
+            if BUNDLE_KIND == "package":  # a record's file checks every train shard's ids before the clock only
+                top = int(self.tokens.numpy().max()) if self.tokens.numel() else 0  # (trainer/checks.py)
+                if top >= self.vocab_size:
+                    raise ValueError(f"{self.files[shard_index]}: token id {top} >= VOCAB_SIZE={self.vocab_size}")
         self.shard_index, self.offset = shard_index, offset
 
     def take(self, n: int) -> torch.Tensor:
