@@ -20,8 +20,10 @@ Evidence, per preset:
   the Gaussian ones the estimate is calibrated on). Data: `prepare_data.py fineweb --variant sp8192
   --repo-id kevclark/parameter-golf`.
 - 1xh100-sp4096: PR #1617's sp4096 runs: 8 layers, XSA on the last 2, QK gain 3, lr 0.032; 3 seeds
-  1.2192 (1,771-1,772 steps at 339 ms, 15.91 MB with int6 attention / int8 MLP + zlib; estimate
-  scale 15,859,640 / 17,874,710 = 0.89).
+  1.2192 (1,771-1,772 steps at 339 ms, 15.91 MB with int6 attention / int8 MLP + zlib). Its Muon arithmetic
+  (MUON_FORM=classic) and its quantizer (PRESET_QUANT: int8 rows at its clip quantile and scale floor, int6 for the
+  attention of blocks 0-2, its late QAT alike; estimate scale 15,867,412 / 18,852,250 = 0.84), shown equal to its
+  script in tools/parity/ (docs/parity.md).
 - 1xh100: the earlier single-H100 reference run (PR #1559, sp1024): 8 layers, XSA last 2, QK gain 1.5,
   Muon lr 0.032 momentum 0.92 -> 0.99 over 1,500 of ~2,000 steps, grad clip 0.3, EMA 0.997 (horizon
   333 steps = 1/6 of the run), warmdown 50%, QAT 10%, 1.2498.
@@ -83,7 +85,10 @@ PRESETS = {
     "1xh100-sp4096": {
         "data_path": "./data/datasets/fineweb10B_sp4096", "tokenizer_path": "./data/tokenizers/fineweb_4096_bpe.model",
         "vocab_size": 4096, "num_layers": 8, "xsa_last_n": 2, "qk_gain_init": 3.0, "matrix_lr": 0.032, "scalar_lr": 0.032,
-        "expected_steps": 1772, "muon_momentum_warmup_frac": 500 / 1772, "quant_estimate_scale": 0.89},
+        "expected_steps": 1772, "muon_momentum_warmup_frac": 500 / 1772,
+        # its seed-42 model bytes (int6 / int8 rows + zlib) over quant/estimate.py's figure for its quantizer (below)
+        "quant_estimate_scale": 15_867_412 / 18_852_250,
+        "muon_form": "classic"},  # its Muon's arithmetic (float32 momentum; tools/parity/parity_pr1617_train.py)
     "1xh100": PR1559_1XH100,
     "1xh100-frontier": {"muon_momentum": 0.97, "qk_gain_init": 5.25, "muon_ns_coeffs": "polar_express",
                         "muon_row_normalize": True, "min_lr": 0.1, "wd_taper_final_mult": 0.5, "smear_gate_enabled": True,
@@ -120,6 +125,14 @@ PRESETS = {
 # as environment strings: the quantizer is not a Hyperparameters field. 8xh100-pr1855: its log's quantizer (int6
 # matrices, int7 embedding GPTQ at SDClip k 14, int8 gate rows, LQER asym rank 4 top 3, its GPTQ arithmetic, no fit).
 PRESET_QUANT = {
+    # 1xh100-sp4096: PR #1617's quantize_state_dict_int8: every matrix in int8 rows at the |w| quantile 0.9999984 with
+    # the baseline's scale floor, the attention matrices of blocks 0-2 in int6 (its INT6_NAME_PATTERNS), resid_mix and
+    # skip_weights in int8 rows too (its vectors stay float16 here: the record stores them per-tensor int8); its late QAT
+    # rounds alike (the preset's QAT bits follow these)
+    "1xh100-sp4096": {"QUANT_BASELINE_CLIP": "0.9999984", "QUANT_MATRIX_BITS": "8", "QUANT_EMBED_BITS": "8",
+                      "QUANT_OTHER_BITS": "8", "QUANT_CONTROL_PATTERNS": "",
+                      "QUANT_OVERRIDES": ",".join(f"blocks.{i}.attn.{m}:6" for i in range(3) for m in ("c_", "proj")),
+                      "QUANT_PASSTHROUGH_MAX_NUMEL": "0", "QUANT_FIT": "0"},
     "8xh100-pr1855": {"QUANT_MATRIX_BITS": "6", "QUANT_EMBED_BITS": "7", "QUANT_SDCLIP": "1", "QUANT_SDCLIP_K_EMBED": "14",
                       "QUANT_FIT": "0", "QUANT_LQER": "1", "QUANT_LQER_ASYM": "1", "QUANT_GPTQ_RECORDS": "1",
                       "QUANT_GATE_INT8": "1"},

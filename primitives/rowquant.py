@@ -72,12 +72,25 @@ def quantize_per_row(w: torch.Tensor, bits: int, clip_quantile: float = 1.0) -> 
     return torch.round(w / s[:, None]).clamp(-m, m).to(torch.int8), s.half()
 
 
+def quantize_per_row_baseline(w: torch.Tensor, bits: int, clip_quantile: float) -> tuple:
+    """The official baseline's per-row rule, PR #1617's quantize_float_tensor (QUANT_BASELINE_CLIP): w [R, C] clamped
+    to its row clip (torch.quantile of |w[r]|, as there: at most 16M values), scale = max(clip / qmax, 1 / qmax) in
+    float32, q = round(w / scale); returns (q int8 [R, C], the scale rounded to float16 [R]), so the values are
+    rounded with a scale the artifact does not store and rows with a clip below 1 share the fixed grid 1 / qmax (the
+    baseline's clamp_min(1 / 127))."""
+    m = (1 << bits - 1) - 1
+    w = w.detach().float()
+    clip = torch.quantile(w.abs(), clip_quantile, dim=1, keepdim=True)  # its clip to the bit (fp32 rounding)
+    s = (clip / m).clamp_min(1.0 / m)
+    return torch.round(torch.maximum(torch.minimum(w, clip), -clip) / s).clamp(-m, m).to(torch.int8), s[:, 0].half()
+
+
 def dequantize_per_row(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q int [R, C] and scale float16 [R] -> q * scale as `dtype` [R, C] (computed in float32)."""
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
-def fake_quantize_per_row(w: torch.Tensor, bits: int) -> torch.Tensor:
+def fake_quantize_per_row(w: torch.Tensor, bits: int, baseline_clip: float = 0.0) -> torch.Tensor:
     """Straight-through fake quantization for late QAT: w [R, C] -> same shape and dtype.
 
     Forward value: dequantize_per_row(*quantize_per_row(w, bits)) (clip quantile 1.0) bit for bit,
@@ -85,9 +98,11 @@ def fake_quantize_per_row(w: torch.Tensor, bits: int) -> torch.Tensor:
     is exactly 0 (no FMA contraction or rounding can touch dq), rather than w + (dq - w).detach().
     Backward: identity (straight-through estimator, Bengio et al. 2013). The caller (CastedLinear)
     switches it with an attribute torch.compile guards, so a compiled step without QAT has no such op.
+    baseline_clip > 0: quantize_per_row_baseline's rule at that clip quantile instead (PR #1617's fake_quantize_ste).
     """
     d = w.detach()
-    return dequantize_per_row(*quantize_per_row(d, bits), w.dtype) + (w - d)
+    q = quantize_per_row_baseline(d, bits, baseline_clip) if baseline_clip else quantize_per_row(d, bits)
+    return dequantize_per_row(*q, w.dtype) + (w - d)
 
 
 def gptq_lite_quantize(w: torch.Tensor, bits: int) -> tuple:

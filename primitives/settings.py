@@ -131,9 +131,10 @@ class Hyperparameters:
     # polar_express: Polar Express Newton-Schulz steps (PR #1787: -0.0004 with MIN_LR)
     muon_ns_coeffs: str = setting("jordan", choices=("jordan", "polar_express"))
     muon_row_normalize: bool = setting(False)  # MuonEq-R: rows of the update normalized before Newton-Schulz (PR #1285)
-    # Muon's arithmetic: torch (torch.optim.Muon's lerp momentum, float32 state) or records (PR #1855's: bf16 gradient
-    # and momentum, buf = m buf + g, Newton-Schulz in its op order; trainer/optim.py)
-    muon_form: str = setting("torch", choices=("torch", "records"))
+    # Muon's arithmetic: torch (torch.optim.Muon's lerp momentum, float32 state), records (PR #1855's: bf16 gradient
+    # and momentum, buf = m buf + g, Newton-Schulz in its op order) or classic (PR #1617's: float32 buf = m buf + g,
+    # its Newton-Schulz order, the update scaled in bf16; trainer/optim.py)
+    muon_form: str = setting("torch", choices=("torch", "records", "classic"))
     min_lr: float = setting(0.0, 0, 1, units="a fraction of the peak LR")  # the warmdown's LR floor (PR #1787: 0.10)
     # Muon WD tapers linearly from this fraction of the run ... (PR #1729)
     wd_taper_start_frac: float = setting(0.7, 0, 1, units="a fraction of the run", applies=(

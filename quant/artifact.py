@@ -71,7 +71,8 @@ import brotli
 import torch
 import zstandard
 
-from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
+from primitives.rowquant import (QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row,
+                                 quantize_per_row_baseline)
 from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.fit import quant_fit_step, quant_fit_step_up
 from quant.gptq import gptq_quantize
@@ -125,6 +126,8 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         h = (hessians or {}).get(name) if policy.gptq and (policy.gptq_embed or not embed) else None
         if policy.int8_gate(name, tuple(t.shape)):  # QUANT_GATE_INT8: max |row| / 127, no GPTQ (PR #1855)
             q, s, c = (*quantize_per_row(v, 8), 1.0)
+        elif policy.baseline_clip:  # QUANT_BASELINE_CLIP: PR #1617's rows, no GPTQ
+            q, s, c = (*quantize_per_row_baseline(v, bits, policy.baseline_clip), policy.baseline_clip)
         elif k_sd := policy.sdclip_k_for(name, tuple(t.shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
             q, s, c = sdclip_quantize(v, bits, k_sd)
             q, s, c = gptq_quantize(v, h, bits, (c,), s, policy.gptq_records) if h is not None else (q, s, c)

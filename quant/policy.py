@@ -42,6 +42,8 @@ warning line, a bad value a ValueError naming the variable):
                               max |row| / 127 (PR #1855; the fit leaves them there); otherwise float passthrough
   QUANT_LQER_ASYM=0           with QUANT_LQER: PR #1855's factor form (A = U S in int2, B = V^T in signed int4 per 64)
   QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
+  QUANT_BASELINE_CLIP=0       PR #1617's rows (the official baseline's rule): clip at this |w| quantile (0.9999984),
+                              scale max(clip / qmax, 1 / qmax) rounded with in float32, stored float16; QAT alike
   QUANT_GPTQ_EMBED=1          full GPTQ on the embedding / output head too, with the Hessian of the head's input
                               (the final norm's output; 0: the embedding gets the GPTQ-lite clip search)
 A preset may set any of them (primitives/presets.py PRESET_QUANT, e.g. 8xh100-pr1855's quantizer); the environment
@@ -61,7 +63,7 @@ from primitives.presets import DEFAULT_PRESET, PRESET_QUANT
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
 QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
                       "lqer_top_n", "grouped", "lqer_asym",
-                      "gptq_records", "gate_int8")
+                      "gptq_records", "gate_int8", "baseline_clip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +119,10 @@ class QuantPolicy:
     # on the CPU proxy (docs/quantization.md, 2 seeds) -0.0045 / -0.0089 bpb with the embedding at int6, +0.0001 /
     # -0.0008 at int8. Always written to the artifact's policy (an artifact without the key predates it: off)
     gptq_embed: bool = True
+    # QUANT_BASELINE_CLIP: the official baseline's per-row rule at this |w| quantile, as PR #1617 quantizes (0.9999984):
+    # w clamped to the row clip, scale max(clip / qmax, 1 / qmax) in float32, stored float16, no GPTQ / clip search
+    # (primitives/rowquant.py quantize_per_row_baseline); the late-QAT forward rounds alike. 0: off
+    baseline_clip: float = 0.0
 
     def __post_init__(self) -> None:
         bits = (0, *range(2, 9))
@@ -132,6 +138,8 @@ class QuantPolicy:
         for name in QUANT_NEWER_FIELDS[1:5]:
             if not 0 <= getattr(self, name) <= 1000:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected a number in [0, 1000] (0: the clip search)")
+        if not 0 <= self.baseline_clip <= 1:
+            raise ValueError(f"baseline_clip={self.baseline_clip!r}: expected a quantile in [0, 1] (0: off)")
         if not 1 <= self.lqer_rank <= 64 or not 0 <= self.lqer_top_n <= 10_000:
             raise ValueError(f"lqer_rank={self.lqer_rank!r} / lqer_top_n={self.lqer_top_n!r}: expected 1..64 / 0..10000")
 

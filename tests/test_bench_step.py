@@ -214,3 +214,12 @@ def test_beside_a_reference_the_kit_runs_the_official_micro_batch_unless_one_is_
     assert hp.resolve_grad_accum(1, True) == 4 and official_micro_batch(hp).resolve_grad_accum(1, True) == 8
     mine = Hyperparameters.from_env({"GRAD_ACCUM_STEPS": "2"}, log=lambda *_: None)
     assert official_micro_batch(mine).grad_accum_steps == 2
+
+
+def test_parse_reference_log_reads_pr1855s_step_lines():
+    """PR #1855 prints `N/M train_loss: L train_time: T.Tm tok/s: R` for steps 1-5 and the last, R the running
+    N x tokens / seconds: ms/step from step 5 to the last."""
+    log = "".join(f"{n}/12 train_loss: 9.0 train_time: 0.0m tok/s: {round(n * 786_432 / (0.5 + 0.12 * n))}\n"
+                  for n in (1, 2, 3, 4, 5, 12)) + "peak memory allocated: 40960 MiB reserved: 41000 MiB\n"
+    side = bench_step.parse_reference_log(log, 786_432)
+    assert side.ms_per_step == pytest.approx(120.0, rel=1e-5) and side.peak_gib == 40.0

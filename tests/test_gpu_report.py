@@ -196,3 +196,19 @@ def test_cpu_twin_report_runs_every_section_it_plans(tmp_path):
     assert len(kit_rows) == 3 and all(r[2].endswith(" ms/step") and float(r[2].split()[0]) > 0 for r in kit_rows)
     assert any(r[1] == "attention SDPA math (CPU)" and r[2].endswith("ms fwd+bwd") for r in rows)
     assert any(r[1] == "loss LOSS_KERNEL=torch" and "loss " in r[3] for r in rows)
+
+
+@pytest.mark.parametrize("have, label, shim", [
+    ({"flash_attn_interface", "flash_attn"}, "FA3", False),
+    ({"flash_attn"}, "FA2 as FA3 (tools/bench/fa3_shim)", True),
+    (set(), "no FA3 or FA2: no time", True)])
+def test_plan_times_the_pr1855_record_beside_its_preset(monkeypatch, have, label, shim):
+    """--record: the kit at PRESET=8xh100-pr1855 beside PR #1855's script; FA2 under FA3's module name where FA3 is
+    missing (the row's label says which attention the record ran)."""
+    monkeypatch.setattr(gpu_report, "installed", lambda module: module in have)
+    args = argparse.Namespace(sections="record", cpu_twin=False, reference=None, compare=None, record="pr1855.py")
+    (j,) = gpu_report.plan(args, {"PYTHONPATH": "/x"})
+    assert j.env["PRESET"] == "8xh100-pr1855" and j.argv[-2:] == ["--reference", str(Path("pr1855.py").resolve())]
+    assert j.label.endswith(label) and j.precompile_argv is None
+    assert j.env.get("PYTHONPATH") == (f"{gpu_report.FA3_SHIM}{os.pathsep}/x" if shim else None)
+    assert (gpu_report.FA3_SHIM / "flash_attn_interface.py").is_file()

@@ -57,3 +57,28 @@ def test_its_row_quantizer_against_the_kits_rounding_and_scale_floor():
     assert all(0 < r["codes"] < 0.01 * 16384 for r in large), large
     small = compare_row_quant(module, std=0.05)
     assert all(r["codes"] > 0.5 * 16384 for r in small), small
+
+
+@pytest.mark.parametrize("noise", [0.05, 1.0])
+def test_the_presets_quantizer_writes_its_dequantized_matrices(noise):
+    """PR #1617's quantize_state_dict_int8 + dequantize_state_dict_int8 against the kit's export under the preset's
+    quantizer (QUANT_BASELINE_CLIP=0.9999984, int6 attention in blocks 0-2, int8 rows elsewhere, resid_mix and
+    skip_weights included), the same weights: every matrix to 1e-6 (measured 0), small weights (its scale floor) and
+    large; its vectors (q_gain, attn_scale, mlp_scale) are per-tensor int8 / int6 there, float16 in the kit (differ).
+    Its late-QAT fake quantization equals the kit's at the same rule, bit for bit."""
+    from primitives.rowquant import fake_quantize_per_row
+    from quant.policy import QuantPolicy
+    from tools.parity.parity_pr1617 import compare_state_quant
+
+    module = import_script(PR1617_SCRIPT)
+    kit = kit_model(toy_settings("1xh100-sp4096"), noise=noise)
+    d = compare_state_quant(module, {n: t.detach() for n, t in kit.state_dict().items()},
+                            QuantPolicy.from_env({"PRESET": "1xh100-sp4096"}))
+    matrices = {n: v for n, v in d.items() if v[1] != "float16"}
+    assert {v[0] for v in matrices.values()} == {v[1] for v in matrices.values()} == {"int6", "int8"}
+    assert len(matrices) == 8 * 7 + 2 and max(v[2] for v in matrices.values()) <= 1e-6, matrices
+    vectors = {n: v for n, v in d.items() if v[1] == "float16"}
+    assert all(v[0].endswith("per tensor") and v[2] > 1e-4 for v in vectors.values()), vectors
+    w = next(p for n, p in kit.named_parameters() if n == "blocks.0.attn.c_q.weight").detach()
+    for bits in (6, 8):
+        assert torch.equal(module.fake_quantize_ste(w, bits), fake_quantize_per_row(w, bits, module.INT8_CLIP_Q))

@@ -40,26 +40,27 @@ def split_params(model: GPT) -> dict:
 
 
 def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = NS_COEFFS["jordan"],
-                  records_order: bool = False) -> torch.Tensor:
+                  order: str = "torch") -> torch.Tensor:
     """Batched quintic Newton-Schulz orthogonalization: g [N, R, C] (any float) -> bfloat16 [N, R, C].
 
     torch.optim.Muon's iteration (bf16, each matrix scaled to unit Frobenius norm, tall matrices
     transposed; step i runs x <- a x + (b G + c G^2) x, G = x x^T, with coeffs[i], the last triple
     repeating: Keller Jordan's 3.4445, -4.7750, 2.0315 by default), run on a stack of same-shape
     matrices with batched matmuls: one launch per matmul for the whole stack instead of one per
-    matrix (the 8xH100 records' batched Muon). records_order: PR #1855's ops, the same math rounded as its
-    bf16 does (x / (|x| + eps); G = x x^T; B = b G + c G G; x <- a x + B x).
+    matrix (the 8xH100 records' batched Muon). order (MUON_FORM): "records", PR #1855's ops, the same math rounded
+    as its bf16 does (x / (|x| + eps); G = x x^T; B = b G + c (G G); x <- a x + B x); "classic", PR #1617's: the same
+    but B = b G + (c G) G, as its `c * A @ A` groups.
     """
     x = g.bfloat16()
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
-    if records_order:
+    if order != "torch":
         x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
         for i in range(steps):
             a, b, c = coeffs[min(i, len(coeffs) - 1)]
             gram = x @ x.mT
-            x = a * x + (b * gram + c * (gram @ gram)) @ x
+            x = a * x + (b * gram + (c * gram @ gram if order == "classic" else c * (gram @ gram))) @ x
         return x.mT if tall else x
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for i in range(steps):
@@ -82,7 +83,9 @@ class Muon(torch.optim.Optimizer):
     divided by its L2 norm (clamped at 1e-7, float32) before Newton-Schulz; the rest unchanged.
     form="records" (MUON_FORM, PR #1855's Muon): gradient and momentum buffer in bf16, buf <- momentum * buf + g,
     u = g + momentum * buf (classic Nesterov; the same direction as torch's at a fixed momentum, Newton-Schulz
-    being scale-free), row normalization in bf16 and newton_schulz's records_order.
+    being scale-free), row normalization in bf16 and newton_schulz's records order. form="classic" (PR #1617's Muon,
+    modded-nanogpt's): float32 momentum buf <- momentum * buf + g, u = g + momentum * buf, newton_schulz's classic
+    order, the update scaled by sqrt(max(1, R/C)) in bf16 before the step.
     """
 
     def __init__(self, params, *, lr: float, momentum: float, weight_decay: float, ns_steps: int = 5, rank: int = 0,
@@ -90,6 +93,7 @@ class Muon(torch.optim.Optimizer):
                  form: str = "torch"):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
         self.ns_steps, self.rank, self.world_size, self.records = ns_steps, rank, world_size, form == "records"
+        self.form = form
         self.ns_coeffs, self.row_normalize = NS_COEFFS[ns_coeffs], row_normalize
         self.ns = torch.compile(newton_schulz, fullgraph=True, dynamic=False) if compile else newton_schulz
 
@@ -106,7 +110,7 @@ class Muon(torch.optim.Optimizer):
                     if "momentum_buffer" not in self.state[p]:
                         self.state[p]["momentum_buffer"] = torch.zeros_like(g)
                 bufs = [self.state[p]["momentum_buffer"] for p in ps]
-                if self.records:  # per tensor, as the record: bf16 _foreach_mul_ rounds differently from mul_ on a CPU
+                if self.form != "torch":  # per tensor, as the records: bf16 _foreach_mul_ rounds differently on a CPU
                     for buf, g in zip(bufs, grads):
                         buf.mul_(momentum).add_(g)
                     u = torch.stack(grads).add_(torch.stack(bufs), alpha=momentum)
@@ -115,18 +119,22 @@ class Muon(torch.optim.Optimizer):
                     u = torch.stack(grads).lerp_(torch.stack(bufs), momentum)
                 if self.row_normalize:
                     u = u / u.float().norm(dim=-1, keepdim=True).clamp_min(1e-7).to(u.dtype)
-                n, w = len(ps), self.world_size
+                n, w, scale = len(ps), self.world_size, max(1, rows / cols) ** 0.5
                 share = -(-n // w)
                 if w > 1:  # pad to w equal shares, orthogonalize ours, gather everyone's
                     u = torch.cat([u, u.new_zeros(share * w - n, rows, cols)])
                     parts = [u.new_empty(share, rows, cols) for _ in range(w)]
-                    dist.all_gather(parts, self.ns(u[self.rank * share:(self.rank + 1) * share], self.ns_steps,
-                                                coeffs=self.ns_coeffs, records_order=self.records).float())
+                    dist.all_gather(parts, self.orthogonalize(u[self.rank * share:(self.rank + 1) * share], scale))
                     u = torch.cat(parts)[:n]
                 else:
-                    u = self.ns(u, self.ns_steps, coeffs=self.ns_coeffs, records_order=self.records).float()
+                    u = self.orthogonalize(u, scale)
                 torch._foreach_mul_(ps, 1 - lr * group["weight_decay"])
-                torch._foreach_add_(ps, list(u.unbind(0)), alpha=-lr * max(1, rows / cols) ** 0.5)
+                torch._foreach_add_(ps, list(u.unbind(0)), alpha=-lr * (1 if self.form == "classic" else scale))
+
+    def orthogonalize(self, u: torch.Tensor, scale: float) -> torch.Tensor:
+        """newton_schulz(u) [N, R, C] as float32; the classic form multiplies it by scale in bf16 first (PR #1617)."""
+        x = self.ns(u, self.ns_steps, coeffs=self.ns_coeffs, order=self.form)
+        return (x * scale if self.form == "classic" else x).float()
 
 
 @dataclasses.dataclass

@@ -66,6 +66,8 @@ SHAPE_ENV = ("NUM_LAYERS", "MODEL_DIM", "NUM_HEADS", "NUM_KV_HEADS", "MLP_MULT",
              "VOCAB_SIZE", "TIE_EMBEDDINGS", "DATA_PATH", "TOKENIZER_PATH", "SEED")
 STEP_LINE = re.compile(r"^step:(\d+)/\d+ .*?train_time:(\d+)ms", re.M)
 PEAK_LINE = re.compile(r"peak memory allocated: (\d+) MiB")
+# PR #1855's step lines: `N/M train_loss: L train_time: T.Tm tok/s: R`, R = N x TRAIN_BATCH_TOKENS / elapsed seconds
+RECORD_STEP_LINE = re.compile(r"^(\d+)/\d+ train_loss: \S+ train_time: \S+m tok/s: (\d+)", re.M)
 
 
 @dataclasses.dataclass
@@ -103,8 +105,13 @@ def reference_env(hp, steps: int) -> dict:
 def parse_reference_log(text: str, tokens_per_step: int, first_step: int = 10) -> Side:
     """ms/step between the `step:first_step/...` line and the last step line of a reference log (their
     train_time difference / step difference); peak memory from its `peak memory allocated: N MiB` line.
-    Raises ValueError when the log has fewer than two usable step lines."""
+    Raises ValueError when the log has fewer than two usable step lines. A log in PR #1855's form (it prints steps
+    1-5 and every TRAIN_LOG_EVERY-th, with the running tok/s) gives each step's elapsed ms from its tok/s, from step 5 on.
+    """
     points = {int(s): int(t) for s, t in STEP_LINE.findall(text)}
+    if not points and RECORD_STEP_LINE.search(text):
+        points = {int(s): 1000 * int(s) * tokens_per_step / int(r) for s, r in RECORD_STEP_LINE.findall(text) if int(r)}
+        first_step = min(first_step, 5)
     later = sorted(s for s in points if s >= first_step)
     if len(later) < 2:
         raise ValueError(f"reference log: need step lines at step >= {first_step} and a later one, got steps "

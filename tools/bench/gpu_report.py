@@ -3,6 +3,7 @@
     python tools/gpu_report.py                      # all sections that fit in --budget-s (default 480 s)
     python tools/gpu_report.py --reference PATH     # + the official train_gpt.py beside the kit at its shape
     python tools/gpu_report.py --compare ../kit-old          # + another checkout's step, same machine and settings
+    python tools/gpu_report.py --record PATH/pr1855/train_gpt.py  # + PR #1855's script beside PRESET=8xh100-pr1855
     python tools/gpu_report.py --sections step,gpu_check --out report.md
     python tools/gpu_report.py --cpu-twin           # no GPU: the same plan through the CPU twins (plumbing only)
 
@@ -23,6 +24,11 @@ alone, --compare, microbatch and the frontier preset's gpu_check, as far as --bu
              preset, and last the same for the 1xh100-frontier candidate (its eval projection)
   microbatch the step at half and twice the preset's sequences per micro-batch (GRAD_ACCUM_STEPS 8 and 2 at
              the default preset, 32 and 128 sequences; step gives 64)
+  record     with --record: the kit at PRESET=8xh100-pr1855 beside PR #1855's own train_gpt.py on one GPU, the
+             same shape, data (the preset's CaseOps DATA_PATH / TOKENIZER_PATH) and steps (tools/bench_step.py
+             --reference). The record imports FlashAttention-3, which no PyPI wheel provides: where FA3 is not
+             installed, its `flash_attn_interface` is FA2's functions (tools/bench/fa3_shim), so its ms/step is FA2's,
+             not its FA3 timing; without FA2 either, the row reports no time
 Before the timed sections, `--precompile N` (default 4 on a GPU) runs the essential step configurations
 of the kit (default kernels, SDPA, the baseline shape; never the reference script) once with two steps,
 N at a time, for at most half the budget, so the Inductor caches are warm and those timed children
@@ -49,7 +55,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = ("kernels", "step", "baseline", "pytest", "gpu_check", "microbatch")
+SECTIONS = ("kernels", "step", "baseline", "pytest", "gpu_check", "microbatch", "record")
+FA3_SHIM = REPO / "tools" / "bench" / "fa3_shim"  # FA2 under FlashAttention-3's module name (--record without FA3)
 BASELINE_SHAPE = {"NUM_LAYERS": "9", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "1024", "XSA_LAST_N": "0", "ROPE_DIMS": "64",
                   "QK_GAIN_INIT": "1.5", "QAT_START_FRAC": "0", "GRAD_ACCUM_STEPS": "8"}  # the official script's model
 # and micro-batch (README: One H100), with or without --reference
@@ -65,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)} (default all)")
     p.add_argument("--budget-s", type=float, default=480.0, help="wall-clock seconds for the whole report (default 480)")
     p.add_argument("--reference", metavar="PATH", help="the official train_gpt.py to time beside the kit (baseline)")
+    p.add_argument("--record", metavar="PATH", help="PR #1855's train_gpt.py to time beside PRESET=8xh100-pr1855 (record)")
     p.add_argument("--compare", metavar="DIR", help="another checkout of the kit (e.g. `git worktree add DIR <commit>`) "
                    "whose default step is timed beside this one's, same settings, same machine (step)")
     p.add_argument("--precompile", type=int, metavar="N", help="warm the compile caches N configurations at a time "
@@ -197,7 +205,20 @@ def plan(args, env: dict) -> list:
             step_job("microbatch", f"{seqs} sequences per micro-batch", {"GRAD_ACCUM_STEPS": str(accum)}, warm=False)
     if "gpu_check" in sections and not twin:
         jobs.append(Job("gpu_check", "1xh100-frontier", check, {"PRESET": "1xh100-frontier"}, 300, parse_check))
+    if "record" in sections and getattr(args, "record", None) and not twin:
+        record_plan(step_job, args.record, env)
     return jobs
+
+
+def record_plan(step_job, record: str, env: dict) -> None:
+    """The record row: the kit at PRESET=8xh100-pr1855 beside PR #1855's script (bench_step --reference); FA2 as its
+    FlashAttention-3 where FA3 is not installed (the label says so)."""
+    extra, kernels = {"PRESET": "8xh100-pr1855"}, "FA3"
+    if not installed("flash_attn_interface"):
+        extra["PYTHONPATH"] = os.pathsep.join(filter(None, (str(FA3_SHIM), env.get("PYTHONPATH", ""))))
+        kernels = "FA2 as FA3 (tools/bench/fa3_shim)" if installed("flash_attn") else "no FA3 or FA2: no time"
+    step_job("record", f"8xh100-pr1855 on one GPU, record's attention {kernels}", extra, str(Path(record).resolve()),
+             warm=False)
 
 
 def micro_batch_sizes(env: dict) -> list:
@@ -284,6 +305,9 @@ def main(argv=None) -> int:
         return 2
     if args.reference and not Path(args.reference).is_file():
         print(f"error: --reference {args.reference}: no such file", file=sys.stderr)
+        return 2
+    if args.record and not Path(args.record).is_file():
+        print(f"error: --record {args.record}: no such file (expected PR #1855's train_gpt.py)", file=sys.stderr)
         return 2
     if args.compare and not (Path(args.compare) / "tools" / "bench_step.py").is_file():
         print(f"error: --compare {args.compare}: not a checkout of the kit (no tools/bench_step.py)", file=sys.stderr)

@@ -14,6 +14,7 @@ import types
 import torch
 
 from eval.sliding import eval_sliding
+from primitives.rowquant import dequantize_per_row
 from tools.parity.standins import cpu_standins
 
 
@@ -49,7 +50,7 @@ def compare_row_quant(module, shapes: tuple = ((64, 256), (256, 64)), bits: tupl
     0.9999984, scale clip / qmax floored at 1 / qmax, rounding with the float32 scale, stored as float16) against
     the kit's quantize_per_row(w, bits, 0.9999984) (no floor, rounding with the float16 scale it stores) on the same
     w (N(0, std^2) with a few 20x outliers): the differing integer codes and max |diff| of the dequantized tensors."""
-    from primitives.rowquant import dequantize_per_row, quantize_per_row
+    from primitives.rowquant import quantize_per_row
 
     gen, out = torch.Generator().manual_seed(seed), []
     for shape in shapes:
@@ -61,4 +62,22 @@ def compare_row_quant(module, shapes: tuple = ((64, 256), (256, 64)), bits: tupl
             out.append({"shape": shape, "bits": b, "codes": int((q_rec.to(torch.int8) != q_kit).sum()),
                         "max_abs": (q_rec.float() * s_rec.float()[:, None] - dequantize_per_row(q_kit, s_kit))
                         .abs().max().item()})
+    return out
+
+
+def compare_state_quant(module, state_dict: dict, policy) -> dict:
+    """{name: (record kind, kit kind, max |diff|)} of the dequantized tensors: PR #1617's quantize_state_dict_int8 +
+    dequantize_state_dict_int8 against the kit's quant.artifact.quantize_state_dict under `policy` (1xh100-sp4096's:
+    QUANT_BASELINE_CLIP) on the same float32 state dict. Kinds: "int6" / "int8" (per row, or per tensor for the
+    record's vectors), "float16" (the kit's passthrough)."""
+    from quant.artifact import quantize_state_dict
+
+    obj, _ = module.quantize_state_dict_int8(state_dict)
+    record = module.dequantize_state_dict_int8(obj)
+    entries, _ = quantize_state_dict(state_dict, policy)
+    out = {}
+    for name, (shape, bits, t, s, _clip) in entries.items():
+        mine = dequantize_per_row(t, s).reshape(shape) if bits else t.float()
+        kind = f"int{obj['qmeta'][name]['bits']}" + (" per tensor" if obj["qmeta"][name]["scheme"] == "per_tensor" else "")
+        out[name] = kind, f"int{bits}" if bits else str(t.dtype)[6:], (record[name].float() - mine).abs().max().item()
     return out

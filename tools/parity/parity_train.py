@@ -66,19 +66,25 @@ def record_step(record, optimizers, ema_state: dict, h, step: int, backward) -> 
 
 @contextlib.contextmanager
 def bf16_lifted():
-    """Inside: Tensor.bfloat16() returns a float32 or float64 tensor unchanged (other dtypes as before), so both
-    Muons run their bf16 casts at the models' float32 (or float64): the record's Muon and the kit's
-    MUON_FORM=records both round only through .bfloat16(). Restored on exit."""
-    real = torch.Tensor.bfloat16
+    """Inside: Tensor.bfloat16() returns a float32 or float64 tensor unchanged (other dtypes as before), and
+    torch.zeros(..., dtype=torch.bfloat16) makes float32 zeros, so the Muons run their bf16 casts at the models'
+    float32 (or float64): PR #1855's Muon and the kit's MUON_FORM=records round only through .bfloat16(), PR #1617's
+    also through the bf16 buffer it gathers its updates in. Restored on exit."""
+    real, real_zeros = torch.Tensor.bfloat16, torch.zeros
 
     def lifted(self, *args, **kwargs):
         return self if self.dtype in (torch.float32, torch.float64) else real(self, *args, **kwargs)
 
-    torch.Tensor.bfloat16 = lifted
+    def zeros(*args, **kwargs):
+        if kwargs.get("dtype") is torch.bfloat16:
+            kwargs["dtype"] = torch.float32
+        return real_zeros(*args, **kwargs)
+
+    torch.Tensor.bfloat16, torch.zeros = lifted, zeros
     try:
         yield
     finally:
-        torch.Tensor.bfloat16 = real
+        torch.Tensor.bfloat16, torch.zeros = real, real_zeros
 
 
 def relative_diffs(kit_state: dict, record_state: dict, num_layers: int) -> dict:
