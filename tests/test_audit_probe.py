@@ -110,7 +110,10 @@ def test_record_standins_put_cuda_work_on_the_cpu_in_every_thread():
         worker.start()
         worker.join()
         assert torch.cuda.is_available() and torch.compile(len) is len
+        props = torch.cuda.get_device_properties(torch.device("cuda", 0))  # the kit's describe_device
+        got["props"] = (props.name, props.total_memory, props.multi_processor_count)
     assert x.device.type == "cpu" and y.dtype == torch.bfloat16 and got["t"] == "cpu"
+    assert got["props"][0].startswith("CPU stand-in") and got["props"][1] > 0 and got["props"][2] == 132
     assert isinstance(gen, torch.Generator) and drawn.tolist() == torch.randint(
         0, 9, (3,), generator=torch.Generator().manual_seed(5)).tolist()
     assert not torch.cuda.is_available() or torch.cuda.device_count() > 0
@@ -137,6 +140,39 @@ def test_unique_index_needs_a_neighbour_and_places_bos():
     assert swept.locate(np.array([10, 11, 21, 1, 20, 21, 22, 1])).tolist() == [1, 2, 3, 4, 5, -1, -1, -1]
 
 
+def test_unique_index_places_phrase_tokens_by_their_anchors():
+    """The val split's phrases repeat (an n-gram cache sees them again); a phrase token takes its index from
+    a located anchor beside it, and an anchor followed by a phrase elsewhere (a train row) is not a run."""
+    phrase = [50, 51, 52, 53, 54, 55]
+    val = np.array([1, *phrase, 10, 11, 12, 13, *phrase, 20, 21, 22, 23])
+    index = T.UniqueIndex(val, bos=1)
+    assert index.locate(val[7:21]).tolist() == list(range(7, 21))
+    assert index.locate(val[9:17]).tolist() == list(range(9, 17))  # the second phrase, by the anchors before it
+    assert index.locate(np.array([*phrase, 20, 21, 22])).tolist() == list(range(11, 20))  # by the ones after
+    assert index.locate(np.array([13, *phrase, 99])).tolist() == [-1] * 8  # one anchor: not a run of the split
+
+
+def test_the_toy_split_repeats_phrases_and_no_train_run_is_located(tmp_path):
+    sp = pytest.importorskip("sentencepiece").SentencePieceProcessor(
+        model_file=str(SHARED / "data" / "tokenizers" / "fineweb_1024_bpe.model")) if (
+        SHARED / "data" / "tokenizers").is_dir() else pytest.skip("needs ../shared/data/tokenizers")
+    rng = np.random.default_rng(0)
+    phrases = D.make_phrases(sp, rng)
+    val = D.make_stream(sp, D.VAL_DOCS, D.VAL_DOC_TOKENS, rng, distinct=True, phrases=phrases)
+    train = D.make_stream(sp, D.TRAIN_TOKENS // (D.VAL_DOC_TOKENS + 1), D.VAL_DOC_TOKENS, rng, phrases=phrases)
+    counts = np.bincount(val)
+    assert len(val) == D.VAL_DOCS * (D.VAL_DOC_TOKENS + 1) and counts[phrases].min() >= 3  # contexts seen before
+    for stream in (val, D.perturbed(sp, val, int(len(val) * 0.6) | 1)):
+        index = T.UniqueIndex(stream, sp.bos_id())
+        assert index.locate(stream).tolist() == list(range(len(stream)))
+        assert (index.locate(train) < 0).all()
+    from shards.format import load_data_shard
+
+    D.write_byte_sidecar(tmp_path, sp, val)  # a CaseOps script's per-token bytes: the decoded text's, in total
+    sidecar = load_data_shard(tmp_path / "fineweb_val_bytes_000000.bin")
+    assert len(sidecar) == len(val) and int(sidecar.sum()) == D.decoded_bytes(sp, val, np.flatnonzero(val != sp.bos_id()))
+
+
 def test_tracked_nll_follows_views_masks_and_reductions():
     import torch
     import torch.nn.functional as F
@@ -152,11 +188,15 @@ def test_tracked_nll_follows_views_masks_and_reductions():
         mask = torch.zeros(2, 32, dtype=torch.float64)
         mask[0, :4] = 1
         (nll.to(torch.float64) * mask).sum()  # a masked sum drops the zero-weight positions
+        nll.double().where(mask.bool(), 0).sum()  # so do where (the kit's sliding window) and masked_fill
+        torch.where(mask.bool(), 0.0, nll).sum()
+        nll.masked_fill(~mask.bool(), 0).sum()
     finally:
         T.TRACE = None
     scores = [e for e in trace.events if e["kind"] == "score"]
     assert real is F.cross_entropy or real is T._REAL["cross_entropy"]
     assert scores[0]["pos"] == list(range(48, 72)) and scores[1]["pos"] == [1, 2, 3, 4]
+    assert scores[2]["pos"] == scores[4]["pos"] == [1, 2, 3, 4] and len(scores[3]["pos"]) == 60
 
 
 def test_passes_merge_the_exact_restatement_and_tail_rescoring_warns():
@@ -204,6 +244,25 @@ def test_decoded_bytes_count_a_document_start_without_its_space():
     n = len(ids)
     assert D.decoded_bytes(sp, val, range(1, len(val))) == 2 * len("Hello world, this is a test.")
     assert D.decoded_bytes(sp, val, [n + 2 + 3]) == len(sp.id_to_piece(ids[3]).replace("\u2581", " ").encode())
+
+
+def test_the_probe_runs_a_folder_with_the_settings_its_readme_runs(tmp_path):
+    """Features off by default and switched on in the README's command (closed PR #887's NGRAM_ENABLED=1, PR
+    #1992's PREQUANT_TTT_ENABLED=1) are probed on; the toy size, the data paths and shell values stay the probe's."""
+    from tools.auditor.audit_probe import declared_settings, probe_env
+
+    source = "".join(f"x = os.environ.get('{n}', '0')\n" for n in (
+        "NGRAM_ENABLED", "NGRAM_ORDER", "ITERATIONS", "DATA_PATH", "EXTRA_PATH", "SEED", "TTT_ENABLED", "RECUR_START_STEP"))
+    (tmp_path / "README.md").write_text("## Run\n```bash\nRUN_ID=s1 SEED=42 NGRAM_ENABLED=1 NGRAM_ORDER=7 RECUR_START_STEP=3000 \\\n"
+                                        "  ITERATIONS=9000 DATA_PATH=./data/x EXTRA_PATH=$HOME UNREAD=1 \\\n"
+                                        "  torchrun --standalone --nproc_per_node=8 train_gpt.py\n```\n"
+                                        "TTT_ENABLED=1 torchrun train_gpt.py\n")
+    declared = declared_settings(tmp_path, source)
+    assert declared == {"NGRAM_ENABLED": "1", "NGRAM_ORDER": "7", "RECUR_START_STEP": "2"}  # the first command only;
+    # a schedule step of the real run lands on the toy's last step
+    env = probe_env(source, Path("data"), Path("tok.model"), 1024, declared)
+    assert env["NGRAM_ENABLED"] == "1" and env["ITERATIONS"] == "3" and env["DATA_PATH"] == "data"
+    assert declared_settings(tmp_path / "none", source) == {}
 
 
 def test_sweep_reads_a_pull_request_head_whose_model_blob_is_absent(tmp_path):
@@ -282,3 +341,20 @@ def test_each_rule_break_fails_its_condition(probed, name):
     may_fail = {r for v in COPIES[COPY_OF[name]] for r in {VIOLATIONS[v][0], *VIOLATIONS[v][2]}}
     assert {k for k, c in checks.items() if c.status == "fail"} <= may_fail, {
         k: c.evidence for k, c in checks.items() if c.status == "fail"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / "data" / "tokenizers").is_dir(), reason="needs ../shared/data/tokenizers")
+def test_the_kits_own_packed_script_passes_every_condition(tmp_path):
+    """The train_gpt.py tools/bundle.py packs (what tools/make_record.py ships) runs under the stand-ins
+    (torch.cuda.get_device_properties; its FLOP count on the meta device is not traced) and passes."""
+    import subprocess
+    import sys
+
+    kit = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, str(kit / "tools" / "bundle.py"), "--out", str(tmp_path)], check=True,
+                   capture_output=True)
+    (tmp_path / "train_gpt_human.py").unlink()
+    checks = probe(tmp_path)
+    assert {k: c.status for k, c in checks.items()} == dict.fromkeys(checks, "pass"), json.dumps(
+        {k: c.evidence for k, c in checks.items()})

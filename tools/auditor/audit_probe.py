@@ -60,6 +60,7 @@ TOY_ENV = {
     "TTT_CHUNK_TOKENS": "256", "TTT_CHUNK_SIZE": "256", "TTT_EVAL_SEQ_LEN": "128", "TTT_BATCH_SEQS": "4", "TTT_BATCH_SIZE": "4",
     "VAL_LOSS_EVERY": "0", "TRAIN_LOG_EVERY": "1", "MAX_WALLCLOCK_SECONDS": "100000", "SEED": "1337",
     "RUN_ID": "probe", "GPTQ_CALIBRATION_BATCHES": "2", "GPTQ_CALIB_BATCHES": "2",
+    "GPTQ_CALIB_SAMPLES": "8",  # self-generated calibration sequences (token by token: 64 took minutes on the CPU)
 }
 # what a probe run inherits of the auditor's environment: the machine's, never a setting (a shell that exported
 # PRESET or DATA_PATH for its own runs, as the README's CPU record does, must not change the folder's run)
@@ -69,18 +70,52 @@ INHERITED_ENV = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|T
 # reads any of them: it gets every toy variable (the kit's packed file refused the toy data at its default size)
 _COMPUTED_NAMES = re.compile(r"\.name\.upper\(\)")
 _ENV_NAME = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["']([A-Z][A-Z0-9_]*)["']""")
+# the run command of a README: `NAME=value ... torchrun ... train_gpt.py` (lines joined at a trailing backslash)
+_RUN_COMMAND = re.compile(r"^\s*(?:export\s+)?((?:[A-Z][A-Z0-9_]*=\S*\s+)+)(?:torchrun|python3?)\b[^\n]*train_gpt\.py", re.M)
+_ASSIGN = re.compile(r"([A-Z][A-Z0-9_]*)=(\S*)")
+# a step of the training schedule (RECUR_START_STEP=3000 of the merged 2026-03-31_ParallelResiduals record: a
+# feature that switches on late in the real run is on by the toy's last step, so the code after it runs too)
+_STEP_SETTING = re.compile(r"(START|WARMUP|WARMDOWN)_(STEP|STEPS|ITERS)$|_EVERY$")
+_TOY_LAST_STEP = int(TOY_ENV["ITERATIONS"]) - 1
+_PROBE_OWN = {"DATA_PATH", "DATA_DIR", "TOKENIZER_PATH", "VOCAB_SIZE", "RUN_ID", "SEED", "PYTHONPATH"}
 
 
 def _na(reason: str) -> list:
     return [Check(name, "n/a", f"not checkable (could not run: {reason})") for name in PROBE_CHECKS]
 
 
-def probe_env(source: str, data_dir: Path, tokenizer: Path, vocab_size: int) -> dict:
-    """The environment of a probe run: the machine's variables (INHERITED_ENV), TOY_ENV and the data/tokenizer
-    paths, each only where the script reads that variable; one CPU thread per run."""
+def declared_settings(folder: Path, source: str) -> dict:
+    """The settings the folder says it ran with: the variables its README's first run command
+    (`NAME=value ... torchrun ... train_gpt.py`) sets, kept where the script reads the name and the probe
+    sets neither the toy size (TOY_ENV) nor the data; values that are paths or shell expansions are left
+    out, and a schedule step past the toy's last step is moved onto it. Scripts ship features off by default
+    and switch them on in that command (closed PRs #806, #887: NGRAM_CACHE=1; #1992: PREQUANT_TTT_ENABLED=1;
+    #727: TTT_ENABLED=0)."""
+    readme = Path(folder) / "README.md"
+    if not readme.is_file():
+        return {}
+    text = readme.read_text(encoding="utf-8", errors="replace").replace("\\\n", " ")
+    m = _RUN_COMMAND.search(text)
+    if not m:
+        return {}
     names = set(_ENV_NAME.findall(source))
-    wanted = {**TOY_ENV, "DATA_PATH": str(data_dir), "DATA_DIR": "data", "TOKENIZER_PATH": str(tokenizer),
-              "VOCAB_SIZE": str(vocab_size)}
+    out = {}
+    for name, value in _ASSIGN.findall(m.group(1)):
+        value = value.strip("'\"")
+        if name in names and name not in TOY_ENV and name not in _PROBE_OWN and not re.search(r"[/$`(]", value):
+            out[name] = value
+            if _STEP_SETTING.search(name) and value.isdigit() and int(value) > _TOY_LAST_STEP:
+                out[name] = str(_TOY_LAST_STEP)  # a schedule point of the real run, inside the toy's 3 steps
+    return out
+
+
+def probe_env(source: str, data_dir: Path, tokenizer: Path, vocab_size: int, declared: dict | None = None) -> dict:
+    """The environment of a probe run: the machine's variables (INHERITED_ENV), the folder's `declared`
+    settings (declared_settings), TOY_ENV and the data/tokenizer paths, each only where the script reads
+    that variable; one CPU thread per run."""
+    names = set(_ENV_NAME.findall(source))
+    wanted = {**(declared or {}), **TOY_ENV, "DATA_PATH": str(data_dir), "DATA_DIR": "data",
+              "TOKENIZER_PATH": str(tokenizer), "VOCAB_SIZE": str(vocab_size)}
     env = {k: v for k, v in os.environ.items() if INHERITED_ENV.match(k)}
     env.update({k: v for k, v in wanted.items() if k in names or _COMPUTED_NAMES.search(source)})
     env.update(PROBE_SHARDS=str(data_dir), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TORCHDYNAMO_DISABLE="1", PYTHONHASHSEED="0",
@@ -141,10 +176,11 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="audit_probe_"))
     rng = np.random.default_rng(0)
     try:
-        val = D.make_stream(sp, D.VAL_DOCS, D.VAL_DOC_TOKENS, rng, distinct=True)
+        phrases = D.make_phrases(sp, rng)
+        val = D.make_stream(sp, D.VAL_DOCS, D.VAL_DOC_TOKENS, rng, distinct=True, phrases=phrases)
     except ValueError as e:
         return {"error": str(e)}
-    train = D.make_stream(sp, D.TRAIN_TOKENS // (D.VAL_DOC_TOKENS + 1), D.VAL_DOC_TOKENS, rng)
+    train = D.make_stream(sp, D.TRAIN_TOKENS // (D.VAL_DOC_TOKENS + 1), D.VAL_DOC_TOKENS, rng, phrases=phrases)
     t = int(len(val) * PERTURB_FRACTION) | 1
     # the official layout (data/datasets/fineweb10B_spV/, data/tokenizers/), at the same relative paths in
     # both runs (a loader may seed its sampling from the shard paths)
@@ -152,13 +188,17 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
     tok = Path("data") / "tokenizers" / tokenizer.name
     for name, split in (("run_a", val), ("run_b", D.perturbed(sp, val, t))):
         D.write_split(work / name / shards, split, train, sp.bos_id())
+        if "fineweb_val_bytes_" in unpacked.source:  # a script that scores on a CaseOps byte sidecar reads one
+            D.write_byte_sidecar(work / name / shards, sp, split)
         (work / name / tok).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tokenizer, work / name / tok)
-    env = probe_env(unpacked.source, shards, tok, vocab)
+    declared = declared_settings(folder, unpacked.source)
+    env = probe_env(unpacked.source, shards, tok, vocab, declared)
     started = [_start(script, folder, work / name / shards, work / name, env) for name in ("run_a", "run_b")]
     runs = [_finish(p, o, work / name, timeout_s) for (p, o), name in zip(started, ("run_a", "run_b"))]
     return {"a": runs[0], "b": runs[1], "t": t, "val": val, "sp": sp, "vocab": vocab, "tokenizer": tok_source,
-            "work": work, "script": script, "env": env, "folder": folder, "timeout_s": timeout_s}
+            "work": work, "script": script, "env": env, "folder": folder, "timeout_s": timeout_s,
+            "declared": declared}
 
 
 def run_sweep(pair: dict, position: int, lines_before: int) -> dict:

@@ -1,10 +1,13 @@
 """The run probe's toy data: a val split and a train split in the official shard format, made with
 the folder's tokenizer or the challenge's (data/tokenizers), and their byte truth.
 
-Documents are BOS followed by random ordinary pieces (no control, unknown, unused or byte pieces): in
-the val split every piece appears at most once (the probe locates each scored target by its token:
-tools/auditor/audit_probe_trace.py), so its size is bounded by the vocabulary (sp1024: 6 documents of
-168 tokens); the train split draws with replacement. The decoded text is plain UTF-8.
+Documents are BOS followed by segments of ordinary pieces (no control, unknown, unused or byte pieces):
+one of PHRASES fixed phrases of PHRASE_TOKENS pieces, then SEGMENT_ANCHORS pieces. In the val split each
+anchor appears once and each phrase many times (sp1024: 6 documents of 168 tokens, each phrase 18 times):
+an anchor locates the scored targets around it (tools/auditor/audit_probe_trace.py), and the phrases are
+repeated text, so an eval-time n-gram or phrase cache sees contexts it has counted before and switches on
+(closed PRs #806, #880, #887). The train split draws its anchors with replacement and holds the same
+phrases (a cache prefilled from training data matches them too: PR #945). The decoded text is plain UTF-8.
 `perturbed(val, t)` changes every token from index t on (condition 1's second run).
 """
 
@@ -19,6 +22,9 @@ import numpy as np
 CHALLENGE_VOCABS = (1024, 2048, 4096, 8192)
 VAL_DOC_TOKENS = 168
 VAL_DOCS = 6
+SEGMENT_ANCHORS = 8
+PHRASES = 4
+PHRASE_TOKENS = 6
 TRAIN_TOKENS = 40_000
 
 
@@ -59,19 +65,36 @@ def ordinary_pieces(sp) -> np.ndarray:
     return np.array(ids, dtype=np.int64)
 
 
-def make_stream(sp, docs: int, doc_tokens: int, rng, *, distinct: bool = False) -> np.ndarray:
-    """BOS + doc_tokens random ordinary pieces, `docs` times; `distinct`: no piece twice (ValueError
-    when the vocabulary has too few)."""
+def make_stream(sp, docs: int, doc_tokens: int, rng, *, distinct: bool = False, phrases=None) -> np.ndarray:
+    """BOS + doc_tokens pieces, `docs` times: segments of one of `phrases` (int64 [PHRASES, PHRASE_TOKENS], none
+    when None) followed by SEGMENT_ANCHORS random ordinary pieces; `distinct`: no anchor twice and no
+    anchor inside a phrase (ValueError when the vocabulary has too few)."""
     pieces, bos = ordinary_pieces(sp), sp.bos_id()
-    if distinct and docs * doc_tokens > len(pieces):
-        raise ValueError(f"{docs} x {doc_tokens} distinct tokens: the tokenizer has {len(pieces)} ordinary pieces")
-    drawn = rng.choice(pieces, size=docs * doc_tokens, replace=not distinct).reshape(docs, doc_tokens)
-    return np.concatenate([[bos, *row] for row in drawn.tolist()]).astype(np.int64)
+    phrases = np.zeros((0, PHRASE_TOKENS), np.int64) if phrases is None else np.asarray(phrases, np.int64)
+    seg = SEGMENT_ANCHORS + (PHRASE_TOKENS if len(phrases) else 0)
+    n_seg = -(-doc_tokens // seg)
+    anchors = np.setdiff1d(pieces, phrases.reshape(-1)) if distinct else pieces
+    need = docs * n_seg * SEGMENT_ANCHORS
+    if distinct and need > len(anchors):
+        raise ValueError(f"{need} distinct anchor tokens: the tokenizer has {len(anchors)} ordinary pieces to spare")
+    drawn = rng.choice(anchors, size=need, replace=not distinct).reshape(docs, n_seg, SEGMENT_ANCHORS)
+    which = rng.integers(0, max(len(phrases), 1), size=(docs, n_seg))
+    rows = []
+    for d in range(docs):
+        body = [np.concatenate([phrases[which[d, j]], drawn[d, j]]) if len(phrases) else drawn[d, j]
+                for j in range(n_seg)]  # a document ends on anchors: its last scored tokens can be located
+        rows.append(np.concatenate([[bos], np.concatenate(body)[:doc_tokens]]))
+    return np.concatenate(rows).astype(np.int64)
+
+
+def make_phrases(sp, rng) -> np.ndarray:
+    """PHRASES phrases of PHRASE_TOKENS distinct ordinary pieces, no piece in two of them: int64 [PHRASES, PHRASE_TOKENS]."""
+    return rng.choice(ordinary_pieces(sp), size=PHRASES * PHRASE_TOKENS, replace=False).reshape(PHRASES, PHRASE_TOKENS)
 
 
 def perturbed(sp, val: np.ndarray, t: int) -> np.ndarray:
     """`val` with every token from index t on changed (BOS kept where it is): the non-BOS tokens there
-    rotated by one place, so the stream keeps its pieces distinct."""
+    rotated by one place, so each piece keeps its count (an anchor stays unique)."""
     out, bos = val.copy(), sp.bos_id()
     idx = np.flatnonzero(val[t:] != bos) + t
     out[idx] = np.roll(val[idx], 1)
@@ -91,6 +114,16 @@ def write_split(data_dir: Path, val: np.ndarray, train: np.ndarray, bos: int) ->
     (data_dir / "probe.json").write_text(json.dumps({"bos": int(bos)}))
 
 
+def write_byte_sidecar(data_dir: Path, sp, val: np.ndarray) -> None:
+    """The CaseOps val byte sidecar (shards/sidecar.py: one uint16 per val token, 0 for BOS) of a plain split:
+    each token's UTF-8 bytes in its document's text, for scripts that divide by a sidecar (PR #1855's line)."""
+    from shards.format import write_data_shard
+
+    bos = sp.bos_id()
+    write_data_shard(Path(data_dir) / "fineweb_val_bytes_000000.bin",
+                     np.array([0 if tok == bos else decoded_bytes(sp, val, [i]) for i, tok in enumerate(val.tolist())]))
+
+
 def decoded_bytes(sp, val: np.ndarray, positions) -> int:
     """UTF-8 bytes of the text the scored targets decode to: each document's run of scored tokens
     decoded as one piece of text (SentencePiece drops the leading space of a document's first piece)."""
@@ -98,9 +131,13 @@ def decoded_bytes(sp, val: np.ndarray, positions) -> int:
     scored[np.asarray(list(positions), dtype=np.int64)] = True
     bos, toks, total, start = sp.bos_id(), val.tolist(), 0, None
 
-    def run_bytes(a: int, b: int) -> int:  # tokens a..b-1; a run inside a document keeps its leading space
+    # a run inside a document keeps its leading space: decoded after a plain-letters piece (the piece before it
+    # may be a lone "▁", and SentencePiece strips every leading space of a decoded text, not one)
+    letters = next(i for i in range(sp.vocab_size()) if sp.id_to_piece(i).isascii() and sp.id_to_piece(i).isalpha())
+
+    def run_bytes(a: int, b: int) -> int:  # tokens a..b-1
         if a > 0 and toks[a - 1] != bos:
-            return len(sp.decode(toks[a - 1:b]).encode("utf-8")) - len(sp.decode(toks[a - 1:a]).encode("utf-8"))
+            return len(sp.decode([letters, *toks[a:b]]).encode("utf-8")) - len(sp.decode([letters]).encode("utf-8"))
         return len(sp.decode(toks[a:b]).encode("utf-8"))
 
     for i, tok in enumerate(toks + [bos]):

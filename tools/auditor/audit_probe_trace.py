@@ -1,7 +1,7 @@
 """What the run probe records inside a record script's process (tools/auditor/audit_probe_child.py).
 
 Scoring is traced where scripts compute it: F.cross_entropy. Each call's targets are located in the
-val stream (every token of the probe's val split but BOS is distinct: tools/auditor/audit_probe_data.py), and
+val stream (by the probe's val split's anchors, tokens that appear once: tools/auditor/audit_probe_data.py), and
 with reduction="none" the result is a TrackedNLL: a tensor that carries, per element, the val
 position of its target (-1: not a val token) through views, casts, indexing, elementwise math and
 masks (a zero weight drops the position). Reducing it (sum, mean, item) is an event:
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 KGRAM = 4
 MIN_RUN = 4  # consecutive val positions a located run of targets needs
+MIN_ANCHORS = 2  # of them placed by an anchor (a token that appears once in the val split)
 _PRIME = np.uint64(1_000_003)
 
 
@@ -72,16 +73,19 @@ class StreamIndex:
 
 
 class UniqueIndex:
-    """Positions in a val stream whose tokens are all distinct but its BOS: locate(targets) -> the
-    stream index of each target, -1 where it is not part of a run of at least MIN_RUN consecutive
-    stream positions (a BOS takes its index from a located neighbour). `override` {token: index} wins
-    for a token that appears twice (the normalization sweep's changed token)."""
+    """Positions in a val stream whose anchors appear once each (its BOS and phrase tokens repeat:
+    tools/auditor/audit_probe_data.py): locate(targets) -> the stream index of each target, -1 where it is
+    not part of a run of at least MIN_RUN consecutive stream positions with MIN_ANCHORS anchors. An anchor
+    is placed by its token, a repeated token by a located neighbour whose next (previous) stream token it
+    is. `override` {token: index} places a token there wherever it appears (the normalization sweep's
+    changed token)."""
 
     def __init__(self, tokens, bos: int, override: dict | None = None):
         self.tokens, self.bos = np.asarray(tokens, dtype=np.int64), int(bos)
-        self.where = np.full(int(self.tokens.max()) + 2, -1, np.int64)
-        order = np.arange(len(self.tokens))[::-1]  # the first occurrence wins
-        self.where[self.tokens[order]] = order
+        counts = np.bincount(self.tokens, minlength=int(self.tokens.max()) + 2)
+        self.where = np.full(len(counts), -1, np.int64)
+        once = counts[self.tokens] == 1
+        self.where[self.tokens[once]] = np.flatnonzero(once)
         self.where[self.bos] = -1
         for tok, idx in (override or {}).items():
             self.where[tok] = idx
@@ -90,24 +94,29 @@ class UniqueIndex:
         flat = np.asarray(targets, dtype=np.int64).reshape(-1)
         inside = (flat >= 0) & (flat < len(self.where))
         pos = np.where(inside, self.where[np.clip(flat, 0, len(self.where) - 1)], -1)
-        n = len(self.tokens)
-        for j in np.flatnonzero(flat == self.bos):
-            if j + 1 < len(flat) and pos[j + 1] > 0 and self.tokens[pos[j + 1] - 1] == self.bos:
-                pos[j] = pos[j + 1] - 1
-            elif j > 0 and 0 <= pos[j - 1] < n - 1 and self.tokens[pos[j - 1] + 1] == self.bos:
+        anchored = pos >= 0
+        n, toks = len(self.tokens), self.tokens
+        todo = np.flatnonzero((pos < 0) & inside)
+        for j in todo:  # forward from a located neighbour, then backward
+            if j > 0 and 0 <= pos[j - 1] < n - 1 and toks[pos[j - 1] + 1] == flat[j]:
                 pos[j] = pos[j - 1] + 1
+        for j in todo[::-1]:
+            if pos[j] < 0 and j + 1 < len(flat) and pos[j + 1] > 0 and toks[pos[j + 1] - 1] == flat[j]:
+                pos[j] = pos[j + 1] - 1
         prev_ok = np.zeros(len(flat), bool)
         next_ok = np.zeros(len(flat), bool)
         prev_ok[1:] = (pos[1:] >= 0) & (pos[:-1] == pos[1:] - 1)
         next_ok[:-1] = (pos[:-1] >= 0) & (pos[1:] == pos[:-1] + 1)
         pos[~(prev_ok | next_ok)] = -1
-        # a run of the stream is at least MIN_RUN consecutive positions (two train tokens that happen to
-        # follow each other in the val split are not one)
+        # a run of the stream is at least MIN_RUN consecutive positions, MIN_ANCHORS of them placed by an anchor
+        # (train tokens that happen to follow each other in the val split, or an anchor before a phrase, are not one)
         start = np.ones(len(flat), bool)
         start[1:] = ~prev_ok[1:] | (pos[1:] < 0)
         run_id = np.cumsum(start) - 1
-        lengths = np.bincount(run_id, minlength=run_id[-1] + 1 if len(run_id) else 0)
-        pos[(lengths[run_id] < MIN_RUN) if len(run_id) else np.zeros(0, bool)] = -1
+        if len(run_id):
+            lengths = np.bincount(run_id, minlength=run_id[-1] + 1)
+            anchors = np.bincount(run_id, weights=anchored & (pos >= 0), minlength=run_id[-1] + 1)
+            pos[(lengths[run_id] < MIN_RUN) | (anchors[run_id] < MIN_ANCHORS)] = -1
         return pos.reshape(np.shape(targets))
 
 
@@ -143,7 +152,7 @@ _SPLIT_FUNCS = {"split", "chunk", "unbind", "tensor_split"}
 _CAST_FUNCS = {"to", "float", "double", "half", "bfloat16", "type", "cpu", "cuda", "type_as", "abs", "neg",
                "__neg__", "exp", "log", "log2", "clamp", "clamp_min", "clamp_max", "clamp_", "nan_to_num",
                "add", "__add__", "__radd__", "sub", "__sub__", "__rsub__", "div", "__truediv__", "__rtruediv__",
-               "mul_", "add_", "sub_", "div_", "pow", "__pow__", "sqrt", "log1p", "expm1", "exp2", "where",
+               "mul_", "add_", "sub_", "div_", "pow", "__pow__", "sqrt", "log1p", "expm1", "exp2",
                "logaddexp", "maximum", "minimum", "__iadd__", "__isub__", "__itruediv__"}
 _MUL_FUNCS = {"mul", "__mul__", "__rmul__", "multiply", "__imul__", "mul_"}
 _REDUCE_FUNCS = {"sum", "mean", "nansum", "item", "tolist"}
@@ -164,6 +173,8 @@ def _pos_like(func, args, kwargs, tracked, out):
             except (RuntimeError, TypeError, IndexError):
                 return None
         return p if isinstance(p, torch.Tensor) and p.shape == out.shape else None
+    if name in ("where", "masked_fill", "masked_fill_") and out.shape == tracked.shape:
+        return _selected_pos(name, args, kwargs, tracked, out)
     if name in _MUL_FUNCS and out.shape == tracked.shape:
         other = next((a for a in args if a is not tracked), None)
         if isinstance(other, torch.Tensor):
@@ -173,6 +184,25 @@ def _pos_like(func, args, kwargs, tracked, out):
     if name in _CAST_FUNCS and out.shape == tracked.shape:
         return tracked._pos
     return None
+
+
+def _selected_pos(name, args, kwargs, tracked, out):
+    """Positions of a where/masked_fill result: the tracked tensor's where its values were kept (the kit's
+    sliding window: `nll.where(scored, 0).sum()`)."""
+    args = list(args) + [kwargs[k] for k in ("condition", "mask", "input", "other", "value") if k in kwargs]
+    if name == "where" and len(args) >= 3 and args[0] is not tracked:  # torch.where(cond, input, other)
+        cond, keep_if = args[0], args[1] is tracked
+    elif name == "where" and len(args) >= 2:  # tracked.where(cond, other)
+        cond, keep_if = args[1], True
+    elif name.startswith("masked_fill") and len(args) >= 2 and args[0] is tracked:
+        cond, keep_if = args[1], False
+    else:
+        return None
+    if not isinstance(cond, torch.Tensor):
+        return None
+    keep = torch.broadcast_to(cond.detach().to("cpu").bool(), out.shape)
+    keep = keep if keep_if else ~keep
+    return torch.where(keep, tracked._pos, torch.full_like(tracked._pos, -1))
 
 
 class TrackedNLL(torch.Tensor):
@@ -221,7 +251,8 @@ def traced_cross_entropy(input, target, *args, **kwargs):
         out = _REAL["cross_entropy"](input, target, *args, **kwargs)
     finally:
         _DEPTH[0] -= 1
-    if TRACE is None or _DEPTH[0] or not isinstance(target, torch.Tensor) or target.dtype.is_floating_point:
+    if (TRACE is None or _DEPTH[0] or not isinstance(target, torch.Tensor) or target.dtype.is_floating_point
+            or target.is_meta):  # meta: a FLOP count (the kit's count_train_flops_per_token), no data
         return out
     pos = torch.from_numpy(TRACE.val.locate(target.detach().to("cpu").numpy()))
     if not (pos >= 0).any():
@@ -244,7 +275,8 @@ def traced_cross_entropy(input, target, *args, **kwargs):
 
 
 def traced_embedding(input, weight, *args, **kwargs):
-    if TRACE is not None and not _DEPTH[0] and isinstance(input, torch.Tensor) and input.numel() >= 2 * KGRAM:
+    if (TRACE is not None and not _DEPTH[0] and isinstance(input, torch.Tensor) and not input.is_meta
+            and input.numel() >= 2 * KGRAM):
         ids = input.detach().to("cpu").numpy()
         on_val = int((TRACE.val.locate(ids) >= 0).sum())
         on_train = int((TRACE.train.locate(ids) >= 0).sum())

@@ -8,8 +8,8 @@ Inside record_standins(), besides cpu_standins() (FlashAttention and Triton as r
 torch.compile off):
 - every tensor and module placed on "cuda" lands on the CPU (a TorchFunctionMode rewrites device
   arguments and drops pin_memory=True; .cuda() and .pin_memory() return the tensor;);
-- torch.cuda's is_available (True), set_device, synchronize, memory counters, manual_seed and Event
-  are CPU stand-ins (Event times with time.perf_counter);
+- torch.cuda's is_available (True), set_device, synchronize, memory counters, manual_seed, Event and
+  get_device_properties (an H100's figures) are CPU stand-ins (Event times with time.perf_counter);
 - torch.Generator(device="cuda") is a CPU generator (the self-generated GPTQ calibration of PR #1019's line);
 - autocast on "cuda" is the CPU's autocast in the same dtype (bfloat16 by default);
 - torch's SDPA backend switches (enable_flash_sdp, ...) are no-ops (they would leave the CPU no kernel);
@@ -29,12 +29,13 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tools.parity.standins import cpu_standins
+from tools.parity.standins import H100_SM_COUNT, cpu_standins
 
 
 def _cpu(device):
@@ -114,6 +115,12 @@ def _run_in_mode(real_run):
     return run
 
 
+def _device_properties(device=None):
+    """torch.cuda.get_device_properties on the CPU: an H100's figures (the kit's describe_device logs name and memory)."""
+    return types.SimpleNamespace(name="CPU stand-in (an H100's figures)", total_memory=80 * 2**30, major=9, minor=0,
+                                 multi_processor_count=H100_SM_COUNT)
+
+
 _CUDA = {
     "is_available": lambda: True, "device_count": lambda: 1, "set_device": lambda *a: None,
     "synchronize": lambda *a: None, "empty_cache": lambda: None, "current_device": lambda: 0,
@@ -122,6 +129,7 @@ _CUDA = {
     "reset_peak_memory_stats": lambda *a: None, "is_bf16_supported": lambda *a: True,
     "get_device_name": lambda *a: "CPU stand-in", "get_device_capability": lambda *a: (9, 0),
     "manual_seed": lambda *a: None, "manual_seed_all": lambda *a: None, "Event": _Event,
+    "get_device_properties": _device_properties,
 }
 _SDP_SWITCHES = ("enable_cudnn_sdp", "enable_flash_sdp", "enable_math_sdp", "enable_mem_efficient_sdp")
 _FAKE_ONLY_FOR_SCRIPTS = ("triton",)
