@@ -379,14 +379,15 @@ def packed_size_cache_key(human: str, encoding: str) -> str:
     return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
 
 
-def packed_size(root=None, encoding: str | None = None, cache_dir=None, settings=None) -> int:
+def packed_size(root=None, encoding: str | None = None, cache_dir=None, settings=None, built=None) -> int:
     """len(build_packed_bytes(root, encoding)), remembered per source: minifying and trying every
     compressor takes ~5 s on a laptop core, paid by every run's start otherwise. The cache is a JSON
     file per packed_size_cache_key under `cache_dir` (default env BUNDLE_CACHE_DIR, else
     ~/.cache/parameter-golf-kit/bundle); an unreadable or unwritable cache only costs the build.
-    settings: as build_packed_bytes (the human source, part of the key, holds what they left out)."""
+    settings: as build_packed_bytes (the human source, part of the key, holds what they left out).
+    built: human_and_header(root, settings) when the caller has it already (the trainer logs the source too)."""
     encoding = encoding or default_encoding()
-    human, header = human_and_header(root, settings)
+    human, header = built or human_and_header(root, settings)
     cache = Path(cache_dir or os.environ.get("BUNDLE_CACHE_DIR") or Path.home() / ".cache/parameter-golf-kit/bundle")
     path = cache / f"{packed_size_cache_key(human, encoding)}.json"
     try:

@@ -617,7 +617,22 @@ def test_the_smoke_run_env_gets_no_ttt_setting_from_the_run_or_the_shell(fake_sr
 # real runs
 # -----------------------------------------------------------------------------------------------
 
+@pytest.fixture
+def smoke_threads(monkeypatch):
+    """The smoke run with this process's NUM_THREADS (1 under `pytest -n 2`, tests/conftest.py): it drops every
+    setting the runs recorded, NUM_THREADS too, and would spin one thread per core beside the other worker."""
+    threads = os.environ.get("NUM_THREADS")
+    if threads:
+        real = record_smoke._run_live
+
+        def run_live(cmd, *, env, **kwargs):
+            return real(cmd, env=dict(env, NUM_THREADS=threads), **kwargs)
+
+        monkeypatch.setattr(record_smoke, "_run_live", run_live)
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("smoke_threads")
 def test_record_from_two_real_cpu_runs_runs_from_inside_its_folder(tiny_dataset, sp1024_model, tmp_path, capsys):
     env_base = {k: v for k, v in TINY_ENV.items() if k not in ("VAL_MAX_TOKENS", "SEED")}  # records need the full val
     env_base.update(ITERATIONS="4", EVAL_STRIDE="64", TRAIN_SEQ_LEN="128", EVAL_BATCH_SEQS="32", VAL_BATCH_SIZE="8192")

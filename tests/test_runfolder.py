@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -151,22 +152,27 @@ def test_the_lock_names_its_holder_and_dies_with_it(tmp_path):
 @pytest.mark.slow
 def test_two_trainers_with_one_run_id_at_once_one_refuses_and_the_other_result_survives(tiny_dataset, sp1024_model,
                                                                                           tmp_path):
-    """Before: both exited 0, and the first run's result, log and artifact were gone."""
-    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="same", ITERATIONS=400, NUM_THREADS=1)
+    """Before: both exited 0, and the first run's result, log and artifact were gone. The first run is paused
+    (SIGSTOP) after its first step, holding the folder, until the second has ended: at once, whatever the load."""
+    env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="same", NUM_THREADS=1)
     first = subprocess.Popen([sys.executable, str(REPO / "train_gpt.py")], env=env, cwd=REPO, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
     for line in first.stdout:  # the first run holds the folder from before its first step
         if line.startswith("step:1/"):
             break
-    second = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=dict(env, SEED="99"), cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run([sys.executable, str(REPO / "train_gpt.py")], env=dict(env, SEED="99"), cwd=REPO,
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        first.send_signal(signal.SIGCONT)
     out, err = first.communicate(timeout=600)
     assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
     assert re.fullmatch(rf"error: RUN_ID='same': {tmp_path}/same is being written by another run \(pid {first.pid} on "
                         r"\S+ since \S+\); expected a RUN_ID no running process uses\n", second.stderr), second.stderr
     assert first.returncode == 0, err[-3000:]
     result = read_result(tmp_path, "same")
-    assert result["status"] == "ok" and result["seed"] == 7 and result["steps"] == 400
+    assert result["status"] == "ok" and result["seed"] == 7 and result["steps"] == int(env["ITERATIONS"]) == 8
     log = (tmp_path / "same" / "train.log").read_text()
     assert log.count("SEED:7") == 1 and "SEED:99" not in log and "final_sliding_window_exact" in log
     assert result["bytes_model"] == (tmp_path / "same" / "final_model.ptz").stat().st_size

@@ -123,8 +123,20 @@ def measure_code_bytes(hp: Hyperparameters) -> int:
     if BUNDLE_KIND == "package":  # the bundler measures what it would ship (folded away in the bundle)
         from kit.bundle import packed_size
 
-        return packed_size(settings=pack_settings_of(hp))  # == len(build_packed_bytes(settings=...)), cached
+        return packed_size(built=package_source(hp))  # == len(build_packed_bytes(settings=...)), cached
     return os.path.getsize(__file__ if BUNDLE_KIND == "packed" else Path(__file__).with_name("train_gpt.py"))
+
+
+def package_source(hp: Hyperparameters, _built={}) -> tuple[str, str]:  # noqa: B006 (the memo)
+    """(human source, packed header) of the package for these settings (kit.bundle.human_and_header): built
+    once per process and settings, for measure_code_bytes and log_run_header both (~1.5 s a build)."""
+    settings = pack_settings_of(hp)
+    if _built.get("settings") != settings:
+        from kit.bundle import human_and_header  # package only
+
+        _built.clear()
+        _built.update(settings=settings, source=human_and_header(settings=settings))
+    return _built["source"]
 
 
 def pack_settings_of(hp: Hyperparameters):
@@ -149,9 +161,7 @@ def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     import zstandard
 
     if BUNDLE_KIND == "package":  # folded away in the bundle (kit/bundle_fold.py)
-        from kit.bundle import build_human_source
-
-        code = build_human_source(settings=pack_settings_of(hp))
+        code = package_source(hp)[0]
     else:
         code = BUNDLE_SOURCE if BUNDLE_KIND == "packed" else Path(__file__).read_text("utf-8")  # noqa: F821 (the wrapper's)
     ctx.log(code, False)
