@@ -31,20 +31,11 @@ import math
 
 from quant.lqer import lqer_nbytes
 from quant.policy import QuantPolicy
+from quant.sdclip import sdclip_bits_per_value  # (there: a record's file holds it only with QUANT_SDCLIP=1)
 
 # bits -> (bits per stored value at row length 512, fewer bits per doubling of the row length)
 QUANT_EST_BITS_PER_VALUE = {2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5: (4.38, 0.03), 6: (5.40, 0.02),
                             7: (6.39, 0.065), 8: (7.41, 0.065)}
-
-
-def sdclip_bits_per_value(bits: int, k: float) -> float:
-    """Projected compressed bits per value of SDClip at `bits` (2..8) and clip k (> 0): the entropy of a
-    Gaussian rounded to steps of k / qmax std, tails on the outermost levels, plus the measured coder
-    overhead (module docstring)."""
-    m = (1 << bits - 1) - 1
-    cdf = [0.0] + [0.5 * (1 + math.erf((i + 0.5) * k / m / math.sqrt(2))) for i in range(-m, m)] + [1.0]
-    h = -sum(p * math.log2(p) for p in (b - a for a, b in zip(cdf, cdf[1:])) if p > 0)
-    return h + (0.05 if h >= 2 else 0.17)
 
 
 def estimate_tensor_bytes(shape: tuple, bits: int | None, sdclip_k: float | None = None) -> float:

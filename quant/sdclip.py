@@ -15,6 +15,8 @@ The stored format does not change: the decoder only sees q and the float16 scale
 Size note: bundled into the counted train_gpt.py (the export calls it).
 """
 
+import math
+
 import torch
 
 from primitives.rowquant import quant_fp16_scale
@@ -38,3 +40,13 @@ def sdclip_quantize(w: torch.Tensor, bits: int, k: float) -> tuple:
     """SDClip quantization of w [R, C] -> (q int8 [R, C] in [-qmax, qmax], scale float16 [R], k)."""
     m, s = (1 << bits - 1) - 1, sdclip_scale(w, bits, k)
     return torch.round(w.detach().float() / s.float()[:, None]).clamp(-m, m).to(torch.int8), s, float(k)
+
+
+def sdclip_bits_per_value(bits: int, k: float) -> float:
+    """Projected compressed bits per value of SDClip at `bits` (2..8) and clip k (> 0): the entropy of a
+    Gaussian rounded to steps of k / qmax std, tails on the outermost levels, plus the measured coder
+    overhead (quant/estimate.py's docstring has the measurement; its size estimate calls this)."""
+    m = (1 << bits - 1) - 1
+    cdf = [0.0] + [0.5 * (1 + math.erf((i + 0.5) * k / m / math.sqrt(2))) for i in range(-m, m)] + [1.0]
+    h = -sum(p * math.log2(p) for p in (b - a for a, b in zip(cdf, cdf[1:])) if p > 0)
+    return h + (0.05 if h >= 2 else 0.17)
