@@ -110,10 +110,15 @@ def test_record_standins_put_cuda_work_on_the_cpu_in_every_thread():
         worker.start()
         worker.join()
         assert torch.cuda.is_available() and torch.compile(len) is len
+        with torch.inference_mode():  # no_grad: no inference tensors for a TTT to reuse in autograd
+            cached = torch.ones(3)
+        got["ttt"] = (torch.ones(3, requires_grad=True) * cached).sum().requires_grad
+        got["bare"] = torch.inference_mode(lambda: torch.is_grad_enabled())()
         props = torch.cuda.get_device_properties(torch.device("cuda", 0))  # the kit's describe_device
         got["props"] = (props.name, props.total_memory, props.multi_processor_count)
     assert x.device.type == "cpu" and y.dtype == torch.bfloat16 and got["t"] == "cpu"
     assert got["props"][0].startswith("CPU stand-in") and got["props"][1] > 0 and got["props"][2] == 132
+    assert got["ttt"] and got["bare"] is False and not torch.is_inference_mode_enabled()
     assert isinstance(gen, torch.Generator) and drawn.tolist() == torch.randint(
         0, 9, (3,), generator=torch.Generator().manual_seed(5)).tolist()
     assert not torch.cuda.is_available() or torch.cuda.device_count() > 0

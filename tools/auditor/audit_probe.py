@@ -186,13 +186,15 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
     # both runs (a loader may seed its sampling from the shard paths)
     shards = Path("data") / "datasets" / f"fineweb10B_sp{vocab}"
     tok = Path("data") / "tokenizers" / tokenizer.name
+    declared = declared_settings(folder, unpacked.source)
+    caseops = "fineweb_val_bytes_" in unpacked.source and any(
+        "CASEOPS" in k and v.lower() not in ("", "0", "false") for k, v in declared.items())
     for name, split in (("run_a", val), ("run_b", D.perturbed(sp, val, t))):
         D.write_split(work / name / shards, split, train, sp.bos_id())
-        if "fineweb_val_bytes_" in unpacked.source:  # a script that scores on a CaseOps byte sidecar reads one
+        if caseops:  # the README's run scores on a CaseOps byte sidecar: the script reads one
             D.write_byte_sidecar(work / name / shards, sp, split)
         (work / name / tok).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tokenizer, work / name / tok)
-    declared = declared_settings(folder, unpacked.source)
     env = probe_env(unpacked.source, shards, tok, vocab, declared)
     started = [_start(script, folder, work / name / shards, work / name, env) for name in ("run_a", "run_b")]
     runs = [_finish(p, o, work / name, timeout_s) for (p, o), name in zip(started, ("run_a", "run_b"))]

@@ -12,6 +12,7 @@ torch.compile off):
   get_device_properties (an H100's figures) are CPU stand-ins (Event times with time.perf_counter);
 - torch.Generator(device="cuda") is a CPU generator (the self-generated GPTQ calibration of PR #1019's line);
 - autocast on "cuda" is the CPU's autocast in the same dtype (bfloat16 by default);
+- torch.inference_mode is torch.no_grad (no inference tensors for a TTT to trip over on the CPU);
 - torch's SDPA backend switches (enable_flash_sdp, ...) are no-ops (they would leave the CPU no kernel);
 - the fake Triton is handed to every importer but torch itself (an import hook; torch's own
   `import triton` still fails, so torch.compile/dynamo never take the fake for a real Triton);
@@ -108,6 +109,26 @@ class _CpuAutocast(contextlib.ContextDecorator):
         return self.inner.__exit__(*exc)
 
 
+class _NoGradInference(contextlib.ContextDecorator):
+    """torch.inference_mode as torch.no_grad: the same results without inference tensors, which a script's
+    TTT may reuse in autograd (a cache filled during scoring) where its compiled CUDA run did not."""
+
+    def __init__(self, mode=True):
+        self.mode, self.entered = mode, []
+
+    def __enter__(self):  # a fresh no_grad per entry: a decorated function may call itself
+        self.entered.append(torch.no_grad() if self.mode else contextlib.nullcontext())
+        return self.entered[-1].__enter__()
+
+    def __exit__(self, *exc):
+        return self.entered.pop().__exit__(*exc)
+
+
+def _inference_mode(mode=True):
+    """torch.inference_mode(mode) / @torch.inference_mode() / bare @torch.inference_mode, as _NoGradInference."""
+    return _NoGradInference()(mode) if callable(mode) else _NoGradInference(mode)
+
+
 def _run_in_mode(real_run):
     def run(self):  # a thread started inside record_standins() redirects CUDA too (modes are per thread)
         with CudaOnCpu():
@@ -175,6 +196,7 @@ def record_standins():
         patches = [(torch.cuda, name, value) for name, value in _CUDA.items()]
         patches += [(torch.backends.cuda, name, lambda *a: None) for name in _SDP_SWITCHES]
         patches += [(torch, "autocast", _CpuAutocast), (torch.amp, "autocast", _CpuAutocast),
+                    (torch, "inference_mode", _inference_mode),
                     (torch, "Generator", _CpuGenerator),
                     (builtins, "__import__", _import_hook(fakes, builtins.__import__)),
                     (threading.Thread, "run", _run_in_mode(threading.Thread.run))]
