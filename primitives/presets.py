@@ -56,8 +56,9 @@ Evidence, per preset:
   EMA 0.9965 from the first step (no warmup), the embedding's own WD 0.085, its Muon arithmetic (bf16
   momentum, its Newton-Schulz op order), no QAT; its quantizer through PRESET_QUANT (int6 matrices, int7 embedding
   GPTQ at SDClip k 14, int8 gate rows, LQER asym, no fit) and QUANT_ESTIMATE_SCALE 0.975 = its log's 15,865,260
-  model bytes over quant/estimate.py's 16,269,985 for that policy. Not in the kit yet (docs/parity.md): its
-  CaseOps data and per-group lrzip. Its phased LoRA TTT is the
+  model bytes over quant/estimate.py's 16,269,985 for that policy; its CaseOps data at its log's paths (tools/prepare_data.py
+  caseops), its GPTQ calibration across documents (GPTQ_CALIB_CROSS_DOCS). Not in the kit (docs/parity.md): its
+  per-group lrzip. Its phased LoRA TTT is the
   preset's eval (TTT_MODE=phased_lora, every TTT value its log prints).
 - smoke: ~150 steps of 8,192 tokens on 2 CPU cores. At that length the records' knobs
   lost 0.150 val_bpb to the official baseline's (CPU proxy, 2 seeds: 2.4583 vs 2.3088), most of it
@@ -97,6 +98,10 @@ PRESETS = {
     "8xh100": {**PR1559_1XH100, "num_layers": 11, "train_batch_tokens": 786_432, "xsa_last_n": 4, "expected_steps": 7000,
                "muon_momentum_warmup_frac": 1500 / 7000, "ema_horizon_frac": (1 / 0.003) / 7000},
     "8xh100-pr1855": {
+        # its CaseOps data where its log has it (tools/prepare_data.py caseops --out DATA_PATH writes the shards and
+        # the val byte sidecar; the tokenizer comes with the data: docs/data.md)
+        "data_path": "./data/datasets/fineweb10B_sp8192_lossless_caps_caseops_v1_reserved",
+        "tokenizer_path": "./data/tokenizers/fineweb_8192_bpe_lossless_caps_caseops_v1_reserved.model",
         "num_layers": 11, "mlp_mult": 4.0, "mlp_activation": "leaky_relu2", "rope_dims": 16, "qk_gain_init": 5.0,
         "xsa_last_n": 11, "ln_scale": True, "skip_gates_enabled": True, "parallel_start_layer": 8,
         "parallel_final_lane": "mean", "num_loops": 2, "loop_start": 3, "loop_end": 5, "enable_looping_at": 0.35,
@@ -107,6 +112,7 @@ PRESETS = {
         "muon_row_normalize": True, "muon_form": "records", "muon_wd": 0.095, "adam_wd": 0.02, "embed_wd": 0.085,
         "beta2": 0.99, "grad_clip_norm": 0.3, "min_lr": 0.1, "warmdown_frac": 0.85, "ema_decay": 0.9965,
         "ema_warmup": False, "qat_start_frac": 0.0, "gptq_calib_batches": 16, "gptq_reserve_seconds": 0.5,
+        "gptq_calib_cross_docs": True,
         "expected_steps": 4931, "quant_estimate_scale": 15_865_260 / 16_269_985,  # its model bytes / the estimate
         # its phased score-first TTT (eval/phased_lora.py): 3 phases over 2,500 documents, rank-80 adapters on
         # K/MLP/O, chunks of 48, AdamW lr 1e-4; global SGD lr 0.001 on the scored prefix, 1 epoch
@@ -127,11 +133,11 @@ PRESETS = {
 PRESET_QUANT = {
     # 1xh100-sp4096: PR #1617's quantize_state_dict_int8: every matrix in int8 rows at the |w| quantile 0.9999984 with
     # the baseline's scale floor, the attention matrices of blocks 0-2 in int6 (its INT6_NAME_PATTERNS), resid_mix and
-    # skip_weights in int8 rows too (its vectors stay float16 here: the record stores them per-tensor int8); its late QAT
-    # rounds alike (the preset's QAT bits follow these)
+    # skip_weights in int8 rows too, its vectors per tensor (int6 for q_gain in blocks 0-2); its late QAT rounds alike
+    # (the preset's QAT bits follow these)
     "1xh100-sp4096": {"QUANT_BASELINE_CLIP": "0.9999984", "QUANT_MATRIX_BITS": "8", "QUANT_EMBED_BITS": "8",
                       "QUANT_OTHER_BITS": "8", "QUANT_CONTROL_PATTERNS": "",
-                      "QUANT_OVERRIDES": ",".join(f"blocks.{i}.attn.{m}:6" for i in range(3) for m in ("c_", "proj")),
+                      "QUANT_OVERRIDES": "blocks.0.attn.:6,blocks.1.attn.:6,blocks.2.attn.:6",
                       "QUANT_PASSTHROUGH_MAX_NUMEL": "0", "QUANT_FIT": "0"},
     "8xh100-pr1855": {"QUANT_MATRIX_BITS": "6", "QUANT_EMBED_BITS": "7", "QUANT_SDCLIP": "1", "QUANT_SDCLIP_K_EMBED": "14",
                       "QUANT_FIT": "0", "QUANT_LQER": "1", "QUANT_LQER_ASYM": "1", "QUANT_GPTQ_RECORDS": "1",

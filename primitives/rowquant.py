@@ -85,6 +85,17 @@ def quantize_per_row_baseline(w: torch.Tensor, bits: int, clip_quantile: float) 
     return torch.round(torch.maximum(torch.minimum(w, clip), -clip) / s).clamp(-m, m).to(torch.int8), s[:, 0].half()
 
 
+def quantize_per_tensor_baseline(t: torch.Tensor, bits: int, clip_quantile: float) -> torch.Tensor:
+    """The baseline's per-tensor rule for a vector t (PR #1617's quantize_float_tensor + its dequantization): clip =
+    the clip_quantile quantile of |t|, scale = clip / qmax in float32 (1 for an all-zero t), no floor; returns the
+    dequantized float32 tensor q * scale (its values, stored as they are: the kit's rows keep float16 scales)."""
+    m = (1 << bits - 1) - 1
+    t = t.detach().float()
+    clip = float(torch.quantile(t.abs().flatten(), clip_quantile)) if t.numel() else 0.0
+    s = torch.tensor(clip / m if clip > 0 else 1.0)
+    return torch.round(t.clamp(-clip, clip) / s).clamp(-m, m) * s
+
+
 def dequantize_per_row(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """q int [R, C] and scale float16 [R] -> q * scale as `dtype` [R, C] (computed in float32)."""
     return (q.float() * scale.float()[:, None]).to(dtype)

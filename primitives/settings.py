@@ -229,6 +229,9 @@ class Hyperparameters:
     # full GPTQ (QUANT_GPTQ=1): Hessians from this many train micro-batches, read inside the clock in
     # the last GPTQ_RESERVE_SECONDS (64 batches took about 7 s on one H100 in PR #1763)
     gptq_calib_batches: int = setting(64, 1)
+    # calibration attends across documents (the model's DOC_PACKED_ATTENTION off while the Hessians are collected), as
+    # PR #1855 calibrates (its forward without cu_seqlens on plain train rows); 0: the model's own attention
+    gptq_calib_cross_docs: bool = setting(False)
     gptq_reserve_seconds: float = setting(10.0, 0, MAX_SECONDS, units="seconds")
     # machinery
     compile: int = setting(-1, choices=(-1, 0, 1))  # -1 = on for CUDA, off for CPU

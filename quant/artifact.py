@@ -72,7 +72,7 @@ import torch
 import zstandard
 
 from primitives.rowquant import (QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row,
-                                 quantize_per_row_baseline)
+                                 quantize_per_row_baseline, quantize_per_tensor_baseline)
 from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.fit import quant_fit_step, quant_fit_step_up
 from quant.gptq import gptq_quantize
@@ -166,6 +166,10 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
         if fp and not t.isfinite().all():
             raise ValueError(f"state_dict[{name!r}] is not finite")
         bits = fp and t.numel() and policy.bits_for(name, shape)
+        if bits and len(shape) < 2 and policy.baseline_clip:  # PR #1617's vectors: per-tensor rounding, float32 values
+            entries[name] = shape, None, quantize_per_tensor_baseline(t.cpu(), bits, policy.baseline_clip), None, None
+            bar.update()
+            continue
         if not bits:
             entries[name] = shape, None, t.cpu().to(getattr(torch, policy.float_dtype)) if fp else t.cpu(), None, None
             bar.update()

@@ -78,7 +78,7 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QU
 @torch.no_grad()
 def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batches: int, *, deadline: float = math.inf,
                           autocast: Callable = contextlib.nullcontext, batch_seconds: float = 0.0,
-                          clock: Callable = time.perf_counter) -> tuple:
+                          clock: Callable = time.perf_counter, cross_docs: bool = False) -> tuple:
     """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, and of the output head's input,
     over training batches.
 
@@ -91,7 +91,8 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
     a batch starts only if it is projected to end by `deadline` (clock() seconds), at the larger of
     batch_seconds (e.g. timed before the training clock) and the mean measured so far. Returns
     ({"<module>.weight": H float32 [C, C] on the model's device, summed in float32 even under
-    `autocast`}, number of batches read).
+    `autocast`}, number of batches read). cross_docs (GPTQ_CALIB_CROSS_DOCS): the model's doc_packed_attention off
+    while collecting, so calibration attends across documents as PR #1855's does (its forward without cu_seqlens).
     """
     sums, last, n = {}, [None], 0
 
@@ -117,6 +118,9 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
         model.forward_hidden = forward_hidden  # an instance attribute: the class is unchanged
     start = clock()
     bar = Progress("gptq calibration", num_batches, "batches")
+    packed = getattr(model, "doc_packed_attention", False)
+    if cross_docs and packed:
+        model.doc_packed_attention = False
     try:
         while n < num_batches and (n == 0 or clock() + max(batch_seconds, (clock() - start) / n) <= deadline):
             with autocast():
@@ -128,4 +132,6 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
         for x in hooks:
             x.remove()
         model.__dict__.pop("forward_hidden", None)
+        if cross_docs and packed:
+            model.doc_packed_attention = packed
     return {names[m]: h / c for m, (h, c) in sums.items()}, n

@@ -43,7 +43,8 @@ warning line, a bad value a ValueError naming the variable):
   QUANT_LQER_ASYM=0           with QUANT_LQER: PR #1855's factor form (A = U S in int2, B = V^T in signed int4 per 64)
   QUANT_GROUPED=0             also try the grouped container: role groups, rows sorted, a coder each (quant/grouped.py)
   QUANT_BASELINE_CLIP=0       PR #1617's rows (the official baseline's rule): clip at this |w| quantile (0.9999984),
-                              scale max(clip / qmax, 1 / qmax) rounded with in float32, stored float16; QAT alike
+                              scale max(clip / qmax, 1 / qmax) rounded with in float32, stored float16; QAT alike;
+                              vectors rounded per tensor (int8 or an override's bits), kept as float32 values
   QUANT_GPTQ_EMBED=1          full GPTQ on the embedding / output head too, with the Hessian of the head's input
                               (the final norm's output; 0: the embedding gets the GPTQ-lite clip search)
 A preset may set any of them (primitives/presets.py PRESET_QUANT, e.g. 8xh100-pr1855's quantizer); the environment
@@ -121,7 +122,8 @@ class QuantPolicy:
     gptq_embed: bool = True
     # QUANT_BASELINE_CLIP: the official baseline's per-row rule at this |w| quantile, as PR #1617 quantizes (0.9999984):
     # w clamped to the row clip, scale max(clip / qmax, 1 / qmax) in float32, stored float16, no GPTQ / clip search
-    # (primitives/rowquant.py quantize_per_row_baseline); the late-QAT forward rounds alike. 0: off
+    # (primitives/rowquant.py quantize_per_row_baseline); the late-QAT forward rounds alike; vectors per tensor (int8,
+    # or an override's bits), kept as their float32 values (quantize_per_tensor_baseline). 0: off
     baseline_clip: float = 0.0
 
     def __post_init__(self) -> None:
@@ -197,6 +199,8 @@ class QuantPolicy:
         for pattern, bits in self.overrides:
             if pattern in name:
                 return bits or None
+        if self.baseline_clip and len(shape) < 2:  # PR #1617's vectors: per-tensor int8 (quant/artifact.py)
+            return 8
         if self.int8_gate(name, shape):
             return 8
         group = self.group_of(name, shape)

@@ -200,7 +200,7 @@ def test_cpu_twin_report_runs_every_section_it_plans(tmp_path):
 
 @pytest.mark.parametrize("have, label, shim", [
     ({"flash_attn_interface", "flash_attn"}, "FA3", False),
-    ({"flash_attn"}, "FA2 as FA3 (tools/bench/fa3_shim)", True),
+    ({"flash_attn"}, "FA2 as FA3", True),
     (set(), "no FA3 or FA2: no time", True)])
 def test_plan_times_the_pr1855_record_beside_its_preset(monkeypatch, have, label, shim):
     """--record: the kit at PRESET=8xh100-pr1855 beside PR #1855's script; FA2 under FA3's module name where FA3 is
@@ -211,4 +211,5 @@ def test_plan_times_the_pr1855_record_beside_its_preset(monkeypatch, have, label
     assert j.env["PRESET"] == "8xh100-pr1855" and j.argv[-2:] == ["--reference", str(Path("pr1855.py").resolve())]
     assert j.label.endswith(label) and j.precompile_argv is None
     assert j.env.get("PYTHONPATH") == (f"{gpu_report.FA3_SHIM}{os.pathsep}/x" if shim else None)
-    assert (gpu_report.FA3_SHIM / "flash_attn_interface.py").is_file()
+    if shim:
+        assert (gpu_report.FA3_SHIM / "flash_attn_interface.py").read_text() == gpu_report.FA3_SHIM_SOURCE

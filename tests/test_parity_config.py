@@ -1,6 +1,8 @@
 """PRESET=8xh100-pr1855 against the Hyperparameters block of PR #1855's train_seed42.log, key by key, through
 tools/parity/parity_config.py's documented map. Skips without ../shared."""
 
+from pathlib import Path
+
 import pytest
 
 from primitives.settings import Hyperparameters
@@ -26,6 +28,16 @@ def test_every_key_of_the_log_is_the_presets_value_or_listed_with_its_reason():
     assert set(logged) == set.union(*groups) and sum(map(len, groups)) == len(logged)  # each key in one group
 
 
+def test_the_preset_reads_the_records_caseops_data_where_its_log_has_it():
+    """The log's datasets_dir and tokenizer_path (paths on its machine) end in the folder and model the preset names
+    (tools/prepare_data.py caseops --out writes that folder)."""
+    logged, hp = read_log_hyperparameters(LOG), preset()
+    assert logged["caseops_enabled"] == "True"
+    assert Path(hp.data_path).name == Path(logged["datasets_dir"]).name == "fineweb10B_sp8192_lossless_caps_caseops_v1_reserved"
+    assert Path(hp.tokenizer_path).name == Path(logged["tokenizer_path"]).name
+    assert Path(hp.tokenizer_path).parent.name == Path(logged["tokenizer_path"]).parent.name == "tokenizers"
+
+
 def test_a_changed_setting_is_reported():
     hp = Hyperparameters.from_env({"PRESET": "8xh100-pr1855", "MUON_WD": "0.09", "LN_SCALE": "0"}, log=lambda *_: None)
     assert log_mismatches(read_log_hyperparameters(LOG), hp) == ["ln_scale: log 'True', kit False",
@@ -42,7 +54,7 @@ def test_the_preset_sets_the_records_quantizer_and_the_environment_wins():
     changed = QuantPolicy.from_env({"PRESET": "8xh100-pr1855", "QUANT_LQER": "0", "QUANT_EMBED_BITS": "8"},
                                    log=lambda *_: None)
     assert quant_log_mismatches(logged, changed) == ["embed_bits: log '7', kit 8", "lqer_enabled: log 'True', kit False"]
-    assert QuantPolicy.from_env({"PRESET": "1xh100-sp4096"}, log=lambda *_: None) == QuantPolicy()
+    assert QuantPolicy.from_env({"PRESET": "1xh100"}, log=lambda *_: None) == QuantPolicy()  # sp4096: PR #1617's
 
 
 def test_the_records_h_built_from_the_preset_prints_the_logged_values():

@@ -50,8 +50,12 @@ def test_hessians_equal_the_records_on_one_document_rows(module, looping):
     d = compare_hessians(module, kit, record, x, y)
     assert d.pop("only_kit") == [] and d.pop("only_record") == [] and len(d) == 6 * hp.num_layers + 1, d
     assert max(d.values()) <= 2e-6, d
-    # several documents per row: the record calibrates without its document mask (forward_logits, no cu_seqlens)
+    # several documents per row: the record calibrates without its document mask (forward_logits, no cu_seqlens), as
+    # the preset's GPTQ_CALIB_CROSS_DOCS=1 does; the kit's default (its document mask) differs
     x, y = packed_batch(2, hp.train_seq_len, hp.vocab_size, ([0, 10, 30, 31, 50], [5, 40]))
+    assert toy_settings().gptq_calib_cross_docs and kit.doc_packed_attention
+    d = compare_hessians(module, kit, record, x, y, cross_docs=True)
+    assert kit.doc_packed_attention and max(v for k, v in d.items() if not k.startswith("only")) <= 2e-6, d
     assert max(v for k, v in compare_hessians(module, kit, record, x, y).items() if not k.startswith("only")) > 0.1
 
 

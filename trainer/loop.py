@@ -280,7 +280,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             if ctx.mean_over_ranks(fits).item() == 1.0:  # every rank has time for one batch (each needs every H)
                 hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
                                               hp.gptq_calib_batches, deadline=deadline, autocast=ctx.autocast,
-                                              batch_seconds=calib_seconds, clock=time.perf_counter)
+                                              batch_seconds=calib_seconds, clock=time.perf_counter,
+                                              cross_docs=hp.gptq_calib_cross_docs)
                 model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
                 ctx.sync()
                 ctx.log(f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "

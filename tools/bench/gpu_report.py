@@ -27,7 +27,7 @@ alone, --compare, microbatch and the frontier preset's gpu_check, as far as --bu
   record     with --record: the kit at PRESET=8xh100-pr1855 beside PR #1855's own train_gpt.py on one GPU, the
              same shape, data (the preset's CaseOps DATA_PATH / TOKENIZER_PATH) and steps (tools/bench_step.py
              --reference). The record imports FlashAttention-3, which no PyPI wheel provides: where FA3 is not
-             installed, its `flash_attn_interface` is FA2's functions (tools/bench/fa3_shim), so its ms/step is FA2's,
+             installed, its `flash_attn_interface` is FA2's functions (FA3_SHIM), so its ms/step is FA2's,
              not its FA3 timing; without FA2 either, the row reports no time
 Before the timed sections, `--precompile N` (default 4 on a GPU) runs the essential step configurations
 of the kit (default kernels, SDPA, the baseline shape; never the reference script) once with two steps,
@@ -50,13 +50,18 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SECTIONS = ("kernels", "step", "baseline", "pytest", "gpu_check", "microbatch", "record")
-FA3_SHIM = REPO / "tools" / "bench" / "fa3_shim"  # FA2 under FlashAttention-3's module name (--record without FA3)
+# --record where FlashAttention-3 is missing: a folder put first on the record's PYTHONPATH holding this module as
+# `flash_attn_interface`: FA2's functions under FA3's name (PR #1855 calls them as FA2 takes them and uses the output
+# alone, which FA2 returns); a timing through it is FA2's kernels, not the record's FA3
+FA3_SHIM = Path(tempfile.gettempdir()) / "gpu_report_fa3_shim"
+FA3_SHIM_SOURCE = "from flash_attn import flash_attn_func, flash_attn_varlen_func  # noqa: F401 (FA2 as FA3)\n"
 BASELINE_SHAPE = {"NUM_LAYERS": "9", "MLP_MULT": "2", "TRAIN_SEQ_LEN": "1024", "XSA_LAST_N": "0", "ROPE_DIMS": "64",
                   "QK_GAIN_INIT": "1.5", "QAT_START_FRAC": "0", "GRAD_ACCUM_STEPS": "8"}  # the official script's model
 # and micro-batch (README: One H100), with or without --reference
@@ -212,11 +217,13 @@ def plan(args, env: dict) -> list:
 
 def record_plan(step_job, record: str, env: dict) -> None:
     """The record row: the kit at PRESET=8xh100-pr1855 beside PR #1855's script (bench_step --reference); FA2 as its
-    FlashAttention-3 where FA3 is not installed (the label says so)."""
+    FlashAttention-3 where FA3 is not installed (FA3_SHIM written; the label says so)."""
     extra, kernels = {"PRESET": "8xh100-pr1855"}, "FA3"
     if not installed("flash_attn_interface"):
+        FA3_SHIM.mkdir(exist_ok=True)
+        (FA3_SHIM / "flash_attn_interface.py").write_text(FA3_SHIM_SOURCE, encoding="utf-8")
         extra["PYTHONPATH"] = os.pathsep.join(filter(None, (str(FA3_SHIM), env.get("PYTHONPATH", ""))))
-        kernels = "FA2 as FA3 (tools/bench/fa3_shim)" if installed("flash_attn") else "no FA3 or FA2: no time"
+        kernels = "FA2 as FA3" if installed("flash_attn") else "no FA3 or FA2: no time"
     step_job("record", f"8xh100-pr1855 on one GPU, record's attention {kernels}", extra, str(Path(record).resolve()),
              warm=False)
 

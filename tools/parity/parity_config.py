@@ -70,6 +70,8 @@ NOT_APPLICABLE = {
     **dict.fromkeys(("attn_out_gate_enabled", "attn_out_gate_src", "gated_attn_enabled", "gated_attn_init_std"),
                     _OFF_GATE),
     "seed": "a per-run choice (the record's seeds 42, 0, 1234; SEED)",
+    "caseops_enabled": "the kit has no switch: a dataset with the CaseOps byte sidecar is scored on it (docs/data.md); "
+                       "the preset's DATA_PATH / TOKENIZER_PATH name the record's CaseOps layout",
     "grad_accum_steps": "8 // WORLD_SIZE in the record (1 on 8 GPUs); the kit's GRAD_ACCUM_STEPS=0 also resolves to 1 "
                         "at 8 ranks",
     "fused_ce_enabled": "a kernel choice for the same loss (the kit's LOSS_KERNEL picks its own fused kernel)",
@@ -80,7 +82,6 @@ NOT_APPLICABLE = {
                         "of the score",
 }
 PENDING = {
-    "caseops_enabled": "CaseOps data and its byte sidecar (the CaseOps data work)",
     "compressor": "the per-group lrzip/ZPAQ stream (pergroup): not in the kit yet",
 }
 

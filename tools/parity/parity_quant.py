@@ -92,17 +92,18 @@ def compare_lqer(module, rows: int = 96, cols: int = 256, rank: int = 4, group: 
             "rel_err_kit": (e - kit).norm().item() / norm, "rel_err_none": 1.0}
 
 
-def compare_hessians(module, kit, record, x: torch.Tensor, y: torch.Tensor) -> dict:
+def compare_hessians(module, kit, record, x: torch.Tensor, y: torch.Tensor, cross_docs: bool = False) -> dict:
     """Hessian collection on the same weights and calibration rows x [B, T]: the record's collect_hessians (one
     batch, forward_logits without cu_seqlens, as its calibration loader runs it) against the kit's
     collect_gptq_hessians (model(x, y)). The two normalize differently (the record divides the sum of X^T X by the
     batch count, the kit by the rows it summed: looped layers count twice), so each H is divided by its trace first.
+    cross_docs: the kit's GPTQ_CALIB_CROSS_DOCS (calibration across documents, as the record's).
     Returns {name: max |diff| / max |H|} for the names both have, plus "only_kit" / "only_record" name lists."""
     loader = types.SimpleNamespace(next_batch=lambda *_: (x, y))
     with cpu_standins(), torch.no_grad():
         rec = module.collect_hessians(record, loader, record.parity_h, torch.device("cpu"), n_calibration_batches=1)
         kit.eval()
-        mine, _ = collect_gptq_hessians(kit, lambda: (x, y), 1)
+        mine, _ = collect_gptq_hessians(kit, lambda: (x, y), 1, cross_docs=cross_docs)
     out = {"only_kit": sorted(set(mine) - set(rec)), "only_record": sorted(set(rec) - set(mine))}
     for name in sorted(set(rec) & set(mine)):
         a, b = rec[name] / rec[name].trace(), mine[name] / mine[name].trace()
