@@ -26,17 +26,20 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # NUM_THREADS; two spinning OpenMP threads per core made a tiny step ~25x slower, test_train.py)
     os.environ.setdefault("NUM_THREADS", "1")
     os.environ["OMP_NUM_THREADS"] = "1"
+    # Inductor (torch.compile) compiles in this process, not in a pool of compile workers, each a fresh Python
+    # importing torch (tests/test_attn_ops.py on one core: 137 -> 126 CPU s)
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
 
-# The files that take the most CPU time (seconds each, on one core), started first: `pytest -n 2` hands
-# out whole files (pytest.ini: --dist loadfile, --no-loadscope-reorder keeps this order) and a costly file
-# started last leaves one core idle while the other finishes it. The rest follow in collection order.
-HEAVY_FILES_FIRST = ("test_bad_inputs.py", "test_make_record.py", "test_interrupt.py", "test_audit_probe.py",
-                     "test_caseops_eval.py", "test_caseops_data.py", "test_bundle.py", "test_train.py",
-                     "test_bundle_when.py", "test_train_ttt.py", "test_sweep.py", "test_runfolder.py",
-                     "test_attn_ops.py", "test_presets.py", "test_train_lora_ttt.py", "test_train_phased_ttt.py",
+# The files that take the most CPU time (~50-180 s each on one core), started first: `pytest -n 2` hands out
+# whole files (pytest.ini: --dist loadfile; --no-loadscope-reorder keeps this order) and a costly file started
+# last leaves one core idle while the other finishes it. The rest follow in collection order.
+HEAVY_FILES_FIRST = ("test_bad_inputs.py", "test_audit_probe.py", "test_attn_ops.py", "test_make_record.py",
+                     "test_interrupt.py", "test_bundle.py", "test_train.py", "test_caseops_eval.py",
+                     "test_caseops_data.py", "test_bundle_when.py", "test_train_ttt.py", "test_sweep.py",
+                     "test_runfolder.py", "test_presets.py", "test_train_lora_ttt.py", "test_train_phased_ttt.py",
                      "test_parity_ttt.py", "test_quant_sdclip.py")
 
 
