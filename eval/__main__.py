@@ -28,7 +28,7 @@ it; EVAL_COMPILE (1, CUDA only) is the CLI's own.
 Every input is checked before torch is imported: a bad one is one line on stderr and exit 2 (primitives/cli_errors.py).
 A NaN or infinite score is never printed as a result: one line naming the pass, exit 1 (as the trainer's).
 With --ttt 1 (TTT_ENABLED) the sliding pass is score-first TTT of --ttt-mode (TTT_MODE: a row of eval/ttt_modes.py,
-run by eval/ttt_engine.py), printed as `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT
+run by eval/walk.py), printed as `final_ttt_exact val_loss:... val_bpb:... eval_time:Nms`, with the TTT
 settings the run scored with (the artifact records its plan: the planned epochs and phases, its stride, the mode and
 the mode's settings, and its scoring batch), flags override; one line says which came from where (and names a TTT_*
 variable of the environment the artifact's value replaced). An artifact that records none, or one of a run without

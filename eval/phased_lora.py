@@ -1,4 +1,4 @@
-"""PR #1855's phased score-first TTT, the `phased_lora` row of eval/ttt_modes.py (run by eval/ttt_engine.py):
+"""PR #1855's phased score-first TTT, the `phased_lora` row of eval/ttt_modes.py (run by eval/walk.py):
 per-document LoRA adapters (eval/record_lora.py) score and train each document chunk by chunk, batches of
 documents side by side; after the batches that complete a phase of the scored prefix, global SGD on the base
 model over the documents scored so far.
@@ -34,7 +34,8 @@ import torch.distributed as dist
 from eval.bpb import count_scored_bytes
 from eval.record_lora import RECORD_LORA_KINDS, RECORD_LORA_SEED, RecordLoRA, record_lora_nll
 from eval.ttt import reduce_clip_step, select_ttt_params
-from eval.ttt_engine import Schedule, Scorer
+from eval.sliding import Scorer
+from eval.walk import Schedule
 
 # the packed train_gpt.py holds this module only for runs with the record's phased LoRA TTT (kit/bundle_when.py)
 PACKED_WHEN = "TTT_ENABLED and TTT_MODE == 'phased_lora'"

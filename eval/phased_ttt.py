@@ -1,5 +1,5 @@
 """Phased score-first TTT's projection and plan (the mode itself is the `phased` row of eval/ttt_modes.py,
-run by eval/ttt_engine.py): score the val stream left to right in phases; after each phase, global SGD
+run by eval/walk.py): score the val stream left to right in phases; after each phase, global SGD
 on ALL the documents scored so far (the prefix), then the next phase is scored by the updated model.
 
 Sources (facts only; the code is the kit's): openai/parameter-golf PR #1610 (one pause after 2000

@@ -1,5 +1,6 @@
-"""The one window-scoring engine: sliding-window eval with the exact window set, batched,
-distributed and time-guarded (the roundtrip eval, eval/roundtrip.py, is one window set of it).
+"""The window-scoring engine: sliding-window eval with the exact window set, batched, distributed and
+time-guarded (the roundtrip eval, eval/roundtrip.py, is one window set of it); the pass itself is the walk of
+eval/walk.py with the updater that trains nothing (Scorer, the base of every TTT mode's updater).
 
 Window set (the challenge's exact set; fixes the seed PR's formula, which re-scored the tail): with
 context = seq_len - stride, windows start at 0, stride, 2*stride, ... while start + context <
@@ -14,29 +15,18 @@ Per batch of windows the engine turns logits into three float64 sums (NLL in nat
 scored bytes from the official byte LUTs, eval/bpb.py), all-reduced over ranks; then
 val_loss = NLL / tokens and val_bpb = NLL / ln 2 / bytes.
 
-The time guard exists because the reference single-H100 PR spent 657 s on a stride-128 sliding
+The time guard (the walk's) exists because the reference single-H100 PR spent 657 s on a stride-128 sliding
 eval, over the 600 s evaluation limit: after the first batches we project the total time and fail
 fast (or, with EVAL_AUTO_STRIDE=1, restart at the smallest stride that fits).
 """
 
-import math
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from eval.bpb import count_scored_bytes
-from primitives.progress import Progress
-
-
-class EvalTimeError(ValueError):
-    """The projected eval time exceeds EVAL_MAX_SECONDS; `fit_stride` is the smallest stride whose
-    projection fits (0: none <= seq_len does), for the message that says what to run next."""
-
-    def __init__(self, message: str, fit_stride: int):
-        super().__init__(message)
-        self.fit_stride = fit_stride
+from eval.walk import EvalTimeError, Schedule, TTTRun, run_score_first
 
 
 def count_sliding_windows(num_targets: int, seq_len: int, stride: int) -> int:
@@ -115,11 +105,109 @@ def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, se
                         count_scored_bytes(tokens, index, luts).where(score, 0).sum()])
 
 
+
+
+def ttt_window_ranges(bounds: list, run: TTTRun) -> list:
+    """Per unit of `bounds` (target offsets, unit c = [bounds[c], bounds[c+1])): the range of first window
+    indices run.rank scores, in batches of run.eval_batch_seqs, of the exact window set restricted to the unit's
+    targets (batch k of a unit's windows goes to rank k % world_size)."""
+    first = lambda t: first_sliding_window(t, run.seq_len, run.stride)
+    return [range(first(bounds[c]) + run.rank * run.eval_batch_seqs, first(bounds[c + 1] - 1) + 1,
+                  run.world_size * run.eval_batch_seqs) for c in range(len(bounds) - 1)]
+
+
+def score_unit_windows(score_fwd, run: TTTRun, windows, lo: int, hi: int, bar=None) -> torch.Tensor:
+    """float64 [3] (nll nats, targets, bytes) of this rank's share of targets [lo, hi) of run.tokens, scored over
+    `windows` (first window of each batch of run.eval_batch_seqs, ttt_window_ranges) under inference mode; bar: a
+    primitives.progress.Progress updated per batch."""
+    sums = torch.zeros(3, dtype=torch.float64, device=run.tokens.device)
+    with torch.inference_mode():
+        for first in windows:
+            sums += score_window_batch(score_fwd, run.tokens, run.luts, first, run.eval_batch_seqs, seq_len=run.seq_len,
+                                       stride=run.stride, autocast_dtype=run.autocast_dtype, target_lo=lo, target_hi=hi)
+            if bar is not None:
+                bar.update()
+    return sums
+
+
+class Scorer:
+    """The walk's updater that updates nothing (eval/walk.py): scores a round's units with the exact window set
+    restricted to each unit's targets (context from earlier tokens allowed), eval_batch_seqs windows per forward,
+    a share of each unit's window batches per rank (sums all-reduced by the walk). Subclasses (the TTT modes'
+    updaters, eval/ttt_modes.py) add training: trainable() (the model parameters left unfrozen), steps() (run the
+    updates after a round, yielding per step the target ranges it trained on), count_steps() (the steps steps()
+    would take), close(). progress(): (total, unit) of the progress bar (`self.bar`) that score() updates."""
+
+    def __init__(self, model, run: TTTRun):
+        self.model, self.run = model, run
+        self.score_fwd = scoring_forward(model, run.compile_model)
+
+    def start(self, sched: Schedule) -> None:
+        self.windows = ttt_window_ranges(sched.bounds, self.run)
+
+    def progress(self, sched: Schedule) -> tuple:
+        return sum(map(len, self.windows)), "window batches"
+
+    def trainable(self) -> list:
+        return []
+
+    def begin_round(self, sched: Schedule, now: list) -> None:
+        pass
+
+    def score(self, sched: Schedule, now: list) -> torch.Tensor:
+        """float64 [len(now), 3] (nll nats, targets, bytes) per unit of the round, this rank's share."""
+        b = sched.bounds
+        return torch.stack([score_unit_windows(self.score_fwd, self.run, self.windows[c], b[c], b[c + 1], self.bar)
+                            for _, c, _ in now])
+
+    def steps(self, sched: Schedule, spans: list, num_units: int):
+        return iter(())
+
+    def count_steps(self, sched: Schedule, spans: list, num_units: int) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class SlidingScorer(Scorer):
+    """The sliding pass's scorer: its progress counts this rank's batches."""
+
+    def progress(self, sched: Schedule) -> tuple:
+        return sum(map(len, self.windows)), "batches"
+
+
+def sliding_schedule(run: TTTRun) -> Schedule:
+    """The sliding pass's cut of the stream for the walk: a batch k of B = eval_batch_seqs windows goes to rank
+    k % world_size, so a group of world_size batches spans W x B windows. Round 0 scores group 0 (it pays for
+    compilation), round 1 groups 1..probe (probe = min(3, the fewest batches of a rank - 1)), round 2 the rest;
+    the walk's guard runs once, after round 1, in batches of the busiest rank (refit: that count at any stride).
+    One round (no guard) when a rank has at most one batch; two (no guard) when nothing is left after the probe."""
+    num_targets, group = len(run.tokens) - 1, run.eval_batch_seqs * run.world_size
+    context = run.seq_len - run.stride
+    num_windows = count_sliding_windows(num_targets, run.seq_len, run.stride)
+    batches = lambda s: -(-count_sliding_windows(num_targets, run.seq_len, s) // group)  # the busiest rank's
+    probe = min(3, -(-num_windows // run.eval_batch_seqs) // run.world_size - 1)
+    cuts = [k * group * run.stride + context for k in (1, probe + 1) if probe > 0 and k * group < num_windows]
+    bounds = [0, *cuts, num_targets]
+    work = [1, probe, batches(run.stride) - probe - 1][:len(bounds) - 1]
+    return Schedule(bounds, [[(0, c, True)] for c in range(len(work))], work, refit=batches,
+                    note=f"{num_windows} windows, ")
+
+
+class SlidingPass:
+    """The walk's row of the sliding pass (eval/walk.py run_score_first): sliding_schedule, no updater."""
+    entry = label = title = "eval_sliding"
+    unit, count_from, scope = "", 0, None
+    schedule, updater = staticmethod(sliding_schedule), SlidingScorer
+
+
 @torch.inference_mode()
 def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device, rank=0, world_size=1,
                  autocast_dtype=None, max_seconds=600.0, auto_stride=False, log=print, compile_model=False,
                  clock=time.perf_counter) -> dict:
-    """Sliding-window val eval of the model's logits (scoring_forward) over the whole stream val_tokens int64 [N].
+    """Sliding-window val eval of the model's logits (scoring_forward) over the whole stream val_tokens int64 [N]:
+    the walk of eval/walk.py with no updater (SlidingPass), so a TTT mode with no update scores the same.
 
     Windows (see module docstring) go batch_seqs per forward ([batch_seqs, min(seq_len, N-1)] int64
     inputs; logits [B, T, V] of any float dtype are upcast to float32 for a full normalized
@@ -132,7 +220,7 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     the forward (the trainer asks for it on CUDA; on CPU, tests compile it with Inductor to prove
     there is no recompile across batches).
     autocast_dtype: e.g. torch.bfloat16 on CUDA, None for none.
-    Time guard: after batch 3 (batch 0, which pays for compilation, is timed apart; earlier when a
+    Time guard (the walk's): after batch 3 (batch 0, which pays for compilation, is timed apart; earlier when a
     rank has fewer batches) the total time is projected as elapsed + seconds_per_batch * remaining
     batches (max over ranks)
     and logged on rank 0. If it exceeds max_seconds (EVAL_MAX_SECONDS) ValueError is raised with the
@@ -152,60 +240,19 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
                          f"TRAIN_SEQ_LEN={seq_len}, EVAL_BATCH_SEQS={batch_seqs}, EVAL_MAX_SECONDS={max_seconds}; "
                          "expected int [N >= 2], 0 < stride <= seq_len, others > 0")
     device = torch.device(device)
-    tokens = val_tokens.to(device, torch.int64)
-    luts = [t.to(device) for t in luts]
-    num_targets = len(tokens) - 1
-    forward = scoring_forward(model, compile_model)
-    # Batches of the busiest rank when the windows of `stride` are split over all ranks.
-    num_batches = lambda s: -(-count_sliding_windows(num_targets, seq_len, s) // (world_size * batch_seqs))
+    tokens, luts = val_tokens.to(device, torch.int64), [t.to(device) for t in luts]
     t_start = clock()
     while True:
-        num_windows = count_sliding_windows(num_targets, seq_len, stride)
-        # The time guard probes after batch 3 (batch 0 pays for torch.compile and is timed apart),
-        # earlier if some rank has fewer batches: every rank must reach it (stats are all-reduced).
-        probe = min(3, -(-num_windows // batch_seqs) // world_size - 1)
-        sums = torch.zeros(3, dtype=torch.float64, device=device)
-        bar = Progress(f"eval_sliding stride {stride}", num_batches(stride), "batches")
-        # Batch k holds windows k*B .. k*B+B-1 and goes to rank k % world_size. Only the last batch
-        # runs past the last window; the plan masks such windows, so every batch has one shape.
-        for batch_index, first in enumerate(range(rank * batch_seqs, num_windows, world_size * batch_seqs)):
-            sums += score_window_batch(forward, tokens, luts, first, batch_seqs, seq_len=seq_len, stride=stride,
-                                       autocast_dtype=autocast_dtype)
-            bar.update()
-            if batch_index == 0:
-                float(sums[0])  # host sync: the clock then sees the finished device work
-                t_warm = clock()
-            if batch_index == probe > 0:
-                float(sums[0])
-                stats = torch.tensor([(now := clock()) - t_start, (now - t_warm) / probe], dtype=torch.float64,
-                                     device=device)
-                if dist.is_initialized():
-                    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-                elapsed_seconds, seconds_per_batch = stats.tolist()
-                projected_seconds = elapsed_seconds + seconds_per_batch * (num_batches(stride) - probe - 1)
-                what = (f"eval_sliding: projected {projected_seconds:.1f}s at stride {stride} ({num_windows} windows, "
-                        f"{seconds_per_batch * 1000:.1f}ms/batch, {elapsed_seconds:.1f}s elapsed), {max_seconds:.1f}s left "
-                        "of EVAL_MAX_SECONDS")
-                if rank == 0:
-                    log(what)
-                if projected_seconds > max_seconds:
-                    new_stride = next((s for s in range(stride + 1, seq_len + 1)
-                                       if elapsed_seconds + seconds_per_batch * num_batches(s) <= max_seconds), 0)
-                    if not (auto_stride and new_stride):
-                        raise EvalTimeError(what + (": no stride fits" if auto_stride else ": raise EVAL_STRIDE or set "
-                                                    "EVAL_AUTO_STRIDE=1"), new_stride)
-                    if rank == 0:
-                        log(f"eval_sliding: stride {stride} -> {new_stride}")
-                    stride = new_stride
-                    break
-        else:
-            bar.close()
-            break  # every batch done without a restart
-    if dist.is_initialized():
-        dist.all_reduce(sums)
-    nll_sum, num_scored, num_bytes = sums.tolist()
-    if num_scored != num_targets:  # the contract of val_bpb; a real check, which `python -O` keeps
-        raise RuntimeError(f"eval_sliding: scored {num_scored:.0f} targets, expected every one of the {num_targets} "
-                           f"exactly once (stride {stride}, seq_len {seq_len}): a bug of the window plan")
-    return dict(val_loss=nll_sum / num_scored, val_bpb=nll_sum / math.log(2) / num_bytes, stride=stride,
-                eval_seconds=clock() - t_start, num_scored_tokens=int(num_scored), num_bytes=int(num_bytes))
+        run = TTTRun(tokens, luts, seq_len, stride, 0, batch_seqs, rank, world_size, autocast_dtype, compile_model)
+        try:
+            out = run_score_first(model, run, SlidingPass, max_seconds=max_seconds, log=log, clock=clock,
+                                  t_start=t_start)
+        except EvalTimeError as err:
+            if not (auto_stride and err.fit_stride):
+                raise EvalTimeError(f"{err}{' (no stride fits)' if auto_stride else ' or set EVAL_AUTO_STRIDE=1'}",
+                                    err.fit_stride) from None
+            if rank == 0:
+                log(f"eval_sliding: stride {stride} -> {err.fit_stride}")
+            stride = err.fit_stride
+            continue
+        return {k: out[k] for k in ("val_loss", "val_bpb", "stride", "eval_seconds", "num_scored_tokens", "num_bytes")}

@@ -1,7 +1,7 @@
 """Legal score-first test-time training (TTT): adapt the model to the val stream while scoring it,
-never scoring a token with a model that has been updated on it. This module is the library of the modes
-(chunks, the ledger and its legality check, the SGD step, the chunked plan); the one driver is
-eval/ttt_engine.py and the modes are the rows of eval/ttt_modes.py (chunked is the `chunked` row).
+never scoring a token with a model that has been updated on it. This module is the library of the SGD modes
+(chunks, the SGD step, the chunked plan); the one driver, with the ledger and its legality check, is
+eval/walk.py and the modes are the rows of eval/ttt_modes.py (chunked is the `chunked` row).
 
 The rule (sources):
   - openai/parameter-golf README, FAQ on evaluation: "you are only allowed to test-time train on
@@ -32,14 +32,12 @@ of the model that scored it and the first/last update whose batch contained any 
 scored.
 """
 
-import bisect
-import math
 import re
 
 import torch
 import torch.distributed as dist
 
-from eval.sliding import count_sliding_windows, first_sliding_window, score_window_batch
+from eval.sliding import count_sliding_windows
 
 # the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
 PACKED_WHEN = "TTT_ENABLED"
@@ -73,29 +71,6 @@ def plan_chunk_sequences(lo: int, hi: int, seq_len: int, multiple: int) -> list:
     return [lo + (hi - seq_len - lo) * i // max(1, n - 1) for i in range(n)]
 
 
-def check_ttt_legality(records: list) -> None:
-    """Raise ValueError naming the first chunk that was scored by a model already updated on it.
-
-    records: dicts with chunk, scored_at_step (updates applied before the chunk was scored) and
-    first_update_step (1-based counter of the first update whose batch held any of its targets,
-    None if none). Consecutive records must tile the targets (each starts where the previous ended), in
-    scoring order (scored_at_step never decreasing; with a `document` key, only within a document: the
-    per-document LoRA adapters score documents side by side): a target scored twice or skipped is refused too.
-    """
-    for a, b in zip(records, records[1:]):
-        if b["first_target"] != a["first_target"] + a["num_targets"] or (
-                None not in (a["scored_at_step"], b["scored_at_step"]) and b["scored_at_step"] < a["scored_at_step"]
-                and a.get("document") == b.get("document")):
-            raise ValueError(f"TTT illegal: chunk {b['chunk']} (targets from {b['first_target']}) does not follow chunk "
-                             f"{a['chunk']} (targets {a['first_target']}..{a['first_target'] + a['num_targets'] - 1}) "
-                             "in scoring order: a target scored twice, skipped or out of order")
-    for r in records:
-        if None not in (r["first_update_step"], r["scored_at_step"]) and r["first_update_step"] <= r["scored_at_step"]:
-            raise ValueError(f"TTT illegal: chunk {r['chunk']} (targets {r['first_target']}.."
-                             f"{r['first_target'] + r['num_targets'] - 1}) was scored after {r['scored_at_step']} "
-                             f"updates, but update {r['first_update_step']} had already trained on it")
-
-
 def ttt_step_seqs(batch_seqs: int, chunk_tokens: int, seq_len: int, world_size: int = 1) -> int:
     """Sequences per TTT update, all ranks together: TTT_BATCH_SEQS capped at a chunk's sequences
     rounded up to a multiple of the world size."""
@@ -111,56 +86,6 @@ def select_ttt_params(model, which: str) -> list:
     if not chosen:
         raise ValueError(f"TTT_PARAMS={which!r} matches no parameter")
     return chosen
-
-
-def ttt_window_ranges(bounds: list, *, seq_len: int, stride: int, rank: int, world_size: int,
-                      eval_batch_seqs: int) -> list:
-    """Per chunk of `bounds` (target offsets, chunk c = [bounds[c], bounds[c+1])): the range of first
-    window indices this rank scores, in batches of eval_batch_seqs, of the sliding set (eval/sliding.py)
-    restricted to the chunk's targets."""
-    return [range(first_sliding_window(bounds[c], seq_len, stride) + rank * eval_batch_seqs,
-                  first_sliding_window(bounds[c + 1] - 1, seq_len, stride) + 1, world_size * eval_batch_seqs)
-            for c in range(len(bounds) - 1)]
-
-
-def score_unit_windows(score_fwd, tokens, luts, windows, lo: int, hi: int, *, eval_batch_seqs: int, seq_len: int,
-                       stride: int, autocast_dtype, bar=None) -> torch.Tensor:
-    """float64 [3] (nll nats, targets, bytes) of this rank's share of targets [lo, hi), scored over `windows`
-    (first window of each batch of eval_batch_seqs, ttt_window_ranges) under inference mode; bar: a
-    primitives.progress.Progress updated per batch."""
-    sums = torch.zeros(3, dtype=torch.float64, device=tokens.device)
-    with torch.inference_mode():
-        for first in windows:
-            sums += score_window_batch(score_fwd, tokens, luts, first, eval_batch_seqs, seq_len=seq_len, stride=stride,
-                                       autocast_dtype=autocast_dtype, target_lo=lo, target_hi=hi)
-            if bar is not None:
-                bar.update()
-    return sums
-
-
-def ttt_records(bounds: list, **per_chunk) -> list:
-    """The ledger's empty records, one per chunk of `bounds` ([0, b_1, ..., N - 1]); per_chunk: name -> list
-    of a value per chunk (e.g. document)."""
-    return [dict(chunk=c, **{k: v[c] for k, v in per_chunk.items()}, first_target=bounds[c],
-                 num_targets=bounds[c + 1] - bounds[c], scored_at_step=None, first_update_step=None,
-                 last_update_step=None) for c in range(len(bounds) - 1)]
-
-
-def mark_update(records: list, bounds: list, lo: int, hi: int, step: int) -> None:
-    """The ledger: update `step` trained on targets [lo, hi): every chunk holding one of them records it."""
-    for k in range(bisect.bisect_right(bounds, lo) - 1, bisect.bisect_left(bounds, hi)):
-        records[k]["first_update_step"] = records[k]["first_update_step"] or step
-        records[k]["last_update_step"] = step
-
-
-def ttt_totals(records: list, totals, num_targets: int, what: str) -> tuple:
-    """(val_loss, val_bpb, num_scored, num_bytes) of a finished TTT eval after check_ttt_legality(records);
-    RuntimeError unless every one of num_targets was scored exactly once."""
-    check_ttt_legality(records)
-    nll, num_scored, num_bytes = totals.tolist()
-    if num_scored != num_targets:
-        raise RuntimeError(f"{what}: scored {num_scored:.0f} targets, expected every one of the {num_targets} exactly once")
-    return nll / num_scored, nll / math.log(2) / num_bytes, int(num_scored), int(num_bytes)
 
 
 def sgd_step(train_fwd, optimizer, chosen, tokens, batch, *, seq_len, rank, world_size, lr, grad_clip, autocast_dtype,

@@ -1,6 +1,6 @@
 """The TTT modes: a registry keyed by TTT_MODE (as torchtitan keys its components by name), each row a
 schedule (how the val stream is cut into scored units and rounds), a scope (which scored targets the
-updates after a unit may train on) and an updater; eval/ttt_engine.py walks any row. A new mode is one
+updates after a unit may train on) and an updater; eval/walk.py walks any row. A new mode is one
 row here (plus its updater when none of these fits) and its name in primitives/settings.py's TTT_MODE_NAMES (the
 TTT_MODE choices; tests/test_ttt_engine.py asserts the two equal); the trainer, `python -m eval score` and the plan
 read everything mode-specific from its row.
@@ -28,10 +28,10 @@ from eval.lora_ttt import (lora_batch_windows, lora_schedule, plan_lora_ttt, pro
                            split_lora_chunks)
 from eval.phased_lora import PhasedLoRAUpdater, phased_lora_schedule
 from eval.phased_ttt import plan_phased_ttt, project_phased_seconds
-from eval.sliding import count_sliding_windows
+from eval.sliding import Scorer, count_sliding_windows
 from eval.ttt import (plan_chunk_sequences, plan_ttt, project_ttt_seconds, select_ttt_params, sgd_step, split_ttt_chunks,
                       ttt_step_seqs)
-from eval.ttt_engine import Schedule, Scorer, TTTRun, run_score_first
+from eval.walk import Schedule, TTTRun, run_score_first
 from primitives.settings import Hyperparameters
 
 # the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
@@ -48,7 +48,7 @@ class TTTMode:
     count_from: the names and round numbering its messages use (entry: run_<label>); plan(hp, timings, *, strides,
     roundtrip_seconds, num_val_tokens, world_size) -> the mode's plan dict (eval/plan.py makes the EvalPlan) with
     wanted_seconds (None: the mode is not planned, it runs TTT_EPOCHS at EVAL_STRIDE); timing: what the trainer
-    times for the plan, a key of trainer.evaluate.PLAN_TIMINGS and tools/bench/gpu_check.py's TTT_TIMED ("sgd": one
+    times for the plan, a key of trainer.ttt_eval.PLAN_TIMINGS and tools/bench/gpu_check.py's TTT_TIMED ("sgd": one
     SGD step, "lora": a scoring forward and a batched adapter step); recorded: the artifact's run["ttt"] names the
     mode (False for one row: artifacts that name none, written before modes, are read as it, and it stays so)."""
     label: str
@@ -67,6 +67,10 @@ class TTTMode:
     @property
     def entry(self) -> str:
         return "run_" + self.label.replace(" ", "_")
+
+    @property
+    def title(self) -> str:
+        return self.label + " eval"
 
 
 class SGDUpdater(Scorer):
@@ -308,7 +312,7 @@ def mode_settings(mode: str, settings) -> dict:
 def run_mode(mode: str, model, val_tokens, luts, *, seq_len, stride, epochs=None, eval_batch_seqs=32, device="cpu",
              rank=0, world_size=1, autocast_dtype=None, compile_model=False, max_seconds=600.0, bos_id=1, log=print,
              clock=time.perf_counter, **settings) -> dict:
-    """Score-first TTT of TTT_MODES[mode] over val_tokens int [N] (eval/ttt_engine.py's dict). model: an
+    """Score-first TTT of TTT_MODES[mode] over val_tokens int [N] (eval/walk.py run_score_first's dict). model: an
     nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] (or forward_hidden + head_logits,
     eval.sliding.scoring_forward) and, for SGD rows, forward(x, y) -> mean cross-entropy; kept in eval mode.
     settings: the row's fields (cfg keys, cfg_key) over the Hyperparameters defaults; epochs: TTT_EPOCHS (default

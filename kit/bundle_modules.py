@@ -217,11 +217,11 @@ BUNDLE_PIPELINE = (
     "primitives/settings.py",
     "shards/format.py", "shards/sidecar.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/lqer.py",
     "quant/sdclip.py", "quant/estimate.py", "quant/fit.py", "quant/grouped.py", "quant/artifact.py", "eval/bpb.py",
-    "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py", "eval/phased_ttt.py", "eval/lora_batch.py", "eval/lora_ttt.py",
-    "eval/record_lora.py", "eval/ttt_engine.py", "eval/phased_lora.py", "eval/ttt_modes.py", "eval/plan.py",
+    "eval/walk.py", "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py", "eval/phased_ttt.py", "eval/lora_batch.py",
+    "eval/lora_ttt.py", "eval/record_lora.py", "eval/phased_lora.py", "eval/ttt_modes.py", "eval/plan.py", "eval/ttt_plan.py",
     "model/fa4.py", "model/attention.py", "trainer/context.py", "trainer/interrupt.py",
     "shards/loader.py", "model/attn_ops.py", "model/softcap_loss.py", "model/fused_loss.py", "model/stack.py",
-    "model/gpt.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
+    "model/gpt.py", "trainer/timing.py", "trainer/ttt_eval.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
     "trainer/schedule.py", "trainer/checks.py", "trainer/finish.py", "trainer/loop.py",
 )
 

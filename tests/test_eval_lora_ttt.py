@@ -15,8 +15,8 @@ from eval.lora_batch import BatchedLoRA, plan_lora_rounds
 from eval.lora_ttt import (count_lora_work, estimate_lora_work, lora_batch_windows, project_lora_seconds,
                            split_lora_chunks)
 from eval.sliding import EvalTimeError, eval_sliding
-from eval.ttt import check_ttt_legality
 from eval.ttt_modes import TTT_MODES, run_mode
+from eval.walk import check_ttt_legality
 from lora_reference import sequential_lora_ttt
 from model.gpt import GPT
 from test_eval_support import ClockedForward, mixed_stream, read_docs

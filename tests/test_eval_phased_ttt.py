@@ -10,7 +10,7 @@ import torch
 from eval.phased_ttt import plan_phased_ttt, project_phased_seconds
 from eval.ttt_modes import TTT_MODES, run_mode, split_phases
 from eval.sliding import eval_sliding
-from eval.ttt import check_ttt_legality
+from eval.walk import check_ttt_legality
 from test_eval_support import load_sp, mixed_stream
 from test_eval_ttt import QUIET, TTTLM, run_ttt
 

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 
 import eval.ttt as ttt
 from eval.sliding import EvalTimeError, eval_sliding
-from eval.ttt import check_ttt_legality, plan_chunk_sequences, plan_ttt, select_ttt_params, split_ttt_chunks
+from eval.ttt import plan_chunk_sequences, plan_ttt, select_ttt_params, split_ttt_chunks
 from eval.ttt_modes import TTT_MODES, run_mode
+from eval.walk import check_ttt_legality
 from test_eval_support import ClockedForward, TinyCausalLM, mixed_stream
 
 run_ttt = functools.partial(run_mode, "chunked")

@@ -226,7 +226,7 @@ def test_ttt_projection_row_of_lora_ttt_is_the_trainers_plan():
     + roundtrip 19,795 windows x 0.49 ms (9.7 s) = 1,312 s; 1 epoch 661 s > 540 s, so the plan scores with the
     sliding pass and the row warns why; at 15 ms and 60 ms 1 epoch of 3 fits (449 s)."""
     from primitives.settings import Hyperparameters
-    from eval.plan import lora_work_at
+    from eval.ttt_plan import lora_work_at
 
     gc = gpu_check_module()
     hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora", eval_auto_stride=False)
@@ -251,7 +251,7 @@ def test_lora_row_shows_the_stride_the_auto_stride_plan_chooses():
     97.7 + 390.7 + 9.7 = 498 s) rather than 1 epoch at stride 64. Steps of 200 ms fit no epoch: the sliding pass at
     stride 64 (its 320 s fit)."""
     from primitives.settings import Hyperparameters
-    from eval.plan import lora_work_at
+    from eval.ttt_plan import lora_work_at
 
     gc = gpu_check_module()
     hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora")
@@ -277,7 +277,7 @@ def test_the_frontier_preset_plans_its_lora_ttt_at_a_coarser_stride():
     import dataclasses
 
     from primitives.settings import Hyperparameters
-    from eval.plan import lora_work_at
+    from eval.ttt_plan import lora_work_at
 
     gc = gpu_check_module()
     hp = Hyperparameters.from_env({"PRESET": "1xh100-frontier", "RUN_ID": "x"}, log=lambda *_: None)
@@ -296,7 +296,7 @@ def test_lora_row_says_whether_its_documents_were_counted_or_assumed(sp):
 
     from primitives.settings import Hyperparameters
     from test_eval_support import mixed_stream
-    from eval.plan import lora_work_at
+    from eval.ttt_plan import lora_work_at
 
     gc = gpu_check_module()
     hp = Hyperparameters(run_id="x", ttt_enabled=True, ttt_mode="lora", train_seq_len=256, ttt_lora_batch_docs=4)

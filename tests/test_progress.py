@@ -119,7 +119,7 @@ def test_ttt_eval_reports_each_window_batch(every_update, sp_luts, capsys):
 
 
 def test_the_plan_timings_report_their_calls(every_update, capsys):
-    from trainer.evaluate import seconds_per_call
+    from trainer.timing import seconds_per_call
 
     class Ctx:
         def sync(self):

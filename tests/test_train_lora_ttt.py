@@ -56,7 +56,7 @@ def test_a_coarser_lora_stride_is_the_one_the_artifact_scores_with(tiny_dataset,
     the ttt_plan line, the final_ttt line, result.json and the artifact, and `python -m eval score --ttt 1`
     without --stride scores the artifact at it to the same val_bpb."""
     from shards.format import load_validation_tokens
-    from eval.plan import lora_work_at
+    from eval.ttt_plan import lora_work_at
 
     env = trainer_env(tiny_dataset, sp1024_model, tmp_path, RUN_ID="coarse", **LORA_ENV, EVAL_AUTO_STRIDE=1,
                       EVAL_STRIDE=16, EVAL_BATCH_SEQS=4)
@@ -66,7 +66,7 @@ def test_a_coarser_lora_stride_is_the_one_the_artifact_scores_with(tiny_dataset,
     fine, coarse = work_at(16)["forwards"], work_at(32)["forwards"]
     assert coarse < fine
     forward_seconds = 540 / ((fine + coarse) / 2)  # 16 projects over 90% of 600 s, 32 under it
-    patch = ("import runpy, sys, trainer.evaluate as e\n"
+    patch = ("import runpy, sys, trainer.ttt_eval as e\n"
              "e.time_eval_forward = lambda *a: 1e-6\n"
              f"e.time_lora_ttt = lambda *a: ({forward_seconds!r}, 1e-6)\n"
              "sys.argv = ['train_gpt.py']\nrunpy.run_path('train_gpt.py', run_name='__main__')\n")
@@ -97,23 +97,23 @@ def test_the_lora_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
     steps); a chunk spans 4 or 5 windows of stride 16 (its start mod 16), 19,624 forwards of 4 counted from the
     stream; roundtrip 3.9 s at 1 ms per forward batch (plan_with's)."""
     import torch
-    import trainer.evaluate as trainer_evaluate
+    import trainer.ttt_eval as trainer_ttt
 
     stream = torch.full((1_000_001,), 7)
     stream[:-1:500] = 1
-    monkeypatch.setattr(trainer_evaluate, "load_validation_tokens", lambda *a, **k: stream)
+    monkeypatch.setattr(trainer_ttt, "load_validation_tokens", lambda *a, **k: stream)
     common = dict(ttt_mode="lora", ttt_lora_chunk_tokens=64, ttt_epochs=2, ttt_lora_batch_docs=16)
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.01))
+    monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.002, 0.01))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 100.0, **common)  # the SGD step's timing plays no part
     assert plan == dict(stride=16, ttt_epochs=2)  # 19,624 x 2 ms + 2 x 875 x 10 ms + 3.9 s = 60.7 s
     assert lines[-1] == ("ttt_plan: TTT_MODE=lora 2.0ms per scoring forward of 4x64, 10.0ms per batched adapter step "
                          "of 16x64, 1000000 val targets in 2000 documents: 1000 rounds of TTT_LORA_BATCH_DOCS=16 (19624 "
                          "forwards, 875 with steps): stride 16 epochs 2 projected 61s with the roundtrip "
                          "(EVAL_MAX_SECONDS=600)")
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.4))
+    monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.002, 0.4))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)  # 2 epochs: 743 s; 1 epoch: 393 s
     assert plan == dict(stride=16, ttt_epochs=1) and lines[-1].endswith("; TTT_EPOCHS=2 -> 1")
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.8))
+    monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.002, 0.8))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
     assert plan == dict(stride=16, ttt_epochs=0)
     assert lines[-1].endswith("(EVAL_MAX_SECONDS=600); TTT skipped: 1 epoch of LoRA TTT projects 743s > 0.9 x "
@@ -129,13 +129,13 @@ def test_with_auto_stride_the_lora_plan_coarsens_the_stride_before_it_cuts_epoch
     a batch: roundtrip 156 s): the sliding pass at the first stride whose pass fits, 27 (37,036 windows, 370 s; 26:
     38,461, 385 s)."""
     import torch
-    import trainer.evaluate as trainer_evaluate
+    import trainer.ttt_eval as trainer_ttt
 
     stream = torch.full((1_000_001,), 7)
     stream[:-1:500] = 1
-    monkeypatch.setattr(trainer_evaluate, "load_validation_tokens", lambda *a, **k: stream)
+    monkeypatch.setattr(trainer_ttt, "load_validation_tokens", lambda *a, **k: stream)
     common = dict(ttt_mode="lora", ttt_lora_chunk_tokens=64, ttt_epochs=2, ttt_lora_batch_docs=16)
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.03, 0.1))
+    monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.03, 0.1))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
     assert plan == dict(stride=16, ttt_epochs=0)  # without EVAL_AUTO_STRIDE: as before
     assert lines[-1].endswith("; TTT skipped: 1 epoch of LoRA TTT projects 680s > 0.9 x EVAL_MAX_SECONDS=600; "
@@ -144,12 +144,12 @@ def test_with_auto_stride_the_lora_plan_coarsens_the_stride_before_it_cuts_epoch
     assert plan == dict(stride=32, ttt_epochs=2)
     assert lines[-1].endswith("2000 documents: 1000 rounds of TTT_LORA_BATCH_DOCS=16 (11875 forwards, 875 with steps): "
                               "stride 32 epochs 2 projected 535s with the roundtrip (EVAL_MAX_SECONDS=600)")
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.02, 0.1))
+    monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.02, 0.1))
     plan, _ = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
     assert plan == dict(stride=16, ttt_epochs=1)
     plan, _ = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, eval_auto_stride=True, **common)
     assert plan == dict(stride=19, ttt_epochs=2)
-    monkeypatch.setattr(trainer_evaluate, "time_lora_ttt", lambda *a: (0.002, 0.7))
+    monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.002, 0.7))
     plan, lines = plan_with(monkeypatch, tmp_path, 0.04, 0.1, eval_auto_stride=True, **common)
     assert plan == dict(stride=27, ttt_epochs=0)
     assert re.search(r" stride 27 epochs 0 projected 527s with the roundtrip \(EVAL_MAX_SECONDS=600\); TTT skipped: 1 "

@@ -1,4 +1,4 @@
-"""The TTT engine (eval/ttt_engine.py) and its registry (eval/ttt_modes.py): a mode added through the registry
+"""The TTT engine (eval/walk.py) and its registry (eval/ttt_modes.py): a mode added through the registry
 alone runs end to end (the trainer's evaluate_ttt and run_mode, legal ledger, learns, its epochs=0 run is the
 sliding score), an illegal toy scope is refused, and every row names only real settings."""
 
@@ -12,13 +12,14 @@ import torch
 
 from eval.plan import EvalPlan
 from eval.sliding import eval_sliding
-from eval.ttt import check_ttt_legality, split_ttt_chunks
-from eval.ttt_engine import Schedule, Scorer
+from eval.ttt import split_ttt_chunks
+from eval.sliding import Scorer
 from eval.ttt_modes import TTT_MODES, TTTMode, mode_settings, prefix_scope, run_mode
+from eval.walk import Schedule, check_ttt_legality
 from primitives.settings import Hyperparameters
 from test_eval_support import mixed_stream
 from test_eval_ttt import QUIET, TTTLM
-from trainer.evaluate import evaluate_ttt
+from trainer.ttt_eval import evaluate_ttt
 
 
 class HeadStep(Scorer):

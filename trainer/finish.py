@@ -12,13 +12,12 @@ import torch.distributed as dist
 from eval.bpb import nonfinite_scores
 from eval.sliding import EvalTimeError
 from eval.plan import EvalPlan
-from eval.ttt import ttt_result_line, zero_updates_warning
-from eval.ttt_modes import TTT_MODES
 from quant.artifact import export_artifact, load_artifact
 from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
 from trainer.context import BUNDLE_KIND, RunContext, require_kit
-from trainer.evaluate import evaluate_roundtrip, evaluate_sliding, evaluate_ttt
+from trainer.evaluate import evaluate_roundtrip, evaluate_sliding
+from trainer.ttt_eval import evaluate_ttt, mode_own_settings, recorded_mode, ttt_entries
 from primitives.files import atomic_write_json, sha256_file
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
@@ -88,22 +87,12 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
     if ttt_epochs:
         tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, plan=plan, started=eval_start)
-        # epochs that updated nothing (one chunk: the last is never trained on) are not reported as TTT epochs
-        yield lap("ttt", val_loss_ttt=tt["val_loss"], val_bpb_ttt=tt["val_bpb"], eval_stride=eval_stride,
-                  ttt_epochs=ttt_epochs * bool(tt["num_updates"]), ttt_epochs_planned=ttt_epochs,
-                  ttt_updates=tt["num_updates"], ttt_chunks=tt["num_chunks"],
-                  ttt_updates_stopped_at_chunk=tt["updates_stopped_at_chunk"],
-                  eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
-                  tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
-                  **rescore_entries(hp, artifact_path, plan, tt),
-                  **({"ttt_mode": hp.ttt_mode} if tt["mode_entries"] else {}),
-                  **{"ttt_" + k.removeprefix("num_"): tt[k] for k in tt["mode_entries"]})
-        ctx.log(ttt_result_line(tt))
+        yield lap("ttt", **ttt_entries(ctx, hp, plan, tt), eval_seconds=time.perf_counter() - eval_start,
+                  val_tokens=val_tokens().numel(), tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
+                  **rescore_entries(hp, artifact_path, plan, tt))
         if BUNDLE_KIND == "package":  # the kit's re-scoring command may not reproduce this score
             if ttt_score_command_caveat(tt):
                 ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
-        if not tt["num_updates"]:
-            ctx.log(zero_updates_warning(tt, hp.ttt_mode))
         return
     sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
@@ -136,27 +125,14 @@ def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, a
 ARTIFACT_TTT_FIELDS = ("chunk_tokens", "lr", "momentum", "grad_clip", "batch_seqs", "params")
 
 
-def mode_own_settings(hp: Hyperparameters, plan: EvalPlan) -> dict:
-    """{field: value} of TTT_MODE's row fields beyond ARTIFACT_TTT_FIELDS (eval/ttt_modes.py; phases: the plan's);
-    {} with TTT off: the packed train_gpt.py holds the registry only for runs with TTT (kit/bundle_when.py)."""
-    if not hp.ttt_enabled:
-        return {}
-    own = {f: getattr(hp, f"ttt_{f}") for f in TTT_MODES[hp.ttt_mode].fields if f not in ARTIFACT_TTT_FIELDS}
-    if plan.phases and "phases" in own:
-        own["phases"] = plan.phases
-    return own
-
-
 def ttt_artifact_settings(hp: Hyperparameters, plan: EvalPlan) -> dict:
     """The artifact header's run["ttt"]: the TTT settings the run scores with (`python -m eval score --ttt 1`
     uses them): enabled (TTT_ENABLED 0/1), epochs (the plan's: 0 when it skipped TTT or TTT is off),
     ARTIFACT_TTT_FIELDS (TTT_CHUNK_TOKENS, ...), eval_batch_seqs (the scoring batch); the stride is the run's
     eval_stride (the plan's); with TTT on, a mode whose row is `recorded` (every one but chunked) adds mode, and its row's
     own fields (eval/ttt_modes.py; phases: the plan's); chunked artifacts stay byte-identical to those written before modes."""
-    own = mode_own_settings(hp, plan)
     return dict(enabled=int(hp.ttt_enabled), epochs=plan.epochs, **{f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS},
-                eval_batch_seqs=hp.eval_batch_seqs,
-                **(dict(mode=hp.ttt_mode, **own) if own or hp.ttt_enabled and TTT_MODES[hp.ttt_mode].recorded else {}))
+                eval_batch_seqs=hp.eval_batch_seqs, **(recorded_mode(hp, plan, ARTIFACT_TTT_FIELDS) if hp.ttt_enabled else {}))
 
 
 def ttt_score_command_caveat(tt: dict):
@@ -183,7 +159,7 @@ def score_command(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan) -> s
     """The command that scores a written artifact as the run did (eval/__main__.py): the plan's stride and the
     run's scoring batch, and its TTT settings (the mode's fields, the plan's epochs and phases) when the plan
     kept TTT (plan.epochs > 0)."""
-    own = mode_own_settings(hp, plan)
+    own = mode_own_settings(hp, plan, ARTIFACT_TTT_FIELDS)
     flags = {f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS}
     ttt = (f" --ttt 1 --ttt-epochs {plan.epochs}" + "".join(f" --ttt-{f.replace('_', '-')} {shlex.quote(str(v))}"
                                                            for f, v in flags.items())

@@ -86,13 +86,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import model.attention as trainer_attention  # noqa: E402
 import trainer.checks as trainer_checks  # noqa: E402
 import trainer.context as trainer_context  # noqa: E402
-import trainer.evaluate as trainer_evaluate  # noqa: E402
+import trainer.ttt_eval as trainer_ttt  # noqa: E402
 import shards.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
 import model.gpt as trainer_model  # noqa: E402
 import primitives.settings as trainer_settings  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
-from eval.plan import lora_work_at, plan_ttt_eval  # noqa: E402
+from eval.ttt_plan import lora_work_at, plan_ttt_eval  # noqa: E402
 from eval.ttt_modes import TTT_MODES  # noqa: E402
 from shards.format import load_validation_tokens  # noqa: E402
 from model.fused_loss import resolve_loss_kernel  # noqa: E402
@@ -382,8 +382,8 @@ def agreement_rows(ctx, model, hp) -> list:
     return rows
 
 
-# per row `timing` (eval/ttt_modes.py TTTMode.timing, the keys of trainer.evaluate.PLAN_TIMINGS): whether the
-# projection needs batched LoRA timings (trainer.evaluate.time_lora_ttt) and the val split's documents
+# per row `timing` (eval/ttt_modes.py TTTMode.timing, the keys of trainer.ttt_eval.PLAN_TIMINGS): whether the
+# projection needs batched LoRA timings (trainer.ttt_eval.time_lora_ttt) and the val split's documents
 TTT_TIMED = dict(sgd=False, lora=True)
 
 
@@ -394,11 +394,11 @@ def timed_as_lora(hp) -> bool:
 
 def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_tokens: int, hp,
                        world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, lora_work=None) -> Row:
-    """Projected full-val legal TTT eval of TTT_MODE as the trainer plans it (eval.plan.plan_ttt_eval, the
+    """Projected full-val legal TTT eval of TTT_MODE as the trainer plans it (eval.ttt_plan.plan_ttt_eval, the
     EvalPlan the run would use): the settings as asked (TTT_EPOCHS, TTT_PHASES at EVAL_STRIDE) and what the plan
-    keeps. seconds_per_window from the sliding eval; step_seconds: one SGD TTT update (trainer.evaluate.time_ttt_step);
+    keeps. seconds_per_window from the sliding eval; step_seconds: one SGD TTT update (trainer.ttt_eval.time_ttt_step);
     a mode timed as LoRA (its row's `timing`): lora_timings (scoring forward, batched adapter step:
-    trainer.evaluate.time_lora_ttt) and lora_work (eval.plan.lora_work_at: the val split's schedule, counted or
+    trainer.ttt_eval.time_lora_ttt) and lora_work (eval.ttt_plan.lora_work_at: the val split's schedule, counted or
     assumed; without timings: "not projected", a WARN "unverified" with TTT_ENABLED). With TTT_ENABLED, WARN when
     the plan cuts epochs or phases, coarsens the stride or skips TTT; without it, information only."""
     lora = timed_as_lora(hp)
@@ -457,8 +457,8 @@ def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
     result = eval_sliding(model, tokens, luts, stride=64, **common)
     recompiles = counters["stats"]["unique_graphs"] - graphs  # before the TTT step, which compiles its own graph
     per_window = result["eval_seconds"] / count_sliding_windows(n, seq_len, 64)
-    step = trainer_evaluate.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
-    lora = trainer_evaluate.time_lora_ttt(ctx, model, hp) if timed_as_lora(hp) else None
+    step = trainer_ttt.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
+    lora = trainer_ttt.time_lora_ttt(ctx, model, hp) if timed_as_lora(hp) else None
     model.train()
     return [Row("eval recompiles", str(recompiles), ok=recompiles == 0),
             Row("sliding eval", f"{1000 * per_window:.2f} ms per window of {seq_len} (batch {b})"),

@@ -42,7 +42,7 @@ def byte_luts(vocab: int, seed: int = 0) -> list:
 
 
 def kit_phased_lora(model, hp, tokens: torch.Tensor, luts: list) -> dict:
-    """The kit's TTT_MODE=phased_lora result dict (eval/ttt_engine.py) of hp's settings on model (adapted in place)."""
+    """The kit's TTT_MODE=phased_lora result dict (eval/walk.py run_score_first) of hp's settings on model (adapted in place)."""
     return run_mode("phased_lora", model.eval(), tokens, luts, seq_len=hp.train_seq_len, stride=hp.eval_stride,
                     epochs=hp.ttt_epochs, log=lambda *_: None, **mode_settings("phased_lora", hp))
 
