@@ -21,6 +21,9 @@ FIRST_STEP, RUN = 22, {"ITERATIONS": "30", "MAX_WALLCLOCK_SECONDS": "0", "MUON_M
 
 
 def models(**env):
+    # kit_model draws its weights from torch's global RNG: seeded here, so no test order changes them (a weight near a
+    # QAT rounding boundary turns a 1e-5 float32 difference into one quantization step: 3.4e-4 on an unseeded draw)
+    torch.manual_seed(0)
     module = import_script(PR1617_SCRIPT)
     hp = toy_settings("1xh100-sp4096", **RUN, **env)
     args = record_args(module, LOG, iterations=30, muon_momentum_warmup_steps=500, train_seq_len=hp.train_seq_len,
@@ -63,7 +66,8 @@ def test_six_training_steps_equal_the_records_in_float32():
     """The models' own gradients, 6 steps with the momentum warmup moving, the warmdown acting from the fourth and the
     late QAT switching on at the fifth on both sides (int6 / int8 rows at its clip quantile and scale floor); float32,
     both Muons' bf16 casts lifted to float32 (bf16_lifted; the bf16 arithmetic is the previous test's, bit for bit):
-    every parameter within 1e-4 after each step (measured 4.4e-7 .. 2.0e-5, the tied embedding)."""
+    every parameter within 1e-4 after each step (seed 0: 3.9e-6 .. 8.8e-6, the tied embedding; one unseeded draw
+    reached 3.4e-4 at a late-QAT step, a weight rounding to the other int step: docs/parity.md)."""
     module, hp, args, kit, record = models()
     gen = torch.Generator().manual_seed(0)
     batches = [tuple(torch.randint(0, hp.vocab_size, (2, 2, hp.train_seq_len), generator=gen)) for _ in range(6)]
