@@ -32,10 +32,13 @@ def toy_settings(preset: str = "8xh100-pr1855", **env) -> Hyperparameters:
 
 def kit_model(hp: Hyperparameters, seed: int = 0, noise: float = 0.3) -> GPT:
     """The kit's float32 GPT for hp: its own init, then every parameter plus N(0, noise^2) (zero-initialized
-    projections, gates and lambdas would otherwise hide their paths)."""
+    projections, gates and lambdas would otherwise hide their paths). The init draws from torch's global RNG: seeded
+    with `seed` inside a forked RNG, so the weights do not depend on what ran before and the caller's stream is kept."""
     gen = torch.Generator().manual_seed(seed)
-    model = GPT(**build_model_config(hp))
-    model.init_weights(hp.tied_embed_init_std)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(**build_model_config(hp))
+        model.init_weights(hp.tied_embed_init_std)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * noise)
