@@ -168,8 +168,7 @@ def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, 
             sums = updater.score(sched, now)
             if dist.is_initialized():
                 dist.all_reduce(sums)
-            for (s, c, _), unit_sums in zip(now, sums):
-                nll, num_scored, num_bytes = unit_sums.tolist()
+            for (s, c, _), unit_sums, (nll, num_scored, num_bytes) in zip(now, sums, sums.tolist()):  # one sync
                 if num_scored != bounds[c + 1] - bounds[c]:
                     short = short or f" (chunk {c} scored {num_scored:.0f} of its {bounds[c + 1] - bounds[c]})"
                 totals += unit_sums
