@@ -26,7 +26,12 @@ from tools.auditor.audit_logs import parse_log
 
 SP1024_TPB = 0.4105208
 SCRIPT_SOURCE = ('import os\nimport numpy as np\nimport sentencepiece as spm\nimport torch\n\n'
-                 'def main():\n    print("train", os.environ.get("SEED"))\n\nif __name__ == "__main__":\n    main()\n')
+                 'def main():\n    print("train", os.environ.get("SEED"))\n'
+                 '    print(f"step:{0}/{1} val_loss:{2.0:.4f} val_bpb:{1.2:.4f}")\n'
+                 '    print(f"final_int8_zlib_roundtrip_exact val_loss:{2.0:.8f} val_bpb:{1.2:.8f}")\n'
+                 '    for label in ("legal_ttt_exact", "quantized_ttt_phased", "final_ttt_exact"):\n'
+                 '        print(f"{label} val_loss:{2.0:.8f} val_bpb:{1.2:.8f}")\n'
+                 '\nif __name__ == "__main__":\n    main()\n')  # prints the result lines the tests log (log_from_code)
 SEEDS = (1337, 42, 2025)
 
 
@@ -123,6 +128,8 @@ FAILURES = {
     "byte_accounting": dict(tpb_of={42: SP1024_TPB * 1.04}),  # one log counts 4% fewer bytes
     "code_parses": dict(source="def main(:\n    pass\n"),
     "claims_match_logs": dict(claim_shift=0.01),  # no logged line or mean gives the claim: contradicted
+    # the logs' final lines name zlib and roundtrip, which this code never prints (closed PR #945's shape)
+    "log_from_code": dict(source=SCRIPT_SOURCE.replace("final_int8_zlib_roundtrip_exact", "final_int8_exact")),
 }
 # stricter than the organizers' practice (merged folders show it): a warning, exit 0
 WARNINGS = {

@@ -35,6 +35,7 @@ checks (tools/auditor/audit_checks.py, audit_limits.py, audit_config.py, audit_r
   no_network          no downloads or pip installs at run time
   code_inside_folder  no code run from outside the folder (runpy, importlib, sys.path)
   full_val_split      no log says only part of the val split was scored
+  log_from_code       each log's result lines carry labels whose words are in the shipped code (else: other code)
   file_safety         symlinks (outside the folder: fail), undecodable log bytes, oversized files
   smoke_run           a folder built with make_record --skip-smoke says so (warn)
 run probe (unless --no-run; needs the challenge tokenizers in data/tokenizers):
@@ -66,11 +67,12 @@ from tools.auditor import audit_rules as R
 from tools.auditor.audit_code import unpack_script
 from tools.auditor.audit_evidence import read_evidence
 from tools.auditor.audit_logs import read_log_file
+from tools.auditor.audit_logsource import check_log_from_code
 
 AUDIT_CHECKS = ("files", "submission_fields", "code_size", "code_parses", "requirements", "train_under_600s",
                 "eval_under_600s", "artifact_under_16mb", "claims_match_logs", "byte_accounting", "three_seeds",
                 "same_config", "significance", "data_disjoint", "val_not_trained", "no_network", "code_inside_folder",
-                "full_val_split", "file_safety", "smoke_run")
+                "full_val_split", "log_from_code", "file_safety", "smoke_run")
 # the words a check prints (JSON keeps the short status: "n/a" for not checkable)
 VERDICT_WORDS = {"pass": "pass", "warn": "warn", "fail": "fail", "n/a": "not checkable"}
 LOG_MAX_BYTES = 4 << 30  # logs are streamed (a 219 MB log is read); one over 4 GiB is listed as skipped
@@ -340,7 +342,7 @@ def audit_folder(folder, *, baseline_bpb=None, baseline_values=None, pythons=(),
               C.check_claims(rec), C.check_byte_accounting(rec), C.check_seeds(rec), F.check_same_config(rec),
               C.check_significance(rec, baseline_bpb, baseline_values), F.check_data(rec), R.check_val_training(rec),
               R.check_network(rec), R.check_outside_code(rec), R.check_partial_val(rec),
-              R.check_file_safety(rec, LOG_MAX_BYTES), F.check_smoke_run(rec)]
+              check_log_from_code(rec), R.check_file_safety(rec, LOG_MAX_BYTES), F.check_smoke_run(rec)]
     if not strict:
         _soften(rec, checks)
     assert tuple(c.name for c in checks) == AUDIT_CHECKS
