@@ -1,4 +1,4 @@
-"""PR #1855's phased score-first TTT, the `phased_lora` row of eval/ttt_modes.py (run by eval/walk.py):
+"""PR #1855's phased score-first TTT, the `phased_lora` row of the TTT registry (eval/ttt.py; run by eval/walk.py):
 per-document LoRA adapters (eval/record_lora.py) score and train each document chunk by chunk, batches of
 documents side by side; after the batches that complete a phase of the scored prefix, global SGD on the base
 model over the documents scored so far.
@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from eval.bpb import count_scored_bytes
 from eval.record_lora import RECORD_LORA_KINDS, RECORD_LORA_SEED, RecordLoRA, record_lora_nll
-from eval.ttt import reduce_clip_step, select_ttt_params
+from eval.ttt import (SGD_EXPECTED, SGD_FIELDS, TTT_MODES, TTTMode, reduce_clip_step, select_ttt_params, sgd_valid,
+                      unit_scope)
 from eval.sliding import Scorer
 from eval.walk import Schedule
 
@@ -259,3 +260,19 @@ class PhasedLoRAUpdater(Scorer):
 
     def close(self) -> None:
         self.lora.remove()
+
+
+# PR #1855's phased TTT: per-document adapters in batches, global SGD between phases (the registry's row)
+TTT_MODES["phased_lora"] = TTTMode(
+    label="phased lora ttt", unit="round", count_from=1,
+    fields=("phases", "prefix_docs", "global_epochs", "chunk_tokens", *SGD_FIELDS, "lora_rank", "lora_lr",
+            "lora_chunk_tokens", "lora_batch_docs", "lora_alpha", "lora_wd", "lora_beta1", "lora_beta2", "lora_k",
+            "lora_mlp", "lora_o"),
+    valid=lambda run: (sgd_valid(run, "chunk_tokens") and 0 < run.cfg["lora_chunk_tokens"] <= run.seq_len
+                       and min(run.cfg["phases"], run.cfg["lora_rank"], run.cfg["batch_docs"]) >= 1
+                       and min(run.cfg["prefix_docs"], run.cfg["global_epochs"], run.cfg["lora_lr"],
+                               run.cfg["lora_wd"]) >= 0 and run.cfg["lora_alpha"] > 0
+                       and 0 <= run.cfg["lora_beta1"] < 1 and 0 <= run.cfg["lora_beta2"] < 1),
+    expected="seq_len <= chunk tokens, 0 < lora chunk tokens <= seq_len, phases, rank and batch docs >= 1, "
+             "alpha > 0, betas in [0, 1)," + SGD_EXPECTED,
+    schedule=phased_lora_schedule, scope=unit_scope, updater=PhasedLoRAUpdater)

@@ -1,7 +1,10 @@
 """Legal score-first test-time training (TTT): adapt the model to the val stream while scoring it,
-never scoring a token with a model that has been updated on it. This module is the library of the SGD modes
-(chunks, the SGD step, the chunked plan); the one driver, with the ledger and its legality check, is
-eval/walk.py and the modes are the rows of eval/ttt_modes.py (chunked is the `chunked` row).
+never scoring a token with a model that has been updated on it. This module holds what every mode shares: the
+registry TTT_MODES (TTTMode rows keyed by TTT_MODE; each mode's module adds its own row when imported, so the packed
+train_gpt.py holds only its run's mode: eval/sgd_modes.py chunked and phased, eval/lora_mode.py lora,
+eval/phased_lora.py phased_lora; eval/ttt_modes.py imports them all and runs a row), and the library of the SGD
+modes (chunks, the SGD step, the chunked plan). The one driver, with the ledger and its legality check, is
+eval/walk.py.
 
 The rule (sources):
   - openai/parameter-golf README, FAQ on evaluation: "you are only allowed to test-time train on
@@ -33,6 +36,7 @@ scored.
 """
 
 import re
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -41,6 +45,58 @@ from eval.sliding import count_sliding_windows
 
 # the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
 PACKED_WHEN = "TTT_ENABLED"
+
+SGD_FIELDS = ("lr", "momentum", "params", "batch_seqs", "grad_clip")
+SGD_EXPECTED = " batch seqs a multiple of the world size, others >= 0"
+
+
+@dataclass(frozen=True)
+class TTTMode:
+    """One row of TTT_MODES. fields: the mode's settings, each the Hyperparameters field ttt_<name> (its defaults, its
+    env name in messages; run.cfg keys by cfg_key); valid(run) -> bool, with `expected` saying what in the refusal;
+    schedule(run) -> Schedule; scope(sched, unit) -> (lo, hi) targets; updater(model, run) -> Scorer; label, unit,
+    count_from: the names and round numbering its messages use (entry: run_<label>); plan(hp, timings, *, strides,
+    roundtrip_seconds, num_val_tokens, world_size) -> the mode's plan dict (eval/plan.py makes the EvalPlan) with
+    wanted_seconds (None: the mode is not planned, it runs TTT_EPOCHS at EVAL_STRIDE); timing: what the trainer
+    times for the plan, a key of trainer.ttt_eval.PLAN_TIMINGS and tools/bench/gpu_check.py's TTT_TIMED ("sgd": one
+    SGD step, "lora": a scoring forward and a batched adapter step); recorded: the artifact's run["ttt"] names the
+    mode (False for one row: artifacts that name none, written before modes, are read as it, and it stays so)."""
+    label: str
+    unit: str
+    count_from: int
+    fields: tuple
+    valid: object
+    expected: str
+    schedule: object
+    scope: object
+    updater: object
+    plan: object = None
+    timing: str = "sgd"
+    recorded: bool = True
+
+    @property
+    def entry(self) -> str:
+        return "run_" + self.label.replace(" ", "_")
+
+    @property
+    def title(self) -> str:
+        return self.label + " eval"
+
+
+# TTT_MODE -> its TTTMode row: each mode's module adds its own when imported (eval/ttt_modes.py imports them all)
+TTT_MODES = {}
+
+
+def unit_scope(sched, c: int) -> tuple:
+    """The updates after unit c train on its own targets, [bounds[c], bounds[c + 1])."""
+    return sched.bounds[c], sched.bounds[c + 1]
+
+
+def sgd_valid(run, unit: str) -> bool:
+    """A SGD row's settings check (TTTMode.valid) with its unit setting (chunk_tokens >= seq_len, phases >= 1)."""
+    cfg = run.cfg
+    return (cfg["lr"] >= 0 and cfg["batch_seqs"] > 0 and cfg["batch_seqs"] % run.world_size == 0
+            and cfg[unit] >= (run.seq_len if unit == "chunk_tokens" else 1))
 
 
 def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:

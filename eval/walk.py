@@ -15,7 +15,8 @@ restored after); the time guard (after each round past the first and before the 
 from the measured seconds per unit of scoring work and per update step, max over ranks; updates stop when
 scoring plus the planned steps would exceed max_seconds, EvalTimeError when scoring alone would, with the
 scored records as `.partial` and, for a schedule that can be re-cut at another stride, the smallest stride
-that fits).
+that fits). The ledger, its legality check and the every-target-once check run in the package: a record's packed
+train_gpt.py (docs/bundle.md) scores as the package run with the same settings did, and keeps the time guard.
 """
 
 import bisect
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from primitives.env import BUNDLE_KIND
 from primitives.progress import Progress
 
 
@@ -115,16 +117,37 @@ def check_ttt_legality(records: list) -> None:
                              f"updates, but update {r['first_update_step']} had already trained on it")
 
 
-def ttt_totals(records: list, totals, num_targets: int, what: str, short: str = "") -> tuple:
-    """(val_loss, val_bpb, num_scored, num_bytes) of a finished walk after check_ttt_legality(records);
-    RuntimeError (a bug of the window plan, `short` naming the first unit that scored another count) unless
-    every one of num_targets was scored exactly once."""
-    check_ttt_legality(records)
+def walk_scores(totals) -> tuple:
+    """(val_loss, val_bpb, num_scored, num_bytes) of a walk's float64 [3] sums (nll nats, targets, bytes)."""
     nll, num_scored, num_bytes = totals.tolist()
-    if num_scored != num_targets or short:
-        raise RuntimeError(f"{what}: scored {num_scored:.0f} targets, expected every one of the {num_targets} exactly "
-                           f"once{short}: a bug of the window plan")
     return nll / num_scored, nll / math.log(2) / num_bytes, int(num_scored), int(num_bytes)
+
+
+def ttt_totals(records: list, totals, num_targets: int, what: str, short: str = "") -> tuple:
+    """walk_scores(totals) of a finished walk after check_ttt_legality(records); RuntimeError (a bug of the window
+    plan, `short` naming the first unit that scored another count) unless every one of num_targets was scored
+    exactly once."""
+    check_ttt_legality(records)
+    scores = walk_scores(totals)
+    if scores[2] != num_targets or short:
+        raise RuntimeError(f"{what}: scored {scores[2]} targets, expected every one of the {num_targets} exactly "
+                           f"once{short}: a bug of the window plan")
+    return scores
+
+
+def ledger_round(records: list, bounds: list, now: list, scored: list, r: int, step: int, short: str) -> str:
+    """The ledger after round r scored the units `now` ([(slot, unit, last)]) with `step` updates applied: their
+    records (scored_at_step, slot and round where the ledger has them, val_loss, val_bpb from `scored`, the round's
+    [nll, targets, bytes] per unit) and check_ttt_legality of each with the one before; returns `short`, or the
+    first unit that scored another count than its targets."""
+    for (s, c, _), (nll, num_scored, num_bytes) in zip(now, scored):
+        if num_scored != bounds[c + 1] - bounds[c]:
+            short = short or f" (chunk {c} scored {num_scored:.0f} of its {bounds[c + 1] - bounds[c]})"
+        where = {k: v for k, v in (("slot", s), ("round", r)) if k in records[c]}
+        records[c].update(scored_at_step=step, **where, val_loss=nll / max(num_scored, 1),
+                          val_bpb=nll / math.log(2) / max(num_bytes, 1))
+        check_ttt_legality(records[max(0, c - 1):c + 1])
+    return short
 
 
 def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, t_start=None) -> dict:
@@ -134,10 +157,10 @@ def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, 
     parameters. t_start: the clock's start of the eval (a pass re-cut at another stride keeps it). Returns
     dict(val_loss nats/token, val_bpb, stride, epochs, eval_seconds, num_scored_tokens (== N - 1), num_bytes,
     num_chunks (units), num_updates (one per unit trained per step), updates_stopped_at_chunk (the round after
-    which updates stopped, None: never), chunks (the ledger), mode_entries (the schedule's result keys), plus the
-    schedule's result entries). Raises ValueError (check_ttt_legality) if a unit was scored after an update on
-    it, EvalTimeError when scoring alone cannot fit max_seconds, RuntimeError (a bug) unless every target was
-    scored exactly once.
+    which updates stopped, None: never), chunks (the ledger; [] in a packed file), mode_entries (the schedule's
+    result keys), plus the schedule's result entries). Raises EvalTimeError when scoring alone cannot fit
+    max_seconds; in the package also ValueError (check_ttt_legality) if a unit was scored after an update on it,
+    RuntimeError (a bug) unless every target was scored exactly once.
 
     The time guard, after each round past the first (compilation) and before the last: the rest is projected at
     the measured seconds per unit of score work and per update step (the max over ranks, as is the elapsed
@@ -149,7 +172,9 @@ def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, 
     updater = row.updater(model, run)
     updater.start(sched)
     bounds, rounds, num_units = sched.bounds, sched.rounds, len(sched.bounds) - 1
-    records = ttt_records(bounds, **sched.ledger)
+    records = []  # the ledger: kept and checked in the package (a record's file scores as the package run did)
+    if BUNDLE_KIND == "package":
+        records = ttt_records(bounds, **sched.ledger)
     spans = [[(s, c, row.scope(sched, c)) for s, c, last in now if not last] for now in rounds]
     planned = [updater.count_steps(sched, sp, num_units) for sp in spans]
     saved_flags = [(p, p.requires_grad) for p in model.parameters()]
@@ -168,19 +193,17 @@ def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, 
             sums = updater.score(sched, now)
             if dist.is_initialized():
                 dist.all_reduce(sums)
-            for (s, c, _), unit_sums, (nll, num_scored, num_bytes) in zip(now, sums, sums.tolist()):  # one sync
-                if num_scored != bounds[c + 1] - bounds[c]:
-                    short = short or f" (chunk {c} scored {num_scored:.0f} of its {bounds[c + 1] - bounds[c]})"
+            scored = sums.tolist()  # one sync: the clock times finished work
+            for unit_sums in sums:
                 totals += unit_sums
-                where = {k: v for k, v in (("slot", s), ("round", r)) if k in records[c]}
-                records[c].update(scored_at_step=step, **where, val_loss=nll / max(num_scored, 1),
-                                  val_bpb=nll / math.log(2) / max(num_bytes, 1))
-                check_ttt_legality(records[max(0, c - 1):c + 1])
+            if BUNDLE_KIND == "package":
+                short = ledger_round(records, bounds, now, scored, r, step, short)
             t1 = clock()
             for ranges in updater.steps(sched, spans[r], num_units) if stopped is None else ():
                 step, num_updates = step + 1, num_updates + len(ranges)
-                for lo, hi in ranges:
-                    mark_update(records, bounds, lo, hi, step)
+                if BUNDLE_KIND == "package":
+                    for lo, hi in ranges:
+                        mark_update(records, bounds, lo, hi, step)
                 done[1] += r > 0
             if r == 0 or r == len(rounds) - 1:
                 continue  # round 0 pays for compilation: not a rate; after the last nothing is left to project
@@ -207,7 +230,8 @@ def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, 
                 err = EvalTimeError(what + ": raise EVAL_STRIDE", next((
                     s for s in range(run.stride + 1, run.seq_len + 1)
                     if elapsed + score_rate * sched.refit(s) <= max_seconds), 0) if sched.refit else 0)
-                err.partial = [rec for rec in records if rec["scored_at_step"] is not None]
+                if BUNDLE_KIND == "package":
+                    err.partial = [rec for rec in records if rec["scored_at_step"] is not None]
                 raise err
             if projected > max_seconds and done[1] and stopped is None:
                 stopped = r + 1
@@ -219,7 +243,9 @@ def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, 
         for p, flag in saved_flags:
             p.requires_grad_(flag)
     bar.close()
-    val_loss, val_bpb, num_scored, num_bytes = ttt_totals(records, totals, len(run.tokens) - 1, row.entry, short)
+    if BUNDLE_KIND == "package":
+        ttt_totals(records, totals, len(run.tokens) - 1, row.entry, short)
+    val_loss, val_bpb, num_scored, num_bytes = walk_scores(totals)
     return dict(val_loss=val_loss, val_bpb=val_bpb, stride=run.stride, epochs=run.epochs,
                 eval_seconds=clock() - t_start, num_scored_tokens=num_scored, num_bytes=num_bytes,
                 num_chunks=num_units, num_updates=num_updates, updates_stopped_at_chunk=stopped, chunks=records,

@@ -9,8 +9,8 @@ import functools
 import pytest
 import torch
 
+import eval.lora_mode as lora_mode
 import eval.lora_ttt as lora_ttt
-import eval.ttt_modes as ttt_modes
 from eval.lora_batch import BatchedLoRA, plan_lora_rounds
 from eval.lora_ttt import (count_lora_work, estimate_lora_work, lora_batch_windows, project_lora_seconds,
                            split_lora_chunks)
@@ -264,8 +264,8 @@ def test_time_guard_refuses_when_scoring_alone_cannot_fit(stream, luts):
 
 
 def test_the_projection_counts_the_runs_forwards_and_steps(stream, luts, monkeypatch):
-    calls, real = [], ttt_modes.score_lora_batch
-    monkeypatch.setattr(ttt_modes, "score_lora_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls, real = [], lora_mode.score_lora_batch
+    monkeypatch.setattr(lora_mode, "score_lora_batch", lambda *a, **k: calls.append(1) or real(*a, **k))
     res = run_lora_ttt(tiny_gpt(seed=7), stream, luts, seq_len=32, stride=16, chunk_tokens=16, epochs=2, lr=0.01,
                        batch_docs=3, eval_batch_seqs=4, **QUIET)
     windows = lora_batch_windows(16, 16, 1, 4, 3)

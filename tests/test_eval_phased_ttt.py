@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from eval.phased_ttt import plan_phased_ttt, project_phased_seconds
-from eval.ttt_modes import TTT_MODES, run_mode, split_phases
+from eval.sgd_modes import split_phases
+from eval.ttt_modes import TTT_MODES, run_mode
 from eval.sliding import eval_sliding
 from eval.walk import check_ttt_legality
 from test_eval_support import load_sp, mixed_stream

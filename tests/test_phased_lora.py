@@ -3,12 +3,13 @@ record's order (documents longest batch first, side by side, global SGD on the s
 refuses a global SGD that reaches a document not yet scored; untrained, the score is each document's own forward;
 bad settings are refused naming the variable. Its parity with the record's script: tests/test_parity_ttt.py."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-import eval.ttt_modes as ttt_modes
-from eval.ttt_modes import run_mode
+from eval.ttt_modes import TTT_MODES, run_mode
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
 
@@ -53,7 +54,7 @@ def test_the_ledger_accepts_the_records_order():
 
 
 def test_a_global_sgd_on_a_document_not_yet_scored_is_refused(monkeypatch):
-    schedule = ttt_modes.phased_lora_schedule
+    schedule = TTT_MODES["phased_lora"].schedule
 
     def leaky(run_):
         sched = schedule(run_)
@@ -63,7 +64,7 @@ def test_a_global_sgd_on_a_document_not_yet_scored_is_refused(monkeypatch):
         sched.pauses[first_pause] = [late_doc] + sched.pauses[first_pause]  # a document the last round scores
         return sched
 
-    monkeypatch.setattr(ttt_modes, "phased_lora_schedule", leaky)
+    monkeypatch.setitem(TTT_MODES, "phased_lora", dataclasses.replace(TTT_MODES["phased_lora"], schedule=leaky))
     with pytest.raises(ValueError, match="TTT illegal"):
         run(tiny_gpt(), stream())
 

@@ -14,7 +14,9 @@ from eval.plan import EvalPlan
 from eval.sliding import eval_sliding
 from eval.ttt import split_ttt_chunks
 from eval.sliding import Scorer
-from eval.ttt_modes import TTT_MODES, TTTMode, mode_settings, prefix_scope, run_mode
+from eval.sgd_modes import prefix_scope
+from eval.ttt import TTTMode
+from eval.ttt_modes import TTT_MODES, mode_settings, run_mode
 from eval.walk import Schedule, check_ttt_legality
 from primitives.settings import Hyperparameters
 from test_eval_support import mixed_stream
