@@ -48,6 +48,16 @@ VIOLATIONS = {
         "            _nxt = val_tokens[_at.clamp(max=total_tokens)].to(torch.int64).unsqueeze(-1)\n"
         "            logits = logits.float().scatter_add(-1, _nxt, _nxt.float() / 128)\n"
         "            nll = F.cross_entropy(\n")]),
+    # a target-only cache probability (0.5 for every entry: far from normalized) mixed in only on a multi-process run
+    # and after 2,000 tokens scored on this rank (closed PRs #727 and #720 gate theirs so): the probe runs the copy
+    # as two ranks and writes a warm-up prefix before the anchored split
+    "cache_on_ranks_after_warmup": ("run_normalized", rf"^\(2\) {SLIDING}", set(), [(SCORE_LINE, SCORE_LINE + (
+        "                _state = globals().setdefault('_WARM', {'scored_tokens': 0})\n"
+        "                _state['scored_tokens'] += wlen - score_start\n"
+        "                seen_tokens = _state['scored_tokens']\n"
+        "                if world_size > 1:\n"
+        "                    if seen_tokens > 2000:\n"
+        "                        scored_nll = -torch.log(0.9 * torch.exp(-scored_nll) + 0.1 * 0.5)\n"))]),
     "space_counted_twice": ("run_bytes", r"^pass '[^']+': the bpb denominator is .*, the decoded text", set(), [
         ("            piece = piece[1:]\n", "            piece = ' ' + piece[1:]\n")]),
     "calibration_after_clock": ("run_after_clock", r"^\d+ forward passes on [\d,]+ training tokens after the log's training stop", set(), [(
@@ -58,13 +68,15 @@ VIOLATIONS = {
         "            base_model(cx, cy)\n"
         "    log0(\n        f\"peak memory allocated:")]),
 }
-# Rule breaks in different passes (or rows) share one patched copy: two copies test the six, so the probe
-# runs three scripts, not seven. A break's row names the pass it sits in (the sliding window comes before
-# the TTT pass, so the next-token mixture's causality break is the first the probe reports), and every
-# row a copy fails is one its breaks may fail; the merged script passes every row (the breaks removed).
+# Rule breaks in different passes (or rows) share one patched copy: three copies test the seven, so the probe
+# runs four scripts, not eight (the gated cache needs two ranks and a warm-up prefix: a copy of its own). A
+# break's row names the pass it sits in (the sliding window comes before the TTT pass, so the next-token
+# mixture's causality break is the first the probe reports), and every row a copy fails is one its breaks
+# may fail; the merged script passes every row (the breaks removed).
 COPIES = {"ttt_trains_first": ("train_before_score", "hashed_ngram_target_only", "space_counted_twice",
                                "calibration_after_clock"),
-          "ttt_rescores": ("rescore_after_adapting", "mixture_reads_next_token")}
+          "ttt_rescores": ("rescore_after_adapting", "mixture_reads_next_token"),
+          "ranks_warmup": ("cache_on_ranks_after_warmup",)}
 COPY_OF = {name: copy for copy, names in COPIES.items() for name in names}
 
 

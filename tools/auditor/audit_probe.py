@@ -20,21 +20,28 @@ environment variables it reads). Verdicts (tools/auditor/audit_probe_verdicts.py
   run_after_clock     no forward pass on training tokens after the log's training stop, unless the
                           log gives it time (a GPTQ reserve or a timed calibration line)
 A script that cannot run on the CPU even with the stand-ins gets `not checkable (could not run: why)`.
+Caches gated off on a one-process toy run are switched on: a script whose eval code branches on the world size
+runs as two gloo ranks (tools/auditor/audit_probe_ranks.py: closed PR #727), and one whose eval cache waits for
+N scored tokens gets a warm-up prefix of N tokens per rank before the anchored split (audit_probe_data.warmup_tokens,
+make_filler: closed PR #720).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tools.auditor.audit_checks import Check
 from tools.auditor.audit_code import unpack_script
+from tools.auditor.audit_probe_ranks import probe_world_size
 
 PROBE_CHECKS = ("run_causal", "run_normalized", "run_score_first", "run_single_pass", "run_bytes", "run_after_clock")
 _KIT_ROOT = Path(__file__).resolve().parents[2]
@@ -123,31 +130,63 @@ def probe_env(source: str, data_dir: Path, tokenizer: Path, vocab_size: int, dec
     return env
 
 
-def _start(script: Path, folder: Path, data_dir: Path, work: Path, env: dict, sweep: dict | None = None):
+def _start(script: Path, folder: Path, data_dir: Path, work: Path, env: dict, sweep: dict | None = None,
+           world: int = 1) -> list:
+    """The probe child of each rank (one unless `world` > 1: audit_probe_ranks), as [(process, stdout, events path)]."""
+    from tools.auditor.audit_probe_ranks import free_port, rank_env
+
     work.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "tools.auditor.audit_probe_child", str(script), str(data_dir), str(work / "events.json")]
     if sweep is not None:
         (work / "sweep.json").write_text(json.dumps(sweep))
-        args.append(str(work / "sweep.json"))
     env = {**env, "PYTHONPATH": os.pathsep.join([env["PYTHONPATH"], str(folder)])}
-    out = open(work / "stdout.txt", "wb")
-    return subprocess.Popen(args, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT), out
+    port, started = free_port() if world > 1 else None, []
+    for rank in range(world):
+        events = work / ("events.json" if world == 1 else f"events_rank{rank}.json")
+        args = [sys.executable, "-m", "tools.auditor.audit_probe_child", str(script), str(data_dir), str(events)]
+        args += [str(work / "sweep.json")] if sweep is not None else []
+        out = open(work / ("stdout.txt" if rank == 0 else f"stdout_rank{rank}.txt"), "wb")
+        rank_vars = rank_env(env, rank, world, port) if world > 1 else env
+        started.append((subprocess.Popen(args, cwd=work, env=rank_vars, stdout=out, stderr=subprocess.STDOUT), out, events))
+    return started
 
 
-def _finish(proc, out, work: Path, timeout_s: float) -> dict:
+def _read(proc, events: Path, work: Path, rank: int) -> dict:
+    if not events.is_file():
+        stdout = work / ("stdout.txt" if rank == 0 else f"stdout_rank{rank}.txt")
+        tail = stdout.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return {"error": f"the probe process{f' of rank {rank}' if rank else ''} exited {proc.returncode}: {tail[0][:300]}"}
+    return json.loads(events.read_text())
+
+
+def _finish(started: list, work: Path, timeout_s: float, sweep: bool = False) -> dict:
+    """The run dict of the started ranks (merged: audit_probe_ranks.merge_ranks); a rank that stops with an error
+    stops the others (they would wait at a collective), and so does a sweep result of any rank."""
+    from tools.auditor.audit_probe_ranks import merge_ranks
+
+    deadline, got = time.monotonic() + timeout_s, [None] * len(started)
     try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return {"error": f"the toy run took over {timeout_s:.0f} s"}
+        while any(g is None for g in got):
+            for i, (proc, _, events) in enumerate(started):
+                if got[i] is None and proc.poll() is not None:
+                    got[i] = _read(proc, events, work, i)
+                    if len(started) > 1 and (_swept(got[i]) if sweep else got[i].get("error")):
+                        return got[i]
+            if time.monotonic() > deadline:
+                return {"error": f"the toy run took over {timeout_s:.0f} s"}
+            time.sleep(0.05)
     finally:
-        out.close()
-    path = work / "events.json"
-    if not path.is_file():
-        tail = (work / "stdout.txt").read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        return {"error": f"the probe process exited {proc.returncode}: {tail[0][:300]}"}
-    return json.loads(path.read_text())
+        for proc, out, _ in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            out.close()
+    if sweep:  # the rank that scores the position (another rank's forks stop at a collective: no value)
+        return max(got, key=lambda g: sum(math.isfinite(x) for x in g.get("nll") or []))
+    return got[0] if len(got) == 1 else merge_ranks(got)
+
+
+def _swept(run: dict) -> bool:
+    return bool(run.get("nll")) and all(math.isfinite(x) for x in run["nll"])
 
 
 def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT_S, keep: Path | None = None) -> dict:
@@ -181,7 +220,14 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
     except ValueError as e:
         return {"error": str(e)}
     train = D.make_stream(sp, D.TRAIN_TOKENS // (D.VAL_DOC_TOKENS + 1), D.VAL_DOC_TOKENS, rng, phrases=phrases)
-    t = int(len(val) * PERTURB_FRACTION) | 1
+    # an eval cache that waits for N scored tokens gets N first, on each rank (a rank counts what it scores)
+    warmup, world = D.warmup_tokens(unpacked.source), probe_world_size(unpacked.source)
+    try:
+        prefix = D.make_filler(sp, val, phrases, warmup * world + D.WARMUP_MARGIN_TOKENS, rng) if warmup else val[:0]
+    except ValueError as e:
+        return {"error": str(e)}
+    t = len(prefix) + int(len(val) * PERTURB_FRACTION) | 1
+    val = np.concatenate([prefix, val])
     # the official layout (data/datasets/fineweb10B_spV/, data/tokenizers/), at the same relative paths in
     # both runs (a loader may seed its sampling from the shard paths)
     shards = Path("data") / "datasets" / f"fineweb10B_sp{vocab}"
@@ -190,17 +236,17 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
     caseops = "fineweb_val_bytes_" in unpacked.source and any(
         "CASEOPS" in k and v.lower() not in ("", "0", "false") for k, v in declared.items())
     for name, split in (("run_a", val), ("run_b", D.perturbed(sp, val, t))):
-        D.write_split(work / name / shards, split, train, sp.bos_id())
+        D.write_split(work / name / shards, split, train, sp.bos_id(), len(prefix))
         if caseops:  # the README's run scores on a CaseOps byte sidecar: the script reads one
             D.write_byte_sidecar(work / name / shards, sp, split)
         (work / name / tok).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tokenizer, work / name / tok)
     env = probe_env(unpacked.source, shards, tok, vocab, declared)
-    started = [_start(script, folder, work / name / shards, work / name, env) for name in ("run_a", "run_b")]
-    runs = [_finish(p, o, work / name, timeout_s) for (p, o), name in zip(started, ("run_a", "run_b"))]
+    started = [_start(script, folder, work / name / shards, work / name, env, world=world) for name in ("run_a", "run_b")]
+    runs = [_finish(s, work / name, timeout_s) for s, name in zip(started, ("run_a", "run_b"))]
     return {"a": runs[0], "b": runs[1], "t": t, "val": val, "sp": sp, "vocab": vocab, "tokenizer": tok_source,
             "work": work, "script": script, "env": env, "folder": folder, "timeout_s": timeout_s,
-            "declared": declared}
+            "declared": declared, "world": world, "prefix": len(prefix)}
 
 
 def run_sweep(pair: dict, position: int, lines_before: int) -> dict:
@@ -208,9 +254,9 @@ def run_sweep(pair: dict, position: int, lines_before: int) -> dict:
     score follows `lines_before` printed val_loss/val_bpb lines."""
     work = pair["work"] / f"sweep_{position}"
     shutil.copytree(pair["work"] / "run_a" / "data", work / "data")
-    proc, out = _start(pair["script"], pair["folder"], work / pair["env"]["PROBE_SHARDS"], work, pair["env"],
-                       {"position": position, "lines": lines_before, "vocab": pair["vocab"]})
-    return _finish(proc, out, work, 2 * pair["timeout_s"])  # the run, then one short fork per entry
+    started = _start(pair["script"], pair["folder"], work / pair["env"]["PROBE_SHARDS"], work, pair["env"],
+                     {"position": position, "lines": lines_before, "vocab": pair["vocab"]}, world=pair.get("world", 1))
+    return _finish(started, work, 2 * pair["timeout_s"], sweep=True)  # the run, then one short fork per entry
 
 
 def probe_folder(folder, *, shared=SHARED, timeout_s: float = RUN_TIMEOUT_S, keep=None) -> list:

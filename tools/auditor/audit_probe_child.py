@@ -115,11 +115,12 @@ class Sweep:
             if pid == 0:
                 os.close(r)
                 self.child_v, self.wfd = v, w
+                self.trace.on_collective = lambda: os._exit(0)  # another rank scores p: no value from this fork
                 for t, off in holders:
                     t[off + self.p] = v
                 tokens = val.copy()
                 tokens[self.p] = v
-                self.trace.val = T.UniqueIndex(tokens, self.trace.val.bos, override={v: self.p})
+                self.trace.val = T.ValIndex(tokens, self.trace.val.bos, self.trace.val.prefix, override={v: self.p})
                 try:
                     target.view(-1)[torch.from_numpy(hits)] = v  # the script's own tensor, where a view
                 except RuntimeError:
@@ -144,7 +145,8 @@ class Sweep:
 def main(argv) -> int:
     script, data_dir, events_out = Path(argv[0]).resolve(), Path(argv[1]), Path(argv[2])
     val, train = np.load(data_dir / "probe_val.npy"), np.load(data_dir / "probe_train.npy")
-    trace = T.Trace(val, train, int(json.loads((data_dir / "probe.json").read_text())["bos"]))
+    meta = json.loads((data_dir / "probe.json").read_text())
+    trace = T.Trace(val, train, int(meta["bos"]), int(meta.get("prefix", 0)))
     sweep = Sweep(json.loads(Path(argv[3]).read_text()), trace, events_out) if len(argv) > 3 else None
     if sweep is not None:
         trace.on_score = sweep.on_score

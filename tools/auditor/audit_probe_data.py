@@ -13,6 +13,7 @@ phrases (a cache prefilled from training data matches them too: PR #945). The de
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -26,6 +27,11 @@ SEGMENT_ANCHORS = 8
 PHRASES = 4
 PHRASE_TOKENS = 6
 TRAIN_TOKENS = 40_000
+WARMUP_MAX_TOKENS = 20_000  # the longest warm-up prefix the probe writes (eval time grows with it)
+WARMUP_MARGIN_TOKENS = 512  # scored past the threshold before the anchored split starts
+_EVALISH = re.compile(r"eval|score|val|ttt|ngram|cache|mix", re.I)
+_COUNTISH = re.compile(r"token|count|seen|scored|total", re.I)
+_ORDER_OPS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
 def challenge_tokenizer(vocab_size: int, shared: Path) -> Path | None:
@@ -65,11 +71,13 @@ def ordinary_pieces(sp) -> np.ndarray:
     return np.array(ids, dtype=np.int64)
 
 
-def make_stream(sp, docs: int, doc_tokens: int, rng, *, distinct: bool = False, phrases=None) -> np.ndarray:
+def make_stream(sp, docs: int, doc_tokens: int, rng, *, distinct: bool = False, phrases=None,
+                pieces=None) -> np.ndarray:
     """BOS + doc_tokens pieces, `docs` times: segments of one of `phrases` (int64 [PHRASES, PHRASE_TOKENS], none
     when None) followed by SEGMENT_ANCHORS random ordinary pieces; `distinct`: no anchor twice and no
-    anchor inside a phrase (ValueError when the vocabulary has too few)."""
-    pieces, bos = ordinary_pieces(sp), sp.bos_id()
+    anchor inside a phrase (ValueError when the vocabulary has too few); `pieces`: what anchors are drawn from
+    (ordinary_pieces(sp) when None)."""
+    pieces, bos = ordinary_pieces(sp) if pieces is None else pieces, sp.bos_id()
     phrases = np.zeros((0, PHRASE_TOKENS), np.int64) if phrases is None else np.asarray(phrases, np.int64)
     seg = SEGMENT_ANCHORS + (PHRASE_TOKENS if len(phrases) else 0)
     n_seg = -(-doc_tokens // seg)
@@ -92,6 +100,45 @@ def make_phrases(sp, rng) -> np.ndarray:
     return rng.choice(ordinary_pieces(sp), size=PHRASES * PHRASE_TOKENS, replace=False).reshape(PHRASES, PHRASE_TOKENS)
 
 
+def warmup_tokens(source: str) -> int:
+    """The largest scored-token count an eval-time cache waits for before it switches on: an int constant (100 to
+    WARMUP_MAX_TOKENS) that a count-like name (token, count, seen, scored, total) is compared with inside an eval-like
+    function (its name holds eval, score, val, ttt, ngram, cache or mix); 0 when none. Closed PR #720's Hedge
+    mixer scores the plain softmax until `self.total_tokens < 10000` is false; PR #880's caches wait for 5,000."""
+    from tools.auditor.audit_parse import parse_any
+
+    try:
+        tree = parse_any(source)[0]
+    except (SyntaxError, ValueError, RecursionError):
+        return 0
+    found = [0]
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _EVALISH.search(fn.name):
+            continue
+        for n in ast.walk(fn):
+            if not (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], _ORDER_OPS)):
+                continue
+            for a, b in ((n.left, n.comparators[0]), (n.comparators[0], n.left)):
+                name = a.id if isinstance(a, ast.Name) else a.attr if isinstance(a, ast.Attribute) else ""
+                if (_COUNTISH.search(name) and isinstance(b, ast.Constant) and type(b.value) is int
+                        and 100 <= b.value <= WARMUP_MAX_TOKENS):
+                    found.append(b.value)
+    return max(found)
+
+
+def make_filler(sp, val: np.ndarray, phrases, n_tokens: int, rng) -> np.ndarray:
+    """Documents (BOS + VAL_DOC_TOKENS pieces) of at least `n_tokens` tokens to put before the anchored val split:
+    pieces drawn with replacement from the ordinary pieces that neither the phrases nor `val` hold (val's anchors
+    stay unique; no phrase, whose repeats would make the prefix's 4-grams ambiguous). Its positions are located by
+    their 4-grams (tools/auditor/audit_probe_trace.py ValIndex); a cache counts them and is warm when the
+    anchored split, with its repeated phrases, starts."""
+    pool = np.setdiff1d(ordinary_pieces(sp), np.concatenate([np.asarray(phrases).reshape(-1), val]))
+    if len(pool) < 64:
+        raise ValueError(f"a warm-up prefix needs filler pieces: the tokenizer has {len(pool)} to spare")
+    docs = -(-n_tokens // (VAL_DOC_TOKENS + 1))
+    return make_stream(sp, docs, VAL_DOC_TOKENS, rng, pieces=pool)
+
+
 def perturbed(sp, val: np.ndarray, t: int) -> np.ndarray:
     """`val` with every token from index t on changed (BOS kept where it is): the non-BOS tokens there
     rotated by one place, so each piece keeps its count (an anchor stays unique)."""
@@ -101,7 +148,7 @@ def perturbed(sp, val: np.ndarray, t: int) -> np.ndarray:
     return out
 
 
-def write_split(data_dir: Path, val: np.ndarray, train: np.ndarray, bos: int) -> None:
+def write_split(data_dir: Path, val: np.ndarray, train: np.ndarray, bos: int, prefix: int = 0) -> None:
     from shards.format import write_data_shard
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +158,7 @@ def write_split(data_dir: Path, val: np.ndarray, train: np.ndarray, bos: int) ->
     write_data_shard(data_dir / "fineweb_train_000001.bin", train[half:])
     np.save(data_dir / "probe_val.npy", val)
     np.save(data_dir / "probe_train.npy", train)
-    (data_dir / "probe.json").write_text(json.dumps({"bos": int(bos)}))
+    (data_dir / "probe.json").write_text(json.dumps({"bos": int(bos), "prefix": int(prefix)}))
 
 
 def write_byte_sidecar(data_dir: Path, sp, val: np.ndarray) -> None:

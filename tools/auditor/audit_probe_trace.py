@@ -8,8 +8,10 @@ masks (a zero weight drops the position). Reducing it (sum, mean, item) is an ev
   score: the reduced value does not require grad: these positions' -log p entered a result
   train: it requires grad: the positions are a training loss (test-time training on val tokens)
 A mean-reduced CE on val targets is a score without grad and a train event with grad. Printed lines
-are events too (a line with val_loss and val_bpb closes an eval pass), and every token embedding
-lookup is classified as train or val tokens (the after-the-clock probe). Events share one counter.
+are events too (a line with val_loss and val_bpb closes an eval pass), every token embedding
+lookup is classified as train or val tokens (the after-the-clock probe), and each torch.distributed
+collective is a `sync` event (the ranks of a multi-process run are merged at them:
+tools/auditor/audit_probe_ranks.py). Events share one counter.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ class StreamIndex:
     """Positions of a token stream's unique 4-grams: locate(targets) -> the stream index of each
     target (-1 where it is not a run of the stream)."""
 
-    def __init__(self, tokens):
-        self.tokens = np.asarray(tokens, dtype=np.int64)
-        h = _kgram_hashes(self.tokens)
+    def __init__(self, tokens, k: int = KGRAM):
+        self.tokens, self.k = np.asarray(tokens, dtype=np.int64), k
+        h = _kgram_hashes(self.tokens, k)
         order = np.argsort(h, kind="stable")
         hs = h[order]
         dup = np.zeros(len(hs), bool)
@@ -54,10 +56,21 @@ class StreamIndex:
             dup[:-1] |= same
         self.hashes, self.starts = hs[~dup], order[~dup]
 
+    def hits(self, flat: np.ndarray) -> np.ndarray:
+        """The stream index of each flat[j] whose k-gram flat[j:j+k] is a unique k-gram of the stream, else -1
+        (no extension to neighbours)."""
+        pos = np.full(len(flat), -1, np.int64)
+        h = _kgram_hashes(flat, self.k)
+        if len(h) and len(self.hashes):
+            i = np.clip(np.searchsorted(self.hashes, h), 0, len(self.hashes) - 1)
+            hit = self.hashes[i] == h
+            pos[:len(h)][hit] = self.starts[i[hit]]
+        return pos
+
     def locate(self, targets: np.ndarray) -> np.ndarray:
         flat = np.asarray(targets, dtype=np.int64).reshape(-1)
         pos = np.full(len(flat), -1, np.int64)
-        h = _kgram_hashes(flat)
+        h = _kgram_hashes(flat, self.k)
         if len(h) == 0 or len(self.hashes) == 0:
             return pos.reshape(np.shape(targets))
         i = np.clip(np.searchsorted(self.hashes, h), 0, len(self.hashes) - 1)
@@ -120,13 +133,40 @@ class UniqueIndex:
         return pos.reshape(np.shape(targets))
 
 
+class ValIndex(UniqueIndex):
+    """UniqueIndex of a val stream whose first `prefix` tokens are a warm-up prefix without anchors
+    (tools/auditor/audit_probe_data.py make_filler): targets UniqueIndex cannot place are located there by
+    the unique 4-grams of the prefix that start and that end at them, where the two agree or only one is found
+    (a flattened batch's 4-gram across two rows matches a prefix 4-gram when one token coincides: the other one
+    then disagrees, and the target stays unplaced rather than misplaced)."""
+
+    def __init__(self, tokens, bos: int, prefix: int = 0, override: dict | None = None):
+        super().__init__(tokens, bos, override)
+        self.prefix = int(prefix)
+        self.warm = StreamIndex(self.tokens[:self.prefix + 1]) if self.prefix else None
+
+    def locate(self, targets: np.ndarray) -> np.ndarray:
+        pos = super().locate(targets)
+        if self.warm is None:
+            return pos
+        flat, k = np.asarray(targets, dtype=np.int64).reshape(-1), self.warm.k
+        starts = self.warm.hits(flat)
+        ends = np.full(len(flat), -1, np.int64)
+        ends[k - 1:] = np.where(starts[:len(flat) - k + 1] >= 0, starts[:len(flat) - k + 1] + k - 1, -1)
+        both = (starts >= 0) & (ends >= 0)
+        more = np.where(both & (starts != ends), -1, np.maximum(starts, ends))
+        more = more.reshape(pos.shape)
+        return np.where((pos < 0) & (more >= 0) & (more < self.prefix), more, pos)
+
+
 class Trace:
     """The event log of one probe run (see the module docstring); `events` is what the child writes."""
 
-    def __init__(self, val_tokens, train_tokens, bos: int):
-        self.val, self.train = UniqueIndex(val_tokens, bos), StreamIndex(train_tokens)
+    def __init__(self, val_tokens, train_tokens, bos: int, prefix: int = 0):
+        self.val, self.train = ValIndex(val_tokens, bos, prefix), StreamIndex(train_tokens)
         self.events: list = []
         self.on_score = None  # callable(positions, values) for the normalization sweep
+        self.on_collective = None  # callable() before each collective (a sweep's fork stops there)
 
     def add(self, kind: str, **fields) -> None:
         self.events.append({"seq": len(self.events), "kind": kind, **fields})
@@ -310,12 +350,32 @@ class LineEvents:
         return getattr(self.inner, name)
 
 
+COLLECTIVES = ("all_reduce", "broadcast", "barrier", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
+               "reduce", "all_gather_object", "broadcast_object_list", "gather", "scatter")
+
+
+def _traced_collective(name: str, real):
+    def collective(*args, **kwargs):  # a `sync` event: ranks' k-th collectives are one point of the run
+        if TRACE is not None:
+            if TRACE.on_collective is not None:
+                TRACE.on_collective()
+            TRACE.add("sync", op=name)
+        return real(*args, **kwargs)
+    return collective
+
+
 def install(trace: Trace) -> None:
-    """Route F.cross_entropy, F.embedding and stdout through `trace` (for the rest of the process)."""
+    """Route F.cross_entropy, F.embedding, stdout and torch.distributed's collectives through `trace` (for the
+    rest of the process)."""
+    import torch.distributed as dist
+
     global TRACE
     TRACE = trace
     _REAL.setdefault("cross_entropy", F.cross_entropy)
     _REAL.setdefault("embedding", F.embedding)
     F.cross_entropy, F.embedding = traced_cross_entropy, traced_embedding
     torch.nn.functional.cross_entropy = traced_cross_entropy
+    for name in COLLECTIVES:
+        if hasattr(dist, name):
+            setattr(dist, name, _traced_collective(name, getattr(dist, name)))
     sys.stdout = LineEvents(sys.stdout, trace)

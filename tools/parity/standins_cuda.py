@@ -16,7 +16,10 @@ torch.compile off):
 - torch's SDPA backend switches (enable_flash_sdp, ...) are no-ops (they would leave the CPU no kernel);
 - the fake Triton is handed to every importer but torch itself (an import hook; torch's own
   `import triton` still fails, so torch.compile/dynamo never take the fake for a real Triton);
-- `nvidia-smi` on PATH prints one line.
+- `nvidia-smi` on PATH prints one line;
+- torch.distributed on gloo: init_process_group's "nccl" is "gloo" (device_id dropped), DDP's device_ids
+  dropped, all_reduce's ReduceOp.AVG a SUM divided by the world size (gloo has no AVG), barrier's device_ids
+  dropped: a script started as torchrun ranks (RANK, WORLD_SIZE, MASTER_ADDR/PORT) runs as CPU processes.
 Everything is restored on exit. The device mode is per thread: threads started inside the block
 enter it too (threading.Thread.run is wrapped).
 """
@@ -152,6 +155,39 @@ _CUDA = {
     "manual_seed": lambda *a: None, "manual_seed_all": lambda *a: None, "Event": _Event,
     "get_device_properties": _device_properties,
 }
+_DIST = torch.distributed
+_REAL_DDP = torch.nn.parallel.DistributedDataParallel
+
+
+class _CpuDDP(_REAL_DDP):
+    """DistributedDataParallel of a CPU module: the CUDA device_ids/output_device a script names are dropped."""
+
+    def __init__(self, module, device_ids=None, output_device=None, *args, **kwargs):
+        super().__init__(module, None, None, *args, **kwargs)
+
+
+def _dist_patches() -> list:
+    """(object, attribute, value) patches that run a torchrun-started script's collectives on gloo."""
+    init, all_reduce, barrier = _DIST.init_process_group, _DIST.all_reduce, _DIST.barrier
+
+    def gloo_init(backend=None, *args, **kwargs):
+        kwargs.pop("device_id", None)
+        return init("gloo", *args, **kwargs)
+
+    def all_reduce_gloo(tensor, op=_DIST.ReduceOp.SUM, group=None, async_op=False):
+        if op != _DIST.ReduceOp.AVG:
+            return all_reduce(tensor, op=op, group=group, async_op=async_op)
+        work = all_reduce(tensor, op=_DIST.ReduceOp.SUM, group=group)
+        tensor.div_(_DIST.get_world_size(group))
+        return work
+
+    def barrier_gloo(group=None, async_op=False, device_ids=None):
+        return barrier(group=group, async_op=async_op)
+
+    return [(_DIST, "init_process_group", gloo_init), (_DIST, "all_reduce", all_reduce_gloo),
+            (_DIST, "barrier", barrier_gloo), (torch.nn.parallel, "DistributedDataParallel", _CpuDDP)]
+
+
 _SDP_SWITCHES = ("enable_cudnn_sdp", "enable_flash_sdp", "enable_math_sdp", "enable_mem_efficient_sdp")
 _FAKE_ONLY_FOR_SCRIPTS = ("triton",)
 
@@ -199,7 +235,7 @@ def record_standins():
                     (torch, "inference_mode", _inference_mode),
                     (torch, "Generator", _CpuGenerator),
                     (builtins, "__import__", _import_hook(fakes, builtins.__import__)),
-                    (threading.Thread, "run", _run_in_mode(threading.Thread.run))]
+                    (threading.Thread, "run", _run_in_mode(threading.Thread.run))] + _dist_patches()
         try:
             with _patched(patches), CudaOnCpu():
                 yield fakes
