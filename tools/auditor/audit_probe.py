@@ -64,11 +64,15 @@ TOY_ENV = {
     "ITERATIONS": "3", "WARMUP_STEPS": "0", "WARMDOWN_ITERS": "1", "TRAIN_SEQ_LEN": "128", "EVAL_SEQ_LEN": "128",
     "TRAIN_BATCH_TOKENS": "2048", "VAL_BATCH_SIZE": "4096", "VAL_BATCH_TOKENS": "4096", "MODEL_DIM": "64",
     "NUM_HEADS": "4", "NUM_KV_HEADS": "2", "ROPE_DIMS": "8", "EVAL_STRIDE": "32", "EVAL_BATCH_SEQS": "8",
-    "TTT_CHUNK_TOKENS": "256", "TTT_CHUNK_SIZE": "256", "TTT_EVAL_SEQ_LEN": "128", "TTT_BATCH_SEQS": "4", "TTT_BATCH_SIZE": "4",
+    "TTT_CHUNK_TOKENS": "256", "TTT_CHUNK_SIZE": "64", "TTT_EVAL_SEQ_LEN": "128", "TTT_BATCH_SEQS": "4", "TTT_BATCH_SIZE": "4",
     "VAL_LOSS_EVERY": "0", "TRAIN_LOG_EVERY": "1", "MAX_WALLCLOCK_SECONDS": "100000", "SEED": "1337",
     "RUN_ID": "probe", "GPTQ_CALIBRATION_BATCHES": "2", "GPTQ_CALIB_BATCHES": "2",
     "GPTQ_CALIB_SAMPLES": "8",  # self-generated calibration sequences (token by token: 64 took minutes on the CPU)
 }
+# TTT_CHUNK_SIZE stays inside TTT_EVAL_SEQ_LEN: a LoRA TTT whose chunk (256) outgrew its window (128) scored the
+# window's part of each chunk but counted the whole chunk's tokens (merged 2026-03-17_LoRA_TTT logged val_loss 1.31
+# over a traced mean of 5.40), and conditions (1)-(3) were not checkable in the LoRA/phased TTT records
+
 # what a probe run inherits of the auditor's environment: the machine's, never a setting (a shell that exported
 # PRESET or DATA_PATH for its own runs, as the README's CPU record does, must not change the folder's run)
 INHERITED_ENV = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|TERM|LANG|LANGUAGE|TZ|TMPDIR|TEMP|TMP|PYTHONPATH|VIRTUAL_ENV|"
