@@ -6,11 +6,11 @@ Shapes: B batch, T time (sequence), H query heads, Hkv key/value heads (GQA: H %
 
 import contextlib
 import importlib
-from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from model.doc_attention import doc_attention, document_segments
 from model.fa4 import flash_attn_func, head_dim_ok, load as load_fa4
 
 
@@ -113,39 +113,13 @@ def resolve_attention_backend(requested: str, device: torch.device, log=print, h
             errors.append(f"{module}: {err}")
 
 
-class DocSegments(NamedTuple):
-    """Where each document of a batch starts, in the form the chosen kernel reads (doc_segments makes it).
-
-    mask: bool [B, 1, T, T], True where query t may read key s (s <= t, same document), for SDPA; or
-    cu_seqlens: int32 [B*T + 1] document starts in the flattened batch, padded with B*T (empty documents),
-    and max_seqlen: T, for flash-attn's varlen kernel (static shapes: no host sync, compile-friendly).
-    """
-
-    mask: torch.Tensor | None
-    cu_seqlens: torch.Tensor | None
-    max_seqlen: int
+def doc_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool | None = None):
+    """The documents of input_ids int64 [B, T] (DOC_PACKED_ATTENTION): model/doc_attention.py's DocSegments, with
+    cu_seqlens when varlen (default: a varlen kernel was resolved and the ids are on CUDA), else the dense mask."""
+    return document_segments(input_ids, bos_id, bool(_FLASH_VARLEN) and input_ids.is_cuda if varlen is None else varlen)
 
 
-def doc_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool | None = None) -> DocSegments:
-    """The documents of input_ids int64 [B, T]: each starts at a BOS token or at its row's start, as PR #1855's
-    _build_cu_seqlens cuts its packed stream (no token attends across a BOS). varlen (default: a varlen kernel
-    was resolved and the ids are on CUDA): cu_seqlens for it; else the dense mask (the CPU path and SDPA's)."""
-    b, t = input_ids.shape
-    starts = input_ids == bos_id
-    if varlen is None:
-        varlen = bool(_FLASH_VARLEN) and input_ids.device.type == "cuda"
-    if varlen:
-        starts = starts.clone()
-        starts[:, 0] = True
-        pos = torch.arange(b * t, device=input_ids.device, dtype=torch.int32)
-        cu = torch.where(starts.flatten(), pos, b * t).sort().values
-        return DocSegments(None, torch.cat((cu, cu.new_full((1,), b * t))), t)
-    doc = starts.cumsum(1)  # tokens before a row's first BOS form its document 0
-    causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
-    return DocSegments(((doc[:, :, None] == doc[:, None, :]) & causal)[:, None], None, t)
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSegments | None = None) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs=None) -> torch.Tensor:
     """Causal attention with GQA. q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D] in v's dtype.
 
     The one device-specific dispatch point: flash-attn 3/4/2 on CUDA, PyTorch SDPA elsewhere (the CPU
@@ -155,21 +129,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSegmen
     not autocasting): from torch 2.12 CUDA autocast runs rms_norm in float32 (pytorch/pytorch#188955),
     so the rms-normed q/k arrive as float32 beside a bf16 v. SDPA casts its own inputs. On the meta
     device (FLOP counting) SDPA always runs: flash-attn's fake kernels query the CUDA device there.
-    docs (doc_segments): each token reads only its own document, through flash-attn's varlen kernel on the
-    flattened batch (cu_seqlens, PR #1855's form) or SDPA with the dense mask.
+    docs (doc_segments, DOC_PACKED_ATTENTION): each token reads only its own document (model/doc_attention.py).
     """
-    if _FLASH_ATTN and q.device.type != "meta" and (docs is None or docs.cu_seqlens is not None):
+    flash = _FLASH_ATTN and q.device.type != "meta"
+    if docs is not None:
+        return doc_attention(q, k, v, docs, flash and _FLASH_VARLEN)
+    if flash:
         dev = q.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.bfloat16
-        if docs is not None:
-            b, t = q.shape[:2]
-            out = _FLASH_VARLEN[0](q.to(dt).flatten(0, 1), k.to(dt).flatten(0, 1), v.to(dt).flatten(0, 1),
-                                   cu_seqlens_q=docs.cu_seqlens, cu_seqlens_k=docs.cu_seqlens,
-                                   max_seqlen_q=docs.max_seqlen, max_seqlen_k=docs.max_seqlen, causal=True)
-            return (out[0] if isinstance(out, tuple) else out).unflatten(0, (b, t)).to(v.dtype)
         out = _FLASH_ATTN[0](q.to(dt), k.to(dt), v.to(dt), causal=True)
         return (out[0] if isinstance(out, tuple) else out).to(v.dtype)
-    mask = None if docs is None else docs.mask
-    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                       is_causal=mask is None, enable_gqa=k.size(2) != q.size(2))
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                       enable_gqa=k.size(2) != q.size(2))
     return y.transpose(1, 2)

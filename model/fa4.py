@@ -151,7 +151,9 @@ fa4_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """flash_attn_func(q, k, v, causal=True) through pgkit::fa4_fwd: q [B, T, H, D], k/v [B, T, Hkv, D] ->
-    [B, T, H, D] in q's dtype. ValueError for causal=False (the ops are causal only)."""
-    if not causal:
-        raise ValueError("the FA4 ops are causal only")
+    [B, T, H, D] in q's dtype. ValueError for causal=False in the package (the ops are causal only; model.attention
+    calls it causal)."""
+    if BUNDLE_KIND == "package":
+        if not causal:
+            raise ValueError("the FA4 ops are causal only")
     return fa4_fwd(q, k, v)[0]

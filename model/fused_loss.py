@@ -198,6 +198,14 @@ def linear_softcap_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: 
     return fused_softcap_op(linear_softcap_ce, x, weight, target, softcap)[0]
 
 
+def fused_loss(model, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+    """model.gpt.GPT.forward with LOSS_KERNEL=liger: the mean cross entropy (nats) of target_ids int64 [B, T] through
+    linear_softcap_cross_entropy on model's final hidden states, no [B*T, V] logits."""
+    x = model.forward_hidden(input_ids)
+    return linear_softcap_cross_entropy(x.reshape(-1, x.size(-1)), model.head_weight(), target_ids.reshape(-1),
+                                        model.logit_softcap)
+
+
 def fused_softcap_op(op, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float):
     """op(x, weight, target, softcap) with x and weight cast to the autocast dtype (else weight to x's)."""
     dev = x.device.type

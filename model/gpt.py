@@ -16,11 +16,12 @@ import torch.nn.functional as F
 
 from primitives.env import BUNDLE_KIND
 from primitives.rowquant import fake_quantize_per_row
-from model.attention import DocSegments, attention, doc_segments
+from model.attention import attention, doc_segments
 from model.attn_ops import apply_partial_rope, qk_norm_rope  # noqa: F401 (apply_partial_rope: model.gpt's API)
-from model.fused_loss import fused_softcap_op, linear_softcap_cross_entropy, linear_softcap_nll
+from model.fused_loss import fused_loss, fused_softcap_op, linear_softcap_nll
 from model.softcap_loss import fused_loss_active, head_softcap_cross_entropy
-from model.stack import PARALLEL_FINAL_LANES, block_input_norm, run_stack
+from model.gates import smear_previous_token, sparse_head_gate
+from model.stack import PARALLEL_FINAL_LANES, looped_layer_order, run_stack
 from primitives.settings import Hyperparameters
 
 
@@ -81,25 +82,6 @@ def embed_as(ids: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> tor
 BOS_TOKEN_ID = 1  # every document starts with it (the shard format)
 
 
-def smear_previous_token(x: torch.Tensor, input_ids: torch.Tensor, gate_w: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-    """SmearGate with the BOS fix (PR #1667's gate, PR #1855's fix): x_t + lam * sigmoid(gate_w . x_t[:W]) * x_{t-1}
-    for t >= 1, where the previous-token term is dropped at BOS positions, so no document reads the last
-    token of the one before it. x [B, T, D] token embeddings; input_ids [B, T]; gate_w [1, W]; lam [1].
-    """
-    g = lam.to(x.dtype) * torch.sigmoid(F.linear(x[:, 1:, :gate_w.size(1)], gate_w.to(x.dtype)))
-    keep = (input_ids[:, 1:] != BOS_TOKEN_ID).unsqueeze(-1).to(x.dtype)
-    return torch.cat((x[:, :1], x[:, 1:] + g * x[:, :-1] * keep), dim=1)
-
-
-def sparse_head_gate(y: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, scale: float) -> torch.Tensor:
-    """The sparse attention head-output gate (PR #1787): y[b, t, h] * sigmoid(scale * gate_w[h] . x[b, t, :W]).
-
-    y [B, T, H, Dh] attention output (after XSA); x [B, T, D] the attention's normalized input; gate_w [H, W].
-    """
-    g = torch.sigmoid(scale * F.linear(x[..., :gate_w.size(1)], gate_w.to(x.dtype)))
-    return y * g.unsqueeze(-1).to(y.dtype)
-
-
 class CastedLinear(nn.Linear):
     """Bias-free linear with optional late-QAT fake quantization of its weight.
 
@@ -142,8 +124,8 @@ class CastedLinear(nn.Linear):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, rope_dims: int, qk_gain_init: float, use_xsa: bool,
-                 gate_window: int = 0, gate_scale: float = 1.0):
+    def __init__(self, dim: int, num_heads: int, num_kv_heads: int, qk_gain_init: float, use_xsa: bool, gate_window: int,
+                 gate_scale: float):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
         self.use_xsa, self.gate_scale = use_xsa, gate_scale
@@ -154,7 +136,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(dim, dim)
         self.q_gain = nn.Parameter(torch.full((num_heads,), float(qk_gain_init)))
 
-    def forward(self, x, cos, sin, out_scale: torch.Tensor | None = None, docs: DocSegments | None = None):
+    def forward(self, x, cos, sin, out_scale: torch.Tensor | None = None, docs=None):
         """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled);
         docs: attention within documents only (model.attention.doc_segments)."""
         b, t, d = x.shape
@@ -165,7 +147,7 @@ class CausalSelfAttention(nn.Module):
         y = attention(q, k, v, docs)
         if self.use_xsa:
             y = exclusive_self_attention(y, v)
-        if hasattr(self, "attn_gate_w"):
+        if hasattr(self, "attn_gate_w"):  # model/gates.py
             y = sparse_head_gate(y, x, self.attn_gate_w, self.gate_scale)
         y = y.reshape(b, t, d)
         return self.proj(y) if out_scale is None else self.proj.scaled(y, out_scale)
@@ -189,26 +171,26 @@ class Block(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)). With `parallel` (GPT-J, Wang & Komatsuzaki
     2021; PR #1204 on 8 GPUs, PR #1608 on one), attention and MLP read the same normalized input and
     both add to the residual: x + attn(norm(x)) + mlp(norm(x)), one norm and no serial dependency.
-    ln_scale: every norm's output times it (PR #1855's LN_SCALE: 1/sqrt(layer + 1))."""
+    ln_scale: every norm's output times it (PR #1855's LN_SCALE: 1/sqrt(layer + 1)). attn_args: CausalSelfAttention's
+    after dim (num_heads, num_kv_heads, qk_gain_init, use_xsa, gate_window, gate_scale), positional (the packed file
+    keeps keyword names)."""
 
-    def __init__(self, dim: int, *, num_heads: int, num_kv_heads: int, mlp_mult: float, activation: str, rope_dims: int,
-                 qk_gain_init: float, use_xsa: bool, parallel: bool = False, gate_window: int = 0, gate_scale: float = 1.0,
-                 ln_scale: float = 1.0):
+    def __init__(self, dim: int, mlp_mult: float, activation: str, parallel: bool, ln_scale: float, *attn_args):
         super().__init__()
         self.parallel, self.ln_scale = parallel, ln_scale
-        self.attn = CausalSelfAttention(dim, num_heads=num_heads, num_kv_heads=num_kv_heads, rope_dims=rope_dims,
-                                        qk_gain_init=qk_gain_init, use_xsa=use_xsa, gate_window=gate_window,
-                                        gate_scale=gate_scale)
+        self.attn = CausalSelfAttention(dim, *attn_args)
         self.mlp = MLP(dim, mlp_mult, activation)
         self.attn_scale = nn.Parameter(torch.ones(dim))
         self.mlp_scale = nn.Parameter(torch.ones(dim))
         self.resid_mix = nn.Parameter(torch.stack((torch.ones(dim), torch.zeros(dim))))
 
     def normed(self, x: torch.Tensor) -> torch.Tensor:
-        """rms_norm(x) * ln_scale: the input of the block's attention and MLP."""
-        return block_input_norm(x, self.ln_scale)
+        """rms_norm(x) over the last dim, times the block's LN scale: the input of its attention and MLP (1.0
+        multiplies nothing)."""
+        n = F.rms_norm(x, (x.size(-1),))
+        return n if self.ln_scale == 1.0 else n * self.ln_scale
 
-    def forward(self, x, x0, cos, sin, docs: DocSegments | None = None):
+    def forward(self, x, x0, cos, sin, docs=None):
         mix = self.resid_mix.to(x.dtype)
         x = mix[0] * x + mix[1] * x0
         if self.parallel:
@@ -218,22 +200,13 @@ class Block(nn.Module):
         return x + self.mlp(self.normed(x), self.mlp_scale)
 
 
-def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:
-    """Depth recurrence (PR #1204, #1285, #1493): the blocks run in order with blocks loop_start..loop_end
-    (inclusive) run 1 + num_loops times in a row, e.g. 11 layers, 3..5, 2 loops -> 0 1 2 3 4 5 3 4 5 3 4 5 6 .. 10.
-    The first half of the sequence is the U-Net's encoder (its outputs feed the skips), the rest its decoder."""
-    if not num_loops:
-        return list(range(num_layers))
-    return [*range(loop_start), *list(range(loop_start, loop_end + 1)) * (num_loops + 1), *range(loop_end + 1, num_layers)]
-
-
 class GPT(nn.Module):
     """The challenge GPT: GQA, partial RoPE, XSA on the last layers, U-Net skips, tied embeddings,
     parallel residuals from layer `parallel_residual_start` on (-1 = none); optional SmearGate on the
     embeddings and sparse head-output gates in every attention (GATE_WINDOW dims feed both). PR #1855's
     switches: doc_packed_attention (no token attends across a BOS), ln_scale (norms times 1/sqrt(layer + 1)),
     skip_gates_enabled (gated U-Net skips), parallel_start_layer (> 0: its 2-lane decoder from that layer,
-    joined by parallel_final_lane); model/stack.py runs the blocks.
+    joined by parallel_final_lane); model/stack.py runs the blocks with these, run_blocks without.
 
     `GPT(**config)` with `config` a JSON dict (stored in the artifact). `forward(x, y)` -> mean
     cross-entropy in nats (the fused loss of model/fused_loss.py when LOSS_KERNEL chose it; with gradients on,
@@ -251,14 +224,12 @@ class GPT(nn.Module):
         if BUNDLE_KIND == "package":  # a record's file: PARALLEL_FINAL_LANE's choices refuse it with the settings
             if parallel_final_lane not in PARALLEL_FINAL_LANES:
                 raise ValueError(f"parallel_final_lane={parallel_final_lane!r}: expected one of {PARALLEL_FINAL_LANES}")
-        activation = mlp_activation
         self.logit_softcap, self.gptq_hessians = logit_softcap, None
         self.tok_emb = nn.Embedding(vocab_size, model_dim)
         self.blocks = nn.ModuleList(
-            Block(model_dim, num_heads=num_heads, num_kv_heads=num_kv_heads, mlp_mult=mlp_mult, activation=activation,
-                  rope_dims=rope_dims, qk_gain_init=qk_gain_init, use_xsa=i >= num_layers - xsa_last_n,
-                  parallel=0 <= parallel_residual_start <= i, gate_window=gate_window * sparse_attn_gate_enabled,
-                  gate_scale=sparse_attn_gate_scale, ln_scale=1 / math.sqrt(i + 1) if ln_scale else 1.0)
+            Block(model_dim, mlp_mult, mlp_activation, 0 <= parallel_residual_start <= i,
+                  1 / math.sqrt(i + 1) if ln_scale else 1.0, num_heads, num_kv_heads, qk_gain_init,
+                  i >= num_layers - xsa_last_n, gate_window * sparse_attn_gate_enabled, sparse_attn_gate_scale)
             for i in range(num_layers))
         self.doc_packed_attention = doc_packed_attention
         self.parallel_start_layer, self.parallel_final_lane = parallel_start_layer, parallel_final_lane
@@ -272,9 +243,12 @@ class GPT(nn.Module):
         num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)
         # depth recurrence: `looping_active` runs `loop_order` (built from these layers' blocks, no new matrices);
         # on from the start in a model built for evaluation, the trainer switches it on at ENABLE_LOOPING_AT
-        self.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
         self.looping_active = num_loops > 0
-        num_skips = max(num_skips, min(len(self.loop_order) // 2, len(self.loop_order) - len(self.loop_order) // 2))
+        if num_loops:
+            self.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
+            n = len(self.loop_order)
+            num_skips = max(num_skips, min(n // 2, n - n // 2))
+        self.stacked = bool(num_loops or skip_gates_enabled or parallel_start_layer > 0)  # model/stack.py's switches
         self.skip_weights = nn.Parameter(torch.ones(num_skips, model_dim))
         self.skip_gates = nn.Parameter(torch.zeros(num_skips, model_dim)) if skip_gates_enabled else None
         self.lm_head = None if tie_embeddings else CastedLinear(model_dim, vocab_size)
@@ -329,12 +303,25 @@ class GPT(nn.Module):
         cos, sin = freqs.cos(), freqs.sin()
         dt = residual_dtype(self.tok_emb.weight)
         x = embed_as(input_ids, self.tok_emb.weight, dt)
-        if hasattr(self, "smear_gate_w"):
-            x = smear_previous_token(x, input_ids, self.smear_gate_w, self.smear_lambda)
+        if hasattr(self, "smear_gate_w"):  # model/gates.py
+            x = smear_previous_token(x, input_ids, self.smear_gate_w, self.smear_lambda, BOS_TOKEN_ID)
         x = x0 = F.rms_norm(x, (x.size(-1),)).to(dt)  # rms_norm may return float32 under CUDA autocast (torch >= 2.12)
         docs = doc_segments(input_ids, BOS_TOKEN_ID) if self.doc_packed_attention else None
-        x = run_stack(self, x, x0, cos, sin, docs)
+        x = run_stack(self, x, x0, cos, sin, docs) if self.stacked else self.run_blocks(x, x0, cos, sin, docs)
         return F.rms_norm(x, (x.size(-1),))
+
+    def run_blocks(self, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None) -> torch.Tensor:
+        """The plain U-Net over the blocks (no loops, skip gates or lanes: model/stack.py runs those): x [B, T, D]
+        (x0: the normalized embeddings) -> the last residual stream [B, T, D]. The encoder's outputs (the first
+        num_encoder_layers blocks) are kept; decoder block j first adds the last kept one times skip_weights[j]."""
+        skips, n = [], self.num_encoder_layers
+        for i, block in enumerate(self.blocks):
+            if 0 <= i - n < self.skip_weights.size(0) and skips:
+                x = x + self.skip_weights[i - n].to(x.dtype) * skips.pop()
+            x = block(x, x0, cos, sin, docs)
+            if i < n:
+                skips.append(x)
+        return x
 
     def head_weight(self) -> torch.Tensor:
         """The output head [V, D]: the tied token embedding, or lm_head's weight."""
@@ -351,14 +338,16 @@ class GPT(nn.Module):
         return self.head_logits(self.forward_hidden(input_ids))
 
     def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
-        # LOSS_KERNEL=liger: the [B*T, V] logits are never materialized; else, training: the logits' gradient made
-        # in the forward (read once less), from x in the autocast dtype (float32 from CUDA's rms_norm, torch >= 2.12)
-        fused = fused_loss_active(input_ids.device)
-        if fused or torch.is_grad_enabled():
+        # LOSS_KERNEL=liger: the [B*T, V] logits are never materialized (model/fused_loss.py); else, training: the
+        # logits' gradient made in the forward (read once less), from x in the autocast dtype (float32 from CUDA's
+        # rms_norm, torch >= 2.12)
+        if fused_loss_active(input_ids.device):
+            return fused_loss(self, input_ids, target_ids)
+        if torch.is_grad_enabled():
             x = self.forward_hidden(input_ids)
-            x = x if fused else x.to(residual_dtype(x))
-            loss = linear_softcap_cross_entropy if fused else head_softcap_cross_entropy
-            return loss(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1), self.logit_softcap)
+            x = x.to(residual_dtype(x))
+            return head_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
+                                              self.logit_softcap)
         logits = self.forward_logits(input_ids)
         return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
 
@@ -373,11 +362,10 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), target_ids.flatten(), reduction="none").view(target_ids.shape)
 
 
-# GPT arguments of the switches, written to the config only when they differ from GPT's default: an
-# artifact without a switch on is byte-identical to one made before the switches existed
-SWITCH_CONFIG = ("smear_gate_enabled", "sparse_attn_gate_enabled", "sparse_attn_gate_scale", "gate_window", "num_loops",
-                 "loop_start", "loop_end", "doc_packed_attention", "ln_scale", "skip_gates_enabled", "parallel_start_layer",
-                 "parallel_final_lane")
+# GPT arguments of the switches (its last ones, from smear_gate_enabled on), written to the config only when they
+# differ from GPT's default: an artifact without a switch on is byte-identical to one made before the switches existed
+_GPT_ARGS = tuple(inspect.signature(GPT).parameters)
+SWITCH_CONFIG = _GPT_ARGS[_GPT_ARGS.index("smear_gate_enabled"):]
 
 
 def build_model_config(hp: Hyperparameters) -> dict:

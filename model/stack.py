@@ -1,14 +1,26 @@
-"""The block stack of model.gpt.GPT: encoder/decoder order (depth recurrence), U-Net skips (optionally gated)
-and PR #1855's 2-lane parallel decoder.
+"""The block stack of model.gpt.GPT with PR #1855's switches: encoder/decoder order with depth recurrence
+(NUM_LOOPS), gated U-Net skips (SKIP_GATES_ENABLED) and the 2-lane parallel decoder (PARALLEL_START_LAYER). A
+model without them runs GPT.run_blocks (the plain U-Net, the same ops as run_stack there), so a record's
+train_gpt.py packed without these switches carries none of this.
 
 Shape legend: B batch, T time, D model dim; L layers. `model` is a model.gpt.GPT; its blocks are
 model.gpt.Block (pre-norm, attention then MLP, both outputs scaled per channel).
 """
 
 import torch
-import torch.nn.functional as F
 
+# the packed train_gpt.py holds it only for runs with one of these switches on (kit/bundle_when.py)
+PACKED_WHEN = "NUM_LOOPS > 0 or SKIP_GATES_ENABLED or PARALLEL_START_LAYER > 0"
 PARALLEL_FINAL_LANES = ("mean", "mlp", "attn")
+
+
+def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:
+    """Depth recurrence (PR #1204, #1285, #1493): the blocks run in order with blocks loop_start..loop_end
+    (inclusive) run 1 + num_loops times in a row, e.g. 11 layers, 3..5, 2 loops -> 0 1 2 3 4 5 3 4 5 3 4 5 6 .. 10.
+    The first half of the sequence is the U-Net's encoder (its outputs feed the skips), the rest its decoder."""
+    if not num_loops:
+        return list(range(num_layers))
+    return [*range(loop_start), *list(range(loop_start, loop_end + 1)) * (num_loops + 1), *range(loop_end + 1, num_layers)]
 
 
 def merge_skip(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -79,10 +91,3 @@ def run_stack(model, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None) -> 
         if k < num_encoder:
             skips.append(x)
     return x if lanes is None else final_lane(*lanes, model.parallel_final_lane)
-
-
-def block_input_norm(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """rms_norm(x) over the last dim, times the block's LN scale (PR #1855's LN_SCALE: 1/sqrt(layer + 1); 1.0
-    multiplies nothing)."""
-    n = F.rms_norm(x, (x.size(-1),))
-    return n if scale == 1.0 else n * scale

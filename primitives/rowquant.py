@@ -24,6 +24,9 @@ import math
 
 import torch
 
+from primitives.baseline_quant import quantize_per_row_baseline
+from primitives.env import BUNDLE_KIND
+
 # GPTQ-lite candidates, tried in this order (ties keep the earlier one); 1.0 = plain max-abs.
 QUANT_CLIP_QUANTILES = (0.999, 0.9995, 0.9999, 0.99999, 1.0)
 
@@ -53,11 +56,13 @@ def quantize_per_row(w: torch.Tensor, bits: int, clip_quantile: float = 1.0) -> 
     16M elements), found with topk (the clip quantiles are near 1: a few values per row, no full
     sort); 1.0 = the row max, computed with amax, no sort: the QAT forward path. Values
     beyond the clip saturate.
-    ValueError for bits outside 2..8 (shapes are the caller's invariant: a non-2-D w fails in
-    torch; a quantile outside [0, 1] is a k out of range: RuntimeError).
+    ValueError for bits outside 2..8 in the package (a record's file takes its bits from the policy, which
+    refuses others; shapes are the caller's invariant: a non-2-D w fails in torch; a quantile outside [0, 1]
+    is a k out of range: RuntimeError).
     """
-    if type(bits) is not int or not 1 < bits < 9:
-        raise ValueError(f"bits={bits!r}: expected an int in 2..8")
+    if BUNDLE_KIND == "package":
+        if type(bits) is not int or not 1 < bits < 9:
+            raise ValueError(f"bits={bits!r}: expected an int in 2..8")
     m = (1 << bits - 1) - 1
     w = w.detach().float()
     a = w.abs()
@@ -70,30 +75,6 @@ def quantize_per_row(w: torch.Tensor, bits: int, clip_quantile: float = 1.0) -> 
         clip = a[:, -1] + (a[:, -2 if p > k else -1] - a[:, -1]) * (p - k)
     s = quant_fp16_scale((clip / m).clamp(2**-24, 65504))
     return torch.round(w / s[:, None]).clamp(-m, m).to(torch.int8), s.half()
-
-
-def quantize_per_row_baseline(w: torch.Tensor, bits: int, clip_quantile: float) -> tuple:
-    """The official baseline's per-row rule, PR #1617's quantize_float_tensor (QUANT_BASELINE_CLIP): w [R, C] clamped
-    to its row clip (torch.quantile of |w[r]|, as there: at most 16M values), scale = max(clip / qmax, 1 / qmax) in
-    float32, q = round(w / scale); returns (q int8 [R, C], the scale rounded to float16 [R]), so the values are
-    rounded with a scale the artifact does not store and rows with a clip below 1 share the fixed grid 1 / qmax (the
-    baseline's clamp_min(1 / 127))."""
-    m = (1 << bits - 1) - 1
-    w = w.detach().float()
-    clip = torch.quantile(w.abs(), clip_quantile, dim=1, keepdim=True)  # its clip to the bit (fp32 rounding)
-    s = (clip / m).clamp_min(1.0 / m)
-    return torch.round(torch.maximum(torch.minimum(w, clip), -clip) / s).clamp(-m, m).to(torch.int8), s[:, 0].half()
-
-
-def quantize_per_tensor_baseline(t: torch.Tensor, bits: int, clip_quantile: float) -> torch.Tensor:
-    """The baseline's per-tensor rule for a vector t (PR #1617's quantize_float_tensor + its dequantization): clip =
-    the clip_quantile quantile of |t|, scale = clip / qmax in float32 (1 for an all-zero t), no floor; returns the
-    dequantized float32 tensor q * scale (its values, stored as they are: the kit's rows keep float16 scales)."""
-    m = (1 << bits - 1) - 1
-    t = t.detach().float()
-    clip = float(torch.quantile(t.abs().flatten(), clip_quantile)) if t.numel() else 0.0
-    s = torch.tensor(clip / m if clip > 0 else 1.0)
-    return torch.round(t.clamp(-clip, clip) / s).clamp(-m, m) * s
 
 
 def dequantize_per_row(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -109,7 +90,7 @@ def fake_quantize_per_row(w: torch.Tensor, bits: int, baseline_clip: float = 0.0
     is exactly 0 (no FMA contraction or rounding can touch dq), rather than w + (dq - w).detach().
     Backward: identity (straight-through estimator, Bengio et al. 2013). The caller (CastedLinear)
     switches it with an attribute torch.compile guards, so a compiled step without QAT has no such op.
-    baseline_clip > 0: quantize_per_row_baseline's rule at that clip quantile instead (PR #1617's fake_quantize_ste).
+    baseline_clip > 0: primitives/baseline_quant.py's rule at that clip quantile instead (PR #1617's fake_quantize_ste).
     """
     d = w.detach()
     q = quantize_per_row_baseline(d, bits, baseline_clip) if baseline_clip else quantize_per_row(d, bits)

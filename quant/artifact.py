@@ -71,8 +71,8 @@ import brotli
 import torch
 import zstandard
 
-from primitives.rowquant import (QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row,
-                                 quantize_per_row_baseline, quantize_per_tensor_baseline)
+from primitives.baseline_quant import quantize_per_row_baseline, quantize_per_tensor_baseline
+from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
 from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.fit import quant_fit_step, quant_fit_step_up
 from quant.gptq import gptq_quantize

@@ -28,6 +28,7 @@ import torch
 
 from primitives.rowquant import QUANT_CLIP_QUANTILES, quantize_per_row
 from primitives.progress import Progress
+from quant.gptq_records import gptq_records_order
 
 
 def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES,
@@ -49,12 +50,8 @@ def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QU
     s = (torch.cat([quantize_per_row(w, bits, p)[1].float() for p in clips]) if scale is None  # [K*R]: the candidates
          else scale.to(w.device).float())  # fixed scales [R] (SDClip; clips then holds its one k)
     h = h.to(w)
-    if records:  # PR #1855's order of operations, in float32
-        dead, h = h.diagonal() == 0, h.clone()
-        h[dead, dead], w = 1.0, w.masked_fill(dead, 0.0)
-        g = h + 0.01 * h.diagonal().mean() * torch.eye(c, dtype=h.dtype, device=h.device)
-        o = torch.argsort(g.diagonal(), descending=True)
-        g = g[o][:, o]
+    if records:  # PR #1855's order of operations, in float32 (quant/gptq_records.py)
+        g, o, h, w = gptq_records_order(h, w)
     else:
         o = torch.argsort(h.diagonal(), descending=True, stable=True)  # act-order
         g = h[o][:, o].double()
@@ -118,8 +115,8 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
         model.forward_hidden = forward_hidden  # an instance attribute: the class is unchanged
     start = clock()
     bar = Progress("gptq calibration", num_batches, "batches")
-    packed = getattr(model, "doc_packed_attention", False)
-    if cross_docs and packed:
+    cross_docs = cross_docs and getattr(model, "doc_packed_attention", False)
+    if cross_docs:
         model.doc_packed_attention = False
     try:
         while n < num_batches and (n == 0 or clock() + max(batch_seconds, (clock() - start) / n) <= deadline):
@@ -132,6 +129,6 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
         for x in hooks:
             x.remove()
         model.__dict__.pop("forward_hidden", None)
-        if cross_docs and packed:
-            model.doc_packed_attention = packed
+        if cross_docs:
+            model.doc_packed_attention = True
     return {names[m]: h / c for m, (h, c) in sums.items()}, n

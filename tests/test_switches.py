@@ -13,10 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from quant.policy import QuantPolicy
-from model.gpt import (
-    BOS_TOKEN_ID, GPT, SWITCH_CONFIG, build_model_config, looped_layer_order, smear_previous_token, sparse_head_gate)
-from trainer.optim import NS_COEFFS, Muon, build_optimizers, newton_schulz, split_params
-from trainer.schedule import lr_multiplier, lr_multiplier_floored, wd_taper_multiplier
+from model.gpt import BOS_TOKEN_ID, GPT, SWITCH_CONFIG, build_model_config
+from model.gates import smear_previous_token, sparse_head_gate
+from model.stack import looped_layer_order
+from trainer.muon_switches import POLAR_EXPRESS_COEFFS
+from trainer.optim import JORDAN_COEFFS, Muon, build_optimizers, newton_schulz, split_params
+from trainer.schedule import lr_multiplier, lr_multiplier_floored
+from trainer.wd_taper import wd_taper_multiplier
 from primitives.settings import Hyperparameters
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,6 +30,7 @@ ALL_SWITCHES = {"MUON_NS_COEFFS": "polar_express", "MUON_ROW_NORMALIZE": "1", "M
                 "SPARSE_ATTN_GATE_ENABLED": "1", "GATE_WINDOW": "8", "NUM_LOOPS": "1", "LOOP_START": "1", "LOOP_END": "1",
                 "ENABLE_LOOPING_AT": "0.5", "DOC_PACKED_ATTENTION": "1", "LN_SCALE": "1", "SKIP_GATES_ENABLED": "1",
                 "PARALLEL_START_LAYER": "1"}
+NS_COEFFS = {"jordan": JORDAN_COEFFS, "polar_express": POLAR_EXPRESS_COEFFS}  # MUON_NS_COEFFS's choices
 TINY = dict(vocab_size=64, num_layers=2, model_dim=32, num_heads=4, num_kv_heads=2, mlp_mult=2.0, rope_dims=4,
             xsa_last_n=1)
 

@@ -9,23 +9,15 @@ import torch
 import torch.distributed as dist
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
+from trainer.muon_forms import form_update, newton_schulz_ordered
+from trainer.muon_switches import POLAR_EXPRESS_COEFFS, normalize_rows
 
 
 # 2-D block parameters that are not weight matrices: AdamW with the scalars (the records' control tensors)
 SCALAR_MATRICES = ("resid_mix", "attn_gate_w")
-# Newton-Schulz quintic coefficients (a, b, c) per iteration, MUON_NS_COEFFS; past the end of a table the
-# last triple repeats. jordan: Keller Jordan's fixed triple (torch.optim.Muon). polar_express: Amsel et al.
-# 2025 ("The Polar Express", arXiv 2505.16932), the 5-step minimax schedule with its safety margin baked in
-# as modded-nanogpt and PR #1787 use it; later steps run the converged Newton-Schulz quintic (15/8, -10/8, 3/8).
-NS_COEFFS = {
-    "jordan": ((3.4445, -4.7750, 2.0315),),
-    "polar_express": ((8.156554524902461, -22.48329292557795, 15.878769915207462),
-                      (4.042929935166739, -2.808917465908714, 0.5000178451051316),
-                      (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
-                      (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
-                      (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
-                      (1.875, -1.25, 0.375)),
-}
+# Keller Jordan's Newton-Schulz quintic coefficients (a, b, c) (torch.optim.Muon); MUON_NS_COEFFS=polar_express:
+# trainer/muon_switches.py's table
+JORDAN_COEFFS = ((3.4445, -4.7750, 2.0315),)
 
 
 def split_params(model: GPT) -> dict:
@@ -39,29 +31,19 @@ def split_params(model: GPT) -> dict:
     return groups
 
 
-def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = NS_COEFFS["jordan"],
-                  order: str = "torch") -> torch.Tensor:
+def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = JORDAN_COEFFS) -> torch.Tensor:
     """Batched quintic Newton-Schulz orthogonalization: g [N, R, C] (any float) -> bfloat16 [N, R, C].
 
     torch.optim.Muon's iteration (bf16, each matrix scaled to unit Frobenius norm, tall matrices
     transposed; step i runs x <- a x + (b G + c G^2) x, G = x x^T, with coeffs[i], the last triple
     repeating: Keller Jordan's 3.4445, -4.7750, 2.0315 by default), run on a stack of same-shape
     matrices with batched matmuls: one launch per matmul for the whole stack instead of one per
-    matrix (the 8xH100 records' batched Muon). order (MUON_FORM): "records", PR #1855's ops, the same math rounded
-    as its bf16 does (x / (|x| + eps); G = x x^T; B = b G + c (G G); x <- a x + B x); "classic", PR #1617's: the same
-    but B = b G + (c G) G, as its `c * A @ A` groups.
+    matrix (the 8xH100 records' batched Muon). MUON_FORM records / classic: trainer/muon_forms.py's op order.
     """
     x = g.bfloat16()
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
-    if order != "torch":
-        x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
-        for i in range(steps):
-            a, b, c = coeffs[min(i, len(coeffs) - 1)]
-            gram = x @ x.mT
-            x = a * x + (b * gram + (c * gram @ gram if order == "classic" else c * (gram @ gram))) @ x
-        return x.mT if tall else x
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     for i in range(steps):
         a, b, c = coeffs[min(i, len(coeffs) - 1)]
@@ -79,23 +61,29 @@ class Muon(torch.optim.Optimizer):
     world_size > 1 each rank orthogonalizes a contiguous share of every shape group and the updates
     are all-gathered (gradients are already all-reduced by DDP), so no rank repeats another's work
     (as the 8xH100 records do). Param groups take lr, momentum, weight_decay (changeable per step).
-    ns_coeffs: a key of NS_COEFFS. row_normalize: MuonEq-R (PR #1285), each row of the momentum update
-    divided by its L2 norm (clamped at 1e-7, float32) before Newton-Schulz; the rest unchanged.
-    form="records" (MUON_FORM, PR #1855's Muon): gradient and momentum buffer in bf16, buf <- momentum * buf + g,
-    u = g + momentum * buf (classic Nesterov; the same direction as torch's at a fixed momentum, Newton-Schulz
-    being scale-free), row normalization in bf16 and newton_schulz's records order. form="classic" (PR #1617's Muon,
-    modded-nanogpt's): float32 momentum buf <- momentum * buf + g, u = g + momentum * buf, newton_schulz's classic
-    order, the update scaled by sqrt(max(1, R/C)) in bf16 before the step.
+    ns_coeffs: jordan or polar_express (trainer/muon_switches.py). row_normalize: MuonEq-R (PR #1285), each row of
+    the momentum update divided by its L2 norm (trainer/muon_switches.py) before Newton-Schulz; the rest unchanged.
+    form (MUON_FORM): torch, or the records' arithmetic, "records" (PR #1855's) or "classic" (PR #1617's):
+    trainer/muon_forms.py.
     """
 
-    def __init__(self, params, *, lr: float, momentum: float, weight_decay: float, ns_steps: int = 5, rank: int = 0,
+    def __init__(self, params, lr: float, momentum: float, weight_decay: float, ns_steps: int = 5, rank: int = 0,
                  world_size: int = 1, compile: bool = False, ns_coeffs: str = "jordan", row_normalize: bool = False,
                  form: str = "torch"):
         super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay))
-        self.ns_steps, self.rank, self.world_size, self.records = ns_steps, rank, world_size, form == "records"
-        self.form = form
-        self.ns_coeffs, self.row_normalize = NS_COEFFS[ns_coeffs], row_normalize
-        self.ns = torch.compile(newton_schulz, fullgraph=True, dynamic=False) if compile else newton_schulz
+        self.ns_steps, self.rank, self.world_size, self.form = ns_steps, rank, world_size, form
+        self.ns_coeffs = JORDAN_COEFFS if ns_coeffs == "jordan" else POLAR_EXPRESS_COEFFS
+        self.row_normalize = row_normalize
+        ns = newton_schulz if form == "torch" else newton_schulz_ordered
+        self.ns = torch.compile(ns, fullgraph=True, dynamic=False) if compile else ns
+
+    def buffers(self, ps: list, grads: list) -> list:
+        """The momentum buffers of ps, made once as zeros like their gradients (setdefault(..., zeros_like) would
+        zero-fill one every step)."""
+        for p, g in zip(ps, grads):
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(g)
+        return [self.state[p]["momentum_buffer"] for p in ps]
 
     @torch.no_grad()
     def step(self):
@@ -105,20 +93,15 @@ class Muon(torch.optim.Optimizer):
                 if p.grad is not None:
                     shapes.setdefault(p.shape, []).append(p)
             for (rows, cols), ps in shapes.items():
-                grads = [p.grad.bfloat16() if self.records else p.grad for p in ps]
-                for p, g in zip(ps, grads):  # created once: setdefault(..., zeros_like) zero-filled every step
-                    if "momentum_buffer" not in self.state[p]:
-                        self.state[p]["momentum_buffer"] = torch.zeros_like(g)
-                bufs = [self.state[p]["momentum_buffer"] for p in ps]
-                if self.form != "torch":  # per tensor, as the records: bf16 _foreach_mul_ rounds differently on a CPU
-                    for buf, g in zip(bufs, grads):
-                        buf.mul_(momentum).add_(g)
-                    u = torch.stack(grads).add_(torch.stack(bufs), alpha=momentum)
+                if self.form != "torch":
+                    u = form_update(self, ps, momentum)
                 else:
+                    grads = [p.grad for p in ps]
+                    bufs = self.buffers(ps, grads)
                     torch._foreach_lerp_(bufs, grads, 1 - momentum)
                     u = torch.stack(grads).lerp_(torch.stack(bufs), momentum)
                 if self.row_normalize:
-                    u = u / u.float().norm(dim=-1, keepdim=True).clamp_min(1e-7).to(u.dtype)
+                    u = normalize_rows(u)
                 n, w, scale = len(ps), self.world_size, max(1, rows / cols) ** 0.5
                 share = -(-n // w)
                 if w > 1:  # pad to w equal shares, orthogonalize ours, gather everyone's
@@ -133,6 +116,8 @@ class Muon(torch.optim.Optimizer):
 
     def orthogonalize(self, u: torch.Tensor, scale: float) -> torch.Tensor:
         """newton_schulz(u) [N, R, C] as float32; the classic form multiplies it by scale in bf16 first (PR #1617)."""
+        if self.form == "torch":
+            return self.ns(u, self.ns_steps, coeffs=self.ns_coeffs).float()
         x = self.ns(u, self.ns_steps, coeffs=self.ns_coeffs, order=self.form)
         return (x * scale if self.form == "classic" else x).float()
 
@@ -163,12 +148,11 @@ def build_optimizers(model: GPT, hp: Hyperparameters, *, is_cuda: bool, rank: in
     adam_groups = [{"params": g["embed"], "lr": hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr,
                     "weight_decay": embed_wd},
                    {"params": g["scalar"], "lr": hp.scalar_lr}] + [{"params": g["head"], "lr": hp.head_lr}] * bool(g["head"])
-    optimizers = Optimizers(
-        muon=Muon(g["muon"], lr=hp.matrix_lr, momentum=hp.muon_momentum, weight_decay=hp.muon_wd,
-                  ns_steps=hp.muon_backend_steps, rank=rank, world_size=world_size, compile=compile,
-                  ns_coeffs=hp.muon_ns_coeffs, row_normalize=hp.muon_row_normalize, form=hp.muon_form),
-        adamw=torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
-                                fused=is_cuda))
+    optimizers = Optimizers(  # Muon's arguments in its signature's order (lr, momentum, weight_decay, ns_steps, ...)
+        Muon(g["muon"], hp.matrix_lr, hp.muon_momentum, hp.muon_wd, hp.muon_backend_steps, rank, world_size, compile,
+             hp.muon_ns_coeffs, hp.muon_row_normalize, hp.muon_form),
+        torch.optim.AdamW(adam_groups, betas=(hp.beta1, hp.beta2), eps=hp.adam_eps, weight_decay=hp.adam_wd,
+                          fused=is_cuda))
     for opt in optimizers.all:
         for group in opt.param_groups:
             group["base_lr"] = group["lr"]

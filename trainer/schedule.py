@@ -6,9 +6,9 @@ steps: ITERATIONS, or for a wallclock run step / progress (the official script's
 does the same with its measured step time).
 """
 
-import torch
-import torch.nn as nn
 from primitives.settings import Hyperparameters
+from trainer.ema import EMA  # noqa: F401 (trainer.schedule's API: the loop, the tools and the tests import it here)
+from trainer.wd_taper import wd_taper_multiplier
 
 
 def run_progress(elapsed_ms: float, cap_ms: float, step: int, iterations: int) -> float:
@@ -138,58 +138,20 @@ def schedule_warning(hp: Hyperparameters, run_steps: float) -> str | None:
     return f"WARNING: schedule at {n} steps ({basis}): " + "; ".join(found) if found else None
 
 
-class EMA:
-    """Exponential moving average of the weights in float32: ema <- d * ema + (1 - d) * w.
-
-    `update(decay)` uses d = min(decay, (1 + t) / (10 + t)) at update t (the usual EMA warmup), so
-    short runs average their recent weights instead of staying near the initialization; long runs
-    use `decay`. decay = 0 (before EMA_START_FRAC) copies the weights and restarts the warmup.
-    warmup=False (EMA_WARMUP=0): d = decay from the first update, PR #1855's EMA in its arithmetic
-    (ema * d + w * (1 - d) per tensor, its rounding; the warmup form lerps).
-    """
-
-    def __init__(self, model: nn.Module, warmup: bool = True):
-        self.num_updates, self.warmup = 0, warmup
-        self.params = [p for p in model.parameters()]
-        self.shadow = [p.detach().float().clone() for p in self.params]
-
-    @torch.no_grad()
-    def update(self, decay: float) -> None:
-        d = min(decay, (1 + self.num_updates) / (10 + self.num_updates)) if self.warmup else decay
-        self.num_updates = self.num_updates + 1 if decay > 0 else 0
-        if not self.warmup:  # PR #1855's ema.mul_(d).add_(w, alpha=1 - d), tensor by tensor
-            for s, p in zip(self.shadow, self.params):
-                s.mul_(d).add_(p.detach().float(), alpha=1.0 - d)
-            return
-        torch._foreach_lerp_(self.shadow, [p.detach().float() for p in self.params], 1.0 - d)
-
-    @torch.no_grad()
-    def copy_to_model(self) -> None:
-        for p, s in zip(self.params, self.shadow):
-            p.copy_(s.to(p.dtype))
-
-
 def lr_multiplier_floored(progress: float, warmdown_frac: float, min_lr: float) -> float:
     """lr_multiplier with the warmdown floored at MIN_LR, a fraction of the peak LR (PR #1787:
     max((1 - progress) / warmdown_frac, 0.10) in the warmdown). min_lr = 0: lr_multiplier exactly."""
     return max(lr_multiplier(progress, warmdown_frac), min_lr)
 
 
-def wd_taper_multiplier(progress: float, start_frac: float, final_mult: float) -> float:
-    """The Muon weight decay's multiplier (PR #1729): 1.0 until `start_frac` of the run, then linear to
-    `final_mult` at its end (0.70 -> 0.5x in the record). final_mult = 1: 1.0 throughout (off)."""
-    if final_mult == 1.0 or progress <= start_frac or start_frac >= 1.0:
-        return 1.0
-    return 1.0 + (final_mult - 1.0) * min(1.0, (progress - start_frac) / (1.0 - start_frac))
-
-
 def set_step_schedule(optimizers, step: int, progress: float, hp: Hyperparameters) -> None:
     """What the trainer sets before the step at `step`, `progress` of the run done: every param group's lr (its
     base_lr times the warmdown multiplier floored at MIN_LR), Muon's momentum (its warmup) and weight decay
-    (MUON_WD times the taper). optimizers: trainer.optim.Optimizers (.all, .muon)."""
+    (MUON_WD times the taper of trainer/wd_taper.py). optimizers: trainer.optim.Optimizers (.all, .muon)."""
     for opt in optimizers.all:
         for group in opt.param_groups:
             group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp), hp.min_lr)
     for group in optimizers.muon.param_groups:
         group["momentum"] = muon_momentum_at(step, hp, progress)
-        group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac, hp.wd_taper_final_mult)
+        group["weight_decay"] = hp.muon_wd if hp.wd_taper_final_mult == 1 else hp.muon_wd * wd_taper_multiplier(
+            progress, hp.wd_taper_start_frac, hp.wd_taper_final_mult)
