@@ -58,7 +58,7 @@ class TTTMode:
     count_from: the names and round numbering its messages use (entry: run_<label>); plan(hp, timings, *, strides,
     roundtrip_seconds, num_val_tokens, world_size) -> the mode's plan dict (eval/plan.py makes the EvalPlan) with
     wanted_seconds (None: the mode is not planned, it runs TTT_EPOCHS at EVAL_STRIDE); timing: what the trainer
-    times for the plan, a key of trainer.ttt_eval.PLAN_TIMINGS and tools/bench/gpu_check.py's TTT_TIMED ("sgd": one
+    times for the plan, trainer.ttt_eval.plan_timings and tools/bench/gpu_check.py's TTT_TIMED ("sgd": one
     SGD step, "lora": a scoring forward and a batched adapter step); recorded: the artifact's run["ttt"] names the
     mode (False for one row: artifacts that name none, written before modes, are read as it, and it stays so)."""
     label: str

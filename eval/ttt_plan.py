@@ -11,6 +11,7 @@ from eval.lora_ttt import estimate_lora_work, lora_batch_windows, lora_work_coun
 from eval.plan import EvalPlan
 from eval.sliding import count_sliding_windows
 from eval.ttt_modes import TTT_MODES
+from primitives.env import BUNDLE_KIND
 from primitives.settings import Hyperparameters
 
 # the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
@@ -51,9 +52,9 @@ def lora_work_at(hp: Hyperparameters, num_val_tokens: int, world_size: int, toke
     @functools.cache
     def work_at(stride: int) -> dict:
         windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, stride, world_size, hp.eval_batch_seqs, hp.ttt_lora_batch_docs)
-        if counter is not None:
-            return dict(counter(stride, windows), windows=windows, counted=True)
-        return dict(estimate_lora_work(num_val_tokens=num_val_tokens, num_docs=assumed_docs, stride=stride,
-                                       batch_windows=windows, **common), windows=windows, counted=False)
+        if BUNDLE_KIND == "package" and counter is None:  # gpu_check's estimate (the trainer counts the val stream)
+            return dict(estimate_lora_work(num_val_tokens=num_val_tokens, num_docs=assumed_docs, stride=stride,
+                                           batch_windows=windows, **common), windows=windows, counted=False)
+        return dict(counter(stride, windows), windows=windows, counted=True)
 
     return work_at

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+import trainer.sgd_timing as sgd_timing
 import trainer.ttt_eval as trainer_ttt
 import model.gpt as trainer_model
 from tests.test_after_training import run_main_in_process
@@ -67,7 +68,7 @@ def plan_with(monkeypatch, tmp_path, forward_seconds, step_seconds, **settings):
     ctx = RunContext(0, 1, 0, torch.device("cpu"), tmp_path)
     ctx.log = lambda msg="", console=True: lines.append(msg)
     monkeypatch.setattr(trainer_ttt, "time_eval_forward", lambda *a: forward_seconds)
-    monkeypatch.setattr(trainer_ttt, "time_ttt_step", lambda *a: step_seconds)
+    monkeypatch.setattr(sgd_timing, "time_ttt_step", lambda *a: step_seconds)
     return plan_entries(plan_final_eval(ctx, build_model_config(hp), hp, 1_000_001)), lines
 
 
@@ -112,7 +113,7 @@ def test_a_ttt_overrun_keeps_the_roundtrip_and_names_the_ttt_command(
     clock = BatchClock(100.0)
     run_mode = trainer_ttt.run_mode
     monkeypatch.setattr(trainer_ttt, "time_eval_forward", lambda *a: 1e-6)
-    monkeypatch.setattr(trainer_ttt, "time_ttt_step", lambda *a: 1e-6)
+    monkeypatch.setattr(sgd_timing, "time_ttt_step", lambda *a: 1e-6)
     monkeypatch.setattr(trainer_ttt, "run_mode", lambda *a, **k: run_mode(*a, clock=clock, **k))
     monkeypatch.setattr(trainer_model.GPT, "head_logits", clock.wrap(trainer_model.GPT.head_logits))  # once per scoring batch
     assert run_main_in_process(monkeypatch, tiny_dataset, sp1024_model, tmp_path, "over", EVAL_MAX_SECONDS=900,
@@ -175,7 +176,7 @@ def test_one_chunk_of_val_plans_no_ttt_epochs_and_says_why(monkeypatch, tmp_path
     ctx = RunContext(0, 1, 0, torch.device("cpu"), tmp_path)
     ctx.log = lambda msg="", console=True: lines.append(msg)
     monkeypatch.setattr(trainer_ttt, "time_eval_forward", lambda *a: 1e-4)
-    monkeypatch.setattr(trainer_ttt, "time_ttt_step", lambda *a: 1e-4)
+    monkeypatch.setattr(sgd_timing, "time_ttt_step", lambda *a: 1e-4)
     assert plan_entries(plan_final_eval(ctx, build_model_config(hp), hp, 4097)) == dict(stride=16, ttt_epochs=0)
     assert re.search(r" stride 16 epochs 0 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\); TTT skipped: the "
                      r"4096 val targets are one chunk of TTT_CHUNK_TOKENS=4096, the last one, which score-first TTT never "

@@ -10,13 +10,14 @@ from eval.lora_batch import BatchedLoRA, lora_train_batch
 from eval.lora_ttt import lora_batch_windows
 from eval.plan import EvalPlan
 from eval.sliding import scoring_forward
-from eval.ttt import select_ttt_params, ttt_result_line, ttt_step_seqs, zero_updates_warning
+from eval.ttt import ttt_result_line, zero_updates_warning
 from eval.ttt_modes import TTT_MODES, mode_settings, run_mode
 from eval.ttt_plan import lora_work_at, plan_ttt_eval
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
 from shards.format import load_validation_tokens
 from trainer.context import RunContext
+from trainer.sgd_timing import describe_sgd, sgd_timings
 from trainer.timing import scored_context, seconds_per_call, time_eval_forward
 
 # the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
@@ -72,10 +73,10 @@ def recorded_mode(hp: Hyperparameters, plan: EvalPlan, shared: tuple) -> dict:
 
 def plan_final_ttt(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> EvalPlan:
     """The TTT plan of trainer.evaluate.plan_final_eval: the eval forward (time_eval_forward) and what the mode's
-    row times (its `timing`, PLAN_TIMINGS) on a fresh model, then eval.ttt_plan.plan_ttt_eval; logs `ttt_plan:`
+    row times (its `timing`, plan_timings) on a fresh model, then eval.ttt_plan.plan_ttt_eval; logs `ttt_plan:`
     with the numbers and the reason."""
     model = GPT(**model_config).to(ctx.device).eval()
-    measure, describe = PLAN_TIMINGS[TTT_MODES[hp.ttt_mode].timing]
+    measure, describe = plan_timings(TTT_MODES[hp.ttt_mode].timing)
     timings = dict(forward_seconds=time_eval_forward(ctx, model, hp), **measure(ctx, model, hp, num_val_tokens))
     plan = plan_ttt_eval(hp, timings, num_val_tokens, ctx.world_size)
     projected = "" if plan.projected_seconds is None else f" projected {plan.projected_seconds:.0f}s with the roundtrip"
@@ -83,45 +84,6 @@ def plan_final_ttt(ctx: RunContext, model_config: dict, hp: Hyperparameters, num
             + f" phases {plan.phases}" * bool(plan.phases) + projected + f" (EVAL_MAX_SECONDS={hp.eval_max_seconds:g})"
             + f"; {plan.reason}" * bool(plan.reason))
     return plan
-
-
-def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
-    """Seconds of one TTT update as eval/ttt.py runs it: forward + backward of this rank's share of a
-    TTT batch ([ttt_step_seqs / ranks, TRAIN_SEQ_LEN] synthetic tokens) with only TTT_PARAMS requiring
-    grad, then SGD; compiled and autocast as the eval runs it. Changes `model`'s weights (a fresh model)."""
-    # a mode whose units are chunks caps a step at a chunk's sequences; phases are not capped
-    cap_tokens = hp.ttt_chunk_tokens if "chunk_tokens" in TTT_MODES[hp.ttt_mode].fields else hp.ttt_batch_seqs * hp.train_seq_len
-    batch = ttt_step_seqs(hp.ttt_batch_seqs, cap_tokens, hp.train_seq_len, ctx.world_size) // ctx.world_size
-    chosen = select_ttt_params(model, hp.ttt_params)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for p in chosen:
-        p.requires_grad_(True)
-    forward = torch.compile(model, dynamic=False) if ctx.compile else model
-    optimizer = torch.optim.SGD(chosen, lr=1e-9, momentum=hp.ttt_momentum)
-    x = torch.zeros(max(1, batch), hp.train_seq_len, dtype=torch.int64, device=ctx.device)
-
-    def call():
-        with ctx.autocast():
-            forward(x, x).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    seconds = seconds_per_call(ctx, call, label="ttt plan: timing a TTT step")
-    for p in model.parameters():
-        p.requires_grad_(True)
-    return seconds
-
-
-def sgd_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int) -> dict:
-    """An SGD row's plan timings (`timing` "sgd"): one TTT step, time_ttt_step."""
-    return dict(step_seconds=time_ttt_step(ctx, model, hp))
-
-
-def describe_sgd(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
-    """The `ttt_plan:` line's measured part: what was timed and the val stream it is projected over."""
-    return (f"{1000 * timings['forward_seconds']:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
-            f"{1000 * timings['step_seconds']:.1f}ms per TTT step, {num_val_tokens - 1} val targets")
 
 
 def lora_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int) -> dict:
@@ -139,8 +101,10 @@ def describe_lora(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_to
             f"({work['forwards']} forwards, {work['update_rounds']} with steps)")
 
 
-# what plan_final_ttt times and logs for a row's `timing` (eval/ttt_modes.py TTTMode.timing): (measure, describe)
-PLAN_TIMINGS = dict(sgd=(sgd_timings, describe_sgd), lora=(lora_timings, describe_lora))
+def plan_timings(timing: str) -> tuple:
+    """What plan_final_ttt times and logs for a row's `timing` (eval/ttt.py TTTMode.timing): (measure, describe);
+    the SGD step's in trainer/sgd_timing.py, packed only for the modes that time it."""
+    return (lora_timings, describe_lora) if timing == "lora" else (sgd_timings, describe_sgd)
 
 
 def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:

@@ -86,6 +86,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import model.attention as trainer_attention  # noqa: E402
 import trainer.checks as trainer_checks  # noqa: E402
 import trainer.context as trainer_context  # noqa: E402
+import trainer.sgd_timing as sgd_timing  # noqa: E402
 import trainer.ttt_eval as trainer_ttt  # noqa: E402
 import shards.loader as trainer_loader  # noqa: E402
 import trainer.loop as trainer_loop  # noqa: E402
@@ -382,7 +383,7 @@ def agreement_rows(ctx, model, hp) -> list:
     return rows
 
 
-# per row `timing` (eval/ttt_modes.py TTTMode.timing, the keys of trainer.ttt_eval.PLAN_TIMINGS): whether the
+# per row `timing` (eval/ttt_modes.py TTTMode.timing, trainer.ttt_eval.plan_timings): whether the
 # projection needs batched LoRA timings (trainer.ttt_eval.time_lora_ttt) and the val split's documents
 TTT_TIMED = dict(sgd=False, lora=True)
 
@@ -396,7 +397,7 @@ def ttt_projection_row(seconds_per_window: float, step_seconds: float, num_val_t
                        world_size: int = 1, enforce: bool = True, lora_timings: tuple = None, lora_work=None) -> Row:
     """Projected full-val legal TTT eval of TTT_MODE as the trainer plans it (eval.ttt_plan.plan_ttt_eval, the
     EvalPlan the run would use): the settings as asked (TTT_EPOCHS, TTT_PHASES at EVAL_STRIDE) and what the plan
-    keeps. seconds_per_window from the sliding eval; step_seconds: one SGD TTT update (trainer.ttt_eval.time_ttt_step);
+    keeps. seconds_per_window from the sliding eval; step_seconds: one SGD TTT update (trainer.sgd_timing.time_ttt_step);
     a mode timed as LoRA (its row's `timing`): lora_timings (scoring forward, batched adapter step:
     trainer.ttt_eval.time_lora_ttt) and lora_work (eval.ttt_plan.lora_work_at: the val split's schedule, counted or
     assumed; without timings: "not projected", a WARN "unverified" with TTT_ENABLED). With TTT_ENABLED, WARN when
@@ -457,7 +458,7 @@ def eval_rows(ctx, model, hp, num_val_tokens, val_tokens=None) -> list:
     result = eval_sliding(model, tokens, luts, stride=64, **common)
     recompiles = counters["stats"]["unique_graphs"] - graphs  # before the TTT step, which compiles its own graph
     per_window = result["eval_seconds"] / count_sliding_windows(n, seq_len, 64)
-    step = trainer_ttt.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
+    step = sgd_timing.time_ttt_step(ctx, model, hp)  # last: its SGD steps (lr 1e-9) touch the weights
     lora = trainer_ttt.time_lora_ttt(ctx, model, hp) if timed_as_lora(hp) else None
     model.train()
     return [Row("eval recompiles", str(recompiles), ok=recompiles == 0),
