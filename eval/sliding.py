@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from eval.bpb import count_scored_bytes
 from eval.walk import EvalTimeError, Schedule, TTTRun, run_score_first
+from primitives.env import BUNDLE_KIND
 
 
 def count_sliding_windows(num_targets: int, seq_len: int, stride: int) -> int:
@@ -59,13 +60,15 @@ def scoring_forward(model, compile_model: bool = False):
     positions start .. T - 1. Where the model has `forward_hidden` and `head_logits`, the trunk runs on every
     position (compiled with torch.compile(dynamic=False) when asked: one graph for every batch) and the head,
     eager, only on the positions asked for (apply_head): after window 0 a window scores its last `stride`
-    positions alone, at stride 64 of 2048 1/32 of the [B, T, V] logits. Else `forward_logits`, sliced."""
-    if hasattr(model, "forward_hidden") and hasattr(model, "head_logits"):
-        trunk, head = model.forward_hidden, model.head_logits
-        trunk = torch.compile(trunk, dynamic=False) if compile_model else trunk
-        return lambda input_ids, start=0: apply_head(head, trunk(input_ids)[:, start:])
-    forward = torch.compile(model.forward_logits, dynamic=False) if compile_model else model.forward_logits
-    return lambda input_ids, start=0: forward(input_ids)[:, start:]
+    positions alone, at stride 64 of 2048 1/32 of the [B, T, V] logits. Else (in the package: the tests' models;
+    model.gpt.GPT has both) `forward_logits`, sliced."""
+    if BUNDLE_KIND == "package":
+        if not (hasattr(model, "forward_hidden") and hasattr(model, "head_logits")):
+            forward = torch.compile(model.forward_logits, dynamic=False) if compile_model else model.forward_logits
+            return lambda input_ids, start=0: forward(input_ids)[:, start:]
+    trunk, head = model.forward_hidden, model.head_logits
+    trunk = torch.compile(trunk, dynamic=False) if compile_model else trunk
+    return lambda input_ids, start=0: apply_head(head, trunk(input_ids)[:, start:])
 
 
 def apply_head(head, hidden: torch.Tensor, max_positions: int = 65536) -> torch.Tensor:

@@ -181,7 +181,11 @@ def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, 
     step, num_updates, stopped, short = 0, 0, None, ""
     totals = torch.zeros(3, dtype=torch.float64, device=run.tokens.device)
     seconds, done = [0.0, 0.0], [0, 0]  # scoring, updating; score work, steps (rounds past the first)
-    bar = updater.bar = Progress(f"{row.title} stride {run.stride}", *updater.progress(sched))
+    if BUNDLE_KIND == "package":  # the kit's progress line (a record's packed file shows none)
+        bar = Progress(f"{row.title} stride {run.stride}", *updater.progress(sched))
+    else:
+        bar = Progress("", 0, "")
+    updater.bar = bar
     try:
         for p in model.parameters():
             p.requires_grad_(False)

@@ -78,8 +78,9 @@ from quant.fit import quant_fit_step, quant_fit_step_up
 from quant.gptq import gptq_quantize
 from quant.policy import QUANT_COMPRESSORS, QuantPolicy
 from quant.grouped import grouped_compress, grouped_inflate
-from quant.lqer import lqer_correction, lqer_factors, lqer_nbytes, lqer_pack, lqer_unpack
-from quant.sdclip import sdclip_quantize
+from quant.lqer import lqer_corrections, lqer_factors, lqer_pack, lqer_piece_bytes
+from quant.sdclip import sdclip_matrix
+from primitives.env import BUNDLE_KIND
 from primitives.files import atomic_write_bytes
 from primitives.progress import Progress
 
@@ -129,8 +130,7 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         elif policy.baseline_clip:  # QUANT_BASELINE_CLIP: PR #1617's rows, no GPTQ
             q, s, c = (*quantize_per_row_baseline(v, bits, policy.baseline_clip), policy.baseline_clip)
         elif k_sd := policy.sdclip_k_for(name, tuple(t.shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
-            q, s, c = sdclip_quantize(v, bits, k_sd)
-            q, s, c = gptq_quantize(v, h, bits, (c,), s, policy.gptq_records) if h is not None else (q, s, c)
+            q, s, c = sdclip_matrix(v, h, bits, k_sd, policy.gptq_records)
         else:
             q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,), None, policy.gptq_records)
                        if h is not None
@@ -286,14 +286,16 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
                              - policy_tensor_bytes(name, shapes[name], policy, bits))
             policy = policy.with_bits(name, bits)
             steps.append(f"{name}=int{bits}")
-            log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits, policy):.3e}")
+            if BUNDLE_KIND == "package":  # each step (result.json's fit_steps lists them)
+                log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits, policy):.3e}")
     if steps:  # one-bit steps overshoot: give back, largest error saved per byte first, what the slack holds (one round)
         slack, ratio, trial, ups = byte_budget - total, len(blob) / estimate_artifact_bytes(shapes, policy), policy, []
         while up := quant_fit_step_up(trial, start, shapes, lambda n, b, p=trial: err(n, b - 1, p) - err(n, b, p),
                                       0.99 * slack / ratio):  # (a 1% margin: the estimate's error)
             slack, trial = slack - ratio * up[2], trial.with_bits(*up[:2])
             ups.append(f"{up[0]}=int{up[1]}")
-            log(f"quant_fit export step up:{len(ups)} {up[0]} -> int{up[1]} rel_err {err(up[0], up[1], trial):.3e}")
+            if BUNDLE_KIND == "package":
+                log(f"quant_fit export step up:{len(ups)} {up[0]} -> int{up[1]} rel_err {err(up[0], up[1], trial):.3e}")
         if ups:
             up_blob, up_job, up_mse = compress(trial)
             if len(up_blob) + code_bytes <= byte_budget:
@@ -304,11 +306,23 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
                     f"the previous round is kept")
     atomic_write_bytes(path, blob)
     measured_scale = len(blob) / estimate_artifact_bytes(shapes, policy)  # what QUANT_ESTIMATE_SCALE should be
-    log(f"quant_estimate: measured / estimated model bytes {measured_scale:.3f} for the stored policy "
-        f"(the QUANT_ESTIMATE_SCALE that projects this run's artifact)")
+    if BUNDLE_KIND == "package":  # advice for the next run's projection (result.json records the number)
+        log(f"quant_estimate: measured / estimated model bytes {measured_scale:.3f} for the stored policy "
+            f"(the QUANT_ESTIMATE_SCALE that projects this run's artifact)")
     return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], shuffle=job[1],
                 compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse,
                 quant_estimate_scale_measured=round(measured_scale, 4))
+
+
+def check_container(data: bytes, prefix: bytes, cid: int, crc: int) -> None:
+    """ValueError unless the container header of artifact bytes `data` (prefix, compressor id, CRC as unpacked)
+    is a readable format version (3, or 2: no run metadata), its CRC matches and its compressor is known."""
+    if prefix not in (QUANT_PREFIX, b"PGQZ\x02"):
+        raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
+    if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
+        raise ValueError("checksum mismatch (truncated or corrupted)")
+    if not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (quant/grouped.py GROUPED_ID)
+        raise ValueError(f"unknown compressor id {cid}")
 
 
 def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
@@ -321,19 +335,15 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
     """
     try:
         prefix, cid, n, crc = struct.unpack_from("<5sBII", data)
-        if prefix not in (QUANT_PREFIX, b"PGQZ\x02"):  # version 2: no run metadata
-            raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
-        if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
-            raise ValueError("checksum mismatch (truncated or corrupted)")
-        if not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (quant/grouped.py GROUPED_ID)
-            raise ValueError(f"unknown compressor id {cid}")
+        if BUNDLE_KIND == "package":  # a damaged or foreign file (a record's file reads the one it just wrote)
+            check_container(data, prefix, cid, crc)
         data = data[14:]
         # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
         raw, layout = grouped_inflate(data, n) if cid == len(QUANT_COMPRESSORS) + 1 else (None, None)
         raw = raw if layout else (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
                brotli.Decompressor().process(data, output_buffer_limit=n + 1) if cid == 4 else
                (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))
-        if len(raw) != n:
+        if BUNDLE_KIND == "package" and len(raw) != n:
             raise ValueError(f"payload inflates to {len(raw)} bytes, not {n}")
         k = int.from_bytes(raw[-4:], "little")
         head = json.loads(raw[-4 - k:-4])
@@ -342,12 +352,11 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
         sizes = [-(-math.prod(shape) * (container or kind) // 8) for _, shape, kind, _ in tensors if type(kind) is int]
         sizes += [shape[0] * 2 if type(kind) is int else math.prod(shape) * getattr(torch, kind).itemsize
                   for _, shape, kind, _ in tensors]
-        lqer, asym = head.get("lqer", []), dict(head.get("policy") or {}).get("lqer_asym") is True  # LQER: one more piece
-        shapes2d = {name: (shape[0], math.prod(shape[1:])) for name, shape, kind, _ in tensors if type(kind) is int}
-        sizes += [sum(lqer_nbytes(r, *shapes2d.get(name, (0, 0)), asym) for name, r in lqer)] if lqer else []
+        lqer = head.get("lqer")  # LQER: one more piece
+        sizes += [lqer_piece_bytes(head)] if lqer else []
         # split() raises unless the data is exactly these pieces: bounds every later allocation
         pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes)
-        lqer, pieces = (lqer_unpack(pieces[-1], lqer, shapes2d, asym), pieces[:-1]) if lqer else ({}, pieces)
+        lqer, pieces = (lqer_corrections(pieces[-1], head), pieces[:-1]) if lqer else ({}, pieces)
         q_pieces, state_dict = iter(pieces), {}
         for (name, shape, kind, _), t in zip(tensors, pieces[-len(tensors):]):  # (no tensors: zip is empty)
             dtype = getattr(torch, "float16" if type(kind) is int else kind)
@@ -356,7 +365,7 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
                 t = dequantize_per_row(
                     unpack_bits(next(q_pieces), container or kind, math.prod(shape)).view(shape[0], -1), t)
                 if name in lqer:  # W' = deq(Q) + A'^T' @ B', as the export evaluated it
-                    t = t + lqer_correction(lqer[name][1], lqer[name][0], *shapes2d[name])
+                    t = t + lqer[name]
             state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
         meta = dict(head, compressor=(*QUANT_COMPRESSORS, "grouped")[cid - 1], format_version=prefix[4])
         return state_dict, head["config"], dict(meta, groups=layout) if layout else meta

@@ -29,7 +29,7 @@ the value to set QUANT_ESTIMATE_SCALE to for that preset.
 
 import math
 
-from quant.lqer import lqer_nbytes
+from quant.lqer import lqer_add_estimate
 from quant.policy import QuantPolicy
 from quant.sdclip import sdclip_bits_per_value  # (there: a record's file holds it only with QUANT_SDCLIP=1)
 
@@ -70,8 +70,6 @@ def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = Non
         float_bytes = n * (4 if policy.float_dtype == "float32" else 2) + 60
         total += policy_tensor_bytes(name, shape, policy, bits) + 120 if bits else float_bytes
         quantized += [(n, shape)] if bits else []
-    if policy.lqer:  # the factors of the top-N tensors (by size here: the export picks them by error)
-        for _, shape in sorted(quantized, key=lambda x: -x[0])[:policy.lqer_top_n]:
-            r = min(policy.lqer_rank, shape[0], math.prod(shape[1:]))
-            total += lqer_nbytes(r, shape[0], math.prod(shape[1:]), policy.lqer_asym)
+    if policy.lqer:
+        total = lqer_add_estimate(total, quantized, policy)
     return math.ceil(total * scale)

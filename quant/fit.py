@@ -32,6 +32,7 @@ Size note: bundled into the counted train_gpt.py.
 import collections
 from collections.abc import Callable
 
+from primitives.env import BUNDLE_KIND
 from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.policy import QuantPolicy
 
@@ -95,7 +96,8 @@ def fit_policy(policy: QuantPolicy, shapes: dict, model_budget_bytes: int, *, lo
         if not step:
             break
         policy, num_steps = policy.with_bits(*step), num_steps + 1
-        log(f"quant_fit step:{num_steps} {step[0]} -> int{step[1]}")
+        if BUNDLE_KIND == "package":  # the steps (the artifact's header stores the bits; the line below counts them)
+            log(f"quant_fit step:{num_steps} {step[0]} -> int{step[1]}")
     bits = collections.Counter(policy.bits_for(n, s) for n, s in shapes.items())
     log(f"quant_fit: {num_steps} steps, estimated model bytes {est} (budget {model_budget_bytes}), tensors per bits "
         + " ".join(f"int{b}:{c}" for b, c in sorted(((b, c) for b, c in bits.items() if b), reverse=True)))

@@ -165,3 +165,32 @@ def _lqer_unpack_asym(blob: torch.Tensor, specs: list, shapes: dict) -> dict:
         qb = torch.stack([b & 15, b >> 4], 1).view(-1, LQER_GROUP).to(torch.int8) - 8
         out[n] = r, ((qa.view(shapes[n][0], r), sa.clone().view(torch.float16)[0]), (qb, sb.clone().view(torch.float16)))
     return out
+
+
+def lqer_shapes(head: dict) -> tuple:
+    """(name -> 2-D shape (rows, cols) of each quantized tensor, the asym form) of an artifact's header."""
+    shapes = {name: (shape[0], math.prod(shape[1:])) for name, shape, kind, _ in head["tensors"] if type(kind) is int}
+    return shapes, dict(head.get("policy") or {}).get("lqer_asym") is True
+
+
+def lqer_piece_bytes(head: dict) -> int:
+    """Stored bytes of the LQER piece an artifact's header lists (its "lqer": [[name, r], ...])."""
+    shapes, asym = lqer_shapes(head)
+    return sum(lqer_nbytes(r, *shapes.get(name, (0, 0)), asym) for name, r in head["lqer"])
+
+
+def lqer_corrections(blob: torch.Tensor, head: dict) -> dict:
+    """{name: float32 [rows, cols] correction A'^T' @ B'} of the LQER piece blob (uint8) an artifact's header lists;
+    lqer_unpack's ValueError."""
+    shapes, asym = lqer_shapes(head)
+    return {name: lqer_correction(factors, r, *shapes[name])
+            for name, (r, factors) in lqer_unpack(blob, head["lqer"], shapes, asym).items()}
+
+
+def lqer_add_estimate(total: float, quantized: list, policy) -> float:
+    """`total` (the size estimate's bytes, quant/estimate.py) plus the factors of the policy's QUANT_LQER_TOP_N
+    largest quantized tensors (quantized: [(numel, shape)]; by size here: the export picks them by error)."""
+    for _, shape in sorted(quantized, key=lambda x: -x[0])[:policy.lqer_top_n]:
+        r = min(policy.lqer_rank, shape[0], math.prod(shape[1:]))
+        total += lqer_nbytes(r, shape[0], math.prod(shape[1:]), policy.lqer_asym)
+    return total

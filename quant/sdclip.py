@@ -20,6 +20,7 @@ import math
 import torch
 
 from primitives.rowquant import quant_fp16_scale
+from quant.gptq import gptq_quantize
 
 # the packed train_gpt.py holds this module only for runs with QUANT_SDCLIP=1 (kit/bundle_when.py)
 PACKED_WHEN = "QUANT_SDCLIP"
@@ -40,6 +41,13 @@ def sdclip_quantize(w: torch.Tensor, bits: int, k: float) -> tuple:
     """SDClip quantization of w [R, C] -> (q int8 [R, C] in [-qmax, qmax], scale float16 [R], k)."""
     m, s = (1 << bits - 1) - 1, sdclip_scale(w, bits, k)
     return torch.round(w.detach().float() / s.float()[:, None]).clamp(-m, m).to(torch.int8), s, float(k)
+
+
+def sdclip_matrix(w: torch.Tensor, h, bits: int, k: float, records: bool = False) -> tuple:
+    """The export's (q, scale, k) of matrix w under SDClip: k * std(row) scales, kept fixed by full GPTQ
+    (quant/gptq.py, QUANT_GPTQ_RECORDS: records) when a calibration Hessian h is given (None: none)."""
+    q, s, c = sdclip_quantize(w, bits, k)
+    return gptq_quantize(w, h, bits, (c,), s, records) if h is not None else (q, s, c)
 
 
 def sdclip_bits_per_value(bits: int, k: float) -> float:
