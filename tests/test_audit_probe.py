@@ -282,6 +282,18 @@ def test_the_probe_runs_a_folder_with_the_settings_its_readme_runs(tmp_path):
     assert declared_settings(tmp_path / "none", source) == {}
 
 
+def test_an_empty_script_is_named_not_run(tmp_path):
+    """A 0-byte train_gpt.py (merged non-record SwiGLU_WarmdownFix) is not checkable because it is empty, not
+    because no eval pass was traced."""
+    from tools.auditor.audit_probe import probe_folder
+
+    (tmp_path / "train_gpt.py").write_text("\n")
+    (tmp_path / "shared" / "data" / "tokenizers").mkdir(parents=True)  # refused before a tokenizer is read
+    checks = probe_folder(tmp_path, shared=tmp_path / "shared")
+    assert {c.status for c in checks} == {"n/a"}
+    assert all("train_gpt.py is empty" in c.evidence for c in checks), [c.evidence for c in checks]
+
+
 def test_sweep_reads_a_pull_request_head_whose_model_blob_is_absent(tmp_path):
     """A snapshot lists a PR head's model file without its blob (git archive fails on it): the folder is
     still extracted, the model left out; a folder the head deletes is not one of its folders."""

@@ -205,6 +205,8 @@ def run_pair(folder: Path, shared: Path = SHARED, timeout_s: float = RUN_TIMEOUT
     script = folder / "train_gpt.py"
     if not script.is_file():
         return {"error": "no train_gpt.py"}
+    if not script.read_bytes().strip():  # merged non-record 2026-03-19_SwiGLU_WarmdownFix ships a 0-byte file
+        return {"error": "train_gpt.py is empty"}
     try:
         unpacked = unpack_script(script.read_bytes(), folder)
     except SyntaxError as e:
