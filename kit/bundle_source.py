@@ -11,7 +11,8 @@ import sys
 from kit.bundle_modules import (BUNDLE_BANNER, BUNDLE_HUMAN_NAME, BUNDLE_KIND_LINE, BUNDLE_PACKED_NAME, BundleError,
                                   SourceModule, _is_internal_import, discover_for)
 from kit.bundle_fold import drop_definitions, drop_methods, keep_presets, unused_definitions, unused_methods
-from kit.bundle_when import PackSettings, is_packed_when, needed_for, packed_when, refusal_source, refused_names
+from kit.bundle_when import (PackSettings, is_packed_when, needed_for, pack_settings, packed_when, refusal_source,
+                             refused_names)
 
 BUNDLE_ENTRY_MAIN = "main"  # the entry's main() is called by its `__main__` block, which the bundle keeps
 # the one line (trainer/context.py) that the bundler rewrites to the packed file's refusals
@@ -127,11 +128,18 @@ def _left_out_conditions(off: list) -> dict:
 
 
 def packed_for_line(settings: PackSettings | None, conditions: dict) -> str:
-    """The packed file's header: the preset it was packed for and the value of each setting its refusals
-    read ("" when packed with every module: it refuses nothing)."""
+    """The packed file's header: the preset it was packed for and, of the settings its refusals read, those
+    whose value is not the preset's ("" when packed with every module: it refuses nothing). Every setting of
+    an unknown preset is listed."""
     if settings is None or not conditions:
         return ""
-    return f"packed for PRESET={settings.preset} " + " ".join(f"{n}={settings.values[n]}" for n in refused_names(conditions))
+    try:
+        preset = pack_settings({"PRESET": settings.preset}).values
+    except ValueError:  # a preset this package does not have (an older result.json): name every value
+        preset = {}
+    own = [f"{n}={settings.values[n]}" for n in refused_names(conditions)
+           if n not in preset or preset[n] != settings.values[n]]
+    return " ".join([f"packed for PRESET={settings.preset}", *own])
 
 
 def build_human_parts(root=None, settings: PackSettings | None = None) -> tuple[list, dict]:
@@ -159,7 +167,7 @@ def build_human_parts(root=None, settings: PackSettings | None = None) -> tuple[
         if len(holders) != 1:
             raise BundleError(f"expected exactly one top-level line `{BUNDLE_REFUSALS_LINE}` among the bundled modules "
                               f"(the packed file's refusals), found {len(holders)}")
-        line = refusal_source(conditions, settings)
+        line = refusal_source(conditions)
         bodies = [(r, "\n".join(line if x == BUNDLE_REFUSALS_LINE else x for x in body.splitlines())) for r, body in bodies]
     future, import_block = imports.render()
     listing = ", ".join(m.relpath for m in modules)

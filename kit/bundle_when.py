@@ -145,26 +145,13 @@ def condition_holds(condition: str, settings: PackSettings, where: str = "") -> 
     return bool(eval(code, {"__builtins__": {}}, {n: settings.values[n] for n in names}))  # noqa: S307 (checked forms)
 
 
-class _ToFields(ast.NodeTransformer):
-    def __init__(self, settings: PackSettings):
-        self.settings = settings
-
-    def visit_Name(self, node):
-        owner, field = self.settings.field(node.id).split(".")
-        return ast.copy_location(ast.Attribute(ast.Name(owner, ast.Load()), field, ast.Load()), node)
-
-
-def refusal_source(left_out: dict, settings: PackSettings) -> str:
+def refusal_source(left_out: dict) -> str:
     """The packed file's `BUNDLE_REFUSALS = (...)` line for {condition: [left-out relpaths]}: per
-    condition (names, modules, probe) where probe(h, q) -> (condition, value of each name) reads the
-    run's Hyperparameters h and QuantPolicy q (trainer/context.py check_packed_for)."""
+    condition (condition, modules), the condition's text as declared; the packed file evaluates it over the
+    run's settings by their environment names (trainer/context.py check_packed_for)."""
     entries = []
     for condition, relpaths in sorted(left_out.items()):
-        names = condition_names(condition)
-        body = _ToFields(settings).visit(ast.parse(condition, mode="eval")).body
-        values = [ast.unparse(_ToFields(settings).visit(ast.Name(n, ast.Load()))) for n in names]
-        probe = f"lambda h,q:({ast.unparse(body)},{','.join(values)})"
-        entries.append(f"({' '.join(names)!r},{' '.join(sorted(relpaths))!r},{probe})")
+        entries.append(f"({condition!r},{' '.join(sorted(relpaths))!r})")
     return "BUNDLE_REFUSALS = (" + "".join(e + "," for e in entries) + ")"
 
 

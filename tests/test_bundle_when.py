@@ -67,16 +67,21 @@ def test_conditions_read_settings_and_refuse_other_forms():
         condition_holds("NO_SUCH_SETTING", s, "x.py")
 
 
-def test_refusal_source_probes_the_settings_it_names():
-    s = settings()
-    line = refusal_source({"TTT_ENABLED and TTT_MODE == 'lora'": ["eval/b.py", "eval/a.py"], "QUANT_LQER": ["q.py"]}, s)
+def test_refusal_source_carries_each_condition_and_the_file_evaluates_it_over_the_settings(monkeypatch):
+    import trainer.context as context
+
+    line = refusal_source({"TTT_ENABLED and TTT_MODE == 'lora'": ["eval/b.py", "eval/a.py"], "QUANT_LQER": ["q.py"]})
     scope = {}
     exec(line, scope)  # noqa: S102 (the generated line)
-    (names1, mods1, probe1), (names2, mods2, probe2) = scope["BUNDLE_REFUSALS"]
-    assert (names1, mods1, names2, mods2) == ("QUANT_LQER", "q.py", "TTT_ENABLED TTT_MODE", "eval/a.py eval/b.py")
-    hp = Hyperparameters.from_env({"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora"})
-    assert probe2(hp, QuantPolicy()) == (True, True, "lora") and probe1(hp, QuantPolicy()) == (False, False)
-    assert probe1(hp, QuantPolicy(lqer=True))[0] is True
+    assert scope["BUNDLE_REFUSALS"] == (("QUANT_LQER", "q.py"), ("TTT_ENABLED and TTT_MODE == 'lora'", "eval/a.py eval/b.py"))
+    monkeypatch.setattr(context, "BUNDLE_REFUSALS", scope["BUNDLE_REFUSALS"])
+    context.check_packed_for(Hyperparameters.from_env({"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "chunked"}))
+    with pytest.raises(ValueError, match=r"^TTT_ENABLED=True TTT_MODE=lora: this train_gpt.py was packed without "
+                                         r"eval/a.py eval/b.py; pack one"):
+        context.check_packed_for(Hyperparameters.from_env({"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora"}))
+    monkeypatch.setenv("QUANT_LQER", "1")  # a QuantPolicy setting, read as the run reads it
+    with pytest.raises(ValueError, match=r"^QUANT_LQER=True: this train_gpt.py was packed without q.py"):
+        context.check_packed_for(Hyperparameters.from_env({"RUN_ID": "x"}))
 
 
 def test_a_module_off_for_the_settings_is_left_out_with_what_only_it_reaches(tmp_path):
@@ -85,9 +90,11 @@ def test_a_module_off_for_the_settings_is_left_out_with_what_only_it_reaches(tmp
     parts, info = bundle.build_human_parts(root, settings())
     assert sorted(info["modules"]) == ["quant/base.py", "train_gpt.py", "trainer/context.py"]
     assert info["off"] == {"QUANT_LQER": ["quant/extra.py"]} and "quant/deep.py" in info["left_out"]
-    assert info["packed_for"] == "packed for PRESET=1xh100-sp8192 QUANT_LQER=False"
+    assert info["packed_for"] == "packed for PRESET=1xh100-sp8192"  # QUANT_LQER=False is the preset's own
+    apart = bundle.build_human_parts(root, settings(QUANT_LQER="0", PRESET="smoke"))[1]["packed_for"]
+    assert apart == "packed for PRESET=smoke"
     human = "".join(text for _, text in parts)
-    assert "PACKED_WHEN" not in human and "BUNDLE_REFUSALS = (('QUANT_LQER','quant/extra.py',lambda h,q:" in human
+    assert "PACKED_WHEN" not in human and "BUNDLE_REFUSALS = (('QUANT_LQER','quant/extra.py')," in human
     on = bundle.build_human_parts(root, settings(QUANT_LQER="1"))[1]
     assert "quant/extra.py" in on["modules"] and on["off"] == {} and on["packed_for"] == ""
     every = bundle.build_human_parts(root)[1]  # no settings: every module, nothing refused
@@ -186,7 +193,7 @@ def test_packed_header_names_the_settings_and_the_file_still_unpacks(tmp_path):
         packed = bundle.build_packed_bytes(root, enc, settings())
         lines = packed.split(b"\n")
         header = lines[1] if enc == "latin1" else lines[0]
-        assert header == b"#packed for PRESET=1xh100-sp8192 QUANT_LQER=False", enc
+        assert header == b"#packed for PRESET=1xh100-sp8192", enc
         assert bundle.packed_encoding(packed) == enc and "extra_value" not in bundle.unpack_packed(packed).split("def")[0]
     assert not bundle.build_packed_bytes(root, "base93").startswith(b"#")  # every module: no header
 
@@ -204,7 +211,9 @@ def test_real_package_default_leaves_out_the_off_techniques_and_every_module_is_
     off = {r for rs in default["off"].values() for r in rs}
     assert {"quant/lqer.py", "quant/sdclip.py", "quant/grouped.py"} <= off
     assert off.isdisjoint(default["modules"]) and off <= set(on["modules"]) and on["off"] == {}
-    assert default["packed_for"].startswith("packed for PRESET=1xh100-sp8192 ")
+    assert default["packed_for"] == "packed for PRESET=1xh100-sp8192"  # every refused setting is the preset's
+    apart = bundle.build_human_parts(REPO, settings(LOSS_KERNEL="torch", QUANT_SDCLIP="0"))[1]["packed_for"]
+    assert apart == "packed for PRESET=1xh100-sp8192 LOSS_KERNEL=torch"  # only what differs from the preset
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +236,7 @@ def test_a_packed_file_refuses_a_setting_it_left_out_in_one_line_before_anything
     assert len(lines) == 1 and lines[0].startswith(f"error: {named}: this train_gpt.py was packed without quant/")
     assert not runs.exists()  # nothing written: refused before the run folder, the data or the model
     tree = ast.parse((packed_default / "train_gpt.py").read_text())  # plain ASCII text with its header
-    assert tree.body and (packed_default / "train_gpt.py").read_text().startswith("#packed for PRESET=1xh100-sp8192 ")
+    assert tree.body and (packed_default / "train_gpt.py").read_text().startswith("#packed for PRESET=1xh100-sp8192\n")
 
 
 def _frontier_switches() -> dict:
