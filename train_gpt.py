@@ -33,15 +33,18 @@ from trainer.checks import check_inputs
 from trainer.context import BUNDLE_KIND, RunContext, check_packed_for, describe_device, measure_code_bytes, setup_distributed
 from trainer.evaluate import evaluate_roundtrip, plan_final_eval
 from trainer.finish import after_training_error, finish_run, score_command, write_result
-from trainer.interrupt import (NO_ROOM_ERRNOS, TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training,
-                               load_trained, no_room, no_room_after_training, stopped_in_training, training_failed)
 from shards.loader import DistributedTokenLoader
 from trainer.loop import TrainResult, train
 from model.gpt import GPT, build_model_config, count_train_flops_per_token
-from trainer.runfolder import check_run_folder, open_run_log, release_run_folders
+from trainer.runfolder import open_run_log
 from primitives.progress import protect_console
 from primitives.settings import Hyperparameters
 from shards.format import load_validation_tokens
+
+if BUNDLE_KIND == "package":  # the kit's signals, resume and recovery, the run folder's lock (not in a record's file)
+    from trainer.interrupt import (NO_ROOM_ERRNOS, TRAINED_FILE, RunInterrupted, SignalGuard, interrupted_after_training,
+                                   load_trained, no_room, no_room_after_training, stopped_in_training, training_failed)
+    from trainer.runfolder import check_run_folder, release_run_folders
 
 
 def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
@@ -62,10 +65,13 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
                         estimate_scale=scale)
     model.configure_qat(policy)
     projected = estimate_artifact_bytes(shapes, policy, scale)
-    flops_per_token = count_train_flops_per_token(config, hp.train_seq_len, hp.enable_looping_at,  # the run's mean
-                                                  by_time=hp.max_wallclock_seconds > 0)
-    ctx.log(f"model_params:{sum(p.numel() for p in model.parameters())} attention:{attn_backend} "
-            f"train_flops_per_token:{flops_per_token:.4g} code_bytes:{code_bytes}")
+    flops_per_token, flops = 0.0, ""
+    if BUNDLE_KIND == "package":  # the kit's MFU diagnostics (the step lines' mfu on CUDA)
+        flops_per_token = count_train_flops_per_token(config, hp.train_seq_len, hp.enable_looping_at,  # the run's mean
+                                                      by_time=hp.max_wallclock_seconds > 0)
+        flops = f"train_flops_per_token:{flops_per_token:.4g} "
+    ctx.log(f"model_params:{sum(p.numel() for p in model.parameters())} attention:{attn_backend} {flops}"
+            f"code_bytes:{code_bytes}")
     ctx.log(f"projected_total_bytes:{projected + code_bytes} byte_budget:{hp.byte_budget}"
             + (" WARNING: over budget" * (projected + code_bytes > hp.byte_budget)))
     return model, config, policy, attn_backend, flops_per_token
@@ -84,11 +90,12 @@ def run_summary(ctx: RunContext, hp: Hyperparameters, *, model: GPT, policy: Qua
 
 def main() -> int:
     """train_and_score() in a process that then gives its run folder back (its lock), whatever it did."""
-    try:
-        return train_and_score()
-    finally:
-        if BUNDLE_KIND == "package":  # the run folder's lock is the kit's (trainer/runfolder.py)
+    if BUNDLE_KIND == "package":  # the run folder's lock is the kit's (trainer/runfolder.py)
+        try:
+            return train_and_score()
+        finally:
             release_run_folders()
+    return train_and_score()
 
 
 def train_and_score() -> int:
@@ -102,9 +109,9 @@ def train_and_score() -> int:
     hp = Hyperparameters.from_env()
     check_packed_for(hp)  # a packed file refuses settings it was packed without, before anything runs
     code_bytes = measure_code_bytes(hp)
-    hp.validate(code_bytes)  # BYTE_BUDGET above the shipped code's bytes, before anything is written
+    if BUNDLE_KIND == "package":  # the kit's preflight (primitives/settings.py): BYTE_BUDGET above the code's bytes
+        hp.validate(code_bytes)
     ctx = setup_distributed(hp)
-    resume, saved = "", None
     if BUNDLE_KIND == "package":  # a finished run's folder is refused before anything is written; RESUME=1
         resume = check_run_folder(hp)
     sp, manifest, num_val_tokens, inputs = check_inputs(hp, ctx)
@@ -115,11 +122,13 @@ def train_and_score() -> int:
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
     sidecar = inputs.get("val_byte_count") == "sidecar"  # CaseOps data: val bytes from its sidecar (shards/sidecar.py)
     luts = val_byte_luts(sp, hp.vocab_size, hp.data_path, sidecar)
-    ctx.log(f"val_byte_count:{'sidecar (original UTF-8 bytes per val token)' if sidecar else 'tokenizer (byte LUT)'}")
+    ctx.log(f"val_byte_count:{'sidecar' if sidecar else 'tokenizer'}")
+    # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
     if BUNDLE_KIND == "package":
         saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
-    # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
-    plan = EvalPlan.from_saved(saved, hp.ttt_mode) if saved else plan_final_eval(ctx, config, hp, num_val_tokens)
+        plan = EvalPlan.from_saved(saved, hp.ttt_mode) if saved else plan_final_eval(ctx, config, hp, num_val_tokens)
+    else:
+        plan = plan_final_eval(ctx, config, hp, num_val_tokens)
 
     @functools.cache
     def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens

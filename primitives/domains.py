@@ -10,49 +10,54 @@ the run, ...) are `Hyperparameters.validate`'s. Primitives layer: standard libra
 import dataclasses
 import math
 
+from primitives.env import BUNDLE_KIND
 
-@dataclasses.dataclass(frozen=True)
-class Domain:
-    """A setting's values: numbers finite within [low, high] (an open end with low_open/high_open),
-    text among `choices` or non-empty; `units` for the message; `applies` = (condition text,
-    predicate(hp) -> bool): the setting has an effect only when the predicate holds."""
 
-    low: float = None
-    high: float = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: tuple = ()
-    nonempty: bool = False
-    units: str = ""
-    applies: tuple = ()
+# A setting's domain is the kit's preflight (docs/reliability.md): a record's file reads the values only, and
+# leaves the class out (the bundle keeps every decorated class it carries).
+if BUNDLE_KIND == "package":
+    @dataclasses.dataclass(frozen=True)
+    class Domain:
+        """A setting's values: numbers finite within [low, high] (an open end with low_open/high_open),
+        text among `choices` or non-empty; `units` for the message; `applies` = (condition text,
+        predicate(hp) -> bool): the setting has an effect only when the predicate holds."""
 
-    def expected(self, kind: type) -> str:
-        """The domain in words, e.g. "a number in [0, 1) (a fraction)"."""
-        if self.choices:
-            return "one of " + ", ".join(map(str, self.choices))
-        if kind is bool:
-            return "0/1/true/false"
-        if kind is str:
-            return "a non-empty path" if self.nonempty else "text"
-        what = "a whole number" if kind is int else "a finite number"
-        low, high = (str(x) if kind is int or x is None else f"{x:g}" for x in (self.low, self.high))
-        if self.low is not None and self.high is not None:
-            what += f" in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
-        elif self.low is not None:
-            what += f" {'>' if self.low_open else '>='} {low}"
-        elif self.high is not None:
-            what += f" {'<' if self.high_open else '<='} {high}"
-        return what + (f" ({self.units})" if self.units else "")
+        low: float = None
+        high: float = None
+        low_open: bool = False
+        high_open: bool = False
+        choices: tuple = ()
+        nonempty: bool = False
+        units: str = ""
+        applies: tuple = ()
 
-    def contains(self, value, kind: type) -> bool:
-        """Whether `value` (of the field's type `kind`) lies in the domain."""
-        if kind is bool or kind is str:
-            ok = type(value) is kind and (not self.nonempty or bool(value.strip()))
-        else:
-            ok = (type(value) is kind or kind is float and type(value) is int) and math.isfinite(value)
-            ok = ok and (self.low is None or (value > self.low if self.low_open else value >= self.low))
-            ok = ok and (self.high is None or (value < self.high if self.high_open else value <= self.high))
-        return ok and (not self.choices or value in self.choices)
+        def expected(self, kind: type) -> str:
+            """The domain in words, e.g. "a number in [0, 1) (a fraction)"."""
+            if self.choices:
+                return "one of " + ", ".join(map(str, self.choices))
+            if kind is bool:
+                return "0/1/true/false"
+            if kind is str:
+                return "a non-empty path" if self.nonempty else "text"
+            what = "a whole number" if kind is int else "a finite number"
+            low, high = (str(x) if kind is int or x is None else f"{x:g}" for x in (self.low, self.high))
+            if self.low is not None and self.high is not None:
+                what += f" in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+            elif self.low is not None:
+                what += f" {'>' if self.low_open else '>='} {low}"
+            elif self.high is not None:
+                what += f" {'<' if self.high_open else '<='} {high}"
+            return what + (f" ({self.units})" if self.units else "")
+
+        def contains(self, value, kind: type) -> bool:
+            """Whether `value` (of the field's type `kind`) lies in the domain."""
+            if kind is bool or kind is str:
+                ok = type(value) is kind and (not self.nonempty or bool(value.strip()))
+            else:
+                ok = (type(value) is kind or kind is float and type(value) is int) and math.isfinite(value)
+                ok = ok and (self.low is None or (value > self.low if self.low_open else value >= self.low))
+                ok = ok and (self.high is None or (value < self.high if self.high_open else value <= self.high))
+            return ok and (not self.choices or value in self.choices)
 
 
 def setting(default, low=None, high=None, *, low_open=False, high_open=False, choices=(), nonempty=False, units="",
@@ -60,8 +65,10 @@ def setting(default, low=None, high=None, *, low_open=False, high_open=False, ch
     """A dataclass field with its domain: `x: float = setting(0.2, 0, 1, units="a fraction of the run")`.
     Numbers are finite; `low`/`high` are inclusive unless `low_open`/`high_open`. `applies`:
     (condition text, predicate(hp) -> bool), when the setting has an effect at all."""
-    domain = Domain(low, high, low_open, high_open, tuple(choices), nonempty, units, tuple(applies))
-    return dataclasses.field(default=default, metadata={"domain": domain})
+    if BUNDLE_KIND == "package":  # the domain is the kit's preflight: a record's file reads the value only
+        domain = Domain(low, high, low_open, high_open, tuple(choices), nonempty, units, tuple(applies))
+        return dataclasses.field(default=default, metadata={"domain": domain})
+    return dataclasses.field(default=default)
 
 
 def field_domain(field: dataclasses.Field) -> Domain:

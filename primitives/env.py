@@ -4,7 +4,6 @@ A value is parsed to its field's type with the variable named in every error, an
 looks like one of ours but is not gets one warning line (typos are silent killers of 10-minute runs).
 """
 
-import difflib
 import math
 
 # The form this code runs in: "package" (the kit's repo). The bundler rewrites this one line to "human" or "packed"
@@ -43,12 +42,15 @@ def warn_unknown_env(environ, known, prefixes=(), log=print, skip_prefixes=()) -
     or a name starting with one of `prefixes`. Names starting with `skip_prefixes` are another
     parser's. Returns the unknown names, sorted."""
     unknown = []
-    for name in sorted(environ):
-        if name in known or name.startswith(tuple(skip_prefixes)):
-            continue
-        close = difflib.get_close_matches(name, known, 1, 0.8)
-        if close or name.startswith(tuple(prefixes)):
-            unknown.append(name)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored{hint}")
+    if BUNDLE_KIND == "package":  # the kit's advice: a record's file reads its settings only
+        import difflib
+
+        for name in sorted(environ):
+            if name in known or name.startswith(tuple(skip_prefixes)):
+                continue
+            close = difflib.get_close_matches(name, known, 1, 0.8)
+            if close or name.startswith(tuple(prefixes)):
+                unknown.append(name)
+                hint = f" (did you mean {close[0]}?)" if close else ""
+                log(f"WARNING: unknown setting {name}={environ[name]!r} is ignored{hint}")
     return unknown

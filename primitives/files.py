@@ -3,8 +3,6 @@
 A leaf module (stdlib only), so quant/, eval/ and tools/ use it without importing the trainer.
 """
 
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -46,6 +44,9 @@ def lock_holder(lock_path) -> str | None:
     """Who holds the flock on `lock_path` (a run folder's run.lock: the text its holder wrote, "pid ... on ...
     since ..."), or None when no process does or there is no such file: for a tool that must not touch a
     running run's folder (tools/sweeps). Holds a shared lock only for the moment it looks."""
+    import errno
+    import fcntl
+
     try:
         fd = os.open(lock_path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:

@@ -99,8 +99,8 @@ PRESETS = {
                "muon_momentum_warmup_frac": 1500 / 7000, "ema_horizon_frac": (1 / 0.003) / 7000},
     "8xh100-pr1855": {
         # its CaseOps data where its log has it (tools/prepare_data.py caseops --out DATA_PATH writes the shards and
-        # the val byte sidecar; the tokenizer comes with the data: docs/data.md)
-        "data_path": "./data/datasets/fineweb10B_sp8192_lossless_caps_caseops_v1_reserved",
+        # the val byte sidecar; the tokenizer comes with the data: docs/data.md), scored on the sidecar as it is
+        "caseops_enabled": True, "data_path": "./data/datasets/fineweb10B_sp8192_lossless_caps_caseops_v1_reserved",
         "tokenizer_path": "./data/tokenizers/fineweb_8192_bpe_lossless_caps_caseops_v1_reserved.model",
         "num_layers": 11, "mlp_mult": 4.0, "mlp_activation": "leaky_relu2", "rope_dims": 16, "qk_gain_init": 5.0,
         "xsa_last_n": 11, "ln_scale": True, "skip_gates_enabled": True, "parallel_start_layer": 8,

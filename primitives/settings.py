@@ -7,11 +7,10 @@ PRESET picks another group of defaults and explicit variables override it.
 import contextlib
 import dataclasses
 import os
-import re
 import uuid
 
 from primitives.domains import domain_violations, inert_settings, relation_holds, setting
-from primitives.env import parse_env_value, warn_unknown_env
+from primitives.env import BUNDLE_KIND, parse_env_value, warn_unknown_env
 from primitives.presets import DEFAULT_PRESET, PRESETS
 
 # A step form and its fraction of the run: an explicit variable for one of them replaces the other.
@@ -50,9 +49,11 @@ def ttt_modes_apply(*modes: str) -> tuple:
 
 # TTT_MODE=phased_lora (PR #1855's phased TTT, eval/phased_lora.py) reads the SGD settings for its global SGD, the
 # TTT_LORA_* settings for its adapters, TTT_PHASES, and its own (TTT_PREFIX_DOCS, ...)
-TTT_RECORD = ttt_modes_apply("phased_lora")
-TTT_SGD, TTT_CHUNKED = ttt_modes_apply("chunked", "phased", "phased_lora"), ttt_modes_apply("chunked", "phased_lora")
-TTT_LORA, TTT_PHASED = ttt_modes_apply("lora", "phased_lora"), ttt_modes_apply("phased", "phased_lora")
+# (the package's only: `applies` is the settings' help, kit/bundle_fold.py, and the relations its preflight)
+if BUNDLE_KIND == "package":
+    TTT_RECORD = ttt_modes_apply("phased_lora")
+    TTT_SGD, TTT_CHUNKED = ttt_modes_apply("chunked", "phased", "phased_lora"), ttt_modes_apply("chunked", "phased_lora")
+    TTT_LORA, TTT_PHASED = ttt_modes_apply("lora", "phased_lora"), ttt_modes_apply("phased", "phased_lora")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,9 @@ class Hyperparameters:
     # data and run
     data_path: str = setting("./data/datasets/fineweb10B_sp8192", nonempty=True)
     tokenizer_path: str = setting("./data/tokenizers/fineweb_8192_bpe.model", nonempty=True)
+    # CaseOps data (PR #1729, #1855; its switch's name): val_bpb counts the original text's bytes from the data's byte
+    # sidecar (shards/sidecar.py); the data must say the same (shards/data_kind.py: refused before training otherwise)
+    caseops_enabled: bool = setting(False)
     vocab_size: int = setting(8192, 1, 65536, units="uint16 tokens")
     run_id: str = setting("")  # default: a fresh random id (validate: a folder name)
     out_dir: str = setting("runs", nonempty=True)
@@ -248,10 +252,12 @@ class Hyperparameters:
 
     @classmethod
     def from_env(cls, environ=None, log=print, code_bytes: int = None) -> "Hyperparameters":
-        """The settings of `environ` (default os.environ) over PRESET's defaults, checked as a whole: one
-        ValueError listing every malformed or out-of-domain variable ("; " between them), BYTE_BUDGET
-        against `code_bytes` (the shipped code's, when given). Logs a WARNING line for each variable set
-        whose effect never happens in this run (primitives/domains.py inert_settings)."""
+        """The settings of `environ` (default os.environ) over PRESET's defaults: ValueError for an unknown
+        PRESET or a malformed value. In the package also checked as a whole (the kit's preflight, which a
+        record's file leaves out, docs/bundle.md): one ValueError listing every malformed or out-of-domain
+        variable ("; " between them), BYTE_BUDGET against `code_bytes` (the shipped code's, when given), a
+        WARNING line for each unknown variable that looks like ours and each variable set whose effect never
+        happens in this run (primitives/domains.py inert_settings)."""
         environ = os.environ if environ is None else environ
         preset = environ.get("PRESET", DEFAULT_PRESET)
         if preset not in PRESETS:
@@ -261,100 +267,110 @@ class Hyperparameters:
             name = f.name.upper()
             if f.name == "preset" or name not in environ:
                 continue
-            try:
+            if BUNDLE_KIND == "package":
+                try:
+                    values[f.name] = parse_env_value(name, environ[name], f.type)
+                except ValueError as err:  # listed with the others; the field keeps its default meanwhile
+                    errors[f.name] = str(err)
+            else:
                 values[f.name] = parse_env_value(name, environ[name], f.type)
-            except ValueError as err:  # listed with the others; the field keeps its default meanwhile
-                errors[f.name] = str(err)
         for pair in SCHEDULE_PAIRS:  # MUON_MOMENTUM_WARMUP_STEPS=500 alone replaces the preset's fraction
             given = [n for n in pair if n.upper() in environ]
             if len(given) == 1:
                 values[pair[pair.index(given[0]) - 1]] = 0
         for name in PATH_SETTINGS:  # "~/runs" in quotes reaches us unexpanded: never a literal "~" folder
-            if name in values and str(values[name]).startswith("~"):
+            if name in values:
                 values[name] = os.path.expanduser(values[name])
-                if values[name].startswith("~"):
-                    errors[name] = (f"{name.upper()}={values[name]!r}: '~' cannot be expanded here (no such user, or "
-                                    "HOME unset); expected a path")
-        warn_unknown_settings(environ, log)
+                if BUNDLE_KIND == "package":
+                    if values[name].startswith("~"):
+                        errors[name] = (f"{name.upper()}={values[name]!r}: '~' cannot be expanded here (no such user, "
+                                        "or HOME unset); expected a path")
+        if BUNDLE_KIND == "package":
+            warn_unknown_settings(environ, log)
         if "run_id" not in values:  # unset: a fresh id; set, it must be a folder name (validate)
             values["run_id"] = f"{preset}_{uuid.uuid4().hex[:8]}"
         hp = cls(**values)
-        found = {**hp.violations(code_bytes), **errors}
-        if found:
-            raise ValueError("; ".join(found.values()))
-        for line in inert_settings(hp, {f.name for f in dataclasses.fields(cls) if f.name.upper() in environ}):
-            log(line)
+        if BUNDLE_KIND == "package":  # the kit's preflight: every domain and relation, the inert settings
+            found = {**hp.violations(code_bytes), **errors}
+            if found:
+                raise ValueError("; ".join(found.values()))
+            for line in inert_settings(hp, {f.name for f in dataclasses.fields(cls) if f.name.upper() in environ}):
+                log(line)
         return hp
 
-    def validate(self, code_bytes: int = None) -> None:
-        """Raise one ValueError listing every setting out of its domain or its relations ("; " between them)."""
-        found = self.violations(code_bytes)
-        if found:
-            raise ValueError("; ".join(found.values()))
+    # The kit's preflight: each field's domain and the relations between settings. A record's file reads its
+    # settings only (from_env), so these methods are the package's (docs/bundle.md, what a record's file leaves out).
+    if BUNDLE_KIND == "package":
+        def validate(self, code_bytes: int = None) -> None:
+            """Raise one ValueError listing every setting out of its domain or its relations ("; " between them)."""
+            found = self.violations(code_bytes)
+            if found:
+                raise ValueError("; ".join(found.values()))
 
-    def violations(self, code_bytes: int = None) -> dict:
-        """{field name: "NAME=value: expected ..."}: each field's declared domain (setting(...)), then the
-        relations between settings, each a predicate of a view `s` of the settings (one entry per field; a
-        relation that reads a field already out of its domain is not reported: it would only repeat it)."""
-        found = domain_violations(self)
-        try:
-            relations = self.relations(code_bytes)
-        except (ArithmeticError, TypeError, ValueError):  # a field of the wrong type (built by hand): reported above
-            relations = ()
-        for name, ok, expected in relations:
-            lower = name.lower()
-            if lower not in found and not relation_holds(self, ok, found):
-                found[lower] = f"{name}={getattr(self, lower)!r}: expected {expected}"
-        return found
+        def violations(self, code_bytes: int = None) -> dict:
+            """{field name: "NAME=value: expected ..."}: each field's declared domain (setting(...)), then the
+            relations between settings, each a predicate of a view `s` of the settings (one entry per field; a
+            relation that reads a field already out of its domain is not reported: it would only repeat it)."""
+            found = domain_violations(self)
+            try:
+                relations = self.relations(code_bytes)
+            except (ArithmeticError, TypeError, ValueError):  # a field of the wrong type (built by hand): reported above
+                relations = ()
+            for name, ok, expected in relations:
+                lower = name.lower()
+                if lower not in found and not relation_holds(self, ok, found):
+                    found[lower] = f"{name}={getattr(self, lower)!r}: expected {expected}"
+            return found
 
-    def relations(self, code_bytes: int = None) -> tuple:
-        """(NAME, predicate(s) -> bool, expected) for each relation between settings."""
-        steps = self.iterations if self.max_wallclock_seconds == 0 else 0  # the exact run length, when step-bounded
-        return (
-            # RUN_ID names the run's folder under OUT_DIR: nothing may be written outside it
-            ("RUN_ID", lambda s: s.run_id.strip(".") and not {"/", "\\", "\0"} & set(s.run_id),
-             "a folder name: no '/' or '\\', not empty or dots"),
-            ("RUN_ID", lambda s: len(s.run_id.encode("utf-8", "surrogateescape")) <= MAX_RUN_ID_BYTES,
-             f"a folder name of at most {MAX_RUN_ID_BYTES} bytes"),
-            ("MODEL_DIM", lambda s: s.model_dim % s.num_heads == 0, f"a multiple of NUM_HEADS={self.num_heads}"),
-            ("NUM_HEADS", lambda s: s.num_heads % s.num_kv_heads == 0, f"a multiple of NUM_KV_HEADS={self.num_kv_heads}"),
-            ("ROPE_DIMS", lambda s: s.rope_dims % 2 == 0 and s.rope_dims <= s.model_dim // s.num_heads,
-             f"even and <= head_dim={self.model_dim // max(1, self.num_heads)}"),
-            ("MLP_MULT", lambda s: int(s.mlp_mult * s.model_dim) >= 1, "MLP_MULT x MODEL_DIM >= 1 (the MLP's width)"),
-            ("XSA_LAST_N", lambda s: s.xsa_last_n <= s.num_layers, "<= NUM_LAYERS"),
-            ("EVAL_STRIDE", lambda s: s.eval_stride <= s.train_seq_len, "<= TRAIN_SEQ_LEN"),
-            ("TRAIN_BATCH_TOKENS", lambda s: s.train_batch_tokens % s.train_seq_len == 0,
-             f"a multiple of TRAIN_SEQ_LEN={self.train_seq_len} (whole sequences)"),
-            ("TTT_CHUNK_TOKENS", lambda s: not TTT_SGD[1](s) or s.ttt_chunk_tokens >= s.train_seq_len,
-             f">= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_ENABLED=1)"),
-            ("TTT_LORA_CHUNK_TOKENS", lambda s: not (TTT_LORA[1](s) and s.ttt_lora_chunk_tokens > s.train_seq_len),
-             f"<= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_MODE=lora)"),
-            ("TTT_PARAMS", lambda s: valid_ttt_params(s.ttt_params), "all, scalars or a regular expression of parameter names"),
-            ("PARALLEL_RESIDUAL_START", lambda s: s.parallel_residual_start < s.num_layers,
-             f"-1 (off) or a layer index 0..{self.num_layers - 1}"),
-            ("EMBED_WD", lambda s: s.embed_wd == -1 or s.embed_wd >= 0, "-1 (ADAM_WD) or >= 0"),
-            ("PARALLEL_START_LAYER", lambda s: s.parallel_start_layer < s.num_layers and not (
-                s.parallel_start_layer and s.parallel_residual_start >= 0),
-             f"0 (off) or a layer index 1..{self.num_layers - 1}, with PARALLEL_RESIDUAL_START=-1 (one parallel form)"),
-            ("LOOP_END", lambda s: not s.num_loops or s.loop_start <= s.loop_end < s.num_layers,
-             f"LOOP_START={self.loop_start}..NUM_LAYERS-1={self.num_layers - 1} (NUM_LOOPS={self.num_loops})"),
-            # a loop that starts at the run's end never trains, yet the scored graph loops
-            ("ENABLE_LOOPING_AT", lambda s: not s.num_loops or s.enable_looping_at < 1 and (
-                not steps or s.enable_looping_at * steps <= steps - 1),
-             "a start inside the run: < 1" + (f" and <= (ITERATIONS-1)/ITERATIONS = {(steps - 1) / steps:.4g}" if steps
-                                              else "") + f" (NUM_LOOPS={self.num_loops})"),
-            ("WD_TAPER_START_FRAC", lambda s: s.wd_taper_final_mult == 1 or s.wd_taper_start_frac < 1,
-             f"< 1, a taper that starts inside the run (WD_TAPER_FINAL_MULT={self.wd_taper_final_mult})"),
-            ("GATE_WINDOW", lambda s: s.gate_window <= s.model_dim, f"1..MODEL_DIM={self.model_dim}"),
-            *((a.upper(), lambda s, a=a, b=b: not (getattr(s, a) and getattr(s, b)), f"0 when {b.upper()} is set")
-              for a, b in SCHEDULE_PAIRS),
-            ("ITERATIONS", lambda s: s.max_wallclock_seconds > 0 or s.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
-            ("VAL_MAX_TOKENS", lambda s: s.val_max_tokens == 0 or s.val_max_tokens >= s.train_seq_len,
-             f"0 (the whole val split) or >= TRAIN_SEQ_LEN={self.train_seq_len} (one sequence)"),
-            # the artifact gets BYTE_BUDGET less the shipped code: a budget at or below the code's bytes fits nothing
-            ("BYTE_BUDGET", lambda s: code_bytes is None or s.byte_budget > code_bytes,
-             f"more than the shipped train_gpt.py's {code_bytes} bytes (code + artifact are counted)"),
-        )
+        def relations(self, code_bytes: int = None) -> tuple:
+            """(NAME, predicate(s) -> bool, expected) for each relation between settings."""
+            steps = self.iterations if self.max_wallclock_seconds == 0 else 0  # the exact run length, when step-bounded
+            return (
+                # RUN_ID names the run's folder under OUT_DIR: nothing may be written outside it
+                ("RUN_ID", lambda s: s.run_id.strip(".") and not {"/", "\\", "\0"} & set(s.run_id),
+                 "a folder name: no '/' or '\\', not empty or dots"),
+                ("RUN_ID", lambda s: len(s.run_id.encode("utf-8", "surrogateescape")) <= MAX_RUN_ID_BYTES,
+                 f"a folder name of at most {MAX_RUN_ID_BYTES} bytes"),
+                ("MODEL_DIM", lambda s: s.model_dim % s.num_heads == 0, f"a multiple of NUM_HEADS={self.num_heads}"),
+                ("NUM_HEADS", lambda s: s.num_heads % s.num_kv_heads == 0, f"a multiple of NUM_KV_HEADS={self.num_kv_heads}"),
+                ("ROPE_DIMS", lambda s: s.rope_dims % 2 == 0 and s.rope_dims <= s.model_dim // s.num_heads,
+                 f"even and <= head_dim={self.model_dim // max(1, self.num_heads)}"),
+                ("MLP_MULT", lambda s: int(s.mlp_mult * s.model_dim) >= 1, "MLP_MULT x MODEL_DIM >= 1 (the MLP's width)"),
+                ("XSA_LAST_N", lambda s: s.xsa_last_n <= s.num_layers, "<= NUM_LAYERS"),
+                ("EVAL_STRIDE", lambda s: s.eval_stride <= s.train_seq_len, "<= TRAIN_SEQ_LEN"),
+                ("TRAIN_BATCH_TOKENS", lambda s: s.train_batch_tokens % s.train_seq_len == 0,
+                 f"a multiple of TRAIN_SEQ_LEN={self.train_seq_len} (whole sequences)"),
+                ("TTT_CHUNK_TOKENS", lambda s: not TTT_SGD[1](s) or s.ttt_chunk_tokens >= s.train_seq_len,
+                 f">= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_ENABLED=1)"),
+                ("TTT_LORA_CHUNK_TOKENS", lambda s: not (TTT_LORA[1](s) and s.ttt_lora_chunk_tokens > s.train_seq_len),
+                 f"<= TRAIN_SEQ_LEN={self.train_seq_len} (TTT_MODE=lora)"),
+                ("TTT_PARAMS", lambda s: valid_ttt_params(s.ttt_params),
+                 "all, scalars or a regular expression of parameter names"),
+                ("PARALLEL_RESIDUAL_START", lambda s: s.parallel_residual_start < s.num_layers,
+                 f"-1 (off) or a layer index 0..{self.num_layers - 1}"),
+                ("EMBED_WD", lambda s: s.embed_wd == -1 or s.embed_wd >= 0, "-1 (ADAM_WD) or >= 0"),
+                ("PARALLEL_START_LAYER", lambda s: s.parallel_start_layer < s.num_layers and not (
+                    s.parallel_start_layer and s.parallel_residual_start >= 0),
+                 f"0 (off) or a layer index 1..{self.num_layers - 1}, with PARALLEL_RESIDUAL_START=-1 (one parallel form)"),
+                ("LOOP_END", lambda s: not s.num_loops or s.loop_start <= s.loop_end < s.num_layers,
+                 f"LOOP_START={self.loop_start}..NUM_LAYERS-1={self.num_layers - 1} (NUM_LOOPS={self.num_loops})"),
+                # a loop that starts at the run's end never trains, yet the scored graph loops
+                ("ENABLE_LOOPING_AT", lambda s: not s.num_loops or s.enable_looping_at < 1 and (
+                    not steps or s.enable_looping_at * steps <= steps - 1),
+                 "a start inside the run: < 1" + (f" and <= (ITERATIONS-1)/ITERATIONS = {(steps - 1) / steps:.4g}" if steps
+                                                  else "") + f" (NUM_LOOPS={self.num_loops})"),
+                ("WD_TAPER_START_FRAC", lambda s: s.wd_taper_final_mult == 1 or s.wd_taper_start_frac < 1,
+                 f"< 1, a taper that starts inside the run (WD_TAPER_FINAL_MULT={self.wd_taper_final_mult})"),
+                ("GATE_WINDOW", lambda s: s.gate_window <= s.model_dim, f"1..MODEL_DIM={self.model_dim}"),
+                *((a.upper(), lambda s, a=a, b=b: not (getattr(s, a) and getattr(s, b)), f"0 when {b.upper()} is set")
+                  for a, b in SCHEDULE_PAIRS),
+                ("ITERATIONS", lambda s: s.max_wallclock_seconds > 0 or s.iterations > 0, "> 0 when MAX_WALLCLOCK_SECONDS=0"),
+                ("VAL_MAX_TOKENS", lambda s: s.val_max_tokens == 0 or s.val_max_tokens >= s.train_seq_len,
+                 f"0 (the whole val split) or >= TRAIN_SEQ_LEN={self.train_seq_len} (one sequence)"),
+                # the artifact gets BYTE_BUDGET less the shipped code: a budget at or below the code's bytes fits nothing
+                ("BYTE_BUDGET", lambda s: code_bytes is None or s.byte_budget > code_bytes,
+                 f"more than the shipped train_gpt.py's {code_bytes} bytes (code + artifact are counted)"),
+            )
 
     def resolve_grad_accum(self, world_size: int, is_cuda: bool) -> int:
         """Micro-steps per optimizer step; raises ValueError unless the batch splits evenly."""
@@ -384,6 +400,8 @@ class Hyperparameters:
 
 def valid_ttt_params(value: str) -> bool:
     """TTT_PARAMS is `all`, `scalars` or a regular expression that compiles (eval/ttt.py select_ttt_params)."""
+    import re
+
     try:
         re.compile(value)
     except re.error:

@@ -21,7 +21,7 @@ sidecar (shards/sidecar.py), tools/prepare_data.py caseops writes them.
 
 import re
 
-from shards.sidecar import CASEOPS_OPERATORS, CASEOPS_TRANSFORM  # noqa: F401  (importers take it from here too)
+from shards.data_kind import CASEOPS_OPERATORS, CASEOPS_TRANSFORM  # noqa: F401  (importers take it from here too)
 
 CASEOPS_TITLE, CASEOPS_ALLCAPS, CASEOPS_CAPNEXT, CASEOPS_ESC = CASEOPS_OPERATORS
 

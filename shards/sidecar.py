@@ -1,4 +1,4 @@
-"""The val byte sidecar of CaseOps data: which byte count scores a val split, and the sidecar's reader.
+"""The val byte sidecar of CaseOps data: its checks and its reader.
 
 CaseOps data (PR #1729 / #1855, shards/caseops.py) is tokenized from transformed text, so the
 tokenizer's pieces do not spell the original bytes (an operator piece is 3 UTF-8 bytes of text that
@@ -7,34 +7,19 @@ the shard format, one uint16 per val token = the original UTF-8 bytes that token
 BOS and the operators). val_bpb then divides by the sidecar's bytes of the scored targets instead of
 the byte LUT's (eval/bpb.py `count_scored_bytes`).
 
-The data decides, whatever the preset: a dataset with sidecar shards is scored on them; one whose
-manifest says `text_transform: lossless_caps_caseops_v1`, or whose tokenizer reserves the CaseOps
-operators, must have them. `check_val_bytes` refuses, in one line, a CaseOps val split without its
-sidecar, a sidecar whose token counts differ from the val shards', and a tokenizer that is not the
-data's.
+A run scores on the sidecar with CASEOPS_ENABLED=1 (PR #1855's switch; the 8xh100-pr1855 preset sets it), and
+only then is this module packed (a record's train_gpt.py without it refuses CASEOPS_ENABLED=1; the trainer refuses
+CaseOps data without it, shards/data_kind.py). `check_val_bytes` refuses, in one line, a CaseOps val split without
+its sidecar, a sidecar whose token counts differ from the val shards', and a tokenizer that is not the data's.
 """
-
-import json
-from pathlib import Path
 
 import numpy as np
 
+from shards.data_kind import (BYTE_COUNT_SIDECAR, BYTE_COUNT_TOKENIZER, CASEOPS_TRANSFORM, VAL_BYTES_PREFIX, caseops_signs,
+                              list_val_byte_shards, read_manifest, reserves_caseops)
 from shards.format import list_shards, read_shard_header, load_data_shard
 
-CASEOPS_OPERATORS = ("\ue001", "\ue002", "\ue003", "\ue004")  # TITLE, ALLCAPS, CAPNEXT, ESC
-CASEOPS_TRANSFORM = "lossless_caps_caseops_v1"  # the records' name of the transform (manifest text_transform)
-VAL_BYTES_PREFIX = "fineweb_val_bytes_"
-BYTE_COUNT_SIDECAR, BYTE_COUNT_TOKENIZER = "sidecar", "tokenizer"
-
-
-def list_val_byte_shards(data_path) -> list:
-    """Sorted `fineweb_val_bytes_*.bin` paths in `data_path` (empty when there are none)."""
-    return sorted(Path(data_path).glob(f"{VAL_BYTES_PREFIX}*.bin"))
-
-
-def reserves_caseops(sp) -> bool:
-    """True when the SentencePiece model `sp` has each CaseOps operator as a piece of its own."""
-    return all(sp.piece_to_id(op) != sp.unk_id() and sp.id_to_piece(sp.piece_to_id(op)) == op for op in CASEOPS_OPERATORS)
+PACKED_WHEN = "CASEOPS_ENABLED"
 
 
 def check_val_bytes(data_path, sp, tokenizer_path, tokenizer_sha256=None) -> dict:
@@ -47,22 +32,15 @@ def check_val_bytes(data_path, sp, tokenizer_path, tokenizer_sha256=None) -> dic
     reserve the operators, or whose sha256 is not the manifest's; sidecar shards whose count or
     per-shard token counts differ from the val shards'.
     """
-    files, manifest = list_val_byte_shards(data_path), {}
-    path = Path(data_path) / "manifest.json"
-    if path.is_file():
-        try:
-            manifest = json.loads(path.read_bytes())
-        except ValueError:
-            manifest = {}  # check_data_manifest names a damaged manifest
-    caseops = manifest.get("text_transform") == CASEOPS_TRANSFORM
+    files, manifest = list_val_byte_shards(data_path), read_manifest(data_path)
     if not files:
-        if caseops or reserves_caseops(sp):
-            why = f"its manifest says text_transform {CASEOPS_TRANSFORM}" if caseops else \
-                f"TOKENIZER_PATH={tokenizer_path} reserves the CaseOps operators"
+        why = caseops_signs(data_path, sp, tokenizer_path)
+        if why:
             raise ValueError(f"DATA_PATH={data_path}: a CaseOps val split ({why}) without its byte sidecar "
                              f"{VAL_BYTES_PREFIX}*.bin; expected the sidecar beside the val shards (tools/prepare_data.py "
                              "caseops writes it), or the tokenizer of this data")
         return {"val_byte_count": BYTE_COUNT_TOKENIZER}
+    caseops = manifest.get("text_transform") == CASEOPS_TRANSFORM
     want = manifest.get("tokenizer_sha256")
     if not reserves_caseops(sp) or (caseops and want and tokenizer_sha256 and want != tokenizer_sha256):
         why = "does not reserve the CaseOps operators" if not reserves_caseops(sp) else \
@@ -79,6 +57,16 @@ def check_val_bytes(data_path, sp, tokenizer_path, tokenizer_sha256=None) -> dic
                          "(remake the dataset with tools/prepare_data.py caseops)")
     return {"val_byte_count": BYTE_COUNT_SIDECAR, "val_bytes_shards": [p.name for p in files],
             "val_bytes_tokens": sum(side_counts)}
+
+
+def require_val_bytes(data_path, sp, tokenizer_path, tokenizer_sha256=None) -> dict:
+    """CASEOPS_ENABLED=1: check_val_bytes, and ValueError naming CASEOPS_ENABLED and DATA_PATH when the data has
+    no byte sidecar (plain data, which the tokenizer's byte LUT scores)."""
+    info = check_val_bytes(data_path, sp, tokenizer_path, tokenizer_sha256)
+    if info["val_byte_count"] != BYTE_COUNT_SIDECAR:
+        raise ValueError(f"CASEOPS_ENABLED=True: DATA_PATH={data_path} has no byte sidecar {VAL_BYTES_PREFIX}*.bin; "
+                         "expected CaseOps data (tools/prepare_data.py caseops)")
+    return info
 
 
 def load_val_bytes(data_path):

@@ -98,13 +98,28 @@ def test_the_trainer_and_eval_cli_refuse_in_one_line(caseops_data, tmp_path, cap
 
     data = copy_without_sidecar(caseops_data, tmp_path)
     with pytest.raises(ValueError, match="without its byte sidecar"):
-        check_inputs(hp_for(data, CASEOPS_MODEL, VOCAB_SIZE=8192), ctx(tmp_path))
+        check_inputs(hp_for(data, CASEOPS_MODEL, VOCAB_SIZE=8192, CASEOPS_ENABLED=1), ctx(tmp_path))
     assert eval_main(["bytes", "--data-path", str(data), "--tokenizer", str(CASEOPS_MODEL)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "without its byte sidecar" in err
     assert eval_main(["bytes", "--data-path", str(caseops_data), "--tokenizer", str(CASEOPS_MODEL)]) == 0
     out = capsys.readouterr().out
     assert f"val_bytes:{int(load_val_bytes(caseops_data)[1:].sum())} " in out
+
+
+def test_the_run_says_caseops_and_the_data_must_agree(caseops_data, tiny_dataset, sp1024_model, tmp_path):
+    """CASEOPS_ENABLED decides the byte count (and whether a record's file holds shards/sidecar.py): CaseOps data in a
+    run without it is refused (the tokenizer's bytes would count the operators), so is plain data in a run with it."""
+    from test_inputs import ctx, hp_for
+    from trainer.checks import check_inputs
+
+    for data, why in ((caseops_data, "a byte sidecar"), (copy_without_sidecar(caseops_data, tmp_path), "its manifest says")):
+        with pytest.raises(ValueError, match=rf"^DATA_PATH='\S+': CaseOps data \({why}.*\); expected CASEOPS_ENABLED=1$"):
+            check_inputs(hp_for(data, CASEOPS_MODEL, VOCAB_SIZE=8192), ctx(tmp_path))
+    with pytest.raises(ValueError, match=r"^CASEOPS_ENABLED=True: DATA_PATH=\S+ has no byte sidecar fineweb_val_bytes_"):
+        check_inputs(hp_for(tiny_dataset, sp1024_model, CASEOPS_ENABLED=1), ctx(tmp_path))
+    assert check_inputs(hp_for(caseops_data, CASEOPS_MODEL, VOCAB_SIZE=8192, CASEOPS_ENABLED=1),
+                        ctx(tmp_path))[3]["val_byte_count"] == "sidecar"
 
 
 # -----------------------------------------------------------------------------------------------
@@ -118,7 +133,7 @@ def caseops_run(caseops_data, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("runs")
     env, proc, result = run_to_done(caseops_data, CASEOPS_MODEL, out, "caseops", VOCAB_SIZE=8192, ITERATIONS=6,
-                                    VAL_MAX_TOKENS=0)
+                                    VAL_MAX_TOKENS=0, CASEOPS_ENABLED=1)
     return out / "caseops", result, proc
 
 

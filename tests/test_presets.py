@@ -27,7 +27,8 @@ ADDED_AFTER_THE_MOVE = ("ttt_enabled", "ttt_chunk_tokens", "ttt_epochs", "ttt_lr
                         "ttt_lora_batch_docs", "doc_packed_attention", "ln_scale", "skip_gates_enabled",
                         "parallel_start_layer", "parallel_final_lane", "embed_wd", "ema_warmup", "muon_form",
                         "ttt_prefix_docs", "ttt_global_epochs", "ttt_lora_alpha", "ttt_lora_wd", "ttt_lora_beta1",
-                        "ttt_lora_beta2", "ttt_lora_k", "ttt_lora_mlp", "ttt_lora_o", "gptq_calib_cross_docs")
+                        "ttt_lora_beta2", "ttt_lora_k", "ttt_lora_mlp", "ttt_lora_o", "gptq_calib_cross_docs",
+                        "caseops_enabled")
 
 
 def test_every_preset_resolves_as_before_the_package_move():

@@ -15,7 +15,8 @@ from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
 from primitives.settings import Hyperparameters
 from primitives.files import sha256_file
-from shards.sidecar import BYTE_COUNT_SIDECAR, check_val_bytes
+from shards.data_kind import caseops_signs
+from shards.sidecar import require_val_bytes
 from shards.format import (SHARD_HEADER_BYTES, list_shards, load_validation_tokens, read_shard_header, shards_unverified,
                            val_shard_copy, verify_dataset)
 
@@ -92,19 +93,23 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     inputs = run_inputs(hp)
     manifest = verify_dataset(hp.data_path, hp.tokenizer_path, vocab_size=hp.vocab_size, log=ctx.log)
-    if check_val_bytes(hp.data_path, sp, hp.tokenizer_path, inputs["tokenizer_sha256"])["val_byte_count"] == BYTE_COUNT_SIDECAR:
-        inputs["val_byte_count"] = BYTE_COUNT_SIDECAR  # CaseOps data: scored on its byte sidecar (a resume keeps it)
+    if hp.caseops_enabled:  # CaseOps data: scored on its byte sidecar (a resume keeps it), checked by shards/sidecar.py
+        inputs["val_byte_count"] = require_val_bytes(hp.data_path, sp, hp.tokenizer_path,
+                                                     inputs["tokenizer_sha256"])["val_byte_count"]
+    elif why := caseops_signs(hp.data_path, sp, hp.tokenizer_path):  # scored on the tokenizer's bytes it would be wrong
+        raise ValueError(f"DATA_PATH={hp.data_path!r}: CaseOps data ({why}); expected CASEOPS_ENABLED=1")
     hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
     if hp.loss_kernel == "liger":  # without CUDA or liger_kernel, or failing its check: refused here (auto is torch)
         choose_loss_kernel(hp.loss_kernel, ctx.device)
-    if hp.ttt_enabled and hp.ttt_batch_seqs % ctx.world_size:
-        raise ValueError(f"TTT_BATCH_SEQS={hp.ttt_batch_seqs}: expected a multiple of the world size {ctx.world_size} "
-                         "(each rank trains on an equal share of a TTT batch)")
-    if hp.ttt_enabled and hp.ttt_params not in ("all", "scalars"):
-        with torch.device("meta"):  # the names only: nothing is allocated
-            select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
-    if hp.checkpoint_every or hp.resume:
-        require_kit("CHECKPOINT_EVERY/RESUME")
+    if BUNDLE_KIND == "package":  # the kit's preflight: the TTT pass checks both itself (eval/ttt.py), after training
+        if hp.ttt_enabled and hp.ttt_batch_seqs % ctx.world_size:
+            raise ValueError(f"TTT_BATCH_SEQS={hp.ttt_batch_seqs}: expected a multiple of the world size {ctx.world_size} "
+                             "(each rank trains on an equal share of a TTT batch)")
+        if hp.ttt_enabled and hp.ttt_params not in ("all", "scalars"):
+            with torch.device("meta"):  # the names only: nothing is allocated
+                select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
+    if hp.checkpoint_every or hp.resume or hp.save_prequant:
+        require_kit("CHECKPOINT_EVERY/RESUME/SAVE_PREQUANT")
     if BUNDLE_KIND == "package":  # room to keep the trained weights: the kit's recovery (trainer/interrupt.py)
         check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)

@@ -95,7 +95,8 @@ def setup_distributed(hp: Hyperparameters) -> RunContext:
     bf16 = hp.autocast == "bf16" or hp.autocast == "auto" and device.type == "cuda"
     ctx = RunContext(rank, world_size, local_rank, device, run_dir, torch.bfloat16 if bf16 else None,
                      hp.compile == 1 or hp.compile == -1 and device.type == "cuda")
-    ctx.pending.extend(setting_warnings(hp) if ctx.is_main else ())  # from_env printed them; train.log keeps them
+    if BUNDLE_KIND == "package":  # from_env printed them; train.log keeps them (the kit's warnings)
+        ctx.pending.extend(setting_warnings(hp) if ctx.is_main else ())
     return ctx
 
 
@@ -103,7 +104,7 @@ def require_kit(setting: str) -> None:
     """`setting` asks for a package-only feature (kit/: checkpoints, the bundler): ValueError in the
     packed and human scripts, which do not carry kit/."""
     if BUNDLE_KIND != "package":
-        raise ValueError(f"{setting}: a kit feature, not in the packed script (run from the kit's repo)")
+        raise ValueError(f"{setting}: expected the kit's repo (not in this train_gpt.py)")
 
 
 def check_packed_for(hp: Hyperparameters) -> None:

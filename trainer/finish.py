@@ -2,7 +2,6 @@
 eval, each measured number handed back as soon as it exists; result.json with the compliance flags."""
 
 import dataclasses
-import shlex
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from eval.plan import EvalPlan
 from quant.artifact import export_artifact, load_artifact
 from quant.policy import QuantPolicy
 from trainer.checks import check_compliance
-from trainer.context import BUNDLE_KIND, RunContext, require_kit
+from trainer.context import BUNDLE_KIND, RunContext
 from trainer.evaluate import evaluate_roundtrip, evaluate_sliding
 from trainer.ttt_eval import evaluate_ttt, mode_own_settings, recorded_mode, ttt_entries
 from primitives.files import atomic_write_json, sha256_file
@@ -53,11 +52,11 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     yield dict(phase="export")
     if ctx.is_main:
         state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
-        if hp.save_prequant:  # for tools/bench_quant.py
-            require_kit("SAVE_PREQUANT")
-            from kit.checkpoint import save_prequant  # package only
+        if BUNDLE_KIND == "package":  # (a record's file refuses SAVE_PREQUANT before the clock, trainer/checks.py)
+            if hp.save_prequant:  # for tools/bench_quant.py
+                from kit.checkpoint import save_prequant
 
-            save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
+                save_prequant(ctx.run_dir / "prequant.safetensors", state, config)
         # the artifact carries what scoring it needs besides the data and the tokenizer (python -m eval score)
         run = dict(train_seq_len=hp.train_seq_len, vocab_size=hp.vocab_size, eval_stride=eval_stride,
                    tokenizer_sha256=sha256_file(hp.tokenizer_path),
@@ -159,6 +158,8 @@ def score_command(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan) -> s
     """The command that scores a written artifact as the run did (eval/__main__.py): the plan's stride and the
     run's scoring batch, and its TTT settings (the mode's fields, the plan's epochs and phases) when the plan
     kept TTT (plan.epochs > 0)."""
+    import shlex  # (the kit's: a record's file has no score command)
+
     own = mode_own_settings(hp, plan, ARTIFACT_TTT_FIELDS)
     flags = {f: getattr(hp, f"ttt_{f}") for f in ARTIFACT_TTT_FIELDS}
     ttt = (f" --ttt 1 --ttt-epochs {plan.epochs}" + "".join(f" --ttt-{f.replace('_', '-')} {shlex.quote(str(v))}"
@@ -184,12 +185,14 @@ def write_result(ctx: RunContext, summary: dict, *, data_path: str, manifest, tr
         return summary.get("status")
     try:
         flags = check_compliance(summary, data_path, manifest, train_files)
-        shown = {k: "unverified" if v is None and "unverified" in flags else v for k, v in flags.items()}
-        ctx.log(f"compliance: {' '.join(f'{k}:{v}' for k, v in shown.items() if k != 'unverified')}")
-        if "unverified" in flags:
-            ctx.log(f"compliance unverified: {flags['unverified']}")
+        if BUNDLE_KIND == "package":  # (result.json holds them; make_record writes them into the record's README)
+            shown = {k: "unverified" if v is None and "unverified" in flags else v for k, v in flags.items()}
+            ctx.log(f"compliance: {' '.join(f'{k}:{v}' for k, v in shown.items() if k != 'unverified')}")
+            if "unverified" in flags:
+                ctx.log(f"compliance unverified: {flags['unverified']}")
     except OSError as err:  # the data changed under the run: no flags, and make_record refuses it
         flags = {"error": str(err)}
     atomic_write_json(ctx.run_dir / "result.json", {**summary, "compliance": flags})
-    ctx.log(f"result:{ctx.run_dir / 'result.json'}")
+    if BUNDLE_KIND == "package":
+        ctx.log(f"result:{ctx.run_dir / 'result.json'}")
     return summary.get("status")

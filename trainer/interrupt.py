@@ -29,9 +29,11 @@ import safetensors.torch
 import torch
 
 from primitives.files import atomic_write_bytes
+from primitives.env import BUNDLE_KIND
 from primitives.settings import Hyperparameters
 
-STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+if BUNDLE_KIND == "package":  # (a record's file installs no handler)
+    STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 TRAINED_FILE = "trained.safetensors"
 HESSIAN_PREFIX = "gptq_hessian."
 # A repeat within this many seconds is the same stop, not a second one: Ctrl-C reaches every process of

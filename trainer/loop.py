@@ -5,7 +5,6 @@ import contextlib
 import copy
 import dataclasses
 import math
-import signal
 import time
 
 import torch
@@ -13,7 +12,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from quant.gptq import collect_gptq_hessians
 from trainer.context import BUNDLE_KIND, RunContext
-from trainer.interrupt import SignalGuard
 from shards.loader import DistributedTokenLoader
 from model.gpt import GPT
 from trainer.optim import build_optimizers, step_optimizers
@@ -146,11 +144,11 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
     if 2 * calib_seconds > gptq_reserve:
         gptq_reserve = math.ceil(20 * calib_seconds) / 10
         if gptq_reserve >= hp.max_wallclock_seconds:
-            raise ValueError(f"GPTQ calibration: one batch of {local_tokens} tokens takes {calib_seconds:.1f}s (timed "
-                             f"before the clock), two leave no training time under MAX_WALLCLOCK_SECONDS="
-                             f"{hp.max_wallclock_seconds}; expected a longer cap, or QUANT_GPTQ=0")
-        ctx.log(f"gptq_reserve: GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds} raised to {gptq_reserve}s: one calibration "
-                f"batch takes {calib_seconds:.2f}s (timed before the clock), the reserve holds two")
+            raise ValueError(f"MAX_WALLCLOCK_SECONDS={hp.max_wallclock_seconds}: expected room for two GPTQ calibration "
+                             f"batches of {calib_seconds:.1f}s, or QUANT_GPTQ=0")
+        if BUNDLE_KIND == "package":  # (the next line logs the reserve)
+            ctx.log(f"gptq_reserve: GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds} raised to {gptq_reserve}s: one "
+                    f"calibration batch takes {calib_seconds:.2f}s (timed before the clock), the reserve holds two")
     cap_ms = 1000.0 * (hp.max_wallclock_seconds - gptq_reserve)
     if gptq_reserve:
         ctx.log(f"gptq_reserve_seconds:{gptq_reserve} training cap:{cap_ms:.0f}ms")
@@ -158,7 +156,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         ckpt_path, ckpt = ctx.run_dir / "checkpoint.pt", None
         if hp.checkpoint_every or hp.resume:
             from kit import checkpoint as ckpt
-    nonfinite = NonFiniteWatch(ctx.device)
+    if BUNDLE_KIND == "package":  # the kit's early stop on a NaN loss (a record's file reports it: status nonfinite_*)
+        nonfinite = NonFiniteWatch(ctx.device)
 
     def one_step(step: int, progress: float) -> torch.Tensor:
         set_step_schedule(optimizers, step, progress, hp)
@@ -171,7 +170,8 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             (loss / accum).backward()
             total += loss.detach() / accum
         step_optimizers(model, optimizers, hp, ema, ema_decay_at(step, progress, hp) if ema else 0.0)
-        nonfinite.record(total, step)
+        if BUNDLE_KIND == "package":
+            nonfinite.record(total, step)
         return total
 
     if hp.warmup_steps > 0:  # prime compile/allocator, then restore the initial state (official)
@@ -188,8 +188,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             opt.load_state_dict(sd)
         loader.seek(*initial[2])
         ema = EMA(model, hp.ema_warmup) if ema else None
-        nonfinite.reset()
-        ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
+        if BUNDLE_KIND == "package":
+            nonfinite.reset()
+            ctx.log(f"warmup_steps:{hp.warmup_steps} done, state restored")
 
     step, train_ms, losses = 0, 0.0, []  # losses stay on the device: no sync per step
 
@@ -207,15 +208,17 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             train_ms = 1000.0 * train_seconds
             ctx.log(f"resumed from {ckpt_path} at step:{step}")
     qat_on = model.looping_active = False
-    ctx.log(f"grad_accum_steps:{accum} micro_batch_seqs:{local_tokens // hp.train_seq_len}")  # the default is per GPU count
-    ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
-    if BUNDLE_KIND == "package":  # the kit's advice on a schedule that degenerates at this run length
+    if BUNDLE_KIND == "package":  # the kit's diagnostics and its advice on a schedule that degenerates at this length
+        ctx.log(f"grad_accum_steps:{accum} micro_batch_seqs:{local_tokens // hp.train_seq_len}")  # per GPU count
+        ctx.log(describe_schedule(hp, run_steps_estimate(0, 0.0, hp)))
         warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
         if warning and not hp.resume:
             ctx.log(warning)
     guard = contextlib.nullcontext()
     if BUNDLE_KIND == "package":
         if stop is None:  # no caller's guard: the loop's own, for the signals (trainer/interrupt.py)
+            from trainer.interrupt import SignalGuard
+
             guard = SignalGuard()
             stop = guard.flag
     stop = [0] if stop is None else stop
@@ -231,8 +234,9 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             want_stop = step >= hp.iterations or bool(signum) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
             last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
                 torch.tensor(float(want_stop), device=ctx.device)).item() > 0
-            if last:
-                nonfinite.check()  # before the last validation, the EMA swap, GPTQ and the artifact
+            if BUNDLE_KIND == "package":
+                if last:
+                    nonfinite.check()  # before the last validation, the EMA swap, GPTQ and the artifact
             if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
                 ctx.sync()
                 train_ms += 1000.0 * (time.perf_counter() - t0)
@@ -246,24 +250,29 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
             if qat_active(progress, hp.qat_start_frac) and not qat_on:
                 model.set_qat(True)
                 qat_on = True
-                ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
+                if BUNDLE_KIND == "package":  # (the kit's progress diagnostics, as the two below)
+                    ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
             if hp.num_loops and not model.looping_active and progress >= hp.enable_looping_at:
                 model.looping_active = True
-                ctx.log(f"layer_loop:on step:{step} progress:{progress:.3f} order:{','.join(map(str, model.loop_order))}")
+                if BUNDLE_KIND == "package":
+                    ctx.log(f"layer_loop:on step:{step} progress:{progress:.3f} order:{','.join(map(str, model.loop_order))}")
             loss = one_step(step, progress)
             losses.append(loss)
             step += 1
-            nonfinite.poll(step)  # on a GPU: no sync (a snapshot copied 10 steps before)
+            if BUNDLE_KIND == "package":
+                nonfinite.poll(step)  # on a GPU: no sync (a snapshot copied 10 steps before)
             if step % hp.train_log_every == 0 or step == 1:
                 ctx.sync()
-                nonfinite.check()
+                if BUNDLE_KIND == "package":
+                    nonfinite.check()
                 now = time.perf_counter()
                 ms = train_ms + 1000.0 * (now - t0)
                 tok_s = (step - log_step) * hp.train_batch_tokens / max(1e-9, now - log_t)
                 line = (f"step:{step}/{hp.iterations} train_loss:{ctx.mean_over_ranks(loss).item():.4f} train_time:{ms:.0f}ms "
                         f"step_avg:{ms / step:.2f}ms tok_s:{tok_s:.0f}")
-                if is_cuda:
-                    line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
+                if BUNDLE_KIND == "package":  # MFU: the kit's diagnostic (no FLOP count in a record's file)
+                    if is_cuda:
+                            line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
                 ctx.log(line)
                 log_t, log_step = now, step
             if BUNDLE_KIND == "package":
@@ -284,25 +293,33 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                                               cross_docs=hp.gptq_calib_cross_docs)
                 model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
                 ctx.sync()
-                ctx.log(f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
-                        f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms"
-                        + f" (of GPTQ_CALIB_BATCHES={hp.gptq_calib_batches}: stopped at MAX_WALLCLOCK_SECONDS="
-                          f"{hp.max_wallclock_seconds:g})" * (n < hp.gptq_calib_batches))
+                line = (f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
+                        f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms")
+                if BUNDLE_KIND == "package":  # why it read fewer (the kit's diagnostic)
+                    line += (f" (of GPTQ_CALIB_BATCHES={hp.gptq_calib_batches}: stopped at MAX_WALLCLOCK_SECONDS="
+                             f"{hp.max_wallclock_seconds:g})" * (n < hp.gptq_calib_batches))
+                ctx.log(line)
             else:
                 model.gptq_hessians = {}  # the export quantizes every matrix with GPTQ-lite
-                ctx.log(f"WARNING: gptq_calibration skipped: {max(0.0, deadline - c0):.1f}s left of MAX_WALLCLOCK_SECONDS="
-                        f"{hp.max_wallclock_seconds:g}, one batch takes {calib_seconds:.1f}s: the export uses GPTQ-lite")
+                line = "WARNING: gptq_calibration skipped"
+                if BUNDLE_KIND == "package":  # why (the kit's diagnostic)
+                    line += (f": {max(0.0, deadline - c0):.1f}s left of MAX_WALLCLOCK_SECONDS={hp.max_wallclock_seconds:g}, "
+                             f"one batch takes {calib_seconds:.1f}s: the export uses GPTQ-lite")
+                ctx.log(line)
         ctx.sync()
         train_ms += 1000 * (time.perf_counter() - t0)
-    if signum:
-        ctx.log(f"stopped by signal {signal.Signals(signum).name} at step:{step}")
-        if BUNDLE_KIND == "package":
+    if BUNDLE_KIND == "package":  # signals are the kit's (a record's file installs no handler: signum stays 0)
+        if signum:
+            import signal
+
+            ctx.log(f"stopped by signal {signal.Signals(signum).name} at step:{step}")
             if hp.checkpoint_every:
                 checkpoint(train_ms)
                 ctx.log(f"checkpoint:{ckpt_path} (continue with RESUME=1)")
-    else:
+    if not signum:  # the auditor reads stopping_early (tools/auditor/audit_logs.py)
         ctx.log(f"stopping_early: wallclock_cap train_time:{train_ms:.0f}ms step:{step}/{hp.iterations}"
                 if step < hp.iterations else f"training done step:{step}")
-    if hp.max_wallclock_seconds > 0:
-        ctx.log(describe_schedule(hp, step))
+    if BUNDLE_KIND == "package":
+        if hp.max_wallclock_seconds > 0:
+            ctx.log(describe_schedule(hp, step))
     return TrainResult(step, train_ms / 1000.0, history(losses).tolist(), signum)

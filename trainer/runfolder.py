@@ -9,18 +9,21 @@ a setting that decides the weights or the score, and a run that finished (status
 """
 
 import dataclasses
-import datetime
-import errno
-import fcntl
 import json
 import os
-import socket
 from pathlib import Path
 
 from trainer.context import BUNDLE_KIND, RunContext, log_run_header
 from primitives.files import atomic_write_json
-from trainer.interrupt import TRAINED_FILE
 from primitives.settings import Hyperparameters
+
+if BUNDLE_KIND == "package":  # the run folder's lock and checks are the kit's: a record's file opens train.log only
+    import datetime
+    import errno
+    import fcntl
+    import socket
+
+    from trainer.interrupt import TRAINED_FILE
 
 FINISHED_MARKS = ("result.json", "final_model.ptz")
 LOCK_FILE = "run.lock"
@@ -194,21 +197,27 @@ def open_run_log(ctx: RunContext, hp: Hyperparameters, inputs: dict = None) -> N
         if hp.resume:
             check_resume_binding(ctx.run_dir, binding)
     pending, ctx.pending = ctx.pending, []
-    try:
-        if BUNDLE_KIND == "package":
+    if BUNDLE_KIND == "package":  # the kit's one line for a run folder that cannot be written
+        try:
             if not hp.resume:
                 atomic_write_json(ctx.run_dir / SETTINGS_FILE, binding)
-        else:
-            ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
-        log_run_header(ctx, hp)
-        for line in pending:
-            ctx.log(line, console=False)
-        if ctx.log_error:
-            raise ctx.log_error
-        ctx.log_opened = True
-    except OSError as err:
-        ctx.log_file = None
-        where = err.filename or ctx.run_dir / "train.log"
-        raise ValueError(f"RUN_ID={hp.run_id!r}: cannot write {where} ({err.strerror or err}); "
-                         "expected a writable run folder with space (a full disk? a file-size limit, ulimit -f?)") from None
+            write_log_start(ctx, hp, pending)
+            if ctx.log_error:
+                raise ctx.log_error
+            ctx.log_opened = True
+        except OSError as err:
+            ctx.log_file = None
+            where = err.filename or ctx.run_dir / "train.log"
+            raise ValueError(f"RUN_ID={hp.run_id!r}: cannot write {where} ({err.strerror or err}); expected a writable "
+                             "run folder with space (a full disk? a file-size limit, ulimit -f?)") from None
+    else:
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        write_log_start(ctx, hp, pending)
+
+
+def write_log_start(ctx: RunContext, hp: Hyperparameters, pending: list) -> None:
+    """Open train.log (appended to with RESUME=1) and write its header, then the `pending` lines."""
+    ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
+    log_run_header(ctx, hp)
+    for line in pending:
+        ctx.log(line, console=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 from tools.data.data_shards import OFFICIAL_NUM_VAL_DOCS, shard_documents
 from tools.data.data_text import check_inputs, iter_documents
 from tools.data.data_tokenizer import load_tokenizer
-from shards.sidecar import CASEOPS_TRANSFORM, reserves_caseops
+from shards.data_kind import CASEOPS_TRANSFORM, reserves_caseops
 
 CASEOPS_SHARD_TOKENS = 10_000_000  # the reference prepare_caseops_data.py's SHARD_TOKENS
 

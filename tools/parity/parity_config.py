@@ -21,7 +21,7 @@ RECORD_TO_KIT = {
         "rope_base", "rope_dims", "scalar_lr", "skip_gates_enabled", "smear_gate_enabled", "sparse_attn_gate_enabled",
         "sparse_attn_gate_scale", "tie_embeddings", "tied_embed_init_std", "tied_embed_lr", "train_batch_tokens",
         "train_log_every", "train_seq_len", "val_loss_every", "vocab_size", "warmdown_frac", "warmup_steps",
-        "xsa_last_n", "gptq_reserve_seconds", "embed_wd")},
+        "xsa_last_n", "gptq_reserve_seconds", "embed_wd", "caseops_enabled")},
     "eval_seq_len": "train_seq_len",  # the kit evaluates at TRAIN_SEQ_LEN
     "val_batch_tokens": "val_batch_size",
     "gptq_calibration_batches": "gptq_calib_batches",
@@ -70,8 +70,6 @@ NOT_APPLICABLE = {
     **dict.fromkeys(("attn_out_gate_enabled", "attn_out_gate_src", "gated_attn_enabled", "gated_attn_init_std"),
                     _OFF_GATE),
     "seed": "a per-run choice (the record's seeds 42, 0, 1234; SEED)",
-    "caseops_enabled": "the kit has no switch: a dataset with the CaseOps byte sidecar is scored on it (docs/data.md); "
-                       "the preset's DATA_PATH / TOKENIZER_PATH name the record's CaseOps layout",
     "grad_accum_steps": "8 // WORLD_SIZE in the record (1 on 8 GPUs); the kit's GRAD_ACCUM_STEPS=0 also resolves to 1 "
                         "at 8 ranks",
     "fused_ce_enabled": "a kernel choice for the same loss (the kit's LOSS_KERNEL picks its own fused kernel)",

@@ -95,7 +95,8 @@ def smoke_run(folder: Path, run: Run, log=print, timeout_seconds: float = SMOKE_
                    MAX_WALLCLOCK_SECONDS="0", WARMUP_STEPS="0", TRAIN_LOG_EVERY="1", RUN_ID=SMOKE_RUN_ID, OUT_DIR=out_dir,
                    DATA_PATH=str(resolve_run_path(run, "data_path")),
                    TOKENIZER_PATH=str(resolve_run_path(run, "tokenizer_path")),
-                   VOCAB_SIZE=str(hp.get("vocab_size", 1024)), SEED=str(run.seed))
+                   VOCAB_SIZE=str(hp.get("vocab_size", 1024)), SEED=str(run.seed),
+                   CASEOPS_ENABLED=str(int(hp.get("caseops_enabled", False))))  # the runs' data: its byte count
         env.setdefault("OMP_NUM_THREADS", "2")
         cmd = [sys.executable, BUNDLE_PACKED_NAME]
         log(f"smoke: cd {folder} && PRESET=smoke ITERATIONS=2 VAL_MAX_TOKENS={SMOKE_VAL_MAX_TOKENS} ... "
