@@ -10,7 +10,7 @@ functions nothing in the file calls. Stdlib only.
    and constants (a name bound once, to an expression that calls nothing) that no code left in the file
    names, found again until none is left: what only a package-only block, a left-out module or a CLI used.
 3. `keep_presets`: packed for one preset, the rows of the other presets (but the default and smoke ones).
-4. `drop_package_keywords`: the arguments only the package's help reads (a setting's units, when it applies).
+4. `drop_package_arguments`: a setting's declaration cut to its default (its domain, units and `applies` are the kit's).
 5. `unused_methods`: the methods whose name nothing in the file uses (but the ones frameworks call by name).
 """
 
@@ -181,15 +181,16 @@ def keep_presets(text: str, preset: str) -> str:
     return "\n".join(lines)
 
 
-# 4. `drop_package_keywords`: keyword arguments that only the package's help reads: a setting's units (in its
-# out-of-domain message) and when it applies (the WARNING for a setting set without effect, primitives/domains.py).
-# A record's file keeps each setting's default and domain, and refuses the same values (its message without units).
-PACKAGE_ONLY_KEYWORDS = {"setting": ("units", "applies")}
+# 4. `drop_package_arguments`: the arguments of a setting's declaration after its default: its domain (bounds,
+# choices: the kit's preflight), units (the out-of-domain message) and when it applies (the WARNING for a setting
+# set without effect, primitives/domains.py). A record's file reads each setting's value with its type and default
+# (primitives/domains.py setting: a plain dataclass field outside the package).
+PACKAGE_ONLY_ARGUMENTS = ("setting",)
 
 
-def drop_package_keywords(text: str) -> str:
-    """`text` without the PACKAGE_ONLY_KEYWORDS arguments of its calls (`setting(0.2, 0, 1, units="...")` ->
-    `setting(0.2, 0, 1)`), each cut from the end of the argument before it (a first argument stays)."""
+def drop_package_arguments(text: str) -> str:
+    """`text` with every PACKAGE_ONLY_ARGUMENTS call cut to its first argument (`setting(0.2, 0, 1,
+    units="...")` -> `setting(0.2)`); the rest of the text, comments included, is unchanged."""
     tree = ast.parse(text)
     lines = text.split("\n")
     starts = [0]
@@ -197,14 +198,13 @@ def drop_package_keywords(text: str) -> str:
         starts.append(starts[-1] + len(line) + 1)
     spans = []
     for node in ast.walk(tree):
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PACKAGE_ONLY_KEYWORDS):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PACKAGE_ONLY_ARGUMENTS):
             continue
-        names = PACKAGE_ONLY_KEYWORDS[node.func.id]
         items = sorted([*node.args, *node.keywords], key=lambda n: (n.lineno, n.col_offset))
-        for prev, item in zip(items, items[1:]):  # never the first argument: a setting's default comes first
-            if isinstance(item, ast.keyword) and item.arg in names:
-                spans.append((starts[prev.end_lineno - 1] + prev.end_col_offset,
-                              starts[item.end_lineno - 1] + item.end_col_offset))
+        if len(items) > 1:  # from the end of the default to the end of the last argument
+            first, last = items[0], items[-1]
+            spans.append((starts[first.end_lineno - 1] + first.end_col_offset,
+                          starts[last.end_lineno - 1] + last.end_col_offset))
     for start, end in sorted(spans, reverse=True):
         text = text[:start] + text[end:]
     return text

@@ -10,7 +10,7 @@ import dataclasses
 import heapq
 from pathlib import Path
 
-from kit.bundle_fold import drop_package_keywords, fold_package_only
+from kit.bundle_fold import drop_package_arguments, fold_package_only
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BUNDLE_PACKAGES = ("primitives", "model", "shards", "trainer", "quant", "eval")
@@ -56,7 +56,7 @@ def _read_module(root: Path, relpath: str) -> SourceModule:
     try:
         tree = ast.parse(source, filename=str(path))
         source = fold_package_only(source, relpath)  # kit/bundle_fold.py: package-only blocks never run in the bundle
-        source = drop_package_keywords(source)  # and the settings' help (units, when a setting applies)
+        source = drop_package_arguments(source)  # and the settings' domains and help (the kit's preflight)
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as e:
         raise BundleError(f"{relpath}:{e.lineno}: cannot parse: {e.msg}") from e
@@ -215,14 +215,18 @@ def _reexported_names(module: SourceModule) -> dict:
 BUNDLE_PIPELINE = (
     "primitives/env.py", "primitives/files.py", "primitives/presets.py", "primitives/progress.py", "primitives/domains.py",
     "primitives/settings.py",
-    "shards/format.py", "shards/sidecar.py", "primitives/rowquant.py", "quant/gptq.py", "quant/policy.py", "quant/lqer.py",
+    "shards/format.py", "shards/data_kind.py", "shards/sidecar.py", "primitives/rowquant.py", "primitives/baseline_quant.py",
+    "quant/gptq.py", "quant/gptq_records.py", "quant/policy.py", "quant/lqer.py",
     "quant/sdclip.py", "quant/estimate.py", "quant/fit.py", "quant/grouped.py", "quant/artifact.py", "eval/bpb.py",
-    "eval/walk.py", "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py", "eval/phased_ttt.py", "eval/lora_batch.py",
-    "eval/lora_ttt.py", "eval/record_lora.py", "eval/phased_lora.py", "eval/ttt_modes.py", "eval/plan.py", "eval/ttt_plan.py",
-    "model/fa4.py", "model/attention.py", "trainer/context.py", "trainer/interrupt.py",
-    "shards/loader.py", "model/attn_ops.py", "model/softcap_loss.py", "model/fused_loss.py", "model/stack.py",
-    "model/gpt.py", "trainer/timing.py", "trainer/ttt_eval.py", "trainer/evaluate.py", "trainer/optim.py", "trainer/runfolder.py",
-    "trainer/schedule.py", "trainer/checks.py", "trainer/finish.py", "trainer/loop.py",
+    "eval/walk.py", "eval/sliding.py", "eval/roundtrip.py", "eval/ttt.py", "eval/phased_ttt.py", "eval/sgd_modes.py",
+    "eval/lora_batch.py", "eval/lora_ttt.py", "eval/lora_mode.py", "eval/record_lora.py", "eval/phased_lora.py",
+    "eval/ttt_modes.py", "eval/plan.py", "eval/ttt_plan.py",
+    "model/fa4.py", "model/attention.py", "model/doc_attention.py", "trainer/context.py", "trainer/interrupt.py",
+    "shards/loader.py", "model/attn_ops.py", "model/softcap_loss.py", "model/fused_loss.py", "model/gates.py",
+    "model/stack.py", "model/gpt.py", "trainer/timing.py", "trainer/sgd_timing.py", "trainer/ttt_eval.py",
+    "trainer/evaluate.py", "trainer/muon_switches.py", "trainer/muon_forms.py", "trainer/optim.py", "trainer/runfolder.py",
+    "trainer/wd_taper.py", "trainer/ema.py", "trainer/schedule.py", "trainer/checks.py", "trainer/finish.py",
+    "trainer/loop.py",
 )
 
 

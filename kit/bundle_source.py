@@ -156,18 +156,22 @@ def build_human_parts(root=None, settings: PackSettings | None = None) -> tuple[
     if len(kinds) != 1:
         raise BundleError(f"expected exactly one top-level line `{BUNDLE_KIND_LINE}` among the bundled modules, "
                           f"found {len(kinds)} ({', '.join(kinds) or 'none'})")
-    unused = unused_definitions([body for _, body in bodies], keep=(BUNDLE_ENTRY_MAIN, "BUNDLE_KIND", "BUNDLE_REFUSALS"))
-    bodies = [(r, drop_definitions(body, unused)) for r, body in bodies]
-    methods = unused_methods([body for _, body in bodies])
-    bodies = [(r, drop_methods(body, methods)) for r, body in bodies]
-    unused |= methods
+    unused = set()
+    while True:  # until nothing more drops: what only a dropped method or function called goes next round
+        names = unused_definitions([body for _, body in bodies], keep=(BUNDLE_ENTRY_MAIN, "BUNDLE_KIND", "BUNDLE_REFUSALS"))
+        bodies = [(r, drop_definitions(body, names)) for r, body in bodies]
+        methods = unused_methods([body for _, body in bodies])
+        bodies = [(r, drop_methods(body, methods)) for r, body in bodies]
+        if not names | methods:
+            break
+        unused |= names | methods
     conditions = _left_out_conditions(found.off)
     if conditions:
         holders = [r for r, body in bodies if BUNDLE_REFUSALS_LINE in body.splitlines()]
         if len(holders) != 1:
             raise BundleError(f"expected exactly one top-level line `{BUNDLE_REFUSALS_LINE}` among the bundled modules "
                               f"(the packed file's refusals), found {len(holders)}")
-        line = refusal_source(conditions)
+        line = refusal_source(conditions, settings)
         bodies = [(r, "\n".join(line if x == BUNDLE_REFUSALS_LINE else x for x in body.splitlines())) for r, body in bodies]
     future, import_block = imports.render()
     listing = ", ".join(m.relpath for m in modules)

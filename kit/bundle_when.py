@@ -145,13 +145,23 @@ def condition_holds(condition: str, settings: PackSettings, where: str = "") -> 
     return bool(eval(code, {"__builtins__": {}}, {n: settings.values[n] for n in names}))  # noqa: S307 (checked forms)
 
 
-def refusal_source(left_out: dict) -> str:
+class _ToFields(ast.NodeTransformer):
+    def __init__(self, settings: PackSettings):
+        self.settings = settings
+
+    def visit_Name(self, node):
+        owner, field = self.settings.field(node.id).split(".")
+        return ast.copy_location(ast.Attribute(ast.Name(owner, ast.Load()), field, ast.Load()), node)
+
+
+def refusal_source(left_out: dict, settings: PackSettings) -> str:
     """The packed file's `BUNDLE_REFUSALS = (...)` line for {condition: [left-out relpaths]}: per
-    condition (condition, modules), the condition's text as declared; the packed file evaluates it over the
-    run's settings by their environment names (trainer/context.py check_packed_for)."""
+    condition (names, modules, probe): the setting names it reads, the modules, and probe(h, q) -> the
+    condition over the run's Hyperparameters h and QuantPolicy q (trainer/context.py check_packed_for)."""
     entries = []
     for condition, relpaths in sorted(left_out.items()):
-        entries.append(f"({condition!r},{' '.join(sorted(relpaths))!r})")
+        body = ast.unparse(_ToFields(settings).visit(ast.parse(condition, mode="eval")).body)
+        entries.append(f"({' '.join(condition_names(condition))!r},{' '.join(sorted(relpaths))!r},lambda h,q:{body})")
     return "BUNDLE_REFUSALS = (" + "".join(e + "," for e in entries) + ")"
 
 

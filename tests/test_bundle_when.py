@@ -67,13 +67,15 @@ def test_conditions_read_settings_and_refuse_other_forms():
         condition_holds("NO_SUCH_SETTING", s, "x.py")
 
 
-def test_refusal_source_carries_each_condition_and_the_file_evaluates_it_over_the_settings(monkeypatch):
+def test_refusal_source_probes_each_condition_over_the_settings_and_names_their_values(monkeypatch):
     import trainer.context as context
 
-    line = refusal_source({"TTT_ENABLED and TTT_MODE == 'lora'": ["eval/b.py", "eval/a.py"], "QUANT_LQER": ["q.py"]})
+    line = refusal_source({"TTT_ENABLED and TTT_MODE == 'lora'": ["eval/b.py", "eval/a.py"], "QUANT_LQER": ["q.py"]},
+                          settings())
+    assert line == ("BUNDLE_REFUSALS = (('QUANT_LQER','q.py',lambda h,q:q.lqer),('TTT_ENABLED TTT_MODE','eval/a.py "
+                    "eval/b.py',lambda h,q:h.ttt_enabled and h.ttt_mode == 'lora'),)")
     scope = {}
     exec(line, scope)  # noqa: S102 (the generated line)
-    assert scope["BUNDLE_REFUSALS"] == (("QUANT_LQER", "q.py"), ("TTT_ENABLED and TTT_MODE == 'lora'", "eval/a.py eval/b.py"))
     monkeypatch.setattr(context, "BUNDLE_REFUSALS", scope["BUNDLE_REFUSALS"])
     context.check_packed_for(Hyperparameters.from_env({"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "chunked"}))
     with pytest.raises(ValueError, match=r"^TTT_ENABLED=True TTT_MODE=lora: this train_gpt.py was packed without "
@@ -94,7 +96,7 @@ def test_a_module_off_for_the_settings_is_left_out_with_what_only_it_reaches(tmp
     apart = bundle.build_human_parts(root, settings(QUANT_LQER="0", PRESET="smoke"))[1]["packed_for"]
     assert apart == "packed for PRESET=smoke"
     human = "".join(text for _, text in parts)
-    assert "PACKED_WHEN" not in human and "BUNDLE_REFUSALS = (('QUANT_LQER','quant/extra.py')," in human
+    assert "PACKED_WHEN" not in human and "BUNDLE_REFUSALS = (('QUANT_LQER','quant/extra.py',lambda h,q:q.lqer)," in human
     on = bundle.build_human_parts(root, settings(QUANT_LQER="1"))[1]
     assert "quant/extra.py" in on["modules"] and on["off"] == {} and on["packed_for"] == ""
     every = bundle.build_human_parts(root)[1]  # no settings: every module, nothing refused
@@ -163,14 +165,16 @@ def test_a_file_packed_for_a_preset_keeps_its_default_and_smoke_rows_and_refuses
     assert '"1xh100-sp8192": {}' in presets  # the default preset: a run without PRESET
 
 
-def test_the_settings_help_stays_in_the_package_and_their_domains_in_the_file():
-    from kit.bundle_fold import drop_package_keywords
+def test_the_settings_domains_and_help_stay_in_the_package_and_their_defaults_in_the_file():
+    from kit.bundle_fold import drop_package_arguments
 
     text = ('x: float = setting(0.7, 0, 1, units="a fraction", applies=(\n    "N > 0", lambda hp: hp.n > 0))\n'
-            'y: int = setting(3, applies=ON)  # note\nz = other(1, units="kept")\n')
-    assert drop_package_keywords(text) == 'x: float = setting(0.7, 0, 1)\ny: int = setting(3)  # note\nz = other(1, units="kept")\n'
+            'y: int = setting(3, applies=ON)  # note\nz = other(1, units="kept")\nw: str = setting("a")\n')
+    assert drop_package_arguments(text) == ('x: float = setting(0.7)\ny: int = setting(3)  # note\n'
+                                            'z = other(1, units="kept")\nw: str = setting("a")\n')
     human = bundle.build_human_source(REPO, settings())
-    assert "setting(0.2, 0, 1)" in human and "units=" not in human.split("class Hyperparameters")[1].split("def from_env")[0]
+    fields = human.split("class Hyperparameters")[1].split("def from_env")[0]
+    assert "warmdown_frac: float = setting(0.2)" in fields and "units=" not in fields and "choices=" not in fields
 
 
 def test_methods_nothing_names_are_dropped_but_the_ones_frameworks_call():

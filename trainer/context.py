@@ -110,13 +110,12 @@ def require_kit(setting: str) -> None:
 def check_packed_for(hp: Hyperparameters) -> None:
     """A packed file refuses, before anything runs, settings that need a module it was packed without:
     ValueError naming the settings, their values and the modules (no-op in the package). Each refusal is a
-    left-out module's PACKED_WHEN condition over the settings' environment names (kit/bundle_when.py)."""
+    left-out module's PACKED_WHEN condition as a probe over the run's settings (kit/bundle_when.py)."""
     quant = QuantPolicy.from_env(log=lambda *_: None) if BUNDLE_REFUSALS else None
-    for condition, modules in BUNDLE_REFUSALS:
-        values = {n: getattr(hp, n.lower()) if hasattr(hp, n.lower()) else getattr(quant, n[6:].lower())
-                  for n in compile(condition, "", "eval").co_names}  # QUANT_<FIELD>: a QuantPolicy field
-        if eval(condition, {}, values):  # noqa: S307 (the bundler's own condition text)
-            given = " ".join(f"{n}={v}" for n, v in values.items())
+    for names, modules, probe in BUNDLE_REFUSALS:
+        if probe(hp, quant):  # QUANT_<FIELD> is a QuantPolicy field unless Hyperparameters has the name
+            given = " ".join(f"{n}={getattr(hp, n.lower()) if hasattr(hp, n.lower()) else getattr(quant, n[6:].lower())}"
+                             for n in names.split())
             raise ValueError(f"{given}: this train_gpt.py was packed without {modules}; pack one for these settings")
 
 
