@@ -58,7 +58,7 @@ import math
 import os
 from collections.abc import Callable
 
-from primitives.env import parse_env_value, warn_unknown_env
+from primitives.env import BUNDLE_KIND, parse_env_value, warn_unknown_env
 from primitives.presets import DEFAULT_PRESET, PRESET_QUANT
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
@@ -126,24 +126,25 @@ class QuantPolicy:
     # or an override's bits), kept as their float32 values (quantize_per_tensor_baseline). 0: off
     baseline_clip: float = 0.0
 
-    def __post_init__(self) -> None:
-        bits = (0, *range(2, 9))
-        for name, want in dict(attn_bits=bits, mlp_bits=bits, embed_bits=bits, other_bits=bits,
-                               float_dtype=("float16", "float32", "bfloat16"), packing=("auto", "int8", "bits"),
-                               shuffle=("auto", "on", "off"), compressor=("auto",) + QUANT_COMPRESSORS).items():
-            if getattr(self, name) not in want:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {want}")
-        if not 0 <= self.prune_fraction < 1 or any(b and b not in bits for _, b in self.overrides + self.fitted) \
-                or any(b == 0 for _, b in self.fitted):
-            raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides} / fitted="
-                             f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
-        for name in QUANT_NEWER_FIELDS[1:5]:
-            if not 0 <= getattr(self, name) <= 1000:
-                raise ValueError(f"{name}={getattr(self, name)!r}: expected a number in [0, 1000] (0: the clip search)")
-        if not 0 <= self.baseline_clip <= 1:
-            raise ValueError(f"baseline_clip={self.baseline_clip!r}: expected a quantile in [0, 1] (0: off)")
-        if not 1 <= self.lqer_rank <= 64 or not 0 <= self.lqer_top_n <= 10_000:
-            raise ValueError(f"lqer_rank={self.lqer_rank!r} / lqer_top_n={self.lqer_top_n!r}: expected 1..64 / 0..10000")
+    if BUNDLE_KIND == "package":  # the policy's domain is the kit's preflight, as the settings' are (docs/bundle.md)
+        def __post_init__(self) -> None:
+            bits = (0, *range(2, 9))
+            for name, want in dict(attn_bits=bits, mlp_bits=bits, embed_bits=bits, other_bits=bits,
+                                   float_dtype=("float16", "float32", "bfloat16"), packing=("auto", "int8", "bits"),
+                                   shuffle=("auto", "on", "off"), compressor=("auto",) + QUANT_COMPRESSORS).items():
+                if getattr(self, name) not in want:
+                    raise ValueError(f"{name}={getattr(self, name)!r}: expected one of {want}")
+            if not 0 <= self.prune_fraction < 1 or any(b and b not in bits for _, b in self.overrides + self.fitted) \
+                    or any(b == 0 for _, b in self.fitted):
+                raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides} / fitted="
+                                 f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
+            for name in QUANT_NEWER_FIELDS[1:5]:
+                if not 0 <= getattr(self, name) <= 1000:
+                    raise ValueError(f"{name}={getattr(self, name)!r}: expected a number in [0, 1000] (0: the clip search)")
+            if not 0 <= self.baseline_clip <= 1:
+                raise ValueError(f"baseline_clip={self.baseline_clip!r}: expected a quantile in [0, 1] (0: off)")
+            if not 1 <= self.lqer_rank <= 64 or not 0 <= self.lqer_top_n <= 10_000:
+                raise ValueError(f"lqer_rank={self.lqer_rank!r} / lqer_top_n={self.lqer_top_n!r}: expected 1..64 / 0..10000")
 
     @classmethod
     def from_env(cls, environ: dict | None = None, log: Callable = print) -> "QuantPolicy":
