@@ -7,7 +7,7 @@ projected time of each setting on one H100 for the full sp8192 val split.
 
 1. For each run folder (a trainer run: runs/<RUN_ID>/final_model.ptz), the artifact is rebuilt
    from disk as the trainer's final eval does; the sliding eval at the artifact's stride gives the
-   no-TTT score; each setting then runs eval.ttt.run_ttt on a fresh copy of the dequantized
+   no-TTT score; each setting then runs the chunked TTT mode (eval.ttt_modes.run_mode) on a fresh copy of the dequantized
    weights. One JSON line per (run, setting) is appended to --out as soon as it is measured
    (bpb, delta to the sliding score, CPU wall seconds, updates, per-chunk bpb).
 2. H100 projection (`--project`, printed after the table): the `1xh100-sp8192` preset's model
@@ -58,7 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from eval.offline import load_sentencepiece_luts  # noqa: E402
 from shards.format import load_validation_tokens  # noqa: E402
 from eval.sliding import count_sliding_windows, eval_sliding  # noqa: E402
-from eval.ttt import project_ttt_seconds, run_ttt, select_ttt_params  # noqa: E402
+from eval.ttt import project_ttt_seconds, select_ttt_params  # noqa: E402
+from eval.ttt_modes import run_mode  # noqa: E402
 
 H100_SLIDING_SECONDS = 320.0  # stride 64, 40.5 M sp8192 val tokens, 1xh100-sp8192 (one H100, gpu_check)
 H100_TRAIN_TOKENS_PER_SECOND = 1.27e6
@@ -67,7 +68,7 @@ H100_CHUNK_TOKENS = 32768  # the records' chunk (PR #549, #1493)
 
 
 def parse_setting(text: str) -> tuple:
-    """'NAME:params=all,lr=0.002,epochs=3,chunk=8192' -> (NAME, dict for run_ttt)."""
+    """'NAME:params=all,lr=0.002,epochs=3,chunk=8192' -> (NAME, settings of the chunked TTT mode, epochs included)."""
     name, _, body = text.partition(":")
     kv = dict(item.split("=", 1) for item in body.split(",") if item)
     return name, dict(params=kv.get("params", "all"), lr=float(kv.get("lr", 0.002)), epochs=int(kv.get("epochs", 3)),
@@ -115,7 +116,7 @@ def project_h100(settings: list, log=print) -> list:
     roundtrip_seconds = forward_seconds * -(-count_sliding_windows(H100_VAL_TOKENS - 1, seq_len, seq_len) // b)
     rows = []
     for name, s in settings:
-        batch_seqs = min(32, H100_CHUNK_TOKENS // seq_len)  # as run_ttt: one step per chunk and epoch at 32K / 2048
+        batch_seqs = min(32, H100_CHUNK_TOKENS // seq_len)  # as the chunked mode: one step per chunk and epoch at 32K / 2048
         ratio = update_flops_ratio(config, seq_len, s["params"])
         train_seconds = ratio * batch_seqs * seq_len / H100_TRAIN_TOKENS_PER_SECOND
         common = dict(forward_seconds=forward_seconds, train_seconds=train_seconds, num_val_tokens=H100_VAL_TOKENS,
@@ -155,8 +156,8 @@ def main(argv=None) -> int:
         for name, s in settings:
             model, _, _ = load_model(run / "final_model.ptz")  # fresh dequantized weights per setting
             t0 = time.perf_counter()
-            res = run_ttt(model, tokens, luts, seq_len=seq_len, stride=stride, eval_batch_seqs=32, max_seconds=1e9,
-                          log=quiet, **s)
+            res = run_mode("chunked", model, tokens, luts, seq_len=seq_len, stride=stride, eval_batch_seqs=32,
+                           max_seconds=1e9, log=quiet, **s)
             row = dict(run=str(run), setting=name, **s, val_bpb=res["val_bpb"], val_loss=res["val_loss"],
                        delta_bpb=res["val_bpb"] - ref["val_bpb"], seconds=time.perf_counter() - t0, stride=stride,
                        num_tokens=len(tokens), num_chunks=res["num_chunks"], num_updates=res["num_updates"],
