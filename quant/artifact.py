@@ -314,17 +314,6 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
                 quant_estimate_scale_measured=round(measured_scale, 4))
 
 
-def check_container(data: bytes, prefix: bytes, cid: int, crc: int) -> None:
-    """ValueError unless the container header of artifact bytes `data` (prefix, compressor id, CRC as unpacked)
-    is a readable format version (3, or 2: no run metadata), its CRC matches and its compressor is known."""
-    if prefix not in (QUANT_PREFIX, b"PGQZ\x02"):
-        raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
-    if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:
-        raise ValueError("checksum mismatch (truncated or corrupted)")
-    if not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (quant/grouped.py GROUPED_ID)
-        raise ValueError(f"unknown compressor id {cid}")
-
-
 def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
     """Artifact bytes -> (state_dict float32 tensors, model_config dict, meta dict).
 
@@ -335,8 +324,12 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
     """
     try:
         prefix, cid, n, crc = struct.unpack_from("<5sBII", data)
-        if BUNDLE_KIND == "package":  # a damaged or foreign file (a record's file reads the one it just wrote)
-            check_container(data, prefix, cid, crc)
+        if BUNDLE_KIND == "package" and prefix not in (QUANT_PREFIX, b"PGQZ\x02"):  # a foreign file (version 2: no
+            raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")  # run metadata)
+        if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:  # in every file: no score from damaged weights
+            raise ValueError("checksum mismatch (truncated or corrupted)")
+        if BUNDLE_KIND == "package" and not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (GROUPED_ID)
+            raise ValueError(f"unknown compressor id {cid}")
         data = data[14:]
         # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
         raw, layout = grouped_inflate(data, n) if cid == len(QUANT_COMPRESSORS) + 1 else (None, None)
