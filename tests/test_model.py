@@ -327,3 +327,29 @@ def test_the_step_s_inductor_options_are_the_ones_this_torch_knows():
     assert loop.step_compile_options() == {"max_fusion_unique_io_buffers": 20}  # torch 2.13 has it
     with mock.patch.object(loop, "STEP_INDUCTOR_OPTIONS", {"max_fusion_unique_io_buffers": 20, "no_such_option": 1}):
         assert loop.step_compile_options() == {"max_fusion_unique_io_buffers": 20}
+
+
+@pytest.mark.parametrize("num_layers", [4, 5])
+def test_plain_models_run_blocks_is_run_stack_bit_for_bit(num_layers):
+    """GPT.run_blocks (the plain U-Net, no model/stack.py switches) and model/stack.py's run_stack on the same model:
+    the same residual stream and gradients, bit for bit (random weights: every skip and block contributes)."""
+    from model.stack import run_stack
+
+    model = tiny_model(num_layers=num_layers, parallel_residual_start=num_layers - 1)  # last block GPT-J parallel
+    assert not model.stacked
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(2, 16, TINY["model_dim"], requires_grad=True)
+    freqs = torch.outer(torch.arange(16.0), torch.rand(TINY["rope_dims"] // 2))
+    outs = []
+    for run in (model.run_blocks, lambda *a: run_stack(model, *a)):
+        model.zero_grad()
+        x.grad = None
+        y = run(x, F.rms_norm(x, (x.size(-1),)), freqs.cos(), freqs.sin())
+        y.square().sum().backward()
+        outs.append((y.detach(), x.grad.clone(), [p.grad for p in model.parameters() if p.grad is not None]))
+    (y0, gx0, gp0), (y1, gx1, gp1) = outs
+    assert len(gp0) == len(gp1) == len(list(model.parameters())) - 1  # all but tok_emb (no head here)
+    assert torch.equal(y0, y1) and torch.equal(gx0, gx1) and all(map(torch.equal, gp0, gp1))
+    assert model.skip_weights.grad.abs().sum() > 0
