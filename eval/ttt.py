@@ -23,16 +23,15 @@ tokens before scoring them ("pre-quant TTT" on val, PR #1735; any update whose b
 a chunk not yet scored), and re-scoring tokens after adapting on them and reporting that second
 score (PR #991 was closed for it; PR #1001/#1004 report only the first pass).
 
-Here: the val stream is cut into chunks of whole documents (a document starts at a BOS token;
+The chunked mode (eval/sgd_modes.py): the val stream is cut into chunks of whole documents (a document starts at a BOS token;
 a chunk holds at least `chunk_tokens` targets, except the last). For each chunk in order: score
 its targets with the exact sliding-window set of eval/sliding.py (windows that straddle a chunk
 boundary run once per chunk, each time scoring only that chunk's targets; context from earlier,
 already scored tokens is allowed), then (except for the last chunk) train on its targets only.
 With epochs=0 the result equals eval_sliding's. A ledger records, per chunk, the update counter
 of the model that scored it and the first/last update whose batch contained any of its targets
-(derived from the token ranges actually trained on, not from the loop order);
-`check_ttt_legality` raises ValueError naming the chunk if an update saw a chunk before it was
-scored.
+(derived from the token ranges actually trained on, not from the loop order); eval/walk.py's
+`check_ttt_legality` raises ValueError naming the chunk if an update saw a chunk before it was scored.
 """
 
 import re
@@ -194,9 +193,9 @@ def zero_updates_warning(result: dict, mode: str) -> str:
 
 def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_len, stride, epochs, chunk_tokens,
                         eval_batch_seqs, batch_seqs, world_size=1) -> float:
-    """Projected seconds of run_ttt: forward batches (each chunk's windows, plus its boundary window,
-    rounded up to full batches per rank) x forward_seconds + update steps (epochs x full batches of
-    each chunk but the last, batch as in run_ttt) x train_seconds (one step's fwd+bwd+optimizer of
+    """Projected seconds of the chunked mode (eval/sgd_modes.py): forward batches (each chunk's windows, plus its
+    boundary window, rounded up to full batches per rank) x forward_seconds + update steps (epochs x full batches
+    of each chunk but the last, batch as SGDUpdater takes it) x train_seconds (one step's fwd+bwd+optimizer of
     [batch / world_size, seq_len]). Chunks are taken as chunk_tokens long (whole documents make them a little
     longer and fewer)."""
     ceil = lambda a, b: -(-a // b)
