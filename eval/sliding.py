@@ -109,7 +109,6 @@ def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, se
 
 
 
-
 def ttt_window_ranges(bounds: list, run: TTTRun) -> list:
     """Per unit of `bounds` (target offsets, unit c = [bounds[c], bounds[c+1])): the range of first window
     indices run.rank scores, in batches of run.eval_batch_seqs, of the exact window set restricted to the unit's
@@ -137,9 +136,10 @@ class Scorer:
     """The walk's updater that updates nothing (eval/walk.py): scores a round's units with the exact window set
     restricted to each unit's targets (context from earlier tokens allowed), eval_batch_seqs windows per forward,
     a share of each unit's window batches per rank (sums all-reduced by the walk). Subclasses (the TTT modes'
-    updaters, eval/ttt_modes.py) add training: trainable() (the model parameters left unfrozen), steps() (run the
-    updates after a round, yielding per step the target ranges it trained on), count_steps() (the steps steps()
-    would take), close(). progress(): (total, unit) of the progress bar (`self.bar`) that score() updates."""
+    updaters: eval/sgd_modes.py, eval/lora_mode.py, eval/phased_lora.py) add training: trainable() (the model
+    parameters left unfrozen), steps() (run the updates after a round, yielding per step the target ranges it
+    trained on), count_steps() (the steps steps() would take), close(). progress(): (total, unit) of the progress
+    bar (`self.bar`) that score() updates."""
 
     def __init__(self, model, run: TTTRun):
         self.model, self.run = model, run
@@ -234,8 +234,8 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     Returns dict(val_loss nats/token, val_bpb, stride (the one used), eval_seconds (wall, this call),
     num_scored_tokens (== N-1), num_bytes). Raises ValueError naming the input for a non-1-D or
     float val_tokens or fewer than 2 tokens, EVAL_STRIDE outside [1, seq_len], EVAL_BATCH_SEQS < 1
-    or EVAL_MAX_SECONDS <= 0; RuntimeError (a bug, not an input) if the windows did not score every
-    target exactly once.
+    or EVAL_MAX_SECONDS <= 0; in the package (not a record's packed file, eval/walk.py) RuntimeError (a bug, not
+    an input) if the windows did not score every target exactly once.
     """
     if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
             0 < stride <= seq_len and batch_seqs > 0 and max_seconds > 0):
