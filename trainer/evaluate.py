@@ -62,8 +62,7 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
     LoRA scoring forward and batched step with the val stream's document schedule) are timed on a fresh model, and
     eval.ttt_plan.plan_ttt_eval picks the stride (>= EVAL_STRIDE when EVAL_AUTO_STRIDE, else EVAL_STRIDE), the most
     epochs <= TTT_EPOCHS (then phases) that fit 90% of EVAL_MAX_SECONDS with the roundtrip, or skips TTT; logs
-    `ttt_plan:` with the numbers and the
-    reason. The eval's own guards still check the real speed.
+    `ttt_plan:` with the numbers and the reason. The eval's own guards still check the real speed.
     """
     if not (hp.ttt_enabled and hp.ttt_epochs) or hp.skip_final_eval:
         stride = plan_eval_stride(ctx, model_config, hp, num_val_tokens) if (
