@@ -272,7 +272,7 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
                         f"step_avg:{ms / step:.2f}ms tok_s:{tok_s:.0f}")
                 if BUNDLE_KIND == "package":  # MFU: the kit's diagnostic (no FLOP count in a record's file)
                     if is_cuda:
-                            line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
+                        line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
                 ctx.log(line)
                 log_t, log_step = now, step
             if BUNDLE_KIND == "package":
