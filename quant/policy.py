@@ -122,7 +122,7 @@ class QuantPolicy:
     gptq_embed: bool = True
     # QUANT_BASELINE_CLIP: the official baseline's per-row rule at this |w| quantile, as PR #1617 quantizes (0.9999984):
     # w clamped to the row clip, scale max(clip / qmax, 1 / qmax) in float32, stored float16, no GPTQ / clip search
-    # (primitives/rowquant.py quantize_per_row_baseline); the late-QAT forward rounds alike; vectors per tensor (int8,
+    # (primitives/baseline_quant.py quantize_per_row_baseline); the late-QAT forward rounds alike; vectors per tensor (int8,
     # or an override's bits), kept as their float32 values (quantize_per_tensor_baseline). 0: off
     baseline_clip: float = 0.0
 
