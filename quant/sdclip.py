@@ -46,8 +46,9 @@ def sdclip_quantize(w: torch.Tensor, bits: int, k: float) -> tuple:
 def sdclip_matrix(w: torch.Tensor, h, bits: int, k: float, records: bool = False) -> tuple:
     """The export's (q, scale, k) of matrix w under SDClip: k * std(row) scales, kept fixed by full GPTQ
     (quant/gptq.py, QUANT_GPTQ_RECORDS: records) when a calibration Hessian h is given (None: none)."""
-    q, s, c = sdclip_quantize(w, bits, k)
-    return gptq_quantize(w, h, bits, (c,), s, records) if h is not None else (q, s, c)
+    if h is None:
+        return sdclip_quantize(w, bits, k)
+    return gptq_quantize(w, h, bits, (float(k),), sdclip_scale(w, bits, k), records)
 
 
 def sdclip_bits_per_value(bits: int, k: float) -> float:
