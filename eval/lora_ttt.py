@@ -1,4 +1,4 @@
-"""Per-document LoRA score-first TTT (the `lora` row of eval/ttt_modes.py; here its schedule, work count and
+"""Per-document LoRA score-first TTT (the `lora` row is eval/lora_mode.py; here its schedule, work count and
 plan): each document gets a fresh low-rank adapter on a few linears, trained on the document's own
 already-scored tokens while it is scored; the base weights never move.
 

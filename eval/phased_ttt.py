@@ -1,4 +1,4 @@
-"""Phased score-first TTT's projection and plan (the mode itself is the `phased` row of eval/ttt_modes.py,
+"""Phased score-first TTT's projection and plan (the mode itself is the `phased` row of eval/sgd_modes.py,
 run by eval/walk.py): score the val stream left to right in phases; after each phase, global SGD
 on ALL the documents scored so far (the prefix), then the next phase is scored by the updated model.
 

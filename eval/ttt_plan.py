@@ -1,5 +1,5 @@
 """The TTT planner: the eval plan (eval.plan.EvalPlan) of TTT_MODE from measured timings: the strides a plan
-may choose (plan_strides), the roundtrip's seconds, then the mode's own rule from its row in eval/ttt_modes.py
+may choose (plan_strides), the roundtrip's seconds, then the mode's own rule from its row (eval/ttt.py TTT_MODES)
 (its `plan`: chunked eval.ttt.plan_ttt, phased eval.phased_ttt.plan_phased_ttt, lora eval.lora_ttt.plan_lora_ttt;
 one rule, eval.ttt.pick_ttt_plan: more epochs (then more phases) beat a smaller stride; 90% of EVAL_MAX_SECONDS
 with the roundtrip). Used by the trainer's plan (trainer/ttt_eval.py) and tools/bench/gpu_check.py.
