@@ -261,6 +261,40 @@ def test_training_plus_calibration_never_passes_the_cap(monkeypatch, tmp_path, t
     assert line.endswith(" (of GPTQ_CALIB_BATCHES=64: stopped at MAX_WALLCLOCK_SECONDS=6)") and model.gptq_hessians
 
 
+class QueuedClock(FakeClock):
+    """FakeClock whose calibration forwards run behind the launches, as CUDA's do: their seconds reach the
+    clock only at ctx.sync() (torch.cuda.synchronize). Training forwards stay synchronous."""
+
+    def __init__(self, train_seconds: float, calib_seconds: float):
+        super().__init__(train_seconds, calib_seconds)
+        self.queued = 0.0
+
+    def wrap(self, forward):
+        def timed(model, *args, **kwargs):
+            if torch.is_grad_enabled():
+                self.now += self.train_seconds
+            else:
+                self.queued += self.calib_seconds
+            return forward(model, *args, **kwargs)
+        return timed
+
+    def sync(self) -> None:
+        self.now, self.queued = self.now + self.queued, 0.0
+
+
+def test_calibration_on_queued_batches_never_passes_the_cap(monkeypatch, tmp_path, tiny_dataset):
+    """As above, with the calibration batches queued as on a GPU. Before, the calibration read the launch
+    clock: all 64 batches were launched "in no time" and ran past the cap (an H200 run: 0.13 s past it).
+    Its clock now waits for the device, so it stops at 2 batches and 6.0 s, as on a CPU."""
+    clock = QueuedClock(0.1, 1.0)
+    monkeypatch.setattr(trainer_context.RunContext, "sync", lambda self: clock.sync())
+    result, logs, model = _clocked_train(monkeypatch, tmp_path, tiny_dataset, clock,
+                                         MAX_WALLCLOCK_SECONDS="6", GPTQ_RESERVE_SECONDS="0.5", GPTQ_CALIB_BATCHES="64")
+    assert result.train_seconds <= 6.0 + 1e-9 and result.steps == pytest.approx(40, abs=1)
+    line = next(m for m in logs if m.startswith("gptq_calibration"))
+    assert line.startswith("gptq_calibration batches:2 tokens:512 time:2000ms reserve:2000ms") and model.gptq_hessians
+
+
 def test_calibration_with_no_time_left_is_skipped_and_says_so(monkeypatch, tmp_path, tiny_dataset):
     """A training step that runs deep into the reserve (3.5 s a step, cap 4 s, reserve 2 s): no 1 s batch
     fits the 0.5 s left; the calibration is skipped (the export falls back to GPTQ-lite), never run past

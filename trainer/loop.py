@@ -284,12 +284,13 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         model.looping_active = bool(hp.num_loops)  # the artifact is evaluated looped (GPT(**config))
         if model.gptq_hessians is not None and not signum:
             c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
+            # its clock waits for the GPU: CUDA runs batches behind the launches (an H200 run ended 0.13 s past the cap)
             deadline = t0 + (hp.max_wallclock_seconds or math.inf) - train_ms / 1000
             fits = torch.tensor(float(c0 + calib_seconds <= deadline), device=ctx.device)
             if ctx.mean_over_ranks(fits).item() == 1.0:  # every rank has time for one batch (each needs every H)
                 hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
                                               hp.gptq_calib_batches, deadline=deadline, autocast=ctx.autocast,
-                                              batch_seconds=calib_seconds, clock=time.perf_counter,
+                                              batch_seconds=calib_seconds, clock=lambda: ctx.sync() or time.perf_counter(),
                                               cross_docs=hp.gptq_calib_cross_docs)
                 model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
                 ctx.sync()
