@@ -10,7 +10,7 @@ functions nothing in the file calls. Stdlib only.
    and constants (a name bound once, to an expression that calls nothing) that no code left in the file
    names, found again until none is left: what only a package-only block, a left-out module or a CLI used.
 3. `keep_presets`: packed for one preset, the rows of the other presets (but the default and smoke ones).
-4. `drop_package_arguments`: a setting's declaration cut to its default (its domain, units and `applies` are the kit's).
+4. `drop_package_arguments`: a setting's declaration replaced by its default (its domain, units and `applies` are the kit's).
 5. `unused_methods`: the methods whose name nothing in the file uses (but the ones frameworks call by name).
 """
 
@@ -189,8 +189,9 @@ PACKAGE_ONLY_ARGUMENTS = ("setting",)
 
 
 def drop_package_arguments(text: str) -> str:
-    """`text` with every PACKAGE_ONLY_ARGUMENTS call cut to its first argument (`setting(0.2, 0, 1,
-    units="...")` -> `setting(0.2)`); the rest of the text, comments included, is unchanged."""
+    """`text` with every PACKAGE_ONLY_ARGUMENTS call replaced by its first argument (`x: float = setting(0.2, 0,
+    1, units="...")` -> `x: float = 0.2`: outside the package `setting` is a plain dataclass default, and a
+    dataclass refuses a mutable default either way); the rest of the text, comments included, is unchanged."""
     tree = ast.parse(text)
     lines = text.split("\n")
     starts = [0]
@@ -200,13 +201,11 @@ def drop_package_arguments(text: str) -> str:
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PACKAGE_ONLY_ARGUMENTS):
             continue
-        items = sorted([*node.args, *node.keywords], key=lambda n: (n.lineno, n.col_offset))
-        if len(items) > 1:  # from the end of the default to the end of the last argument
-            first, last = items[0], items[-1]
-            spans.append((starts[first.end_lineno - 1] + first.end_col_offset,
-                          starts[last.end_lineno - 1] + last.end_col_offset))
-    for start, end in sorted(spans, reverse=True):
-        text = text[:start] + text[end:]
+        default = node.args[0]
+        spans.append((starts[node.lineno - 1] + node.col_offset, starts[node.end_lineno - 1] + node.end_col_offset,
+                      ast.get_source_segment(text, default)))
+    for start, end, default in sorted(spans, reverse=True):
+        text = text[:start] + default + text[end:]
     return text
 
 
