@@ -80,35 +80,6 @@ def apply_head(head, hidden: torch.Tensor, max_positions: int = 65536) -> torch.
     return torch.cat([head(part) for part in hidden.split(rows)])
 
 
-def score_window_batch(forward, tokens, luts, first: int, batch_seqs: int, *, seq_len: int, stride: int,
-                       autocast_dtype=None, target_lo: int = 0, target_hi: int = -1) -> torch.Tensor:
-    """Sums of one batch of windows first .. first + batch_seqs - 1 of the exact set over the stream
-    tokens int64 [N] (windows past the last one are padding and score nothing).
-
-    forward: scoring_forward's (input_ids int64 [B, T], start) -> logits [B, T - start, V] (any float dtype,
-    upcast to float32 for a full normalized log-softmax), T = min(seq_len, N - 1). Only targets with index in
-    [target_lo, target_hi) count (target_hi -1: to the end): the chunks of score-first TTT (eval/ttt.py).
-    Returns float64 [3] on the device of `tokens`: (NLL in nats, scored targets, their bytes by the
-    official LUT rule, eval/bpb.py). Call under torch.inference_mode / no_grad.
-    """
-    num_targets = len(tokens) - 1
-    windows = torch.arange(first, first + batch_seqs, device=tokens.device)
-    index, score = plan_sliding_windows(num_targets, seq_len, stride, windows)
-    index = index.clamp(max=num_targets - 1)  # padding positions read the last real token
-    # Positions before `context` score nothing after window 0: skip their log-softmax.
-    context = (seq_len - stride) * (first > 0)
-    with torch.autocast(tokens.device.type, autocast_dtype, enabled=autocast_dtype is not None):
-        logits = forward(tokens[index], context)
-    index, score = index[:, context:], score[:, context:]
-    if target_lo or target_hi >= 0:
-        score = score & (index >= target_lo) & (index < (num_targets if target_hi < 0 else target_hi))
-    y = tokens[index + 1]
-    nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
-    return torch.stack([nll.double().where(score, 0).sum(), score.sum(),
-                        count_scored_bytes(tokens, index, luts).where(score, 0).sum()])
-
-
-
 def ttt_window_ranges(bounds: list, run: TTTRun) -> list:
     """Per unit of `bounds` (target offsets, unit c = [bounds[c], bounds[c+1])): the range of first window
     indices run.rank scores, in batches of run.eval_batch_seqs, of the exact window set restricted to the unit's
@@ -120,13 +91,29 @@ def ttt_window_ranges(bounds: list, run: TTTRun) -> list:
 
 def score_unit_windows(score_fwd, run: TTTRun, windows, lo: int, hi: int, bar=None) -> torch.Tensor:
     """float64 [3] (nll nats, targets, bytes) of this rank's share of targets [lo, hi) of run.tokens, scored over
-    `windows` (first window of each batch of run.eval_batch_seqs, ttt_window_ranges) under inference mode; bar: a
-    primitives.progress.Progress updated per batch."""
-    sums = torch.zeros(3, dtype=torch.float64, device=run.tokens.device)
+    `windows` (first window of each batch of run.eval_batch_seqs, ttt_window_ranges; windows past the last one are
+    padding and score nothing) under inference mode; bar: a primitives.progress.Progress updated per batch.
+
+    score_fwd: scoring_forward's (input_ids int64 [B, T], start) -> logits [B, T - start, V] (any float dtype,
+    upcast to float32 for a full normalized log-softmax), T = min(seq_len, N - 1); the targets' bytes follow the
+    official LUT rule (eval/bpb.py)."""
+    tokens, num_targets = run.tokens, len(run.tokens) - 1
+    sums = torch.zeros(3, dtype=torch.float64, device=tokens.device)
     with torch.inference_mode():
         for first in windows:
-            sums += score_window_batch(score_fwd, run.tokens, run.luts, first, run.eval_batch_seqs, seq_len=run.seq_len,
-                                       stride=run.stride, autocast_dtype=run.autocast_dtype, target_lo=lo, target_hi=hi)
+            batch = torch.arange(first, first + run.eval_batch_seqs, device=tokens.device)
+            index, score = plan_sliding_windows(num_targets, run.seq_len, run.stride, batch)
+            index = index.clamp(max=num_targets - 1)  # padding positions read the last real token
+            # Positions before `context` score nothing after window 0: skip their log-softmax.
+            context = (run.seq_len - run.stride) * (first > 0)
+            with torch.autocast(tokens.device.type, run.autocast_dtype, enabled=run.autocast_dtype is not None):
+                logits = score_fwd(tokens[index], context)
+            index = index[:, context:]
+            score = score[:, context:] & (index >= lo) & (index < hi)
+            y = tokens[index + 1]
+            nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
+            sums += torch.stack([nll.double().where(score, 0).sum(), score.sum(),
+                                 count_scored_bytes(tokens, index, run.luts).where(score, 0).sum()])
             if bar is not None:
                 bar.update()
     return sums
@@ -173,13 +160,6 @@ class Scorer:
         pass
 
 
-class SlidingScorer(Scorer):
-    """The sliding pass's scorer: its progress counts this rank's batches."""
-
-    def progress(self, sched: Schedule) -> tuple:
-        return sum(map(len, self.windows)), "batches"
-
-
 def sliding_schedule(run: TTTRun) -> Schedule:
     """The sliding pass's cut of the stream for the walk: a batch k of B = eval_batch_seqs windows goes to rank
     k % world_size, so a group of world_size batches spans W x B windows. Round 0 scores group 0 (it pays for
@@ -202,7 +182,7 @@ class SlidingPass:
     """The walk's row of the sliding pass (eval/walk.py run_score_first): sliding_schedule, no updater."""
     entry = label = title = "eval_sliding"
     unit, count_from, scope = "", 0, None
-    schedule, updater = staticmethod(sliding_schedule), SlidingScorer
+    schedule, updater = staticmethod(sliding_schedule), Scorer
 
 
 @torch.inference_mode()

@@ -168,15 +168,12 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
         bits = fp and t.numel() and policy.bits_for(name, shape)
         if bits and len(shape) < 2 and policy.baseline_clip:  # PR #1617's vectors: per-tensor rounding, float32 values
             entries[name] = shape, None, quantize_per_tensor_baseline(t.cpu(), bits, policy.baseline_clip), None, None
-            bar.update()
-            continue
-        if not bits:
+        elif not bits:
             entries[name] = shape, None, t.cpu().to(getattr(torch, policy.float_dtype)) if fp else t.cpu(), None, None
-            bar.update()
-            continue
-        q, s, c, _, e, n = quantize_matrix(cache, name, t, bits, policy, hessians)
-        entries[name] = shape, bits, q, s, c
-        err, norm = err + e, norm + n
+        else:
+            q, s, c, _, e, n = quantize_matrix(cache, name, t, bits, policy, hessians)
+            entries[name] = shape, bits, q, s, c
+            err, norm = err + e, norm + n
         bar.update()
     bar.close()
     return entries, err / norm
@@ -256,12 +253,14 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     def compress(policy: QuantPolicy) -> tuple:  # (blob, its job, rel_mse): the smallest of the candidate encodings
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
         lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n, policy.lqer_asym) if policy.lqer else None
+        build = functools.partial(quant_build_payload, entries, model_config, policy.to_dict(), run=run, lqer=lqer)
         with ThreadPoolExecutor(len(jobs)) as pool:
-            payload = functools.partial(quant_build_payload, entries, model_config, policy.to_dict(), lqer=lqer)
-            blobs = pool.map(lambda j, build=payload: quant_wrap_container(build(*j[:2], run), j[2]), jobs)
-            bar = Progress("quant export: compressing", len(jobs), "candidates")
-            blob, job = min(zip(map(lambda b: bar.update() or b, blobs), jobs), key=lambda bj: len(bj[0]))
-            bar.close()
+            blobs = pool.map(lambda j: quant_wrap_container(build(*j[:2]), j[2]), jobs)
+            if BUNDLE_KIND == "package":  # the kit's progress line: one update per finished candidate
+                bar = Progress("quant export: compressing", len(jobs), "candidates")
+                blobs = [bar.update() or b for b in blobs]
+                bar.close()
+            blob, job = min(zip(blobs, jobs), key=lambda bj: len(bj[0]))
         log(f"quant export: {job[0]}{'+shuffle' * job[1]}+{job[2]} model {len(blob)} + code {code_bytes} = "
             f"{len(blob) + code_bytes} bytes (budget {byte_budget}) rel_mse {rel_mse:.3e}")
         return blob, job, rel_mse
@@ -324,20 +323,23 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
     """
     try:
         prefix, cid, n, crc = struct.unpack_from("<5sBII", data)
-        if BUNDLE_KIND == "package" and prefix not in (QUANT_PREFIX, b"PGQZ\x02"):  # a foreign file (version 2: no
-            raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")  # run metadata)
+        if BUNDLE_KIND == "package":  # the container's checks but the CRC: a record's file reads what it just wrote
+            if prefix not in (QUANT_PREFIX, b"PGQZ\x02"):  # a foreign file (version 2: no run metadata)
+                raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
         if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:  # in every file: no score from damaged weights
             raise ValueError("checksum mismatch (truncated or corrupted)")
-        if BUNDLE_KIND == "package" and not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (GROUPED_ID)
-            raise ValueError(f"unknown compressor id {cid}")
+        if BUNDLE_KIND == "package":
+            if not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (GROUPED_ID)
+                raise ValueError(f"unknown compressor id {cid}")
         data = data[14:]
         # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
         raw, layout = grouped_inflate(data, n) if cid == len(QUANT_COMPRESSORS) + 1 else (None, None)
         raw = raw if layout else (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
                brotli.Decompressor().process(data, output_buffer_limit=n + 1) if cid == 4 else
                (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))
-        if BUNDLE_KIND == "package" and len(raw) != n:
-            raise ValueError(f"payload inflates to {len(raw)} bytes, not {n}")
+        if BUNDLE_KIND == "package":
+            if len(raw) != n:
+                raise ValueError(f"payload inflates to {len(raw)} bytes, not {n}")
         k = int.from_bytes(raw[-4:], "little")
         head = json.loads(raw[-4 - k:-4])
         tensors, shuffle = head["tensors"], head.get("shuffle") is True

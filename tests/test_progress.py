@@ -104,7 +104,7 @@ def test_sliding_eval_reports_each_window_batch(every_update, sp_luts, capsys):
     eval_sliding(TinyCausalLM(), tokens[:300], luts, seq_len=32, stride=8, batch_seqs=4, device="cpu",
                  log=logged.append)
     batches = -(-count_sliding_windows(299, 32, 8) // 4)
-    assert _lines(capsys.readouterr().err, "eval_sliding stride 8", "batches") == [
+    assert _lines(capsys.readouterr().err, "eval_sliding stride 8", "window batches") == [
         (i, batches, round(100 * i / batches)) for i in range(1, batches + 1)]
     assert not [m for m in logged if "ETA" in m]
 
