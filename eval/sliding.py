@@ -195,9 +195,9 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     Windows (see module docstring) go batch_seqs per forward ([batch_seqs, min(seq_len, N-1)] int64
     inputs; logits [B, T, V] of any float dtype are upcast to float32 for a full normalized
     log-softmax); batches are dealt round-robin to the ranks and the float64 sums are all-reduced
-    when torch.distributed is initialized (call it on every rank with the unwrapped model, in eval
-    mode; the engine runs under torch.inference_mode). Every batch has the same shape: the last one
-    is padded with masked windows past the last, and a window shorter than seq_len only occurs
+    when torch.distributed is initialized (call it on every rank with the unwrapped model; it is scored in
+    eval mode, its own mode restored after; the engine runs under torch.inference_mode). Every batch has
+    the same shape: the last one is padded with masked windows past the last, and a window shorter than seq_len only occurs
     when the stream is (causal attention: padding at a window's end never changes a real
     position), so one static graph serves every batch. compile_model: torch.compile(dynamic=False)
     the forward (the trainer asks for it on CUDA; on CPU, tests compile it with Inductor to prove
@@ -217,19 +217,22 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
     or EVAL_MAX_SECONDS <= 0; in the package (not a record's packed file, eval/walk.py) RuntimeError (a bug, not
     an input) if the windows did not score every target exactly once.
     """
-    if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
-            0 < stride <= seq_len and batch_seqs > 0 and max_seconds > 0):
+    bad = not 0 < stride <= seq_len  # in every file: a stride past the window would skip targets, a wrong score
+    if BUNDLE_KIND == "package":  # what a run's own loader and the settings' preflight rule out already
+        bad = bad or val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
+            batch_seqs > 0 and max_seconds > 0)
+    if bad:
         raise ValueError(f"eval_sliding: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
                          f"TRAIN_SEQ_LEN={seq_len}, EVAL_BATCH_SEQS={batch_seqs}, EVAL_MAX_SECONDS={max_seconds}; "
                          "expected int [N >= 2], 0 < stride <= seq_len, others > 0")
     device = torch.device(device)
     tokens, luts = val_tokens.to(device, torch.int64), [t.to(device) for t in luts]
-    t_start = clock()
+    t_start, was_training = clock(), model.training
+    model.eval()
     while True:
         run = TTTRun(tokens, luts, seq_len, stride, 0, batch_seqs, rank, world_size, autocast_dtype, compile_model)
         try:
-            out = run_score_first(model, run, SlidingPass, max_seconds=max_seconds, log=log, clock=clock,
-                                  t_start=t_start)
+            out = run_score_first(model, run, SlidingPass, max_seconds, log, clock, t_start)
         except EvalTimeError as err:
             if not (auto_stride and err.fit_stride):
                 raise EvalTimeError(f"{err}{' (no stride fits)' if auto_stride else ' or set EVAL_AUTO_STRIDE=1'}",
@@ -238,4 +241,5 @@ def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device
                 log(f"eval_sliding: stride {stride} -> {err.fit_stride}")
             stride = err.fit_stride
             continue
+        model.train(was_training)
         return {k: out[k] for k in ("val_loss", "val_bpb", "stride", "eval_seconds", "num_scored_tokens", "num_bytes")}

@@ -150,7 +150,7 @@ def ledger_round(records: list, bounds: list, now: list, scored: list, r: int, s
     return short
 
 
-def run_score_first(model, run: TTTRun, row, *, max_seconds: float, log, clock, t_start=None) -> dict:
+def run_score_first(model, run: TTTRun, row, max_seconds: float, log, clock, t_start=None) -> dict:
     """The walk of `row` over run.tokens: row.schedule(run) -> Schedule, row.updater(model, run) -> an
     eval.sliding.Scorer, row.scope(sched, unit) -> the targets the updates after a unit train on; row.entry,
     label, title, unit, count_from name it in messages. The model is adapted IN PLACE when the updater trains its

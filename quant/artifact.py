@@ -123,13 +123,14 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
         w = t.detach().cpu().double().reshape(t.shape[0], -1)
         k = int(policy.prune_fraction * w.numel())  # magnitude pruning: zero the k smallest |w|
         v = w.where(w.abs() > w.abs().view(-1).kthvalue(k).values, 0) if k else w
-        embed = policy.group_of(name, tuple(t.shape)) == "embed"
+        shape = tuple(t.shape)
+        embed = policy.group_of(name, shape) == "embed"
         h = (hessians or {}).get(name) if policy.gptq and (policy.gptq_embed or not embed) else None
-        if policy.int8_gate(name, tuple(t.shape)):  # QUANT_GATE_INT8: max |row| / 127, no GPTQ (PR #1855)
+        if policy.int8_gate(name, shape):  # QUANT_GATE_INT8: max |row| / 127, no GPTQ (PR #1855)
             q, s, c = (*quantize_per_row(v, 8), 1.0)
         elif policy.baseline_clip:  # QUANT_BASELINE_CLIP: PR #1617's rows, no GPTQ
             q, s, c = (*quantize_per_row_baseline(v, bits, policy.baseline_clip), policy.baseline_clip)
-        elif k_sd := policy.sdclip_k_for(name, tuple(t.shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
+        elif k_sd := policy.sdclip_k_for(name, shape):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
             q, s, c = sdclip_matrix(v, h, bits, k_sd, policy.gptq_records)
         else:
             q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,), None, policy.gptq_records)
@@ -247,8 +248,8 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     shapes = {k: tuple(v.shape) for k, v in state_dict.items() if v.is_floating_point() and v.numel()}
     cache, steps = {}, []
 
-    def err(name: str, bits: int, policy: QuantPolicy) -> float:  # measured relative error of `name` at `bits`
-        return quantize_matrix(cache, name, state_dict[name], bits, policy, hessians)[3]
+    def err(n: str, b: int, p: QuantPolicy) -> float:  # measured relative error of tensor n at b bits under p
+        return quantize_matrix(cache, n, state_dict[n], b, p, hessians)[3]
 
     def compress(policy: QuantPolicy) -> tuple:  # (blob, its job, rel_mse): the smallest of the candidate encodings
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
@@ -318,7 +319,7 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
 
     Non-float passthrough tensors keep their dtype. meta: the payload header (config, packing,
     policy dict, tensors: [[name, shape, kind, clip], ...], run: the run metadata, format 3 only)
-    plus compressor and format_version (2 or 3).
+    plus compressor and format_version (2 or 3); in a record's packed file the payload header alone.
     ValueError "<label>: ..." for any truncated, corrupted, foreign or other-version data.
     """
     try:
@@ -362,8 +363,10 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
                 if name in lqer:  # W' = deq(Q) + A'^T' @ B', as the export evaluated it
                     t = t + lqer[name]
             state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
-        meta = dict(head, compressor=(*QUANT_COMPRESSORS, "grouped")[cid - 1], format_version=prefix[4])
-        return state_dict, head["config"], dict(meta, groups=layout) if layout else meta
+        if BUNDLE_KIND == "package":  # what the kit's readers show (a record's file reads the weights only)
+            head = dict(head, compressor=(*QUANT_COMPRESSORS, "grouped")[cid - 1], format_version=prefix[4],
+                        **{"groups": layout} if layout else {})
+        return state_dict, head["config"], head
     except Exception as err:  # a damaged file must never surface as anything but a ValueError
         raise ValueError(f"{label}: {err}") from None
 

@@ -27,13 +27,9 @@ def eval_device_args(ctx: RunContext) -> dict:
 
 def evaluate_roundtrip(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts) -> dict:
     """{val_loss (nats/token), val_bpb} of `model` on val_tokens (int64 [N]), non-overlapping windows of
-    TRAIN_SEQ_LEN in batches of VAL_BATCH_SIZE tokens; the model's train/eval mode is restored."""
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
-                                   batch_seqs=max(1, hp.val_batch_size // hp.train_seq_len), **eval_device_args(ctx))
-    model.train(was_training)
+    TRAIN_SEQ_LEN in batches of VAL_BATCH_SIZE tokens (eval_sliding scores in eval mode and restores the model's)."""
+    loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
+                               batch_seqs=max(1, hp.val_batch_size // hp.train_seq_len), **eval_device_args(ctx))
     return dict(val_loss=loss, val_bpb=bpb)
 
 
@@ -43,15 +39,9 @@ def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_token
     num_scored_tokens, num_bytes). Its time guard gets what is left of EVAL_MAX_SECONDS since `started`
     (time.perf_counter(); loading and the roundtrip count against the same 600 s). Raises EvalTimeError
     when even the largest stride cannot fit."""
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        left = hp.eval_max_seconds - (time.perf_counter() - started)
-        out = eval_sliding(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride,
-                           batch_seqs=hp.eval_batch_seqs, max_seconds=max(left, 1e-9),
-                           auto_stride=hp.eval_auto_stride, log=ctx.log, **eval_device_args(ctx))
-    model.train(was_training)
-    return out
+    left = hp.eval_max_seconds - (time.perf_counter() - started)
+    return eval_sliding(model, val_tokens, luts, seq_len=hp.train_seq_len, stride=stride, batch_seqs=hp.eval_batch_seqs,
+                        max_seconds=max(left, 1e-9), auto_stride=hp.eval_auto_stride, log=ctx.log, **eval_device_args(ctx))
 
 
 def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> EvalPlan:
