@@ -64,16 +64,6 @@ def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
 
 
 
-def _fa4_unsupported(device: torch.device, head_dim: int) -> str:
-    """Why FA4 cannot run this model on this GPU ('' when it can): sm_90/sm_100 only (its backward needs sm_90+,
-    torch's FA4 router takes 9.x/10.x), and its head-dim rule there (head_dim 0: not checked)."""
-    major, minor = torch.cuda.get_device_capability(device)
-    if major not in (9, 10):
-        return f"FA4 runs on sm_90/sm_100, this GPU is sm_{major}{minor}"
-    ok = not head_dim or head_dim_ok(head_dim, 10 * major + minor)
-    return "" if ok else f"FA4 has no head dim {head_dim} on sm_{major}{minor}"
-
-
 def resolve_attention_backend(requested: str, device: torch.device, log=print, head_dim: int = 0) -> str:
     """Pick FA3 -> FA4 -> FA2 -> SDPA (FA4 only on sm_90/sm_100 and, head_dim given, a head dim it takes).
     Forcing fa3/fa4/fa2 without CUDA, without the package, or fa4 where it cannot run raises ValueError.
@@ -98,9 +88,12 @@ def resolve_attention_backend(requested: str, device: torch.device, log=print, h
             return name
         module = {"fa3": "flash_attn_interface", "fa4": "flash_attn.cute.interface", "fa2": "flash_attn"}[name]
         try:
-            if name == "fa4":
-                if why := _fa4_unsupported(device, head_dim):
-                    raise ImportError(why)
+            if name == "fa4":  # sm_90/sm_100 only (its backward needs sm_90+, torch's FA4 router takes 9.x/10.x)
+                major, minor = torch.cuda.get_device_capability(device)
+                if major not in (9, 10):
+                    raise ImportError(f"FA4 runs on sm_90/sm_100, this GPU is sm_{major}{minor}")
+                if head_dim and not head_dim_ok(head_dim, 10 * major + minor):  # head_dim 0: not checked
+                    raise ImportError(f"FA4 has no head dim {head_dim} on sm_{major}{minor}")
                 load_fa4()
             # FA4's wheel makes flash_attn a namespace package: without FA2, flash_attn has no flash_attn_func
             mod = None if name == "fa4" else importlib.import_module(module)

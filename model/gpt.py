@@ -21,7 +21,7 @@ from model.attn_ops import apply_partial_rope, qk_norm_rope  # noqa: F401 (apply
 from model.fused_loss import fused_loss, fused_softcap_op, linear_softcap_nll
 from model.softcap_loss import fused_loss_active, head_softcap_cross_entropy
 from model.gates import smear_previous_token, sparse_head_gate
-from model.stack import PARALLEL_FINAL_LANES, looped_layer_order, run_stack
+from model.stack import PARALLEL_FINAL_LANES, run_stack, stack_init
 from primitives.settings import Hyperparameters
 
 
@@ -127,8 +127,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, num_kv_heads: int, qk_gain_init: float, use_xsa: bool, gate_window: int,
                  gate_scale: float):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, dim // num_heads
-        self.use_xsa, self.gate_scale = use_xsa, gate_scale
+        self.num_kv_heads, self.head_dim, self.use_xsa, self.gate_scale = num_kv_heads, dim // num_heads, use_xsa, gate_scale
         if gate_window:  # sparse head-output gate, zero-initialized as in PR #1787 (sigmoid(0) = 0.5)
             self.attn_gate_w = nn.Parameter(torch.zeros(num_heads, gate_window))
         kv_dim = num_kv_heads * self.head_dim
@@ -140,10 +139,8 @@ class CausalSelfAttention(nn.Module):
         """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled);
         docs: attention within documents only (model.attention.doc_segments)."""
         b, t, d = x.shape
-        q = self.c_q(x).view(b, t, self.num_heads, self.head_dim)
-        k = self.c_k(x).view(b, t, self.num_kv_heads, self.head_dim)
-        v = self.c_v(x).view(b, t, self.num_kv_heads, self.head_dim)
-        q, k = qk_norm_rope(q, cos, sin, self.q_gain), qk_norm_rope(k, cos, sin)
+        q, k, v = (f(x).view(b, t, -1, self.head_dim) for f in (self.c_q, self.c_k, self.c_v))  # H, Hkv, Hkv heads
+        q, k = qk_norm_rope(q, cos, sin, self.q_gain), qk_norm_rope(k, cos, sin, None)
         y = attention(q, k, v, docs)
         if self.use_xsa:
             y = exclusive_self_attention(y, v)
@@ -232,23 +229,18 @@ class GPT(nn.Module):
                   i >= num_layers - xsa_last_n, gate_window * sparse_attn_gate_enabled, sparse_attn_gate_scale)
             for i in range(num_layers))
         self.doc_packed_attention = doc_packed_attention
-        self.parallel_start_layer, self.parallel_final_lane = parallel_start_layer, parallel_final_lane
-        if parallel_start_layer > 0:  # PR #1855's lane routing: resid init 1.1, post init 1 (model/stack.py)
-            self.parallel_post_lambdas = nn.Parameter(torch.ones(num_layers, 2, 2))
-            self.parallel_resid_lambdas = nn.Parameter(torch.full((num_layers, 2), 1.1))
-        if smear_gate_enabled:  # zero-initialized: the identity at init (PR #1667)
-            self.smear_gate_w = nn.Parameter(torch.zeros(1, gate_window))
-            self.smear_lambda = nn.Parameter(torch.zeros(1))
         self.num_encoder_layers = num_layers // 2
         num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)
         # depth recurrence: `looping_active` runs `loop_order` (built from these layers' blocks, no new matrices);
         # on from the start in a model built for evaluation, the trainer switches it on at ENABLE_LOOPING_AT
         self.looping_active = num_loops > 0
-        if num_loops:
-            self.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
-            n = len(self.loop_order)
-            num_skips = max(num_skips, min(n // 2, n - n // 2))
         self.stacked = bool(num_loops or skip_gates_enabled or parallel_start_layer > 0)  # model/stack.py's switches
+        if self.stacked:  # the lanes' parameters, the loop order and its skips (here: the parameters' order)
+            num_skips = stack_init(self, num_layers, num_skips, num_loops, loop_start, loop_end, parallel_start_layer,
+                                   parallel_final_lane)
+        if smear_gate_enabled:  # zero-initialized: the identity at init (PR #1667)
+            self.smear_gate_w = nn.Parameter(torch.zeros(1, gate_window))
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
         self.skip_weights = nn.Parameter(torch.ones(num_skips, model_dim))
         self.skip_gates = nn.Parameter(torch.zeros(num_skips, model_dim)) if skip_gates_enabled else None
         self.lm_head = None if tie_embeddings else CastedLinear(model_dim, vocab_size)

@@ -60,13 +60,10 @@ class _HeadSoftcapCE(torch.autograd.Function):
         return grad_x, grad_w, None, None
 
 
-def head_softcap_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                 softcap: float) -> torch.Tensor:
-    """Mean cross entropy (nats, float32 scalar) of softcap * tanh((x @ weight.T) / softcap) against target.
-
-    x [N, D] in the dtype the head multiplies in (GPT.forward casts it to the autocast dtype: CUDA autocast's
-    rms_norm returns float32 from torch 2.12, and a float32 x would save a float32 [N, V] gradient and run the
-    backward's matmuls in float32); weight [V, D] (float32 parameter, cast to x's dtype as F.linear under
-    autocast does); target int64 [N], every entry in [0, V) (no ignore_index).
-    """
-    return _HeadSoftcapCE.apply(x, weight, target, softcap)
+# head_softcap_cross_entropy(x, weight, target, softcap) (positional: the Function's apply): mean cross entropy
+# (nats, float32 scalar) of softcap * tanh((x @ weight.T) / softcap) against target.
+# x [N, D] in the dtype the head multiplies in (GPT.forward casts it to the autocast dtype: CUDA autocast's
+# rms_norm returns float32 from torch 2.12, and a float32 x would save a float32 [N, V] gradient and run the
+# backward's matmuls in float32); weight [V, D] (float32 parameter, cast to x's dtype as F.linear under
+# autocast does); target int64 [N], every entry in [0, V) (no ignore_index).
+head_softcap_cross_entropy = _HeadSoftcapCE.apply

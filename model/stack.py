@@ -23,6 +23,22 @@ def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_en
     return [*range(loop_start), *list(range(loop_start, loop_end + 1)) * (num_loops + 1), *range(loop_end + 1, num_layers)]
 
 
+def stack_init(model, num_layers: int, num_skips: int, num_loops: int, loop_start: int, loop_end: int,
+               parallel_start_layer: int, parallel_final_lane: str) -> int:
+    """GPT.__init__'s part for these switches (the parameters in GPT's order: before SmearGate's): the 2-lane
+    decoder's settings and its routing weights (PR #1855: resid init 1.1, post init 1), the depth recurrence's
+    loop_order. Returns the number of U-Net skips (num_skips, or the looped order's when larger)."""
+    model.parallel_start_layer, model.parallel_final_lane = parallel_start_layer, parallel_final_lane
+    if parallel_start_layer > 0:
+        model.parallel_post_lambdas = torch.nn.Parameter(torch.ones(num_layers, 2, 2))
+        model.parallel_resid_lambdas = torch.nn.Parameter(torch.full((num_layers, 2), 1.1))
+    if num_loops:
+        model.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
+        n = len(model.loop_order)
+        num_skips = max(num_skips, min(n // 2, n - n // 2))
+    return num_skips
+
+
 def merge_skip(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
     """A U-Net skip into the decoder: x + weight * skip; with a gate (PR #1855's SKIP_GATES_ENABLED),
     torch.lerp(weight * skip, x, sigmoid(gate)), i.e. the gate mixes the stream and the scaled skip.

@@ -38,20 +38,14 @@ QUANT_EST_BITS_PER_VALUE = {2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5
                             7: (6.39, 0.065), 8: (7.41, 0.065)}
 
 
-def estimate_tensor_bytes(shape: tuple, bits: int | None, sdclip_k: float | None = None) -> float:
-    """Projected compressed bytes of one matrix of `shape` (ints, numel > 0) stored at `bits` (2..8),
-    without its 120-byte header share: values plus the float16 scale of each row. sdclip_k: the
-    SDClip k the policy gives the tensor (QUANT_SDCLIP=1), else None (the GPTQ-lite table)."""
-    n = math.prod(shape)
-    if sdclip_k:
-        return n * sdclip_bits_per_value(bits, sdclip_k) / 8 + 2 * shape[0]
-    base, slope = QUANT_EST_BITS_PER_VALUE[bits]
-    return n * (base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)) / 8 + 2 * shape[0]
-
-
 def policy_tensor_bytes(name: str, shape: tuple, policy: QuantPolicy, bits: int) -> float:
-    """estimate_tensor_bytes of parameter `name` at `bits` under the policy's technique (SDClip's k by group)."""
-    return estimate_tensor_bytes(shape, bits, policy.sdclip_k_for(name, shape) or None)
+    """Projected compressed bytes of parameter `name`, a matrix of `shape` (ints, numel > 0), stored at `bits`
+    (2..8) under the policy, without its 120-byte header share: values plus the float16 scale of each row. The
+    GPTQ-lite table, or the SDClip entropy where the policy gives the tensor an SDClip k (QUANT_SDCLIP=1)."""
+    n, k = math.prod(shape), policy.sdclip_k_for(name, shape)
+    base, slope = QUANT_EST_BITS_PER_VALUE[bits]
+    return n * (sdclip_bits_per_value(bits, k) if k else base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)
+                ) / 8 + 2 * shape[0]
 
 
 def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = None, scale: float = 1.0) -> int:

@@ -62,9 +62,6 @@ from primitives.env import BUNDLE_KIND, parse_env_value, warn_unknown_env
 from primitives.presets import DEFAULT_PRESET, PRESET_QUANT
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
-QUANT_NEWER_FIELDS = ("sdclip", "sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other", "lqer", "lqer_rank",
-                      "lqer_top_n", "grouped", "lqer_asym",
-                      "gptq_records", "gate_int8", "baseline_clip")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +135,7 @@ class QuantPolicy:
                     or any(b == 0 for _, b in self.fitted):
                 raise ValueError(f"prune_fraction={self.prune_fraction!r} / overrides={self.overrides} / fitted="
                                  f"{self.fitted}: expected [0, 1) / bits 0 or 2..8 / bits 2..8")
-            for name in QUANT_NEWER_FIELDS[1:5]:
+            for name in ("sdclip_k_attn", "sdclip_k_mlp", "sdclip_k_embed", "sdclip_k_other"):
                 if not 0 <= getattr(self, name) <= 1000:
                     raise ValueError(f"{name}={getattr(self, name)!r}: expected a number in [0, 1000] (0: the clip search)")
             if not 0 <= self.baseline_clip <= 1:
@@ -162,31 +159,34 @@ class QuantPolicy:
         env = {**PRESET_QUANT.get(env.get("PRESET", DEFAULT_PRESET), {}), **env}  # the preset's, under the environment
         kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
         known = {f"QUANT_{name.upper()}" for name in kinds} | {"QUANT_MATRIX_BITS"}
-        warn_unknown_env(env, known, ("QUANT_",), log)
+        if BUNDLE_KIND == "package":  # the unknown-variable warning is the kit's, as for the settings (docs/bundle.md)
+            warn_unknown_env(env, known, ("QUANT_",), log)
         kwargs = {}
         for var in sorted(env, key="QUANT_MATRIX_BITS".__ne__):  # QUANT_MATRIX_BITS first (False sorts first)
             if var not in known:
                 continue
             for name in ("attn_bits", "mlp_bits") if var == "QUANT_MATRIX_BITS" else (var[6:].lower(),):
                 raw, kind = env[var], kinds[name]
-                items = [i for i in raw.replace(" ", "").split(",") if i]
                 if kind is not tuple:  # names the variable in its own error
                     kwargs[name] = parse_env_value(var, raw, kind)
                 try:
                     if kind is tuple:
+                        items = [i for i in raw.replace(" ", "").split(",") if i]
                         kwargs[name] = (tuple((p, int(b)) for p, b in (i.split(":") for i in items))
                                         if name in ("overrides", "fitted") else tuple(items))
-                    cls(**{name: kwargs[name]})
+                    if BUNDLE_KIND == "package":  # the policy's domain (__post_init__), on this field alone
+                        cls(**{name: kwargs[name]})
                 except ValueError as err:
                     raise ValueError(f"{var}={raw!r}: {err}") from None
         return cls(**kwargs)
 
     def to_dict(self) -> dict:
         """JSON-serializable dict of every field (tuples become lists, as after a JSON round trip);
-        the SDClip / LQER / grouped fields only where they differ from their defaults (so that an
-        artifact written without them keeps its bytes)."""
+        the fields from sdclip on (SDClip, LQER, grouped, ...; gptq_embed aside, always written) only where they
+        differ from their defaults (so that an artifact written without them keeps its bytes)."""
         d = json.loads(json.dumps(dataclasses.asdict(self)))
-        return {k: v for k, v in d.items() if k not in QUANT_NEWER_FIELDS or v != QuantPolicy.__dataclass_fields__[k].default}
+        newer = list(d)[list(d).index("sdclip"):]
+        return {k: v for k, v in d.items() if k not in newer or k == "gptq_embed" or v != getattr(QuantPolicy, k)}
 
     def group_of(self, name: str, shape: tuple) -> str:
         """'control', 'embed', 'attn', 'mlp' or 'other' (overrides and passthrough size not applied)."""

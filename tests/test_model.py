@@ -333,10 +333,11 @@ def test_the_step_s_inductor_options_are_the_ones_this_torch_knows():
 def test_plain_models_run_blocks_is_run_stack_bit_for_bit(num_layers):
     """GPT.run_blocks (the plain U-Net, no model/stack.py switches) and model/stack.py's run_stack on the same model:
     the same residual stream and gradients, bit for bit (random weights: every skip and block contributes)."""
-    from model.stack import run_stack
+    from model.stack import run_stack, stack_init
 
     model = tiny_model(num_layers=num_layers, parallel_residual_start=num_layers - 1)  # last block GPT-J parallel
     assert not model.stacked
+    assert stack_init(model, num_layers, 7, 0, 3, 5, 0, "mean") == 7  # the switches' attributes, all off
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))

@@ -7,7 +7,7 @@ import dataclasses
 import torch
 
 from quant.artifact import export_artifact, load_artifact
-from quant.estimate import estimate_artifact_bytes, estimate_tensor_bytes
+from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
 from quant.fit import QUANT_FIT_PRIOR, fit_policy, quant_fit_step
 from quant.policy import QuantPolicy
 
@@ -125,7 +125,7 @@ def test_export_steps_down_by_measured_error_and_confirms_real_bytes(tmp_path):
         name, bits = change.split("=")
         assert kinds[name] <= int(bits[3:])
     assert report["bytes_model"] < full["bytes_model"] == rounds[0]
-    assert estimate_tensor_bytes((3 * D, D), 7) < estimate_tensor_bytes((3 * D, D), 8)
+    assert policy_tensor_bytes("w", (3 * D, D), QuantPolicy(), 7) < policy_tensor_bytes("w", (3 * D, D), QuantPolicy(), 8)
 
 
 def test_pre_training_fit_then_export_confirms_or_steps_down_further(tmp_path):

@@ -18,7 +18,7 @@ from model.gates import smear_previous_token, sparse_head_gate
 from model.stack import looped_layer_order
 from trainer.muon_switches import POLAR_EXPRESS_COEFFS
 from trainer.optim import JORDAN_COEFFS, Muon, build_optimizers, newton_schulz, split_params
-from trainer.schedule import lr_multiplier, lr_multiplier_floored
+from trainer.schedule import lr_multiplier
 from trainer.wd_taper import wd_taper_multiplier
 from primitives.settings import Hyperparameters
 
@@ -114,11 +114,11 @@ def test_muon_row_normalize_matches_the_plain_reference(row_normalize):
 
 def test_min_lr_floors_only_the_warmdown_and_zero_is_todays_schedule():
     for progress in (0.0, 0.5, 0.79, 0.8, 0.9, 0.97, 1.0):
-        assert lr_multiplier_floored(progress, 0.2, 0.0) == lr_multiplier(progress, 0.2)
-    assert lr_multiplier_floored(0.5, 0.2, 0.1) == 1.0
-    assert lr_multiplier_floored(0.9, 0.2, 0.1) == pytest.approx(0.5)
-    assert lr_multiplier_floored(0.99, 0.2, 0.1) == 0.1 and lr_multiplier_floored(1.0, 0.2, 0.1) == 0.1
-    assert lr_multiplier_floored(1.0, 0.0, 0.1) == 1.0  # no warmdown: nothing to floor
+        assert lr_multiplier(progress, 0.2, 0.0) == lr_multiplier(progress, 0.2) == max(0.0, min(1.0, (1 - progress) / 0.2))
+    assert lr_multiplier(0.5, 0.2, 0.1) == 1.0
+    assert lr_multiplier(0.9, 0.2, 0.1) == pytest.approx(0.5)
+    assert lr_multiplier(0.99, 0.2, 0.1) == 0.1 and lr_multiplier(1.0, 0.2, 0.1) == 0.1
+    assert lr_multiplier(1.0, 0.0, 0.1) == 1.0  # no warmdown: nothing to floor
 
 
 def test_wd_taper_is_flat_then_linear_to_the_final_multiple():

@@ -229,8 +229,8 @@ def test_a_real_wallclock_cap_stops_training_and_drives_warmdown_and_late_qat(
         seen.append((progress, original(progress, *args)))
         return seen[-1][1]
 
-    original = trainer_schedule.lr_multiplier_floored
-    monkeypatch.setattr(trainer_schedule, "lr_multiplier_floored", spy)
+    original = trainer_schedule.lr_multiplier
+    monkeypatch.setattr(trainer_schedule, "lr_multiplier", spy)
     assert train_gpt.main() == 0
     log = (tmp_path / "capped" / "train.log").read_text()
     result = read_result(tmp_path, "capped")

@@ -39,3 +39,10 @@ def form_update(muon, ps: list, momentum: float) -> torch.Tensor:
     for buf, g in zip(bufs, grads):
         buf.mul_(momentum).add_(g)
     return torch.stack(grads).add_(torch.stack(bufs), alpha=momentum)
+
+
+def form_orthogonalize(muon, u: torch.Tensor, scale: float) -> torch.Tensor:
+    """newton_schulz_ordered(u) [N, R, C] in `muon`'s form as float32; the classic form multiplies it by scale in
+    bf16 first (PR #1617: its step then takes lr without the scale)."""
+    x = muon.ns(u, muon.ns_steps, coeffs=muon.ns_coeffs, order=muon.form)
+    return (x * scale if muon.form == "classic" else x).float()

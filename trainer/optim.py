@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
-from trainer.muon_forms import form_update, newton_schulz_ordered
+from trainer.muon_forms import form_orthogonalize, form_update, newton_schulz_ordered
 from trainer.muon_switches import POLAR_EXPRESS_COEFFS, normalize_rows
 
 
@@ -103,23 +103,19 @@ class Muon(torch.optim.Optimizer):
                 if self.row_normalize:
                     u = normalize_rows(u)
                 n, w, scale = len(ps), self.world_size, max(1, rows / cols) ** 0.5
-                share = -(-n // w)
                 if w > 1:  # pad to w equal shares, orthogonalize ours, gather everyone's
+                    share = -(-n // w)
                     u = torch.cat([u, u.new_zeros(share * w - n, rows, cols)])
                     parts = [u.new_empty(share, rows, cols) for _ in range(w)]
-                    dist.all_gather(parts, self.orthogonalize(u[self.rank * share:(self.rank + 1) * share], scale))
+                    u = u[self.rank * share:(self.rank + 1) * share]
+                # newton_schulz(u) as float32 (trainer/muon_forms.py: the records' forms)
+                u = (self.ns(u, self.ns_steps, coeffs=self.ns_coeffs).float() if self.form == "torch"
+                     else form_orthogonalize(self, u, scale))
+                if w > 1:
+                    dist.all_gather(parts, u)
                     u = torch.cat(parts)[:n]
-                else:
-                    u = self.orthogonalize(u, scale)
                 torch._foreach_mul_(ps, 1 - lr * group["weight_decay"])
                 torch._foreach_add_(ps, list(u.unbind(0)), alpha=-lr * (1 if self.form == "classic" else scale))
-
-    def orthogonalize(self, u: torch.Tensor, scale: float) -> torch.Tensor:
-        """newton_schulz(u) [N, R, C] as float32; the classic form multiplies it by scale in bf16 first (PR #1617)."""
-        if self.form == "torch":
-            return self.ns(u, self.ns_steps, coeffs=self.ns_coeffs).float()
-        x = self.ns(u, self.ns_steps, coeffs=self.ns_coeffs, order=self.form)
-        return (x * scale if self.form == "classic" else x).float()
 
 
 @dataclasses.dataclass

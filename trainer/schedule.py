@@ -30,11 +30,10 @@ def warmdown_frac_at(step: int, progress: float, hp: Hyperparameters) -> float:
     return hp.warmdown_iters / run_steps_estimate(step, progress, hp) if hp.warmdown_iters else hp.warmdown_frac
 
 
-def lr_multiplier(progress: float, warmdown_frac: float) -> float:
-    """1.0, then linear decay to 0 over the last `warmdown_frac` of progress (time or steps)."""
-    if warmdown_frac <= 0:
-        return 1.0
-    return max(0.0, min(1.0, (1.0 - progress) / warmdown_frac))
+def lr_multiplier(progress: float, warmdown_frac: float, min_lr: float = 0.0) -> float:
+    """1.0, then linear decay to 0 over the last `warmdown_frac` of progress (time or steps), floored at min_lr
+    (MIN_LR, a fraction of the peak LR; PR #1787: max((1 - progress) / warmdown_frac, 0.10) in the warmdown)."""
+    return max(1.0 if warmdown_frac <= 0 else max(0.0, min(1.0, (1.0 - progress) / warmdown_frac)), min_lr)
 
 
 def qat_active(progress: float, qat_start_frac: float) -> bool:
@@ -72,7 +71,7 @@ def muon_momentum_at(step: int, hp: Hyperparameters, progress: float = 0.0) -> f
         frac = min(1.0, step / hp.muon_momentum_warmup_steps)
     else:
         frac = min(1.0, progress / hp.muon_momentum_warmup_frac) if hp.muon_momentum_warmup_frac else 1.0
-    end = muon_momentum_target(hp, run_steps_estimate(step, progress, hp))
+    end = hp.muon_momentum or horizon_decay(hp.muon_momentum_horizon_frac, run_steps_estimate(step, progress, hp))
     return (1 - frac) * min(hp.muon_momentum_warmup_start, end) + frac * end
 
 
@@ -89,7 +88,8 @@ def ema_target(hp: Hyperparameters, run_steps: float) -> float:
 def ema_decay_at(step: int, progress: float, hp: Hyperparameters) -> float:
     """Per-step EMA decay: 0 (follow the weights) before EMA_START_FRAC of the run; then EMA_DECAY,
     or 1 - 1 / (EMA_HORIZON_FRAC x run length in steps)."""
-    return 0.0 if progress < hp.ema_start_frac else ema_target(hp, run_steps_estimate(step, progress, hp))
+    return 0.0 if progress < hp.ema_start_frac else hp.ema_decay or horizon_decay(
+        hp.ema_horizon_frac, run_steps_estimate(step, progress, hp))
 
 
 def describe_schedule(hp: Hyperparameters, run_steps: float) -> str:
@@ -131,17 +131,11 @@ def schedule_warning(hp: Hyperparameters, run_steps: float) -> str | None:
     if hp.qat_start_frac > 0 and not any(qat_active(s / n, hp.qat_start_frac) for s in range(n)):
         found.append(f"QAT_START_FRAC={hp.qat_start_frac:g}: late QAT of 0 steps (never on; the export is not trained for)")
     warmdown = warmdown_frac_at(0, 0.0, hp)
-    if warmdown > 0 and lr_multiplier((n - 1) / n, warmdown) >= 1:
+    if warmdown > 0 and (1.0 - (n - 1) / n) / warmdown >= 1:  # the last step's lr_multiplier is still 1
         name = "WARMDOWN_ITERS" if hp.warmdown_iters else "WARMDOWN_FRAC"
         found.append(f"{name}: a warmdown of {warmdown * n:.2f} steps (< 1): the learning rate never decays")
     basis = "ITERATIONS" if hp.max_wallclock_seconds <= 0 or hp.iterations <= hp.expected_steps else "EXPECTED_STEPS"
     return f"WARNING: schedule at {n} steps ({basis}): " + "; ".join(found) if found else None
-
-
-def lr_multiplier_floored(progress: float, warmdown_frac: float, min_lr: float) -> float:
-    """lr_multiplier with the warmdown floored at MIN_LR, a fraction of the peak LR (PR #1787:
-    max((1 - progress) / warmdown_frac, 0.10) in the warmdown). min_lr = 0: lr_multiplier exactly."""
-    return max(lr_multiplier(progress, warmdown_frac), min_lr)
 
 
 def set_step_schedule(optimizers, step: int, progress: float, hp: Hyperparameters) -> None:
@@ -150,7 +144,7 @@ def set_step_schedule(optimizers, step: int, progress: float, hp: Hyperparameter
     (MUON_WD times the taper of trainer/wd_taper.py). optimizers: trainer.optim.Optimizers (.all, .muon)."""
     for opt in optimizers.all:
         for group in opt.param_groups:
-            group["lr"] = group["base_lr"] * lr_multiplier_floored(progress, warmdown_frac_at(step, progress, hp), hp.min_lr)
+            group["lr"] = group["base_lr"] * lr_multiplier(progress, warmdown_frac_at(step, progress, hp), hp.min_lr)
     for group in optimizers.muon.param_groups:
         group["momentum"] = muon_momentum_at(step, hp, progress)
         group["weight_decay"] = hp.muon_wd if hp.wd_taper_final_mult == 1 else hp.muon_wd * wd_taper_multiplier(
