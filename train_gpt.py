@@ -120,9 +120,9 @@ def train_and_score() -> int:
 
     model, config, policy, attn_backend, flops_per_token = build_model(ctx, hp, code_bytes)
     loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
-    sidecar = inputs.get("val_byte_count") == "sidecar"  # CaseOps data: val bytes from its sidecar (shards/sidecar.py)
-    luts = val_byte_luts(sp, hp.vocab_size, hp.data_path, sidecar)
-    ctx.log(f"val_byte_count:{'sidecar' if sidecar else 'tokenizer'}")
+    byte_count = inputs.get("val_byte_count", "tokenizer")  # CaseOps data: sidecar, its val bytes (shards/sidecar.py)
+    luts = val_byte_luts(sp, hp.vocab_size, hp.data_path, byte_count == "sidecar")
+    ctx.log(f"val_byte_count:{byte_count}")
     # the stride and the TTT epochs, timed before the clock (a resumed run keeps the interrupted one's)
     if BUNDLE_KIND == "package":
         saved = load_trained(ctx.run_dir / TRAINED_FILE, model, config) if resume == "trained" else None
@@ -136,7 +136,7 @@ def train_and_score() -> int:
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    summary.update(phase="train", inputs=inputs, val_byte_count="sidecar" if sidecar else "tokenizer",
+    summary.update(phase="train", inputs=inputs, val_byte_count=byte_count,
                    loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
     run = Run(ctx, hp, summary, loader, model, config, ctx.run_dir / "final_model.ptz", plan,
               record=functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest,

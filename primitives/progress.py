@@ -23,8 +23,8 @@ class Progress:
     The kit's: in a record's packed file it shows nothing (kit/bundle_fold.py)."""
 
     def __init__(self, label: str, total: int, unit: str):
-        self.label, self.total, self.unit, self.done = label, max(int(total), 0), unit, 0
         if BUNDLE_KIND == "package":
+            self.label, self.total, self.unit, self.done = label, max(int(total), 0), unit, 0
             self.start = self.last = time.perf_counter()
             self.shown_done = None  # `done` when a line was last shown
             self.on = os.environ.get("RANK", "0") == "0"
@@ -38,8 +38,8 @@ class Progress:
                     f"{elapsed:.0f}s elapsed, ETA {eta:.0f}s")
 
     def update(self, n: int = 1) -> None:
-        self.done += n
         if BUNDLE_KIND == "package":
+            self.done += n
             now = time.perf_counter()
             if self.on and now - self.last >= (PROGRESS_TTY_EVERY_SECONDS if self.tty else PROGRESS_EVERY_SECONDS):
                 print(("\r" if self.tty else "") + self.line(), end="" if self.tty else "\n", file=sys.stderr,

@@ -14,7 +14,6 @@ from pathlib import Path
 CASEOPS_OPERATORS = ("\ue001", "\ue002", "\ue003", "\ue004")  # TITLE, ALLCAPS, CAPNEXT, ESC
 CASEOPS_TRANSFORM = "lossless_caps_caseops_v1"  # the records' name of the transform (manifest text_transform)
 VAL_BYTES_PREFIX = "fineweb_val_bytes_"
-BYTE_COUNT_SIDECAR, BYTE_COUNT_TOKENIZER = "sidecar", "tokenizer"
 
 
 def list_val_byte_shards(data_path) -> list:

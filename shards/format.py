@@ -8,6 +8,7 @@ hashes that prove the train and val splits disjoint. torch is imported where a t
 tools/prepare_data.py writes shards, and its bad inputs fail before torch's import (seconds).
 """
 
+import filecmp
 import json
 import os
 from pathlib import Path
@@ -75,7 +76,7 @@ def list_shards(data_path, split: str) -> list:
     """
     files = _shard_files(data_path, split)
     if not files:
-        raise ValueError(f"DATA_PATH={data_path}: no fineweb_{split}_*.bin (the {split} split; tools/prepare_data.py makes it)")
+        raise ValueError(f"DATA_PATH={data_path}: no fineweb_{split}_*.bin")
     if BUNDLE_KIND == "package":  # the kit's one line for a folder or a dangling link named like a shard
         for path in files:
             if not path.is_file():
@@ -93,19 +94,10 @@ def _shard_files(data_path, split: str) -> list:
 def val_shard_copy(path, val_files):
     """The first of `val_files` that the shard at `path` is: the same file (a link) or a copy (same
     size and bytes, read up to the first differing block); None otherwise, or when it holds no tokens."""
-    size_bytes = os.path.getsize(path)
-    for val in val_files if size_bytes > SHARD_HEADER_BYTES else ():
-        if os.path.samefile(path, val) or (os.path.getsize(val) == size_bytes and _same_bytes(path, val)):
+    for val in val_files if os.path.getsize(path) > SHARD_HEADER_BYTES else ():
+        if filecmp.cmp(path, val, shallow=False):  # regular files of one size and the same bytes
             return val
     return None
-
-
-def _same_bytes(path_a, path_b, block_bytes=1 << 22) -> bool:
-    with open(path_a, "rb") as a, open(path_b, "rb") as b:
-        while (block := a.read(block_bytes)) == b.read(block_bytes):
-            if not block:
-                return True
-    return False
 
 
 def load_validation_tokens(data_path, vocab_size=None):
@@ -123,7 +115,7 @@ def load_validation_tokens(data_path, vocab_size=None):
     return tokens
 
 
-def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_sha256=None):
+def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_path=None):
     """Validate `data_path/manifest.json` and prove that its train and val documents are disjoint.
 
     Returns the manifest (dict) when the train and val document-hash files were compared and no
@@ -134,8 +126,8 @@ def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_sha256=
     naming the manifest for an unreadable or foreign manifest, a vocab_size other than VOCAB_SIZE,
     a listed shard or hash file that is missing or malformed, a split whose listed shards' header
     counts do not add up to its `num_tokens` (a shard replaced, e.g. a val shard copied over a train
-    shard), or train/val documents that overlap; and naming TOKENIZER_PATH when `tokenizer_sha256`
-    (the run's tokenizer) is not the manifest's (the data was made with another tokenizer).
+    shard), or train/val documents that overlap; and naming TOKENIZER_PATH when the sha256 of
+    `tokenizer_path` (the run's tokenizer) is not the manifest's (the data was made with another tokenizer).
     """
     path = Path(data_path) / "manifest.json"
     hashes = []
@@ -154,10 +146,9 @@ def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_sha256=
             raise ValueError(f"manifest {path}: {e}; expected format {SHARD_MANIFEST_FORMAT}, vocab_size "
                              f"VOCAB_SIZE={vocab_size}, the listed files, lines of 16 hex chars") from e
         want = manifest.get("tokenizer_sha256")
-        if tokenizer_sha256 and want and want != tokenizer_sha256:
-            raise ValueError(f"TOKENIZER_PATH: sha256 {tokenizer_sha256[:16]}... is not the tokenizer_sha256 "
-                             f"{want[:16]}... of {path}; expected the tokenizer the data was made with "
-                             f"({manifest.get('tokenizer', 'named in the manifest')})")
+        if tokenizer_path and want and want != (got := sha256_file(tokenizer_path)):
+            raise ValueError(f"TOKENIZER_PATH={str(tokenizer_path)!r}: sha256 {got[:16]}... is not the tokenizer_sha256 "
+                             f"{want[:16]}... of {path}; expected the tokenizer the data was made with")
         if BUNDLE_KIND == "package":  # the kit's: verify_dataset's sha256 per shard binds the shards in a record's file
             check_manifest_counts(path, manifest)
     if len(hashes) < 2:
@@ -189,7 +180,7 @@ def check_manifest_counts(path: Path, manifest: dict) -> None:
 
 def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_splits=("train", "val")):
     """The one binding of a dataset to its consumer (the trainer, python -m eval score|bytes, the
-    auditor's measurement): check_data_manifest with the sha256 of `tokenizer_path`, then every
+    auditor's measurement): check_data_manifest with `tokenizer_path`, then every
     fineweb_{train,val}_*.bin in `data_path` must be a shard its manifest.json lists, and each listed
     shard of `hash_splits` must have the sha256 the manifest records (splits.<split>.shard_sha256,
     tools/prepare_data.py; one streamed read per file, no cache: a 100M-token shard is 200 MB).
@@ -200,10 +191,7 @@ def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_s
     tokenizer that is not the manifest's, and DATA_PATH and the file for an unlisted shard (e.g. an
     extra val shard) or a shard whose bytes changed (e.g. val tokens written into a train shard).
     """
-    try:
-        manifest = check_data_manifest(data_path, vocab_size, log, tokenizer_sha256=sha256_file(tokenizer_path))
-    except ValueError as err:
-        raise ValueError(str(err).replace("TOKENIZER_PATH:", f"TOKENIZER_PATH={str(tokenizer_path)!r}:", 1)) from None
+    manifest = check_data_manifest(data_path, vocab_size, log, tokenizer_path)
     path = Path(data_path) / "manifest.json"
     if not path.is_file():
         return manifest  # check_data_manifest warned: nothing to bind the shards to
@@ -213,7 +201,7 @@ def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_s
         extra = [p.name for p in _shard_files(data_path, split) if p.name not in listed]
         if extra:
             raise ValueError(f"DATA_PATH={data_path}: {extra[0]} is not a {split} shard of {path} ({len(extra)} unlisted); "
-                             f"expected only the shards the manifest lists (move the file out of the dataset folder)")
+                             f"expected only the shards the manifest lists")
     unhashed = [s for s in hash_splits if s in splits and "shard_sha256" not in splits[s]]
     if BUNDLE_KIND == "package":  # (result.json's compliance says it: `unverified`)
         if unhashed:
@@ -227,8 +215,7 @@ def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_s
             got = sha256_file(path.parent / name)
             if got != want:
                 raise ValueError(f"DATA_PATH={data_path}: {split} shard {name} has sha256 {got[:16]}..., not the "
-                                 f"{want[:16]}... {path.name} records; expected the shard as the dataset was made "
-                                 f"(its bytes changed after)")
+                                 f"{want[:16]}... {path.name} records; expected the shard as the dataset was made")
     return manifest
 
 

@@ -14,18 +14,20 @@ class DistributedTokenLoader:
 
     `next_batch` takes one span of local_tokens + 1 tokens per rank (official layout), so world size
     W with accumulation A sees the same tokens in the same order as 1 rank with W*A micro steps: DDP
-    and grad accumulation are interchangeable. Every shard header is validated up front and, in the package, each
+    and grad accumulation are interchangeable. In the package, every shard header is validated up front and each
     shard's ids against `vocab_size` when it is loaded (ValueError naming the file; a record's train_gpt.py has
-    checked every train shard's ids before the clock, trainer/checks.py check_train_tokens). The position
+    checked every train shard's header and ids before the clock, trainer/checks.py check_train_tokens). The position
     (`shard_index`, `offset`) is checkpointable through `seek`. `opened` is the set of shard paths
     loaded so far (warmup steps included): the evidence for compliance.val_not_seen_in_training.
     """
 
     def __init__(self, data_path: str, vocab_size: int, *, rank: int = 0, world_size: int = 1, device="cpu"):
         self.files = list_shards(data_path, "train")
-        for path in self.files:
-            read_shard_header(path)
-        self.vocab_size, self.rank, self.world_size, self.device = vocab_size, rank, world_size, torch.device(device)
+        if BUNDLE_KIND == "package":  # a record's file has read every train shard's header and ids before the clock
+            for path in self.files:
+                read_shard_header(path)
+            self.vocab_size = vocab_size
+        self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self.shard_index, self.opened = -1, set()
         self.seek(0, 0)
 

@@ -15,11 +15,12 @@ its sidecar, a sidecar whose token counts differ from the val shards', and a tok
 
 import numpy as np
 
-from shards.data_kind import (BYTE_COUNT_SIDECAR, BYTE_COUNT_TOKENIZER, CASEOPS_TRANSFORM, VAL_BYTES_PREFIX, caseops_signs,
-                              list_val_byte_shards, read_manifest, reserves_caseops)
+from shards.data_kind import (CASEOPS_TRANSFORM, VAL_BYTES_PREFIX, caseops_signs, list_val_byte_shards, read_manifest,
+                              reserves_caseops)
 from shards.format import list_shards, read_shard_header, load_data_shard
 
 PACKED_WHEN = "CASEOPS_ENABLED"
+BYTE_COUNT_SIDECAR, BYTE_COUNT_TOKENIZER = "sidecar", "tokenizer"  # result.json's val_byte_count
 
 
 def check_val_bytes(data_path, sp, tokenizer_path, tokenizer_sha256=None) -> dict:

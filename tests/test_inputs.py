@@ -120,6 +120,17 @@ def test_tokenizer_vocab_must_match(tiny_dataset, sp1024_model, tmp_path):
         check_inputs(hp_for(tiny_dataset, sp1024_model, VOCAB_SIZE=2048), ctx(tmp_path))
 
 
+def test_a_record_file_refuses_the_kit_features(tiny_dataset, sp1024_model, tmp_path, monkeypatch):
+    """A record's train_gpt.py (no kit/) refuses CHECKPOINT_EVERY, RESUME and SAVE_PREQUANT before the clock."""
+    import trainer.checks
+
+    monkeypatch.setattr(trainer.checks, "BUNDLE_KIND", "packed")
+    for name in ("CHECKPOINT_EVERY", "RESUME", "SAVE_PREQUANT"):
+        with pytest.raises(ValueError, match=r"^CHECKPOINT_EVERY/RESUME/SAVE_PREQUANT: expected the kit's repo"):
+            check_inputs(hp_for(tiny_dataset, sp1024_model, **{name: 1}), ctx(tmp_path))
+    assert check_inputs(hp_for(tiny_dataset, sp1024_model), ctx(tmp_path))[2] > 0  # none of them: the checks pass
+
+
 def test_val_split_shorter_than_one_sequence(tiny_dataset, sp1024_model, tmp_path):
     from shards.format import load_validation_tokens
 

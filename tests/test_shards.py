@@ -222,7 +222,7 @@ def test_module_is_bundle_friendly():
     tree = ast.parse(source)
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert imported <= {"json", "os", "pathlib", "numpy", "torch", "primitives"}
+    assert imported <= {"filecmp", "json", "os", "pathlib", "numpy", "torch", "primitives"}
     numbers = [n.value for f in tree.body if isinstance(f, ast.FunctionDef) for n in ast.walk(f) if isinstance(n, ast.Constant)]
     assert not {SHARD_MAGIC, SHARD_HEADER_INTS * 4, SHARD_TOKENS_PER_FILE} & {v for v in numbers if type(v) is int}
     assert "__main__" not in source

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from eval.ttt import select_ttt_params
-from trainer.context import BUNDLE_KIND, RunContext, require_kit
+from trainer.context import BUNDLE_KIND, RunContext
 from model.fused_loss import choose_loss_kernel
 from model.gpt import GPT, build_model_config
 from trainer.schedule import run_steps_estimate
@@ -50,11 +50,11 @@ def check_train_tokens(hp: Hyperparameters, log=print) -> tuple:
         same = val_shard_copy(path, val_files)
         if same:
             raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} is the val shard {same.name} (same "
-                             "bytes); expected train shards disjoint from the val split (training on val is not scored)")
+                             "bytes); expected train shards disjoint from the val split")
         top_id = max_shard_id(path, num_tokens)
         if top_id >= hp.vocab_size:
             raise ValueError(f"DATA_PATH={hp.data_path!r}: train shard {path.name} holds token id {top_id}; expected ids "
-                             f"< VOCAB_SIZE={hp.vocab_size} (the tokenizer's)")
+                             f"< VOCAB_SIZE={hp.vocab_size}")
         held += num_tokens
     if BUNDLE_KIND == "package":  # the kit's advice on too few train tokens (a record's file does not carry it)
         return held, warn_repeated_data(hp, held, log)
@@ -82,13 +82,15 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     """Everything that can be wrong with the input is checked here, before the clock starts."""
     import sentencepiece as spm
 
-    if BUNDLE_KIND == "package":  # the kit's one line for a wrong path (a record's file fails on it further on)
+    if BUNDLE_KIND == "package":  # the kit's one lines for a wrong path or file (a record's file fails on them, a traceback)
         check_input_paths(hp)
-    try:
+        try:
+            sp = spm.SentencePieceProcessor(model_file=hp.tokenizer_path)
+        except (RuntimeError, OSError) as err:
+            raise ValueError(f"TOKENIZER_PATH={hp.tokenizer_path!r}: not a SentencePiece model ({str(err).splitlines()[0]}); "
+                             "expected a SentencePiece .model file") from None
+    else:
         sp = spm.SentencePieceProcessor(model_file=hp.tokenizer_path)
-    except (RuntimeError, OSError) as err:
-        raise ValueError(f"TOKENIZER_PATH={hp.tokenizer_path!r}: not a SentencePiece model ({str(err).splitlines()[0]}); "
-                         "expected a SentencePiece .model file") from None
     if sp.vocab_size() != hp.vocab_size:
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     inputs = run_inputs(hp)
@@ -108,8 +110,8 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         if hp.ttt_enabled and hp.ttt_params not in ("all", "scalars"):
             with torch.device("meta"):  # the names only: nothing is allocated
                 select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
-    if hp.checkpoint_every or hp.resume or hp.save_prequant:
-        require_kit("CHECKPOINT_EVERY/RESUME/SAVE_PREQUANT")
+    if BUNDLE_KIND != "package" and (hp.checkpoint_every or hp.resume or hp.save_prequant):  # kit/checkpoint.py's
+        raise ValueError("CHECKPOINT_EVERY/RESUME/SAVE_PREQUANT: expected the kit's repo (not in this train_gpt.py)")
     if BUNDLE_KIND == "package":  # room to keep the trained weights: the kit's recovery (trainer/interrupt.py)
         check_file_size_limit(hp)
     check_train_tokens(hp, ctx.log)

@@ -32,9 +32,10 @@ class RunContext:
     compile: bool = False  # torch.compile the model, Muon's Newton-Schulz and the eval forward
     log_file: object = None
     pending: list = dataclasses.field(default_factory=list)  # lines logged before train.log is opened
-    lock: object = None  # the run folder's lock file, held open by rank 0 (trainer/runfolder.py)
-    log_error: object = None  # the OSError that stopped train.log (a full disk, a file-size limit)
-    log_opened: bool = False  # train.log's header is written: a later write error only warns
+    if BUNDLE_KIND == "package":  # the kit's run folder lock and train.log recovery (fields all the same)
+        lock: object = None  # the run folder's lock file, held open by rank 0 (trainer/runfolder.py)
+        log_error: object = None  # the OSError that stopped train.log (a full disk, a file-size limit)
+        log_opened: bool = False  # train.log's header is written: a later write error only warns
 
     @property
     def is_main(self) -> bool:
@@ -46,8 +47,10 @@ class RunContext:
         if console:
             print(msg, flush=True)
         if self.log_file is None:
-            if self.log_error is None:
-                self.pending.append(msg)
+            if BUNDLE_KIND == "package":
+                if self.log_error is not None:  # train.log failed: the console only from then on
+                    return
+            self.pending.append(msg)
             return
         if BUNDLE_KIND == "package":  # the kit's: a train.log that cannot be written is not the end of the run
             try:
@@ -98,13 +101,6 @@ def setup_distributed(hp: Hyperparameters) -> RunContext:
     if BUNDLE_KIND == "package":  # from_env printed them; train.log keeps them (the kit's warnings)
         ctx.pending.extend(setting_warnings(hp) if ctx.is_main else ())
     return ctx
-
-
-def require_kit(setting: str) -> None:
-    """`setting` asks for a package-only feature (kit/: checkpoints, the bundler): ValueError in the
-    packed and human scripts, which do not carry kit/."""
-    if BUNDLE_KIND != "package":
-        raise ValueError(f"{setting}: expected the kit's repo (not in this train_gpt.py)")
 
 
 def check_packed_for(hp: Hyperparameters) -> None:

@@ -30,8 +30,9 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     A generator: yields a dict of result.json entries as soon as each group is measured, so that the
     caller keeps every number measured before a later step fails or a signal stops it: `phase`
     (prequant_eval, export, load, roundtrip, sliding or ttt) when a step starts, its numbers and
-    `phase_seconds` (wall seconds of each step so far) when it ends. `val_tokens` is a callable that
-    returns the val stream (int64 [N]; loaded only now). Raises what the failing step raised.
+    `phase_seconds` (wall seconds of each step so far) when it ends, then (the package's) rescore_entries.
+    `val_tokens` is a callable that returns the val stream (int64 [N]; loaded only now). Raises what the failing
+    step raised.
     """
     eval_on = not hp.skip_final_eval
     eval_stride, ttt_epochs = plan.stride, plan.epochs
@@ -87,9 +88,9 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     if ttt_epochs:
         tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, plan=plan, started=eval_start)
         yield lap("ttt", **ttt_entries(ctx, hp, plan, tt), eval_seconds=time.perf_counter() - eval_start,
-                  val_tokens=val_tokens().numel(), tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"],
-                  **rescore_entries(hp, artifact_path, plan, tt))
-        if BUNDLE_KIND == "package":  # the kit's re-scoring command may not reproduce this score
+                  val_tokens=val_tokens().numel(), tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"])
+        if BUNDLE_KIND == "package":  # the kit's re-scoring command, which may not reproduce this score
+            yield rescore_entries(hp, artifact_path, plan, tt)
             if ttt_score_command_caveat(tt):
                 ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
         return
@@ -97,8 +98,9 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict
     yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
               eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
               tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"],
-              **rescore_entries(hp, artifact_path, EvalPlan(stride=sw["stride"])),
               **(dict(ttt_epochs=0, ttt_updates=0) if hp.ttt_enabled else {}))  # TTT on, but the plan skipped it
+    if BUNDLE_KIND == "package":  # the kit's re-scoring command (a record's file has no kit)
+        yield rescore_entries(hp, artifact_path, EvalPlan(stride=sw["stride"]))
     ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
             f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
 
@@ -147,11 +149,10 @@ def ttt_score_command_caveat(tt: dict):
 
 def rescore_entries(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan, tt: dict = None) -> dict:
     """result.json's `score_command` (the kit's `python -m eval score`, which scores the written artifact again) and,
-    for a TTT score it may not reproduce, `score_command_unverified`; {} in a record's packed file (no kit there)."""
-    if BUNDLE_KIND == "package":
-        why = ttt_score_command_caveat(tt) if tt else None
-        return dict(score_command=score_command(hp, artifact_path, plan), **({"score_command_unverified": why} if why else {}))
-    return {}
+    for a TTT score it may not reproduce, `score_command_unverified` (finish_run yields them in the package only: a
+    record's packed file has no kit)."""
+    why = ttt_score_command_caveat(tt) if tt else None
+    return dict(score_command=score_command(hp, artifact_path, plan), **({"score_command_unverified": why} if why else {}))
 
 
 def score_command(hp: Hyperparameters, artifact_path: Path, plan: EvalPlan) -> str:

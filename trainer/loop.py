@@ -133,13 +133,13 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
            if use_compile else ddp)
     optimizers = build_optimizers(model, hp, is_cuda=is_cuda, rank=ctx.rank, world_size=ctx.world_size, compile=use_compile)
     ema = EMA(model, hp.ema_warmup) if hp.ema_decay or hp.ema_horizon_frac else None
-    gptq_reserve = hp.gptq_reserve_seconds * (model.gptq_hessians is not None and hp.max_wallclock_seconds > 0)
+    timed = model.gptq_hessians is not None and hp.max_wallclock_seconds > 0  # only QUANT_GPTQ=1 reserves time
+    gptq_reserve = hp.gptq_reserve_seconds * timed
     if gptq_reserve >= hp.max_wallclock_seconds > 0:  # (checked here: only QUANT_GPTQ=1 reserves time)
         raise ValueError(f"GPTQ_RESERVE_SECONDS={hp.gptq_reserve_seconds}: expected < MAX_WALLCLOCK_SECONDS="
                          f"{hp.max_wallclock_seconds} with QUANT_GPTQ=1")
     # the reserve holds at least two calibration batches, timed before the clock (a slow CPU or GPU
     # must not push calibration past the cap; it also stops at the cap, collect_gptq_hessians)
-    timed = model.gptq_hessians is not None and hp.max_wallclock_seconds > 0
     calib_seconds = time_calibration_batch(ctx, model, hp, local_tokens) if timed else 0.0
     if 2 * calib_seconds > gptq_reserve:
         gptq_reserve = math.ceil(20 * calib_seconds) / 10
