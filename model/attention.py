@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from model.doc_attention import doc_attention, document_segments
-from model.fa4 import flash_attn_func, head_dim_ok, load as load_fa4
+from model.fa4 import flash_attn_func, head_dim_ok, load_fa4
 
 
 _FLASH_ATTN = []  # the flash-attn function chosen by resolve_attention_backend, if any
@@ -19,35 +19,22 @@ _FLASH_VARLEN = []  # its module's flash_attn_varlen_func (FA3, FA2), if it has 
 _SDPA_PRIORITY = contextlib.ExitStack()  # holds the process-wide SDPA backend order set by set_sdpa_priority
 
 
-def sdpa_priority(capability: tuple) -> list:
-    """SDPA backends, best first, for a CUDA device of compute capability (major, minor).
+def set_sdpa_priority(capability: tuple, log=print) -> str:
+    """Make the SDPA backends' order for a CUDA device of compute capability (major, minor) the process's
+    (torch.nn.attention.sdpa_kernel with set_priority=True, torch >= 2.9: held open until the next call); logs and
+    returns it as "cudnn_attention > ...".
 
     Hopper and newer (sm_90+): cuDNN, then flash, then memory-efficient (measured on an H100, torch 2.11,
     the default preset's attention fwd+bwd: cuDNN 1.75 ms, flash 2.62 ms, efficient 5.23 ms); older
     GPUs: flash, efficient, cuDNN. Math stays last so an unsupported shape still runs.
+    Set before the first compile: Inductor picks the SDPA kernel when it traces.
     """
-    from torch.nn.attention import SDPBackend
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    names = (["CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION"] if tuple(capability) >= (9, 0)
-             else ["FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION"])
-    return [getattr(SDPBackend, n) for n in names + ["MATH"]]
-
-
-def set_sdpa_priority(capability: tuple, log=print) -> str:
-    """Make sdpa_priority(capability) the process's SDPA order (torch.nn.attention.sdpa_kernel with
-    set_priority=True, held open until the next call); logs and returns it as "cudnn_attention > ...".
-
-    Set before the first compile: Inductor picks the SDPA kernel when it traces. A torch whose
-    sdpa_kernel lacks set_priority only gets the listed backends enabled, in its own order.
-    """
-    from torch.nn.attention import sdpa_kernel
-
-    order = sdpa_priority(capability)
+    names = "CUDNN FLASH EFFICIENT" if tuple(capability) >= (9, 0) else "FLASH EFFICIENT CUDNN"
+    order = [getattr(SDPBackend, n + "_ATTENTION") for n in names.split()] + [SDPBackend.MATH]
     _SDPA_PRIORITY.close()
-    try:
-        _SDPA_PRIORITY.enter_context(sdpa_kernel(order, set_priority=True))
-    except TypeError:
-        _SDPA_PRIORITY.enter_context(sdpa_kernel(order))
+    _SDPA_PRIORITY.enter_context(sdpa_kernel(order, set_priority=True))
     text = " > ".join(b.name.lower() for b in order)
     log(f"attention:sdpa priority {text} (sm_{capability[0]}{capability[1]})")
     return text

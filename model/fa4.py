@@ -22,7 +22,7 @@ PACKED_WHEN = "ATTN_BACKEND in ('auto', 'fa4')"
 _FA4 = []  # flash_attn.cute.interface, once imported
 
 
-def load():
+def load_fa4():
     """flash_attn.cute.interface, imported once (ImportError/OSError/RuntimeError when missing or broken)."""
     if not _FA4:
         import importlib
@@ -81,7 +81,7 @@ def fa4_fwd(q, k, v):
     if BUNDLE_KIND == "package":  # the twin is the package's (tests, benches): a run takes FA4 on CUDA only
         if not q.is_cuda:
             return _twin_fwd(q, k, v)
-    out, lse = load()._flash_attn_fwd(q, k, v, softmax_scale=None, causal=True, window_size_left=None,
+    out, lse = load_fa4()._flash_attn_fwd(q, k, v, softmax_scale=None, causal=True, window_size_left=None,
                                       window_size_right=None, softcap=0.0, num_splits=1, pack_gqa=None,
                                       return_lse=True)[:2]
     return out.contiguous(), lse.contiguous()
@@ -111,7 +111,7 @@ def fa4_bwd(dout, q, k, v, out, lse):
     if BUNDLE_KIND == "package":  # the twin (fa4_fwd)
         if not q.is_cuda:
             return _twin_bwd(dout, q, k, v, out, lse)
-    grads = load()._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=True, softcap=0.0,
+    grads = load_fa4()._flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=True, softcap=0.0,
                                    window_size_left=None, window_size_right=None, deterministic=False)
     return tuple(x.contiguous() for x in grads[:3])
 

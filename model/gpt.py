@@ -259,8 +259,8 @@ class GPT(nn.Module):
         if self.lm_head is not None:
             nn.init.zeros_(self.lm_head.weight)
 
-    def configure_qat(self, policy) -> dict:
-        """Set each block linear's QAT bit width from the export policy; returns {param name: bits}.
+    def configure_qat(self, policy) -> None:
+        """Set each block linear's QAT bit width (`qat_bits`, 0: none) from the export policy.
 
         QAT rounds per row at max-abs, the rule of the export without GPTQ (bit for bit). With
         QUANT_GPTQ=1 the export rounds with error feedback instead: QAT then trains the weights for
@@ -269,13 +269,10 @@ class GPT(nn.Module):
         `gptq_hessians` becomes {} and train() fills it with calibration Hessians for the export.
         """
         self.gptq_hessians = {} if policy.gptq else None
-        chosen = {}
         for name, module in self.named_modules():
             if isinstance(module, CastedLinear) and name.startswith("blocks."):
-                bits = policy.bits_for(f"{name}.weight", tuple(module.weight.shape))
+                bits = policy.bits_for(name + ".weight", tuple(module.weight.shape))
                 module.qat_bits, module.qat_clip = int(bits or 0), policy.baseline_clip
-                chosen[f"{name}.weight"] = module.qat_bits
-        return chosen
 
     @property
     def has_qat(self) -> bool:

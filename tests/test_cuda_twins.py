@@ -297,13 +297,13 @@ def test_sdpa_priority_puts_cudnn_first_on_hopper_and_sets_the_process_order(cap
     """The CUDA-only SDPA order, on a CPU: capability mocked, the order read back from torch's global state."""
     from torch.nn.attention import SDPBackend
 
-    order = trainer_attention.sdpa_priority(capability)
-    assert order[0] == getattr(SDPBackend, first) and order[-1] == SDPBackend.MATH and len(set(order)) == 4
     before = torch._C._get_sdp_priority_order()
     lines = []
     try:
         text = trainer_attention.set_sdpa_priority(capability, lines.append)
-        assert torch._C._get_sdp_priority_order()[:4] == [int(b) for b in order]
+        order = torch._C._get_sdp_priority_order()[:4]
+        assert order[0] == int(getattr(SDPBackend, first)) and order[-1] == int(SDPBackend.MATH) and len(set(order)) == 4
+        assert text == " > ".join(b.name.lower() for i in order for b in SDPBackend.__members__.values() if int(b) == i)
         major, minor = capability
         assert text.startswith(first.lower()) and lines == [f"attention:sdpa priority {text} (sm_{major}{minor})"]
         q, k = torch.randn(1, 16, 4, 8), torch.randn(1, 16, 2, 8)  # the CPU still runs SDPA under the order

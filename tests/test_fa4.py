@@ -228,7 +228,7 @@ def test_auto_prefers_fa3_then_fa4(on_gpu):
     lines = []
     assert trainer_attention.resolve_attention_backend("auto", torch.device("cuda"), lines.append, 64) == "fa4"
     assert trainer_attention._FLASH_ATTN == [fa4.flash_attn_func] and lines == []
-    assert fa4.load() is FA4_INTERFACE
+    assert fa4.load_fa4() is FA4_INTERFACE
 
 
 def test_auto_skips_fa4_off_sm90_sm100_and_for_a_head_dim_it_lacks(on_gpu):

@@ -248,12 +248,12 @@ def test_qat_switch_recompiles_the_compiled_model_once_and_keeps_fake_quant_out_
 def test_qat_gate_switches_the_compiled_model_at_run_time():
     """The compiled model (aot_eager) follows set_qat on both sides of the flip, and equals eager."""
     model = tiny_model(xsa_last_n=0)
-    chosen = model.configure_qat(QuantPolicy())  # no bits set: QUANT_FIT's start, int8
-    assert chosen["blocks.0.mlp.fc.weight"] == 8 and chosen["blocks.0.attn.c_q.weight"] == 8
-    chosen = model.configure_qat(QuantPolicy(mlp_bits=5, attn_bits=7))
-    assert chosen["blocks.0.mlp.fc.weight"] == 5 and chosen["blocks.0.attn.c_q.weight"] == 7
-    chosen = model.configure_qat(QuantPolicy(mlp_bits=6, attn_bits=6))  # the bits the rest of this test checks
-    assert chosen["blocks.0.mlp.fc.weight"] == 6 and chosen["blocks.0.attn.c_q.weight"] == 6
+    block = model.blocks[0]
+    for policy, mlp, attn in ((QuantPolicy(), 8, 8),  # no bits set: QUANT_FIT's start, int8
+                              (QuantPolicy(mlp_bits=5, attn_bits=7), 5, 7),
+                              (QuantPolicy(mlp_bits=6, attn_bits=6), 6, 6)):  # the bits the rest of this test checks
+        model.configure_qat(policy)
+        assert (block.mlp.fc.qat_bits, block.mlp.proj.qat_bits, block.attn.c_q.qat_bits) == (mlp, mlp, attn)
     compiled = torch.compile(model.forward_logits, backend="aot_eager", fullgraph=True)
     x = torch.randint(0, 64, (2, 8))
     with torch.no_grad():
