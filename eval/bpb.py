@@ -27,7 +27,7 @@ import torch
 from shards.sidecar import load_val_bytes
 
 
-def build_sentencepiece_luts(sp, vocab_size: int) -> tuple:
+def build_sentencepiece_luts(sp, vocab_size: int, /) -> tuple:
     """Byte look-up tables of a SentencePiece model (official rule, see module docstring).
 
     sp: a loaded `sentencepiece.SentencePieceProcessor`; vocab_size: the model's output size.
@@ -49,39 +49,32 @@ def build_sentencepiece_luts(sp, vocab_size: int) -> tuple:
     return table[0], table[1].bool(), table[2].bool()
 
 
-def val_byte_luts(sp, vocab_size: int, data_path=None, sidecar: bool = False) -> tuple:
+def val_byte_luts(sp, vocab_size: int, data_path=None, sidecar: bool = False, /) -> tuple:
     """What `count_scored_bytes` counts a val split with: (the byte sidecar of data_path,) when `sidecar`
     (CaseOps data: shards/sidecar.py check_val_bytes said so), else the tokenizer's LUTs."""
     return (load_val_bytes(data_path),) if sidecar else build_sentencepiece_luts(sp, vocab_size)
 
 
-def count_scored_bytes(tokens: torch.Tensor, index: torch.Tensor, luts) -> torch.Tensor:
+def count_scored_bytes(tokens: torch.Tensor, index: torch.Tensor, luts, /) -> torch.Tensor:
     """UTF-8 bytes of the targets tokens[index + 1], each scored after tokens[index]: same shape as index.
 
     tokens: the val stream int64 [N]; index: int64 positions < N - 1, on the device of `luts`. luts: the
-    three official tables (count_target_bytes), or one tensor [>= N] of bytes per stream position: a
-    CaseOps byte sidecar (shards/sidecar.py, PR #1855), whose entry for a target is its original text's
-    bytes, whatever its piece spells.
+    three official tables (base_bytes, has_leading_space, is_boundary_token: a target's base bytes, plus 1 for its
+    leading space unless the previous token is a boundary token), or one tensor [>= N] of bytes per stream
+    position: a CaseOps byte sidecar (shards/sidecar.py, PR #1855), whose entry for a target is its original
+    text's bytes, whatever its piece spells.
     """
     if len(luts) == 1:
         return luts[0][index + 1]
-    return count_target_bytes(tokens[index], tokens[index + 1], luts)
-
-
-def count_target_bytes(prev_ids: torch.Tensor, target_ids: torch.Tensor, luts) -> torch.Tensor:
-    """UTF-8 bytes of each target given its previous token: int16, same shape as target_ids.
-
-    prev_ids, target_ids: int64 tensors of the same shape, on the device of `luts`
-    (base_bytes, has_leading_space, is_boundary_token).
-    """
     base_bytes, has_leading_space, is_boundary_token = luts
-    return base_bytes[target_ids] + (has_leading_space[target_ids] & ~is_boundary_token[prev_ids])
+    target = tokens[index + 1]
+    return base_bytes[target] + (has_leading_space[target] & ~is_boundary_token[tokens[index]])
 
 # where each score of result.json comes from: the status of a run whose score is not finite names it
 SCORE_PHASES = (("_prequant", "prequant_eval"), ("_roundtrip", "roundtrip"), ("_sliding", "sliding"), ("_ttt", "ttt"))
 
 
-def nonfinite_scores(summary: dict) -> dict:
+def nonfinite_scores(summary: dict, /) -> dict:
     """{key: phase} for each top-level number of `summary` (a result.json) that is NaN or infinite; the
     phase is the pass that produced it (prequant_eval, roundtrip, sliding, ttt), else summary["phase"]."""
     bad = {}

@@ -12,7 +12,7 @@ import math
 from eval.sliding import eval_sliding
 
 
-def eval_roundtrip(model, val_tokens, luts, *, seq_len, **kwargs) -> tuple:
+def eval_roundtrip(model, val_tokens, luts, /, *, seq_len, **kwargs) -> tuple:
     """Official-style val eval: non-overlapping windows of seq_len, every position scored.
 
     val_tokens int64 [N] (all val shards, BOS kept) is truncated to ((N-1)//seq_len)*seq_len + 1

@@ -30,12 +30,12 @@ from eval.walk import EvalTimeError, Schedule, TTTRun, run_score_first
 from primitives.env import BUNDLE_KIND
 
 
-def count_sliding_windows(num_targets: int, seq_len: int, stride: int) -> int:
+def count_sliding_windows(num_targets: int, seq_len: int, stride: int, /) -> int:
     """Number of windows of the exact set: max(1, ceil((num_targets - (seq_len - stride)) / stride))."""
     return max(1, -(-(num_targets - seq_len + stride) // stride))
 
 
-def plan_sliding_windows(num_targets: int, seq_len: int, stride: int, windows: torch.Tensor) -> tuple:
+def plan_sliding_windows(num_targets: int, seq_len: int, stride: int, windows: torch.Tensor, /) -> tuple:
     """Target indices and score mask of the windows with indices `windows` (int64 [B], any device).
 
     Returns (index int64 [B, T], score bool [B, T]) with T = min(seq_len, num_targets): position p of
@@ -48,14 +48,14 @@ def plan_sliding_windows(num_targets: int, seq_len: int, stride: int, windows: t
     return index, (positions >= (seq_len - stride) * (windows[:, None] > 0)) & (index < num_targets)
 
 
-def first_sliding_window(target: int, seq_len: int, stride: int) -> int:
+def first_sliding_window(target: int, seq_len: int, stride: int, /) -> int:
     """Index of the window of the exact set that scores target index `target` (0-based):
     max(0, (target - context) // stride), context = seq_len - stride (window w > 0 scores
     [w * stride + context, w * stride + seq_len))."""
     return max(0, (target - seq_len + stride) // stride)
 
 
-def scoring_forward(model, compile_model: bool = False):
+def scoring_forward(model, compile_model: bool = False, /):
     """The eval's forward: score(input_ids int64 [B, T], start) -> logits [B, T - start, V] (any float dtype) of
     positions start .. T - 1. Where the model has `forward_hidden` and `head_logits`, the trunk runs on every
     position (compiled with torch.compile(dynamic=False) when asked: one graph for every batch) and the head,
@@ -71,7 +71,7 @@ def scoring_forward(model, compile_model: bool = False):
     return lambda input_ids, start=0: apply_head(head, trunk(input_ids)[:, start:])
 
 
-def apply_head(head, hidden: torch.Tensor, max_positions: int = 65536) -> torch.Tensor:
+def apply_head(head, hidden: torch.Tensor, /, max_positions: int = 65536) -> torch.Tensor:
     """head(hidden) for hidden [B, T, D], in slices of whole windows of at most max_positions positions, so the
     eager head's float32 softcap temporaries stay one slice big (window 0's batch runs it on every position)."""
     rows = max(1, max_positions // max(1, hidden.size(1)))
@@ -80,7 +80,7 @@ def apply_head(head, hidden: torch.Tensor, max_positions: int = 65536) -> torch.
     return torch.cat([head(part) for part in hidden.split(rows)])
 
 
-def ttt_window_ranges(bounds: list, run: TTTRun) -> list:
+def ttt_window_ranges(bounds: list, run: TTTRun, /) -> list:
     """Per unit of `bounds` (target offsets, unit c = [bounds[c], bounds[c+1])): the range of first window
     indices run.rank scores, in batches of run.eval_batch_seqs, of the exact window set restricted to the unit's
     targets (batch k of a unit's windows goes to rank k % world_size)."""
@@ -89,7 +89,7 @@ def ttt_window_ranges(bounds: list, run: TTTRun) -> list:
                   run.world_size * run.eval_batch_seqs) for c in range(len(bounds) - 1)]
 
 
-def score_unit_windows(score_fwd, run: TTTRun, windows, lo: int, hi: int, bar=None) -> torch.Tensor:
+def score_unit_windows(score_fwd, run: TTTRun, windows, lo: int, hi: int, bar=None, /) -> torch.Tensor:
     """float64 [3] (nll nats, targets, bytes) of this rank's share of targets [lo, hi) of run.tokens, scored over
     `windows` (first window of each batch of run.eval_batch_seqs, ttt_window_ranges; windows past the last one are
     padding and score nothing) under inference mode; bar: a primitives.progress.Progress updated per batch.
@@ -128,39 +128,39 @@ class Scorer:
     trained on), count_steps() (the steps steps() would take), close(). progress(): (total, unit) of the progress
     bar (`self.bar`) that score() updates."""
 
-    def __init__(self, model, run: TTTRun):
+    def __init__(self, model, run: TTTRun, /):
         self.model, self.run = model, run
         self.score_fwd = scoring_forward(model, run.compile_model)
 
-    def start(self, sched: Schedule) -> None:
+    def start(self, sched: Schedule, /) -> None:
         self.windows = ttt_window_ranges(sched.bounds, self.run)
 
-    def progress(self, sched: Schedule) -> tuple:
+    def progress(self, sched: Schedule, /) -> tuple:
         return sum(map(len, self.windows)), "window batches"
 
     def trainable(self) -> list:
         return []
 
-    def begin_round(self, sched: Schedule, now: list) -> None:
+    def begin_round(self, sched: Schedule, now: list, /) -> None:
         pass
 
-    def score(self, sched: Schedule, now: list) -> torch.Tensor:
+    def score(self, sched: Schedule, now: list, /) -> torch.Tensor:
         """float64 [len(now), 3] (nll nats, targets, bytes) per unit of the round, this rank's share."""
         b = sched.bounds
         return torch.stack([score_unit_windows(self.score_fwd, self.run, self.windows[c], b[c], b[c + 1], self.bar)
                             for _, c, _ in now])
 
-    def steps(self, sched: Schedule, spans: list, num_units: int):
+    def steps(self, sched: Schedule, spans: list, num_units: int, /):
         return iter(())
 
-    def count_steps(self, sched: Schedule, spans: list, num_units: int) -> int:
+    def count_steps(self, sched: Schedule, spans: list, num_units: int, /) -> int:
         return 0
 
     def close(self) -> None:
         pass
 
 
-def sliding_schedule(run: TTTRun) -> Schedule:
+def sliding_schedule(run: TTTRun, /) -> Schedule:
     """The sliding pass's cut of the stream for the walk: a batch k of B = eval_batch_seqs windows goes to rank
     k % world_size, so a group of world_size batches spans W x B windows. Round 0 scores group 0 (it pays for
     compilation), round 1 groups 1..probe (probe = min(3, the fewest batches of a rank - 1)), round 2 the rest;
@@ -186,7 +186,7 @@ class SlidingPass:
 
 
 @torch.inference_mode()
-def eval_sliding(model, val_tokens, luts, *, seq_len, stride, batch_seqs, device, rank=0, world_size=1,
+def eval_sliding(model, val_tokens, luts, /, *, seq_len, stride, batch_seqs, device, rank=0, world_size=1,
                  autocast_dtype=None, max_seconds=600.0, auto_stride=False, log=print, compile_model=False,
                  clock=time.perf_counter) -> dict:
     """Sliding-window val eval of the model's logits (scoring_forward) over the whole stream val_tokens int64 [N]:

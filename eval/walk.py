@@ -35,7 +35,7 @@ class EvalTimeError(ValueError):
     projection fits (0: none <= seq_len does, or the schedule cannot say), for the message that says what
     to run next."""
 
-    def __init__(self, message: str, fit_stride: int):
+    def __init__(self, message: str, fit_stride: int, /):
         super().__init__(message)
         self.fit_stride = fit_stride
 
@@ -80,7 +80,7 @@ class Schedule:
     note: str = ""
 
 
-def ttt_records(bounds: list, **per_chunk) -> list:
+def ttt_records(bounds: list, /, **per_chunk) -> list:
     """The ledger's empty records, one per unit of `bounds` ([0, b_1, ..., N - 1]); per_chunk: name -> list
     of a value per unit (e.g. document)."""
     return [dict(chunk=c, **{k: v[c] for k, v in per_chunk.items()}, first_target=bounds[c],
@@ -88,14 +88,14 @@ def ttt_records(bounds: list, **per_chunk) -> list:
                  last_update_step=None) for c in range(len(bounds) - 1)]
 
 
-def mark_update(records: list, bounds: list, lo: int, hi: int, step: int) -> None:
+def mark_update(records: list, bounds: list, lo: int, hi: int, step: int, /) -> None:
     """The ledger: update `step` trained on targets [lo, hi): every unit holding one of them records it."""
     for k in range(bisect.bisect_right(bounds, lo) - 1, bisect.bisect_left(bounds, hi)):
         records[k]["first_update_step"] = records[k]["first_update_step"] or step
         records[k]["last_update_step"] = step
 
 
-def check_ttt_legality(records: list) -> None:
+def check_ttt_legality(records: list, /) -> None:
     """Raise ValueError naming the first unit that was scored by a model already updated on it.
 
     records: dicts with chunk, scored_at_step (updates applied before the unit was scored) and
@@ -117,13 +117,13 @@ def check_ttt_legality(records: list) -> None:
                              f"updates, but update {r['first_update_step']} had already trained on it")
 
 
-def walk_scores(totals) -> tuple:
+def walk_scores(totals, /) -> tuple:
     """(val_loss, val_bpb, num_scored, num_bytes) of a walk's float64 [3] sums (nll nats, targets, bytes)."""
     nll, num_scored, num_bytes = totals.tolist()
     return nll / num_scored, nll / math.log(2) / num_bytes, int(num_scored), int(num_bytes)
 
 
-def ttt_totals(records: list, totals, num_targets: int, what: str, short: str = "") -> tuple:
+def ttt_totals(records: list, totals, num_targets: int, what: str, short: str = "", /) -> tuple:
     """walk_scores(totals) of a finished walk after check_ttt_legality(records); RuntimeError (a bug of the window
     plan, `short` naming the first unit that scored another count) unless every one of num_targets was scored
     exactly once."""
@@ -135,7 +135,7 @@ def ttt_totals(records: list, totals, num_targets: int, what: str, short: str = 
     return scores
 
 
-def ledger_round(records: list, bounds: list, now: list, scored: list, r: int, step: int, short: str) -> str:
+def ledger_round(records: list, bounds: list, now: list, scored: list, r: int, step: int, short: str, /) -> str:
     """The ledger after round r scored the units `now` ([(slot, unit, last)]) with `step` updates applied: their
     records (scored_at_step, slot and round where the ledger has them, val_loss, val_bpb from `scored`, the round's
     [nll, targets, bytes] per unit) and check_ttt_legality of each with the one before; returns `short`, or the
@@ -150,7 +150,7 @@ def ledger_round(records: list, bounds: list, now: list, scored: list, r: int, s
     return short
 
 
-def run_score_first(model, run: TTTRun, row, max_seconds: float, log, clock, t_start=None) -> dict:
+def run_score_first(model, run: TTTRun, row, /, max_seconds: float, log, clock, t_start=None) -> dict:
     """The walk of `row` over run.tokens: row.schedule(run) -> Schedule, row.updater(model, run) -> an
     eval.sliding.Scorer, row.scope(sched, unit) -> the targets the updates after a unit train on; row.entry,
     label, title, unit, count_from name it in messages. The model is adapted IN PLACE when the updater trains its

@@ -87,7 +87,7 @@ from primitives.progress import Progress
 QUANT_PREFIX = b"PGQZ\x03"  # magic + format version 3 (b"PGQZ\x02", version 2, still loads)
 
 
-def pack_bits(q: torch.Tensor, bits: int) -> bytes:
+def pack_bits(q: torch.Tensor, bits: int, /) -> bytes:
     """Pack integers q (any shape, values in [-2**(bits-1), 2**(bits-1)-1], bits 1..8) densely.
 
     Returns uint8 [ceil(q.numel() * bits / 8)] (CPU). Values out of range corrupt their
@@ -100,7 +100,7 @@ def pack_bits(q: torch.Tensor, bits: int) -> bytes:
     return u.sum(1).view(torch.uint8).view(-1, 8)[:, :bits].reshape(-1)[:(n * bits + 7) // 8]
 
 
-def unpack_bits(packed: bytes, bits: int, n: int) -> torch.Tensor:
+def unpack_bits(packed: bytes, bits: int, n: int, /) -> torch.Tensor:
     """Inverse of pack_bits: uint8 [ceil(n * bits / 8)] -> int64 [n]."""
     offset, g = 1 << bits - 1, -(-n // 8)  # (bits < 1 fails here, before any allocation)
     w = torch.cat([packed, packed.new_zeros(g * bits - packed.numel())]).view(g, bits)
@@ -109,7 +109,7 @@ def unpack_bits(packed: bytes, bits: int, n: int) -> torch.Tensor:
 
 
 def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: QuantPolicy,
-                    hessians: dict | None = None) -> tuple:
+                    hessians: dict | None = None, /) -> tuple:
     """cache[name, bits], computed on first use: tensor t (>= 2 dims, as [shape[0], -1]) at `bits`.
 
     Full GPTQ (quant/gptq.py) when policy.gptq and hessians has `name` (a [C, C] H; for the embedding
@@ -148,7 +148,7 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
 
 
 def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | None = None,
-                        cache: dict | None = None) -> list:
+                        cache: dict | None = None, /) -> list:
     """Quantize each tensor as the policy says -> (entries for quant_build_payload, rel_mse).
 
     state_dict: name -> tensor (float tensors any dtype/device, all finite); hessians: see
@@ -180,7 +180,7 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
     return entries, err / norm
 
 
-def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, packing: str, shuffle: bool = False,
+def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, packing: str, shuffle: bool = False, /,
                         run: dict | None = None, lqer: dict | None = None) -> bytes:
     """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
 
@@ -206,7 +206,7 @@ def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, pa
             + struct.pack("<I", len(head)))
 
 
-def quant_wrap_container(raw: bytes, compressor: str) -> bytes:
+def quant_wrap_container(raw: bytes, compressor: str, /) -> bytes:
     """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli, or "grouped": quant/grouped.py)
     and prepend the 14-byte header."""
     data = (grouped_compress(raw) if compressor == "grouped" else zlib.compress(raw, 9) if compressor == "zlib"
@@ -217,7 +217,7 @@ def quant_wrap_container(raw: bytes, compressor: str) -> bytes:
     return head + struct.pack("<I", zlib.crc32(data, zlib.crc32(head))) + data
 
 
-def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=16_000_000, policy=None,
+def export_artifact(state_dict, model_config, path, /, *, code_bytes, byte_budget=16_000_000, policy=None,
                     compressor="auto", hessians=None, log=print, run=None):
     """Quantize, compress and atomically write the artifact; fit model + code bytes into the budget.
 
@@ -251,7 +251,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
     def err(n: str, b: int, p: QuantPolicy) -> float:  # measured relative error of tensor n at b bits under p
         return quantize_matrix(cache, n, state_dict[n], b, p, hessians)[3]
 
-    def compress(policy: QuantPolicy) -> tuple:  # (blob, its job, rel_mse): the smallest of the candidate encodings
+    def compress(policy: QuantPolicy, /) -> tuple:  # (blob, its job, rel_mse): the smallest of the candidate encodings
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
         lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n, policy.lqer_asym) if policy.lqer else None
         build = functools.partial(quant_build_payload, entries, model_config, policy.to_dict(), run=run, lqer=lqer)
@@ -314,7 +314,7 @@ def export_artifact(state_dict, model_config, path, *, code_bytes, byte_budget=1
                 quant_estimate_scale_measured=round(measured_scale, 4))
 
 
-def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
+def decode_artifact(data: bytes, label: str = "artifact", /) -> tuple:
     """Artifact bytes -> (state_dict float32 tensors, model_config dict, meta dict).
 
     Non-float passthrough tensors keep their dtype. meta: the payload header (config, packing,
@@ -371,7 +371,7 @@ def decode_artifact(data: bytes, label: str = "artifact") -> tuple:
         raise ValueError(f"{label}: {err}") from None
 
 
-def load_artifact(path: str | os.PathLike) -> tuple:
+def load_artifact(path: str | os.PathLike, /) -> tuple:
     """Read an artifact file -> (state_dict float32 tensors, model_config dict, meta dict).
 
     ValueError naming the file for any truncated, corrupted, foreign or other-version file.

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from eval.bpb import build_sentencepiece_luts, count_target_bytes
+from eval.bpb import build_sentencepiece_luts, count_scored_bytes
 from eval.offline import count_stream_bytes, load_sentencepiece_luts
 from eval.roundtrip import eval_roundtrip
 from eval.sliding import eval_sliding
@@ -92,8 +92,10 @@ def test_lut_rules_by_piece():
     bare_space = sp.piece_to_id("\u2581")
     assert base[bare_space] == 0 and space[bare_space]
     # The space counts after an ordinary token, not after BOS or <unk>.
-    prev = torch.tensor([sp.piece_to_id("a"), sp.bos_id(), sp.unk_id(), bare_space])
-    assert count_target_bytes(prev, torch.full((4,), the), (base, space, boundary)).tolist() == [4, 3, 3, 4]
+    prev = [sp.piece_to_id("a"), sp.bos_id(), sp.unk_id(), bare_space]
+    tokens = torch.tensor([i for p in prev for i in (p, the)])  # each prev followed by "▁the"
+    counts = count_scored_bytes(tokens, torch.arange(0, 8, 2), (base, space, boundary))
+    assert counts.tolist() == [4, 3, 3, 4]
 
 
 def test_load_luts_checks(tmp_path):

@@ -19,13 +19,13 @@ from model.gpt import GPT
 from primitives.settings import Hyperparameters
 
 
-def eval_device_args(ctx: RunContext) -> dict:
+def eval_device_args(ctx: RunContext, /) -> dict:
     """The keyword arguments every eval/ pass takes from the run context."""
     return dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=ctx.compile,
                 autocast_dtype=ctx.autocast_dtype)
 
 
-def evaluate_roundtrip(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts) -> dict:
+def evaluate_roundtrip(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, /) -> dict:
     """{val_loss (nats/token), val_bpb} of `model` on val_tokens (int64 [N]), non-overlapping windows of
     TRAIN_SEQ_LEN in batches of VAL_BATCH_SIZE tokens (eval_sliding scores in eval mode and restores the model's)."""
     loss, bpb = eval_roundtrip(model, val_tokens, luts, seq_len=hp.train_seq_len,
@@ -33,7 +33,7 @@ def evaluate_roundtrip(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tok
     return dict(val_loss=loss, val_bpb=bpb)
 
 
-def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, *,
+def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, /, *,
                      stride: int, started: float) -> dict:
     """The sliding-window score (eval.sliding.eval_sliding's dict: val_loss, val_bpb, stride, eval_seconds,
     num_scored_tokens, num_bytes). Its time guard gets what is left of EVAL_MAX_SECONDS since `started`
@@ -44,7 +44,7 @@ def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_token
                         max_seconds=max(left, 1e-9), auto_stride=hp.eval_auto_stride, log=ctx.log, **eval_device_args(ctx))
 
 
-def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> EvalPlan:
+def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int, /) -> EvalPlan:
     """The final eval's plan before training (eval.plan.EvalPlan; epochs 0: the sliding pass).
 
     Without TTT: EVAL_STRIDE, or with EVAL_AUTO_STRIDE the smallest stride that fits (plan_eval_stride).
@@ -61,7 +61,7 @@ def plan_final_eval(ctx: RunContext, model_config: dict, hp: Hyperparameters, nu
     return plan_final_ttt(ctx, model_config, hp, num_val_tokens)
 
 
-def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> int:
+def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int, /) -> int:
     """EVAL_AUTO_STRIDE before training: the smallest stride >= EVAL_STRIDE whose projected eval fits.
 
     Times 3 forward passes of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens on a fresh model

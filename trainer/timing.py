@@ -13,7 +13,7 @@ from primitives.settings import Hyperparameters
 from trainer.context import RunContext
 
 
-def seconds_per_call(ctx: RunContext, call, repeats: int = 3, label: str = "timing") -> float:
+def seconds_per_call(ctx: RunContext, call, /, repeats: int = 3, label: str = "timing") -> float:
     """Mean seconds of `call()` over `repeats` calls after one warm-up (compilation), synchronized."""
     bar = Progress(label, repeats + 1, "calls")
     call()
@@ -28,12 +28,12 @@ def seconds_per_call(ctx: RunContext, call, repeats: int = 3, label: str = "timi
     return (time.perf_counter() - t0) / repeats
 
 
-def scored_context(hp: Hyperparameters) -> int:
+def scored_context(hp: Hyperparameters, /) -> int:
     """The positions before the ones a window after the first scores: TRAIN_SEQ_LEN - EVAL_STRIDE."""
     return hp.train_seq_len - min(hp.eval_stride, hp.train_seq_len)
 
 
-def time_eval_forward(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
+def time_eval_forward(ctx: RunContext, model: GPT, hp: Hyperparameters, /) -> float:
     """Seconds of one forward of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN] synthetic tokens (no val token is
     read), compiled and autocast as the eval runs it: the head on the last EVAL_STRIDE positions only."""
     score = scoring_forward(model, ctx.compile)
