@@ -105,12 +105,12 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
     names = {m: k + ".weight" for k, m in model.named_modules()}
     head = getattr(model, "head_weight", None)
     if callable(head) and hasattr(model, "forward_hidden"):  # the head's input: the final norm's output
-        hidden, key = model.forward_hidden, object()
-        names[key] = next(k for k, p in model.named_parameters() if p is head())
+        hidden = model.forward_hidden  # also the key of the head's H
+        names[hidden] = next(k for k, p in model.named_parameters() if p is head())
 
         def forward_hidden(*args, **kwargs):
             out = hidden(*args, **kwargs)
-            hook(key, (out,), None)
+            hook(hidden, (out,), None)
             return out
         model.forward_hidden = forward_hidden  # an instance attribute: the class is unchanged
     start = clock()

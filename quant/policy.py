@@ -157,16 +157,17 @@ class QuantPolicy:
         """
         env = os.environ if environ is None else environ
         env = {**PRESET_QUANT.get(env.get("PRESET", DEFAULT_PRESET), {}), **env}  # the preset's, under the environment
-        kinds = {f.name: type(f.default) for f in dataclasses.fields(cls)}
-        known = {f"QUANT_{name.upper()}" for name in kinds} | {"QUANT_MATRIX_BITS"}
+        fields = dataclasses.fields(cls)
         if BUNDLE_KIND == "package":  # the unknown-variable warning is the kit's, as for the settings (docs/bundle.md)
-            warn_unknown_env(env, known, ("QUANT_",), log)
+            warn_unknown_env(env, {f"QUANT_{f.name.upper()}" for f in fields} | {"QUANT_MATRIX_BITS"}, ("QUANT_",), log)
         kwargs = {}
-        for var in sorted(env, key="QUANT_MATRIX_BITS".__ne__):  # QUANT_MATRIX_BITS first (False sorts first)
-            if var not in known:
-                continue
-            for name in ("attn_bits", "mlp_bits") if var == "QUANT_MATRIX_BITS" else (var[6:].lower(),):
-                raw, kind = env[var], kinds[name]
+        for f in fields:
+            name, kind = f.name, type(f.default)
+            # QUANT_MATRIX_BITS first: QUANT_ATTN_BITS / QUANT_MLP_BITS win over it
+            for var in ("QUANT_MATRIX_BITS",) * (name in ("attn_bits", "mlp_bits")) + (f"QUANT_{name.upper()}",):
+                if var not in env:
+                    continue
+                raw = env[var]
                 if kind is not tuple:  # names the variable in its own error
                     kwargs[name] = parse_env_value(var, raw, kind)
                 try:
