@@ -77,17 +77,6 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
     return model, config, policy, attn_backend, flops_per_token
 
 
-def run_summary(ctx: RunContext, hp: Hyperparameters, *, model: GPT, policy: QuantPolicy, code_bytes: int,
-                attn_backend: str) -> dict:
-    """The result.json entries known before training starts."""
-    return dict(run_id=hp.run_id, preset=hp.preset, seed=hp.seed, world_size=ctx.world_size, status="ok",
-                device=describe_device(ctx.device), hyperparameters=dataclasses.asdict(hp),
-                quant_policy=policy.to_dict(), max_wallclock_seconds=hp.max_wallclock_seconds,
-                bytes_code=code_bytes, byte_budget=hp.byte_budget, torch_version=torch.__version__,
-                python_version=platform.python_version(), model_params=sum(p.numel() for p in model.parameters()),
-                attention_backend=attn_backend, artifact_path=str(ctx.run_dir / "final_model.ptz"))
-
-
 def main() -> int:
     """train_and_score() in a process that then gives its run folder back (its lock), whatever it did."""
     if BUNDLE_KIND == "package":  # the run folder's lock is the kit's (trainer/runfolder.py)
@@ -135,17 +124,21 @@ def train_and_score() -> int:
         tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
-    summary = run_summary(ctx, hp, model=model, policy=policy, code_bytes=code_bytes, attn_backend=attn_backend)
-    summary.update(phase="train", inputs=inputs, val_byte_count=byte_count,
-                   loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
-    run = Run(ctx, hp, summary, loader, model, config, ctx.run_dir / "final_model.ptz", plan,
+    artifact = ctx.run_dir / "final_model.ptz"
+    summary = dict(run_id=hp.run_id, preset=hp.preset, seed=hp.seed, world_size=ctx.world_size, status="ok",  # result.json
+                   device=describe_device(ctx.device), hyperparameters=dataclasses.asdict(hp),
+                   quant_policy=policy.to_dict(), max_wallclock_seconds=hp.max_wallclock_seconds,
+                   bytes_code=code_bytes, byte_budget=hp.byte_budget, torch_version=torch.__version__,
+                   python_version=platform.python_version(), model_params=sum(p.numel() for p in model.parameters()),
+                   attention_backend=attn_backend, artifact_path=str(artifact), phase="train", inputs=inputs,
+                   val_byte_count=byte_count, loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
+    run = Run(ctx, hp, summary, loader, model, config, artifact, plan,
               record=functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest,
                                        train_files=loader.opened),
               train=functools.partial(train, ctx, hp, model, loader, flops_per_token=flops_per_token,
                                       val_eval=lambda m: evaluate_roundtrip(ctx, hp, m, val_tokens(), luts)),
-              finish=functools.partial(finish_run, ctx, hp, model=model, config=config, policy=policy,
-                                       code_bytes=code_bytes, artifact_path=ctx.run_dir / "final_model.ptz",
-                                       val_tokens=val_tokens, luts=luts, plan=plan))
+              finish=functools.partial(finish_run, ctx, hp, model, config, policy, code_bytes, artifact, val_tokens,
+                                       luts, plan))
     if BUNDLE_KIND == "package":  # the kit's signals, resume and recovery after training (trainer/interrupt.py)
         return train_and_finish_guarded(run, saved)
     run.trained(run.train(stop=[0]))

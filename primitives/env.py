@@ -4,7 +4,6 @@ A value is parsed to its field's type with the variable named in every error, an
 looks like one of ours but is not gets one warning line (typos are silent killers of 10-minute runs).
 """
 
-import math
 
 # The form this code runs in: "package" (the kit's repo). The bundler rewrites this one line to "human" or "packed"
 # in the files it writes (kit/bundle.py) and replaces each `if BUNDLE_KIND == "package":` block by its else-body
@@ -27,7 +26,7 @@ def parse_env_value(name: str, raw: str, kind: type):
             return text in ("1", "true")
         if kind is int:
             value = int(text) if text.lstrip("+-").isdigit() else float(text)  # digits: exact, however long
-            if not math.isfinite(value) or value != int(value):
+            if value != int(value):  # (int() of inf or nan raises, as a bad value should)
                 raise ValueError
             return int(value)
         return kind(raw.strip())

@@ -202,13 +202,16 @@ def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_s
         if extra:
             raise ValueError(f"DATA_PATH={data_path}: {extra[0]} is not a {split} shard of {path} ({len(extra)} unlisted); "
                              f"expected only the shards the manifest lists")
-    unhashed = [s for s in hash_splits if s in splits and "shard_sha256" not in splits[s]]
     if BUNDLE_KIND == "package":  # (result.json's compliance says it: `unverified`)
+        unhashed = [s for s in hash_splits if s in splits and "shard_sha256" not in splits[s]]
         if unhashed:
             log(f"WARNING: {path} records no sha256 per shard ({', '.join(unhashed)}): the shards are unverified "
                 f"(tools/prepare_data.py records them in new datasets)")
-    for split in (s for s in hash_splits if s in splits and s not in unhashed):
-        names, hashes = splits[split]["shards"], splits[split]["shard_sha256"]
+    for split in hash_splits:
+        info = splits.get(split, {})
+        if "shard_sha256" not in info:
+            continue  # a dataset made before they were recorded: unverified
+        names, hashes = info["shards"], info["shard_sha256"]
         if len(hashes) != len(names):
             raise ValueError(f"manifest {path}: {len(hashes)} shard_sha256 for {len(names)} {split} shards; expected one each")
         for name, want in zip(names, hashes):

@@ -100,7 +100,8 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
                                                      inputs["tokenizer_sha256"])["val_byte_count"]
     elif why := caseops_signs(hp.data_path, sp, hp.tokenizer_path):  # scored on the tokenizer's bytes it would be wrong
         raise ValueError(f"DATA_PATH={hp.data_path!r}: CaseOps data ({why}); expected CASEOPS_ENABLED=1")
-    hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
+    if BUNDLE_KIND == "package":  # the kit's check before anything is written (a record's file: train() refuses it)
+        hp.resolve_grad_accum(ctx.world_size, ctx.device.type == "cuda")
     if hp.loss_kernel == "liger":  # without CUDA or liger_kernel, or failing its check: refused here (auto is torch)
         choose_loss_kernel(hp.loss_kernel, ctx.device)
     if BUNDLE_KIND == "package":  # the kit's preflight: the TTT pass checks both itself (eval/ttt.py), after training

@@ -107,7 +107,7 @@ def check_packed_for(hp: Hyperparameters) -> None:
     """A packed file refuses, before anything runs, settings that need a module it was packed without:
     ValueError naming the settings, their values and the modules (no-op in the package). Each refusal is a
     left-out module's PACKED_WHEN condition as a probe over the run's settings (kit/bundle_when.py)."""
-    quant = QuantPolicy.from_env(log=lambda *_: None) if BUNDLE_REFUSALS else None
+    quant = QuantPolicy.from_env() if BUNDLE_REFUSALS else None  # (its warnings are the package's, which has no refusals)
     for names, modules, probe in BUNDLE_REFUSALS:
         if probe(hp, quant):  # QUANT_<FIELD> is a QuantPolicy field unless Hyperparameters has the name
             given = " ".join(f"{n}={getattr(hp, n.lower()) if hasattr(hp, n.lower()) else getattr(quant, n[6:].lower())}"

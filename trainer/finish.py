@@ -22,8 +22,8 @@ from model.gpt import GPT
 from primitives.settings import Hyperparameters
 
 
-def finish_run(ctx: RunContext, hp: Hyperparameters, *, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
-               artifact_path: Path, val_tokens, luts, plan: EvalPlan):
+def finish_run(ctx: RunContext, hp: Hyperparameters, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
+               artifact_path: Path, val_tokens, luts, plan: EvalPlan):  # one caller (train_gpt.py), positional
     """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval at the plan's stride (with
     plan.epochs > 0: score-first TTT of TTT_MODE in its place, eval/ttt_modes.py, with the plan's epochs and phases).
 
