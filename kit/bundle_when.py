@@ -156,12 +156,12 @@ class _ToFields(ast.NodeTransformer):
 
 def refusal_source(left_out: dict, settings: PackSettings) -> str:
     """The packed file's `BUNDLE_REFUSALS = (...)` line for {condition: [left-out relpaths]}: per
-    condition (names, modules, probe): the setting names it reads, the modules, and probe(h, q) -> the
-    condition over the run's Hyperparameters h and QuantPolicy q (trainer/context.py check_packed_for)."""
+    condition (modules, probe): the modules, and probe(h, q) -> the condition over the run's Hyperparameters h
+    and QuantPolicy q (trainer/context.py check_packed_for names the settings from the probe's attribute names)."""
     entries = []
     for condition, relpaths in sorted(left_out.items()):
         body = ast.unparse(_ToFields(settings).visit(ast.parse(condition, mode="eval")).body)
-        entries.append(f"({' '.join(condition_names(condition))!r},{' '.join(sorted(relpaths))!r},lambda h,q:{body})")
+        entries.append(f"({' '.join(sorted(relpaths))!r},lambda h,q:{body})")
     return "BUNDLE_REFUSALS = (" + "".join(e + "," for e in entries) + ")"
 
 

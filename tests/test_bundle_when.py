@@ -72,8 +72,8 @@ def test_refusal_source_probes_each_condition_over_the_settings_and_names_their_
 
     line = refusal_source({"TTT_ENABLED and TTT_MODE == 'lora'": ["eval/b.py", "eval/a.py"], "QUANT_LQER": ["q.py"]},
                           settings())
-    assert line == ("BUNDLE_REFUSALS = (('QUANT_LQER','q.py',lambda h,q:q.lqer),('TTT_ENABLED TTT_MODE','eval/a.py "
-                    "eval/b.py',lambda h,q:h.ttt_enabled and h.ttt_mode == 'lora'),)")
+    assert line == ("BUNDLE_REFUSALS = (('q.py',lambda h,q:q.lqer),('eval/a.py eval/b.py',lambda h,q:h.ttt_enabled "
+                    "and h.ttt_mode == 'lora'),)")
     scope = {}
     exec(line, scope)  # noqa: S102 (the generated line)
     monkeypatch.setattr(context, "BUNDLE_REFUSALS", scope["BUNDLE_REFUSALS"])
@@ -96,7 +96,7 @@ def test_a_module_off_for_the_settings_is_left_out_with_what_only_it_reaches(tmp
     apart = bundle.build_human_parts(root, settings(QUANT_LQER="0", PRESET="smoke"))[1]["packed_for"]
     assert apart == "packed for PRESET=smoke"
     human = "".join(text for _, text in parts)
-    assert "PACKED_WHEN" not in human and "BUNDLE_REFUSALS = (('QUANT_LQER','quant/extra.py',lambda h,q:q.lqer)," in human
+    assert "PACKED_WHEN" not in human and "BUNDLE_REFUSALS = (('quant/extra.py',lambda h,q:q.lqer)," in human
     on = bundle.build_human_parts(root, settings(QUANT_LQER="1"))[1]
     assert "quant/extra.py" in on["modules"] and on["off"] == {} and on["packed_for"] == ""
     every = bundle.build_human_parts(root)[1]  # no settings: every module, nothing refused

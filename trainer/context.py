@@ -108,10 +108,10 @@ def check_packed_for(hp: Hyperparameters) -> None:
     ValueError naming the settings, their values and the modules (no-op in the package). Each refusal is a
     left-out module's PACKED_WHEN condition as a probe over the run's settings (kit/bundle_when.py)."""
     quant = QuantPolicy.from_env() if BUNDLE_REFUSALS else None  # (its warnings are the package's, which has no refusals)
-    for names, modules, probe in BUNDLE_REFUSALS:
-        if probe(hp, quant):  # QUANT_<FIELD> is a QuantPolicy field unless Hyperparameters has the name
-            given = " ".join(f"{n}={getattr(hp, n.lower()) if hasattr(hp, n.lower()) else getattr(quant, n[6:].lower())}"
-                             for n in names.split())
+    for modules, probe in BUNDLE_REFUSALS:
+        if probe(hp, quant):  # the settings it reads are its attribute names (no QuantPolicy field is also a setting's)
+            given = " ".join(f"{n.upper()}={getattr(hp, n)}" if hasattr(hp, n) else f"QUANT_{n.upper()}={getattr(quant, n)}"
+                             for n in probe.__code__.co_names)
             raise ValueError(f"{given}: this train_gpt.py was packed without {modules}; pack one for these settings")
 
 
