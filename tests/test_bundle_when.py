@@ -81,6 +81,9 @@ def test_refusal_source_probes_each_condition_over_the_settings_and_names_their_
     with pytest.raises(ValueError, match=r"^TTT_ENABLED=True TTT_MODE=lora: this train_gpt.py was packed without "
                                          r"eval/a.py eval/b.py; pack one"):
         context.check_packed_for(Hyperparameters.from_env({"RUN_ID": "x", "TTT_ENABLED": "1", "TTT_MODE": "lora"}))
+    from quant.policy import QuantPolicy  # the message names a probe's attribute by the class that has it
+
+    assert not {f.name for f in dataclasses.fields(Hyperparameters)} & {f.name for f in dataclasses.fields(QuantPolicy)}
     monkeypatch.setenv("QUANT_LQER", "1")  # a QuantPolicy setting, read as the run reads it
     with pytest.raises(ValueError, match=r"^QUANT_LQER=True: this train_gpt.py was packed without q.py"):
         context.check_packed_for(Hyperparameters.from_env({"RUN_ID": "x"}))
