@@ -125,7 +125,7 @@ class CastedLinear(nn.Linear):
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, num_kv_heads: int, qk_gain_init: float, use_xsa: bool, gate_window: int,
-                 gate_scale: float):
+                 gate_scale: float, /):
         super().__init__()
         self.num_kv_heads, self.head_dim, self.use_xsa, self.gate_scale = num_kv_heads, dim // num_heads, use_xsa, gate_scale
         if gate_window:  # sparse head-output gate, zero-initialized as in PR #1787 (sigmoid(0) = 0.5)
@@ -151,7 +151,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, dim, mlp_mult, activation):
+    def __init__(self, dim, mlp_mult, activation, /):
         super().__init__()
         hidden = int(mlp_mult * dim)
         self.fc, self.proj = CastedLinear(dim, hidden), CastedLinear(hidden, dim)
@@ -172,7 +172,7 @@ class Block(nn.Module):
     after dim (num_heads, num_kv_heads, qk_gain_init, use_xsa, gate_window, gate_scale), positional (the packed file
     keeps keyword names)."""
 
-    def __init__(self, dim: int, mlp_mult: float, activation: str, parallel: bool, ln_scale: float, *attn_args):
+    def __init__(self, dim: int, mlp_mult: float, activation: str, parallel: bool, ln_scale: float, /, *attn_args):
         super().__init__()
         self.parallel, self.ln_scale = parallel, ln_scale
         self.attn = CausalSelfAttention(dim, *attn_args)
