@@ -23,7 +23,8 @@ Layout of the compressed section (after the 14-byte container header, little-end
     index by the permutation, uint16 [rows]: stored row i is payload row perm[i]).
 Decoding inflates each stream capped at its declared length (the raw lengths must add up to the
 payload length L, the index at most 2 L + 4096), checks every permutation and that every byte is
-used exactly once; anything else is a ValueError (quant/artifact.py names the file).
+used exactly once; anything else is a ValueError (quant/artifact.py names the file). These checks run in the
+package: a record's packed train_gpt.py reads the artifact it has just written, after its CRC check.
 
 Size note: bundled into the counted train_gpt.py (the decoder needs it).
 """
@@ -36,6 +37,8 @@ import struct
 import brotli
 import torch
 import zstandard
+
+from primitives.env import BUNDLE_KIND
 
 # the packed train_gpt.py holds this module only for runs with QUANT_GROUPED=1 (kit/bundle_when.py)
 PACKED_WHEN = "QUANT_GROUPED"
@@ -85,8 +88,9 @@ def _grouped_unpack(data: bytes, coder: int, n: int) -> bytes:
     out = (data if coder == 0 else zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if coder == 2
            else lzma.LZMADecompressor(lzma.FORMAT_ALONE).decompress(data, n + 1) if coder == 3
            else brotli.Decompressor().process(data, output_buffer_limit=n + 1) if coder == 4 else None)
-    if out is None or len(out) != n:
-        raise ValueError(f"a {GROUPED_CODERS.get(coder, coder)} stream inflates to {out and len(out)} bytes, not {n}")
+    if BUNDLE_KIND == "package":  # the container's checks: a record's file reads what it just wrote (its CRC checked)
+        if out is None or len(out) != n:
+            raise ValueError(f"a {GROUPED_CODERS.get(coder, coder)} stream inflates to {out and len(out)} bytes, not {n}")
     return out
 
 
@@ -118,36 +122,44 @@ def grouped_inflate(data: bytes, n: int) -> tuple:
     """Inverse of grouped_compress -> (payload bytes [n], layout: [[stream, coder, raw bytes,
     compressed bytes, sorted pieces], ...]). ValueError for anything that does not fit."""
     count = data[0]
-    if count != len(GROUPED_STREAMS):
-        raise ValueError(f"grouped container with {count} streams, expected {len(GROUPED_STREAMS)}")
+    # the container's checks are the package's: a record's file reads what it just wrote (its CRC checked)
+    if BUNDLE_KIND == "package":
+        if count != len(GROUPED_STREAMS):
+            raise ValueError(f"grouped container with {count} streams, expected {len(GROUPED_STREAMS)}")
     table = [struct.unpack_from("<BII", data, 1 + 9 * i) for i in range(count)]
-    if sum(t[1] for t in table[1:]) != n or table[0][1] > 2 * n + 4096 or any(t[0] not in GROUPED_CODERS for t in table):
-        raise ValueError(f"grouped stream table {table} does not describe a {n}-byte payload")
+    if BUNDLE_KIND == "package":
+        if sum(t[1] for t in table[1:]) != n or table[0][1] > 2 * n + 4096 or any(t[0] not in GROUPED_CODERS
+                                                                                  for t in table):
+            raise ValueError(f"grouped stream table {table} does not describe a {n}-byte payload")
     pos, streams = 1 + 9 * count, []
     for coder, size, csize in table:
         streams.append(_grouped_unpack(data[pos:pos + csize], coder, size))
         pos += csize
-    if pos != len(data):
-        raise ValueError(f"grouped container has {len(data) - pos} trailing bytes")
+    if BUNDLE_KIND == "package":
+        if pos != len(data):
+            raise ValueError(f"grouped container has {len(data) - pos} trailing bytes")
     index, at, cursors, out, sorted_count = streams[0], 0, [0] * count, [], [0] * count
     while at < len(index):
         sid, nbytes, rows = struct.unpack_from("<BII", index, at)
         at += 9
-        if not 0 < sid < count or cursors[sid] + nbytes > len(streams[sid]):
-            raise ValueError(f"grouped index entry ({sid}, {nbytes}) outside its stream")
+        if BUNDLE_KIND == "package":
+            if not 0 < sid < count or cursors[sid] + nbytes > len(streams[sid]):
+                raise ValueError(f"grouped index entry ({sid}, {nbytes}) outside its stream")
         piece = streams[sid][cursors[sid]:cursors[sid] + nbytes]
         cursors[sid] += nbytes
         if rows:
             perm = torch.frombuffer(bytearray(index[at:at + 2 * rows]), dtype=torch.int16).long() & 0xFFFF
             at += 2 * rows
-            if len(perm) != rows or nbytes % rows or not torch.equal(perm.sort().values, torch.arange(rows)):
-                raise ValueError(f"grouped index: a bad row permutation for a {nbytes}-byte piece")
+            if BUNDLE_KIND == "package":
+                if len(perm) != rows or nbytes % rows or not torch.equal(perm.sort().values, torch.arange(rows)):
+                    raise ValueError(f"grouped index: a bad row permutation for a {nbytes}-byte piece")
             t = torch.frombuffer(bytearray(piece), dtype=torch.uint8).view(rows, -1)
             piece = t[perm.argsort()].numpy().tobytes()
             sorted_count[sid] += 1
         out.append(piece)
-    if cursors[1:] != [len(s) for s in streams[1:]]:
-        raise ValueError("grouped streams hold bytes no index entry uses")
+    if BUNDLE_KIND == "package":
+        if cursors[1:] != [len(s) for s in streams[1:]]:
+            raise ValueError("grouped streams hold bytes no index entry uses")
     layout = [[name, GROUPED_CODERS[c], size, csize, k]
               for name, (c, size, csize), k in zip(GROUPED_STREAMS, table, sorted_count)]
     return b"".join(out), layout
