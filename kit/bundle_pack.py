@@ -20,6 +20,7 @@ import zlib
 from pathlib import Path
 
 from kit.bundle_modules import BUNDLE_PACKED_NAME, BundleError
+from kit.bundle_posonly import make_positional_only
 from kit.bundle_source import build_human_parts
 from primitives.files import atomic_write_bytes
 
@@ -86,6 +87,7 @@ def minify_source(source: str) -> str:
     train_gpt_human.py has the readable ones). Literals are not hoisted (measured: +1% compressed)."""
     import python_minifier
 
+    source = make_positional_only(source)[0]  # parameters no caller can name: the minifier renames them
     options = python_minifier.RemoveAnnotationsOptions(
         remove_variable_annotations=True, remove_return_annotations=True,
         remove_argument_annotations=True, remove_class_attribute_annotations=False)
