@@ -5,7 +5,7 @@ Sources (facts only; the code is the kit's): openai/parameter-golf PR #77 (per-b
 weights, 64 documents at a time), PR #1530 (the same batching in the phased-TTT records).
 
 Adapter slot s on a target linear W [out, in]: A [slots, rank, in], B [slots, out, rank]; row r of a
-batch belongs to slot rows[r] and its output gains scale * (x_r @ A[s]^T) @ B[s]^T, a batched matmul.
+batch belongs to slot rows[r] and its output gains (x_r @ A[s]^T) @ B[s]^T, a batched matmul.
 Rows never mix: slot s's loss reaches only A[s] and B[s]. Adam is written out on the batched tensors
 with a step counter per slot (torch.optim.Adam's formulas: exp_avg.lerp_, exp_avg_sq, bias corrections
 1 - beta^t of the slot's own t), so a slot's update is the one a lone adapter with its own torch Adam
@@ -23,8 +23,8 @@ import re
 import torch
 import torch.nn.functional as F
 
-from eval.bpb import count_scored_bytes
 from eval.sliding import first_sliding_window, plan_sliding_windows
+from eval.ttt import row_sums, ttt_autocast
 
 # the packed train_gpt.py holds this module only for runs with LoRA TTT (kit/bundle_when.py)
 PACKED_WHEN = "TTT_ENABLED and TTT_MODE == 'lora'"
@@ -39,13 +39,12 @@ class BatchedLoRA:
     as forward hooks; set `rows` (int64 [R], a slot per batch row) before each forward. reset_slot(s),
     adam_step(slots, lr), remove() (the hooks go; the model is as before). ValueError if no module matches."""
 
-    def __init__(self, model, rank: int, slots: int, targets: str = LORA_TARGETS, seed: int = LORA_SEED,
-                 scale: float = 1.0):
+    def __init__(self, model, rank: int, slots: int, targets: str = LORA_TARGETS):
         self.modules = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and re.search(targets, n)]
         if not self.modules:
             raise ValueError(f"LoRA TTT: no linear of the model matches {targets!r}")
-        gen = torch.Generator().manual_seed(seed)
-        self.a0, self.params, self.hooks, self.scale, self.slots = [], [], [], scale, slots
+        gen = torch.Generator().manual_seed(LORA_SEED)
+        self.a0, self.params, self.hooks, self.slots = [], [], [], slots
         device = self.modules[0][1].weight.device
         for _, m in self.modules:
             a0 = ((torch.rand(rank, m.in_features, generator=gen, dtype=torch.float32) * 2 - 1)
@@ -64,7 +63,7 @@ class BatchedLoRA:
         def add_lora(module, inputs, output):
             x = inputs[0]
             ar, br = a[self.rows].to(x.dtype), b[self.rows].to(x.dtype)
-            return output + self.scale * torch.matmul(torch.matmul(x, ar.transpose(1, 2)), br.transpose(1, 2)).to(output.dtype)
+            return output + torch.matmul(torch.matmul(x, ar.transpose(1, 2)), br.transpose(1, 2)).to(output.dtype)
         return add_lora
 
     def set_rows(self, rows) -> None:
@@ -131,47 +130,44 @@ def count_round_forwards(num_windows: int, batch_windows: int, world_size: int) 
     return -(-batches // world_size)
 
 
-def score_lora_batch(score_fwd, lora: BatchedLoRA, tokens, luts, rows: list, bounds: list, slot_of: dict,
-                     batch_windows: int, *, seq_len: int, stride: int, autocast_dtype) -> torch.Tensor:
-    """float64 [lora.slots, 3] sums (nll nats, targets, bytes) of one forward: `rows` = (window, chunk) pairs
-    (at most batch_windows; padded to it with masked rows), each row scoring only its chunk's targets, by
-    the adapter of slot_of[chunk]; score_fwd: eval.sliding.scoring_forward's. Call under inference mode."""
-    num_targets = len(tokens) - 1
-    pad = batch_windows - len(rows)
-    windows = torch.tensor([w for w, _ in rows] + [rows[0][0]] * pad, device=tokens.device)
-    lo = torch.tensor([bounds[c] for _, c in rows] + [0] * pad, device=tokens.device)[:, None]
-    hi = torch.tensor([bounds[c + 1] for _, c in rows] + [0] * pad, device=tokens.device)[:, None]
-    slots = [slot_of[c] for _, c in rows] + [slot_of[rows[0][1]]] * pad
-    index, score = plan_sliding_windows(num_targets, seq_len, stride, windows)
+def score_lora_batch(score_fwd, lora: BatchedLoRA, run, rows: list, bounds: list, slot_of: dict,
+                     batch_windows: int) -> torch.Tensor:
+    """float64 [lora.slots, 3] sums (nll nats, targets, bytes) of one forward over run.tokens (eval/walk.py TTTRun:
+    its luts, seq_len, stride, autocast): `rows` = (window, chunk) pairs (at most batch_windows; padded to it with
+    masked rows), each row scoring only its chunk's targets, by the adapter of slot_of[chunk]; score_fwd:
+    eval.sliding.scoring_forward's. Call under inference mode."""
+    tokens, num_rows = run.tokens, len(rows)
+    num_targets, device = len(tokens) - 1, tokens.device
+    rows = rows + rows[:1] * (batch_windows - num_rows)  # padding: copies of the first row, scoring nothing
+    windows = torch.tensor([w for w, _ in rows], device=device)
+    lo, hi = torch.tensor([(bounds[c], bounds[c + 1]) for _, c in rows], device=device).T[:, :, None]
+    slots = [slot_of[c] for _, c in rows]
+    index, score = plan_sliding_windows(num_targets, run.seq_len, run.stride, windows)
     index = index.clamp(max=num_targets - 1)
-    context = 0 if bool((windows == 0).any()) else seq_len - stride  # only window 0 scores its first positions
+    context = 0 if bool((windows == 0).any()) else run.seq_len - run.stride  # only window 0 scores its first positions
     lora.set_rows(slots)
-    with torch.autocast(tokens.device.type, autocast_dtype, enabled=autocast_dtype is not None):
+    with ttt_autocast(device, run.autocast_dtype):
         logits = score_fwd(tokens[index], context)
     index, score = index[:, context:], score[:, context:]
-    score = score & (index >= lo) & (index < hi)
+    score = score & (index >= lo) & (index < hi) & (torch.arange(batch_windows, device=device) < num_rows)[:, None]
     y = tokens[index + 1]
     nll = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="none").view_as(y)
-    per_row = torch.stack([nll.double().where(score, 0).sum(1), score.sum(1).double(),
-                           count_scored_bytes(tokens, index, luts).where(score, 0).sum(1).double()], 1)
-    sums = torch.zeros(lora.slots, 3, dtype=torch.float64, device=tokens.device)
-    return sums.index_add_(0, torch.tensor(slots, device=tokens.device), per_row)
+    sums = torch.zeros(lora.slots, 3, dtype=torch.float64, device=device)
+    return sums.index_add_(0, torch.tensor(slots, device=device), row_sums(nll, score, tokens, index, run.luts))
 
 
-def lora_train_batch(model, lora: BatchedLoRA, tokens, spans: list, *, autocast_dtype) -> None:
+def lora_train_batch(model, lora: BatchedLoRA, tokens, spans: list, autocast_dtype) -> None:
     """Forward + backward of one batched adapter step: spans = (slot, start, a, b), slot s trains on targets
     [a, b) with inputs tokens[start:b] (context from `start`), each row left-aligned (the positions of a
     lone sequence) and padded at its end (causal: the padding changes no real position). The loss is the
     sum over the slots of each slot's mean cross-entropy, so no gradient mixes slots."""
     device, length = tokens.device, max(b - start for _, start, _, b in spans)
     pos = torch.arange(length, device=device)
-    starts = torch.tensor([start for _, start, _, _ in spans], device=device)[:, None]
-    ends = torch.tensor([b for *_, b in spans], device=device)[:, None]
-    firsts = torch.tensor([a for _, _, a, _ in spans], device=device)[:, None]
+    starts, firsts, ends = torch.tensor([span[1:] for span in spans], device=device).T[:, :, None]
     index = (starts + pos).clamp(max=len(tokens) - 2)
     trained = (starts + pos >= firsts) & (starts + pos < ends)
     lora.set_rows([s for s, *_ in spans])
-    with torch.enable_grad(), torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
+    with torch.enable_grad(), ttt_autocast(device, autocast_dtype):
         logits = model.forward_logits(tokens[index])
         nll = F.cross_entropy(logits.float().flatten(0, 1), tokens[index + 1].flatten(), reduction="none").view_as(index)
         loss = (nll.where(trained, 0).sum(1) / (ends - firsts)[:, 0]).sum()

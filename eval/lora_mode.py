@@ -8,9 +8,8 @@ Its schedule, work count and plan: eval/lora_ttt.py; the walk: eval/walk.py.
 import torch
 
 from eval.lora_batch import BatchedLoRA, lora_train_batch, round_windows, score_lora_batch
-from eval.lora_ttt import (lora_batch_windows, lora_schedule, plan_lora_ttt, project_lora_seconds, round_forwards,
-                           split_lora_chunks)
-from eval.sliding import Scorer, count_sliding_windows
+from eval.lora_ttt import lora_batch_windows, lora_rounds, plan_lora
+from eval.sliding import Scorer
 from eval.ttt import TTT_MODES, TTTMode, unit_scope
 from eval.walk import Schedule, TTTRun
 
@@ -27,8 +26,7 @@ class LoRAUpdater(Scorer):
     def __init__(self, model, run: TTTRun):
         super().__init__(model, run)
         self.lora = BatchedLoRA(model, run.cfg["lora_rank"], run.cfg["batch_docs"])
-        self.batch_windows = lora_batch_windows(run.cfg["chunk_tokens"], run.stride, run.world_size,
-                                                run.eval_batch_seqs, run.cfg["batch_docs"])
+        self.batch_windows = run_batch_windows(run)
 
     def start(self, sched: Schedule) -> None:
         pass
@@ -48,9 +46,7 @@ class LoRAUpdater(Scorer):
         slot_of = {c: s for s, c, _ in now}
         with torch.inference_mode():
             for first in range(r.rank * bw, len(windows), r.world_size * bw):
-                sums += score_lora_batch(self.score_fwd, self.lora, r.tokens, r.luts, windows[first:first + bw],
-                                         sched.bounds, slot_of, bw, seq_len=r.seq_len, stride=r.stride,
-                                         autocast_dtype=r.autocast_dtype)
+                sums += score_lora_batch(self.score_fwd, self.lora, r, windows[first:first + bw], sched.bounds, slot_of, bw)
         self.bar.update()
         return sums[[s for s, _, _ in now]]
 
@@ -61,7 +57,7 @@ class LoRAUpdater(Scorer):
         r = self.run
         rows = [(s, max(sched.doc_starts[c], b - r.seq_len), max(a, b - r.seq_len), b) for s, c, (a, b) in spans]
         for _ in range(self.count_steps(sched, spans, num_units)):
-            lora_train_batch(self.model, self.lora, r.tokens, rows, autocast_dtype=r.autocast_dtype)
+            lora_train_batch(self.model, self.lora, r.tokens, rows, r.autocast_dtype)
             self.lora.adam_step([s for s, *_ in rows], r.cfg["lr"])
             yield [(a, b) for _, _, a, b in rows]
 
@@ -69,33 +65,27 @@ class LoRAUpdater(Scorer):
         self.lora.remove()
 
 
+def run_batch_windows(run: TTTRun) -> int:
+    """Windows per scoring forward of the run (eval.lora_ttt.lora_batch_windows)."""
+    return lora_batch_windows(run.cfg["chunk_tokens"], run.stride, run.world_size, run.eval_batch_seqs,
+                              run.cfg["batch_docs"])
+
+
 def lora_schedule_of(run: TTTRun) -> Schedule:
     cfg = run.cfg
-    bounds, doc_starts = split_lora_chunks(run.tokens, cfg["chunk_tokens"], run.bos_id)
-    rounds, doc_index, _ = lora_schedule(bounds, doc_starts, cfg["batch_docs"])
-    windows = lora_batch_windows(cfg["chunk_tokens"], run.stride, run.world_size, run.eval_batch_seqs, cfg["batch_docs"])
-    forwards = round_forwards(bounds, rounds, seq_len=run.seq_len, stride=run.stride, batch_windows=windows,
-                              world_size=run.world_size)
-    none, num_docs = [None] * len(doc_index), doc_index[-1] + 1
-    return Schedule(bounds, rounds, forwards, ledger=dict(document=doc_index, slot=none, round=none),
-                    doc_starts=doc_starts, result=dict(lora_rank=cfg["lora_rank"], lora_batch_docs=cfg["batch_docs"],
-                                                       num_documents=num_docs, num_rounds=len(rounds)))
+    bounds, doc_starts, rounds, doc_index, forwards = lora_rounds(run.tokens, cfg["chunk_tokens"], cfg["batch_docs"],
+                                                                  run.seq_len, run.world_size, run.bos_id)
+    none = [None] * len(doc_index)
+    return Schedule(bounds, rounds, forwards(run.stride, run_batch_windows(run)),
+                    ledger=dict(document=doc_index, slot=none, round=none), doc_starts=doc_starts,
+                    result=dict(lora_rank=cfg["lora_rank"], lora_batch_docs=cfg["batch_docs"],
+                                num_documents=doc_index[-1] + 1, num_rounds=len(rounds)))
 
 
-def plan_lora(hp, t: dict, *, strides, roundtrip_seconds, num_val_tokens, world_size) -> dict:
-    (forward_seconds, step_seconds), seq_len = t["lora"], hp.train_seq_len
-    per_window = t["forward_seconds"] / (hp.eval_batch_seqs * world_size)  # the sliding pass, when TTT is skipped
-    plan = plan_lora_ttt(forward_seconds=forward_seconds, step_seconds=step_seconds, work_at=t["work_at"],
-                         strides=strides, epochs=hp.ttt_epochs, max_seconds=hp.eval_max_seconds,
-                         sliding_seconds=lambda s: per_window * count_sliding_windows(num_val_tokens - 1, seq_len, s),
-                         roundtrip_seconds=roundtrip_seconds)
-    return dict(plan, wanted_seconds=project_lora_seconds(forward_seconds=forward_seconds, step_seconds=step_seconds,
-                                                          work=t["work_at"](hp.eval_stride), epochs=hp.ttt_epochs))
-
-
+# TTTMode(label, unit, count_from, fields, valid, expected, schedule, scope, updater, plan, timing)
 TTT_MODES["lora"] = TTTMode(
-    label="lora ttt", unit="round", count_from=1, fields=("lora_rank", "lora_lr", "lora_chunk_tokens", "lora_batch_docs"),
-    valid=lambda run: (0 < run.cfg["chunk_tokens"] <= run.seq_len and run.cfg["lr"] >= 0
-                       and run.cfg["lora_rank"] >= 1 and run.cfg["batch_docs"] >= 1),
-    expected="0 < chunk tokens <= seq_len, rank and batch docs >= 1, others >= 0",
-    schedule=lora_schedule_of, scope=unit_scope, updater=LoRAUpdater, plan=plan_lora, timing="lora")
+    "lora ttt", "round", 1, ("lora_rank", "lora_lr", "lora_chunk_tokens", "lora_batch_docs"),
+    lambda run: (0 < run.cfg["chunk_tokens"] <= run.seq_len and run.cfg["lr"] >= 0
+                 and run.cfg["lora_rank"] >= 1 and run.cfg["batch_docs"] >= 1),
+    "0 < chunk tokens <= seq_len, rank and batch docs >= 1, others >= 0",
+    lora_schedule_of, unit_scope, LoRAUpdater, plan_lora, "lora")

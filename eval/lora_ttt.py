@@ -34,6 +34,7 @@ import math
 import torch
 
 from eval.lora_batch import count_round_forwards, plan_lora_rounds
+from eval.sliding import count_sliding_windows
 from eval.ttt import pick_ttt_plan, split_ttt_chunks
 
 # the packed train_gpt.py holds this module only for runs with LoRA TTT (kit/bundle_when.py)
@@ -85,37 +86,31 @@ def count_lora_work(tokens, *, chunk_tokens, batch_docs, seq_len, stride, batch_
 def lora_work_counter(tokens, *, chunk_tokens, batch_docs, seq_len, world_size=1, bos_id=1):
     """count_lora_work as a function of (stride, batch_windows): the schedule (documents, chunks, rounds: the
     stride plays no part in it) is built once, each call counts only the forwards (for the plan's strides)."""
-    bounds, doc_starts = split_lora_chunks(tokens, chunk_tokens, bos_id)
-    rounds, doc_index, _ = lora_schedule(bounds, doc_starts, batch_docs)
+    bounds, _, rounds, doc_index, forwards = lora_rounds(tokens, chunk_tokens, batch_docs, seq_len, world_size, bos_id)
     fixed = dict(chunks=len(bounds) - 1, documents=doc_index[-1] + 1, rounds=len(rounds),
                  update_rounds=sum(not all(last for *_, last in r) for r in rounds))
-    index = round_index(rounds)
-
-    def count(stride: int, batch_windows: int) -> dict:
-        forwards = round_forwards(bounds, rounds, seq_len=seq_len, stride=stride, batch_windows=batch_windows,
-                                  world_size=world_size, index=index)
-        return dict(fixed, forwards=sum(forwards))
-
-    return count
+    return lambda stride, batch_windows: dict(fixed, forwards=sum(forwards(stride, batch_windows)))
 
 
-def round_index(rounds: list) -> tuple:
-    """(chunk of each entry, round of each entry) of lora_schedule's rounds, int64 [entries] each."""
-    return (torch.tensor([c for r in rounds for _, c, _ in r], dtype=torch.int64),
-            torch.tensor([i for i, r in enumerate(rounds) for _ in r], dtype=torch.int64))
+def lora_rounds(tokens, chunk_tokens: int, batch_docs: int, seq_len: int, world_size: int, bos_id: int) -> tuple:
+    """(bounds, doc_starts, rounds, doc_index, forwards) of tokens int64 [N]: split_lora_chunks, lora_schedule's
+    rounds and doc_index, and forwards(stride, batch_windows) -> the scoring forwards of the busiest rank in each
+    round: its chunks' windows of the exact sliding set (first_sliding_window of each chunk's first and last
+    target) in forwards of batch_windows (count_round_forwards). The schedule is built once; forwards counts it
+    at any stride (the plan's)."""
+    bounds, doc_starts = split_lora_chunks(tokens, chunk_tokens, bos_id)
+    rounds, doc_index, _ = lora_schedule(bounds, doc_starts, batch_docs)
+    edges, chunks = torch.tensor(bounds), torch.tensor([c for r in rounds for _, c, _ in r])
+    round_of = torch.tensor([i for i, r in enumerate(rounds) for _ in r])
 
+    def forwards(stride: int, batch_windows: int) -> list:
+        # eval.sliding.first_sliding_window of every chunk edge at once
+        first = lambda t: torch.div(t - seq_len + stride, stride, rounding_mode="floor").clamp_min(0)
+        per_chunk = first(edges[1:] - 1) - first(edges[:-1]) + 1
+        windows = torch.zeros(len(rounds), dtype=torch.int64).index_add_(0, round_of, per_chunk[chunks])
+        return [count_round_forwards(w, batch_windows, world_size) for w in windows.tolist()]
 
-def round_forwards(bounds: list, rounds: list, *, seq_len, stride, batch_windows, world_size, index=None) -> list:
-    """Scoring forwards of the busiest rank in each of lora_schedule's rounds: its chunks' windows of the exact
-    sliding set (first_sliding_window of each chunk's first and last target) in forwards of batch_windows
-    (count_round_forwards); index: round_index(rounds), when already built."""
-    chunks, round_of = index or round_index(rounds)
-    edges = torch.tensor(bounds, dtype=torch.int64)
-    # eval.sliding.first_sliding_window of every chunk edge at once
-    first = lambda t: torch.div(t - seq_len + stride, stride, rounding_mode="floor").clamp_min(0)
-    per_chunk = first(edges[1:] - 1) - first(edges[:-1]) + 1
-    windows = torch.zeros(len(rounds), dtype=torch.int64).index_add_(0, round_of, per_chunk[chunks])
-    return [count_round_forwards(w, batch_windows, world_size) for w in windows.tolist()]
+    return bounds, doc_starts, rounds, doc_index, forwards
 
 
 def estimate_lora_work(*, num_val_tokens, num_docs, chunk_tokens, batch_docs, stride, batch_windows, world_size=1) -> dict:
@@ -128,7 +123,7 @@ def estimate_lora_work(*, num_val_tokens, num_docs, chunk_tokens, batch_docs, st
     return dict(chunks=chunks, documents=num_docs, rounds=rounds, forwards=forwards, update_rounds=rounds)
 
 
-def project_lora_seconds(*, forward_seconds, step_seconds, work, epochs) -> float:
+def project_lora_seconds(forward_seconds, step_seconds, work, epochs) -> float:
     """Projected seconds of run_lora_ttt from `work` (count_lora_work / estimate_lora_work): its scoring
     forwards x forward_seconds (one forward of [lora_batch_windows, seq_len] with the adapters, on the busiest
     rank) + epochs x its update rounds x step_seconds (one batched step: forward + backward of
@@ -136,31 +131,32 @@ def project_lora_seconds(*, forward_seconds, step_seconds, work, epochs) -> floa
     return work["forwards"] * forward_seconds + epochs * work["update_rounds"] * step_seconds
 
 
-def plan_lora_ttt(*, forward_seconds, step_seconds, work_at, strides, epochs, max_seconds, sliding_seconds,
-                  roundtrip_seconds=0.0, margin=0.9) -> dict:
-    """Pick (stride, epochs) of run_lora_ttt that fit margin x max_seconds (EVAL_MAX_SECONDS) with the roundtrip,
-    by eval.ttt.plan_ttt's rule: strides are the candidates, preferred first (EVAL_STRIDE, then with
-    EVAL_AUTO_STRIDE every coarser one up to TRAIN_SEQ_LEN); more epochs beat a smaller stride (TTT_EPOCHS,
-    TTT_EPOCHS - 1, ..., 1, each tried at every stride). work_at(stride): the work at that stride
-    (count_lora_work / estimate_lora_work), projected by project_lora_seconds. forward_seconds: one scoring
-    forward at strides[0] (a coarser stride's forwards have at most as many windows: an upper bound there).
-    sliding_seconds(stride): the plain sliding pass; when no epoch fits, TTT is skipped and the stride is the
-    first whose sliding pass fits (the last if none does; the eval's own guard then decides).
-    Returns dict(stride, epochs (0: TTT skipped, the sliding pass scores), projected_seconds (with the
-    roundtrip; of the sliding pass when skipped), reason (None, or what was cut / why TTT is skipped), work
-    (work_at of the stride))."""
-    budget = margin * max_seconds - roundtrip_seconds
-    project = lambda s, e: project_lora_seconds(forward_seconds=forward_seconds, step_seconds=step_seconds,
-                                                work=work_at(s), epochs=e)
+def plan_lora(hp, t: dict, strides, roundtrip_seconds, num_val_tokens, world_size) -> dict:
+    """The `lora` row's plan (eval/ttt.py TTTMode.plan): (stride, epochs) of the LoRA pass that fit 0.9 x
+    EVAL_MAX_SECONDS with the roundtrip, by eval.ttt.plan_ttt's rule: strides are the candidates, preferred first
+    (EVAL_STRIDE, then with EVAL_AUTO_STRIDE every coarser one up to TRAIN_SEQ_LEN); more epochs beat a smaller
+    stride (TTT_EPOCHS, TTT_EPOCHS - 1, ..., 1, each tried at every stride). t: forward_seconds (one sliding
+    forward of [EVAL_BATCH_SEQS, TRAIN_SEQ_LEN]), lora = (one scoring forward at strides[0], one batched step; a
+    coarser stride's forwards have at most as many windows: an upper bound there) and work_at(stride) (the work
+    at that stride: count_lora_work / estimate_lora_work), projected by project_lora_seconds. When no epoch fits,
+    TTT is skipped and the stride is the first whose plain sliding pass fits (the last if none does; the eval's
+    own guard then decides). Returns dict(stride, epochs (0: TTT skipped, the sliding pass scores),
+    projected_seconds (with the roundtrip; of the sliding pass when skipped), reason (None, or what was cut / why
+    TTT is skipped), work (work_at of the stride), wanted_seconds (TTT_EPOCHS at EVAL_STRIDE))."""
+    (forward_seconds, step_seconds), work_at, epochs = t["lora"], t["work_at"], hp.ttt_epochs
+    per_window = t["forward_seconds"] / (hp.eval_batch_seqs * world_size)  # the sliding pass, when TTT is skipped
+    budget = 0.9 * hp.eval_max_seconds - roundtrip_seconds
+    project = lambda s, e: project_lora_seconds(forward_seconds, step_seconds, work_at(s), e)
     fixed = work_at(strides[0])  # rounds and update rounds do not depend on the stride; every round has a forward
     # an epoch count that no stride can fit (one forward per round already over) is not counted stride by stride
     hopeless = lambda e: fixed["rounds"] * forward_seconds + e * fixed["update_rounds"] * step_seconds > budget
     s, e, seconds = pick_ttt_plan(lambda s, e: math.inf if hopeless(e) else project(s, e), range(epochs, 0, -1), strides,
-                                  budget, sliding_seconds)
+                                  budget, lambda s: per_window * count_sliding_windows(num_val_tokens - 1, hp.train_seq_len, s))
     if e:
-        return dict(stride=s, epochs=e, projected_seconds=roundtrip_seconds + seconds, work=work_at(s),
-                    reason=None if e == epochs else f"TTT_EPOCHS={epochs} -> {e}")
-    at = f" at stride {strides[-1]}" * (len(strides) > 1)
-    reason = epochs and (f"TTT skipped: 1 epoch of LoRA TTT{at} projects {roundtrip_seconds + project(strides[-1], 1):.0f}s"
-                         f" > {margin:g} x EVAL_MAX_SECONDS={max_seconds:g}; the sliding pass scores") or None
-    return dict(stride=s, epochs=0, projected_seconds=roundtrip_seconds + seconds, work=work_at(s), reason=reason)
+        reason = None if e == epochs else f"TTT_EPOCHS={epochs} -> {e}"
+    else:
+        at = f" at stride {strides[-1]}" * (len(strides) > 1)
+        reason = epochs and (f"TTT skipped: 1 epoch of LoRA TTT{at} projects {roundtrip_seconds + project(strides[-1], 1):.0f}s"
+                             f" > 0.9 x EVAL_MAX_SECONDS={hp.eval_max_seconds:g}; the sliding pass scores") or None
+    return dict(stride=s, epochs=e or 0, projected_seconds=roundtrip_seconds + seconds, work=work_at(s), reason=reason,
+                wanted_seconds=project(hp.eval_stride, epochs))

@@ -29,12 +29,10 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
-from eval.bpb import count_scored_bytes
 from eval.record_lora import RECORD_LORA_KINDS, RECORD_LORA_SEED, RecordLoRA, record_lora_nll
-from eval.ttt import (SGD_EXPECTED, SGD_FIELDS, TTT_MODES, TTTMode, reduce_clip_step, select_ttt_params, sgd_valid,
-                      unit_scope)
+from eval.ttt import (SGD_EXPECTED, SGD_FIELDS, TTT_MODES, TTTMode, reduce_clip_step, row_sums, select_ttt_params,
+                      sgd_valid, ttt_autocast, unit_scope)
 from eval.sliding import Scorer
 from eval.walk import Schedule
 
@@ -169,8 +167,7 @@ class PhasedLoRAUpdater(Scorer):
         spans = [(sched.windows[c][0], bounds[c + 1]) for _, c in rows]
         length = max(hi - lo for lo, hi in spans)
         pos = torch.arange(length, device=r.tokens.device)
-        lo = torch.tensor([a for a, _ in spans], device=r.tokens.device)[:, None]
-        hi = torch.tensor([b for _, b in spans], device=r.tokens.device)[:, None]
+        lo, hi = torch.tensor(spans, device=r.tokens.device).T[:, :, None]
         index = (lo + pos).clamp(max=len(r.tokens) - 2)
         valid = lo + pos < hi
         x, y = r.tokens[index].where(valid, 0), r.tokens[index + 1].where(valid, 0)
@@ -186,15 +183,12 @@ class PhasedLoRAUpdater(Scorer):
             x, y, index, valid = self._batch(sched, rows)
             self.lora.set_rows([s for s, _ in rows])
             train = any(not last for *_, last in now) and r.epochs > 0
-            with torch.enable_grad() if train else torch.no_grad(), torch.autocast(
-                    r.tokens.device.type, r.autocast_dtype, enabled=r.autocast_dtype is not None):
+            with torch.enable_grad() if train else torch.no_grad(), ttt_autocast(r.tokens.device, r.autocast_dtype):
                 nll = record_lora_nll(self.model, self.lora, x, y)
             offsets = torch.tensor([sched.windows[c][1] for _, c in rows], device=x.device)[:, None]
             pos = torch.arange(x.size(1), device=x.device)
             scored = valid & (pos >= offsets)
-            per_row = torch.stack([nll.detach().double().where(scored, 0).sum(1), scored.sum(1).double(),
-                                   count_scored_bytes(r.tokens, index, r.luts).where(scored, 0).sum(1).double()], 1)
-            sums[[i for i, *_ in mine]] = per_row
+            sums[[i for i, *_ in mine]] = row_sums(nll, scored, r.tokens, index, r.luts)
             trains = torch.tensor([not last for *_, last in mine], device=x.device)
             self.nll, self.batch = nll, (x, y, scored, trains)
         self.bar.update()
@@ -226,8 +220,7 @@ class PhasedLoRAUpdater(Scorer):
 
     def _train_forward(self, x, y):
         r = self.run
-        with torch.enable_grad(), torch.autocast(r.tokens.device.type, r.autocast_dtype,
-                                                 enabled=r.autocast_dtype is not None):
+        with torch.enable_grad(), ttt_autocast(r.tokens.device, r.autocast_dtype):
             return record_lora_nll(self.model, self.lora, x, y)
 
     def global_sgd(self, sched, chosen_docs: list):
@@ -244,12 +237,10 @@ class PhasedLoRAUpdater(Scorer):
             p.requires_grad_(True)
         try:
             for ci, lr, lo, hi in plan:
-                with torch.enable_grad(), torch.autocast(r.tokens.device.type, r.autocast_dtype,
-                                                         enabled=r.autocast_dtype is not None):
+                with torch.enable_grad(), ttt_autocast(r.tokens.device, r.autocast_dtype):
                     loss = self.model(stream[lo:hi - 1][None], stream[lo + 1:hi][None])
                 (loss / r.world_size).backward()  # the ranks' mean gradient after the all-reduce's sum
-                reduce_clip_step(optimizer, self.chosen, lr=lr, grad_clip=cfg["grad_clip"],
-                                 distributed=dist.is_initialized())
+                reduce_clip_step(optimizer, self.chosen, lr, cfg["grad_clip"])
                 first, last = ci * cfg["chunk_tokens"], min((ci + 1) * cfg["chunk_tokens"], len(stream) - 1) + 1
                 yield [sched.docs[d] for d, end, size in zip(chosen_docs, ends, map(len, pieces))
                        if end > first and end - size < last]
@@ -262,17 +253,16 @@ class PhasedLoRAUpdater(Scorer):
         self.lora.remove()
 
 
-# PR #1855's phased TTT: per-document adapters in batches, global SGD between phases (the registry's row)
+# PR #1855's phased TTT: per-document adapters in batches, global SGD between phases (the registry's row):
+# TTTMode(label, unit, count_from, fields, valid, expected, schedule, scope, updater)
 TTT_MODES["phased_lora"] = TTTMode(
-    label="phased lora ttt", unit="round", count_from=1,
-    fields=("phases", "prefix_docs", "global_epochs", "chunk_tokens", *SGD_FIELDS, "lora_rank", "lora_lr",
-            "lora_chunk_tokens", "lora_batch_docs", "lora_alpha", "lora_wd", "lora_beta1", "lora_beta2", "lora_k",
-            "lora_mlp", "lora_o"),
-    valid=lambda run: (sgd_valid(run, "chunk_tokens") and 0 < run.cfg["lora_chunk_tokens"] <= run.seq_len
-                       and min(run.cfg["phases"], run.cfg["lora_rank"], run.cfg["batch_docs"]) >= 1
-                       and min(run.cfg["prefix_docs"], run.cfg["global_epochs"], run.cfg["lora_lr"],
-                               run.cfg["lora_wd"]) >= 0 and run.cfg["lora_alpha"] > 0
-                       and 0 <= run.cfg["lora_beta1"] < 1 and 0 <= run.cfg["lora_beta2"] < 1),
-    expected="seq_len <= chunk tokens, 0 < lora chunk tokens <= seq_len, phases, rank and batch docs >= 1, "
-             "alpha > 0, betas in [0, 1)," + SGD_EXPECTED,
-    schedule=phased_lora_schedule, scope=unit_scope, updater=PhasedLoRAUpdater)
+    "phased lora ttt", "round", 1,
+    ("phases", "prefix_docs", "global_epochs", "chunk_tokens", *SGD_FIELDS, "lora_rank", "lora_lr", "lora_chunk_tokens",
+     "lora_batch_docs", "lora_alpha", "lora_wd", "lora_beta1", "lora_beta2", "lora_k", "lora_mlp", "lora_o"),
+    lambda run: (sgd_valid(run, "chunk_tokens") and 0 < run.cfg["lora_chunk_tokens"] <= run.seq_len
+                 and min(run.cfg["phases"], run.cfg["lora_rank"], run.cfg["batch_docs"]) >= 1
+                 and min(run.cfg["prefix_docs"], run.cfg["global_epochs"], run.cfg["lora_lr"], run.cfg["lora_wd"]) >= 0
+                 and run.cfg["lora_alpha"] > 0 and 0 <= run.cfg["lora_beta1"] < 1 and 0 <= run.cfg["lora_beta2"] < 1),
+    "seq_len <= chunk tokens, 0 < lora chunk tokens <= seq_len, phases, rank and batch docs >= 1, alpha > 0, "
+    "betas in [0, 1)," + SGD_EXPECTED,
+    phased_lora_schedule, unit_scope, PhasedLoRAUpdater)

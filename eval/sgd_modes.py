@@ -55,9 +55,7 @@ class SGDUpdater(Scorer):
         for lr, starts in (self._plan(sc, num_units) for sc in spans):
             for _ in range(r.epochs if lr > 0 else 0):
                 for batch in (starts[k:k + b] for k in range(0, len(starts), b)):
-                    sgd_step(self.train_fwd, self.optimizer, self.chosen, r.tokens, batch, seq_len=r.seq_len,
-                             rank=r.rank, world_size=r.world_size, lr=lr, grad_clip=r.cfg["grad_clip"],
-                             autocast_dtype=r.autocast_dtype, distributed=torch.distributed.is_initialized())
+                    sgd_step(self.train_fwd, self.optimizer, self.chosen, r, batch, lr)
                     yield [(min(batch), max(batch) + r.seq_len)]  # all ranks' sequences
 
     def close(self) -> None:
@@ -103,7 +101,7 @@ def prefix_scope(sched: Schedule, c: int) -> tuple:
 def plan_sgd(planner, project, unit: str):
     """A SGD row's plan: planner (eval.ttt.plan_ttt, eval.phased_ttt.plan_phased_ttt) with the row's unit setting
     (chunk_tokens, phases) from the measured eval forward and SGD step; wanted_seconds by project at EVAL_STRIDE."""
-    def plan(hp, t: dict, *, strides, roundtrip_seconds, num_val_tokens, world_size) -> dict:
+    def plan(hp, t: dict, strides, roundtrip_seconds, num_val_tokens, world_size) -> dict:
         common = dict(forward_seconds=t["forward_seconds"], train_seconds=t["step_seconds"], seq_len=hp.train_seq_len,
                       num_val_tokens=num_val_tokens, eval_batch_seqs=hp.eval_batch_seqs, batch_seqs=hp.ttt_batch_seqs,
                       world_size=world_size, epochs=hp.ttt_epochs, **{unit: getattr(hp, f"ttt_{unit}")})
@@ -112,14 +110,13 @@ def plan_sgd(planner, project, unit: str):
     return plan
 
 
+# TTTMode(label, unit, count_from, fields, valid, expected, schedule, scope, updater, plan, timing, recorded)
 TTT_MODES.update(
     chunked=TTTMode(
-        label="ttt", unit="chunk", count_from=0, fields=("chunk_tokens", *SGD_FIELDS),
-        valid=lambda run: sgd_valid(run, "chunk_tokens"), expected="seq_len <= chunk tokens," + SGD_EXPECTED,
-        schedule=chunked_schedule, scope=unit_scope, updater=SGDUpdater,
-        plan=plan_sgd(plan_ttt, project_ttt_seconds, "chunk_tokens"), recorded=False),
+        "ttt", "chunk", 0, ("chunk_tokens", *SGD_FIELDS), lambda run: sgd_valid(run, "chunk_tokens"),
+        "seq_len <= chunk tokens," + SGD_EXPECTED, chunked_schedule, unit_scope, SGDUpdater,
+        plan_sgd(plan_ttt, project_ttt_seconds, "chunk_tokens"), "sgd", False),
     phased=TTTMode(
-        label="phased ttt", unit="phase", count_from=0, fields=("phases", *SGD_FIELDS),
-        valid=lambda run: sgd_valid(run, "phases"), expected="phases >= 1," + SGD_EXPECTED,
-        schedule=phased_schedule, scope=prefix_scope, updater=SGDUpdater,
-        plan=plan_sgd(plan_phased_ttt, project_phased_seconds, "phases")))
+        "phased ttt", "phase", 0, ("phases", *SGD_FIELDS), lambda run: sgd_valid(run, "phases"),
+        "phases >= 1," + SGD_EXPECTED, phased_schedule, prefix_scope, SGDUpdater,
+        plan_sgd(plan_phased_ttt, project_phased_seconds, "phases")))

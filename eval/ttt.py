@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from eval.bpb import count_scored_bytes
 from eval.sliding import count_sliding_windows
 
 # the packed train_gpt.py holds this module only for runs with score-first TTT (kit/bundle_when.py)
@@ -54,7 +55,7 @@ class TTTMode:
     """One row of TTT_MODES. fields: the mode's settings, each the Hyperparameters field ttt_<name> (its defaults, its
     env name in messages; run.cfg keys by cfg_key); valid(run) -> bool, with `expected` saying what in the refusal;
     schedule(run) -> Schedule; scope(sched, unit) -> (lo, hi) targets; updater(model, run) -> Scorer; label, unit,
-    count_from: the names and round numbering its messages use (entry: run_<label>); plan(hp, timings, *, strides,
+    count_from: the names and round numbering its messages use (entry: run_<label>); plan(hp, timings, strides,
     roundtrip_seconds, num_val_tokens, world_size) -> the mode's plan dict (eval/plan.py makes the EvalPlan) with
     wanted_seconds (None: the mode is not planned, it runs TTT_EPOCHS at EVAL_STRIDE); timing: what the trainer
     times for the plan, trainer.ttt_eval.plan_timings and tools/bench/gpu_check.py's TTT_TIMED ("sgd": one
@@ -96,6 +97,18 @@ def sgd_valid(run, unit: str) -> bool:
     cfg = run.cfg
     return (cfg["lr"] >= 0 and cfg["batch_seqs"] > 0 and cfg["batch_seqs"] % run.world_size == 0
             and cfg[unit] >= (run.seq_len if unit == "chunk_tokens" else 1))
+
+
+def ttt_autocast(device: torch.device, dtype):
+    """torch.autocast on `device` in dtype (e.g. torch.bfloat16); off when dtype is None."""
+    return torch.autocast(device.type, dtype, enabled=dtype is not None)
+
+
+def row_sums(nll: torch.Tensor, scored: torch.Tensor, tokens: torch.Tensor, index: torch.Tensor, luts) -> torch.Tensor:
+    """float64 [R, 3] per row (nll nats, targets, bytes) of the scored positions (bool [R, T]) of per-token nll
+    float [R, T] whose targets are tokens[index + 1] (index int64 [R, T]; bytes by the LUTs, eval/bpb.py)."""
+    return torch.stack([nll.detach().double().where(scored, 0).sum(1), scored.sum(1).double(),
+                        count_scored_bytes(tokens, index, luts).where(scored, 0).sum(1).double()], 1)
 
 
 def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:
@@ -143,23 +156,23 @@ def select_ttt_params(model, which: str) -> list:
     return chosen
 
 
-def sgd_step(train_fwd, optimizer, chosen, tokens, batch, *, seq_len, rank, world_size, lr, grad_clip, autocast_dtype,
-             distributed):
-    """One update on the sequences starting at `batch` (global; this rank takes every world_size-th),
-    gradients all-reduced so every rank takes the same step; grad-norm clip (0: none), SGD at lr."""
-    device = tokens.device
-    mine = torch.tensor(batch[rank::world_size], device=device)[:, None] + torch.arange(seq_len + 1, device=device)
-    with torch.autocast(device.type, autocast_dtype, enabled=autocast_dtype is not None):
-        loss = train_fwd(tokens[mine[:, :-1]], tokens[mine[:, 1:]])
+def sgd_step(train_fwd, optimizer, chosen, run, batch: list, lr: float) -> None:
+    """One update on the sequences of run.seq_len starting at `batch` (global; this rank takes every world_size-th) of
+    run.tokens, gradients all-reduced so every rank takes the same step (reduce_clip_step at lr, run.cfg's grad clip)."""
+    device = run.tokens.device
+    mine = torch.tensor(batch[run.rank::run.world_size], device=device)[:, None] + torch.arange(run.seq_len + 1,
+                                                                                                   device=device)
+    with ttt_autocast(device, run.autocast_dtype):
+        loss = train_fwd(run.tokens[mine[:, :-1]], run.tokens[mine[:, 1:]])
     (loss * (len(mine) / len(batch))).backward()
-    reduce_clip_step(optimizer, chosen, lr=lr, grad_clip=grad_clip, distributed=distributed)
+    reduce_clip_step(optimizer, chosen, lr, run.cfg["grad_clip"])
 
 
-def reduce_clip_step(optimizer, chosen, *, lr, grad_clip, distributed) -> None:
-    """The SGD step after a backward: the ranks' gradients of `chosen` summed in one all-reduce (each rank
-    scales its loss to its share), grad-norm clip (0: none), the step at lr, gradients cleared."""
+def reduce_clip_step(optimizer, chosen, lr: float, grad_clip: float) -> None:
+    """The SGD step after a backward: the ranks' gradients of `chosen` summed in one all-reduce when distributed (each
+    rank scales its loss to its share), grad-norm clip (0: none), the step at lr, gradients cleared."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in chosen]
-    if distributed:
+    if dist.is_initialized():
         flat = torch.cat([g.flatten() for g in grads])
         dist.all_reduce(flat)
         grads = list(flat.split([g.numel() for g in grads]))
@@ -187,8 +200,7 @@ def ttt_result_line(result: dict) -> str:
 
 def zero_updates_warning(result: dict, mode: str) -> str:
     """The line a TTT score that made no update gets (a unit's last chunk is never trained on)."""
-    return (f"WARNING: TTT made 0 updates in {result['num_chunks']} chunk(s) of TTT_MODE={mode} (a last chunk is "
-            "never trained on): the TTT score is the plain sliding score")
+    return f"WARNING: TTT_MODE={mode} made 0 updates in {result['num_chunks']} chunk(s): the score is the sliding one"
 
 
 def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_len, stride, epochs, chunk_tokens,
@@ -208,7 +220,7 @@ def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_l
 
 
 def pick_ttt_plan(project, candidates: list, strides: list, budget: float, score_only) -> tuple:
-    """The TTT plans' one rule (plan_ttt, eval.phased_ttt.plan_phased_ttt, eval.lora_ttt.plan_lora_ttt): the
+    """The TTT plans' one rule (plan_ttt, eval.phased_ttt.plan_phased_ttt, eval.lora_ttt.plan_lora): the
     first of `candidates` (the TTT settings, preferred first: more epochs, then more phases) that fits
     `budget` seconds at any of `strides` (tried in order) -> (stride, candidate, project(stride, candidate));
     when none fits, (the first stride whose score-only pass fits, else the last, None, score_only(stride))."""

@@ -31,7 +31,7 @@ def cfg_key(name: str, fields: tuple = ()) -> str:
     """run.cfg's key of a row field: lora_chunk_tokens -> chunk_tokens, lora_lr -> lr (the LoRA mode's own
     settings, TTT_LORA_*), others as they are; a field keeps its name where the short one is also one of the
     row's `fields` (phased_lora has both TTT_LR and TTT_LORA_LR)."""
-    short = {"lora_chunk_tokens": "chunk_tokens", "lora_lr": "lr", "lora_batch_docs": "batch_docs"}.get(name, name)
+    short = name[5:] if name in ("lora_chunk_tokens", "lora_lr", "lora_batch_docs") else name
     return name if short in fields and short != name else short
 
 
@@ -42,8 +42,8 @@ def mode_settings(mode: str, settings) -> dict:
     return {cfg_key(f, fields): getattr(settings, f"ttt_{f}") for f in fields}
 
 
-def run_mode(mode: str, model, val_tokens, luts, *, seq_len, stride, epochs=None, eval_batch_seqs=32, device="cpu",
-             rank=0, world_size=1, autocast_dtype=None, compile_model=False, max_seconds=600.0, bos_id=1, log=print,
+def run_mode(mode: str, model, val_tokens, luts, seq_len, stride, epochs=None, eval_batch_seqs=32, max_seconds=600.0,
+             log=print, device="cpu", rank=0, world_size=1, compile_model=False, autocast_dtype=None, bos_id=1,
              clock=time.perf_counter, **settings) -> dict:
     """Score-first TTT of TTT_MODES[mode] over val_tokens int [N] (eval/walk.py run_score_first's dict). model: an
     nn.Module with forward_logits(int64 [B, T]) -> logits [B, T, V] (or forward_hidden + head_logits,
@@ -59,9 +59,8 @@ def run_mode(mode: str, model, val_tokens, luts, *, seq_len, stride, epochs=None
     cfg = {**mode_settings(mode, defaults), **settings}
     epochs = defaults.ttt_epochs if epochs is None else epochs
     device = torch.device(device)
-    run = TTTRun(tokens=val_tokens, luts=luts, seq_len=seq_len, stride=stride, epochs=epochs,
-                 eval_batch_seqs=eval_batch_seqs, rank=rank, world_size=world_size, autocast_dtype=autocast_dtype,
-                 compile_model=compile_model, bos_id=bos_id, cfg=cfg)
+    run = TTTRun(val_tokens, luts, seq_len, stride, epochs, eval_batch_seqs, rank, world_size, autocast_dtype,
+                 compile_model, bos_id, cfg)
     if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
             0 < stride <= seq_len and epochs >= 0 and eval_batch_seqs > 0 and max_seconds > 0 and row.valid(run)):
         named = ", ".join(f"{('TTT_' + f).upper()}={cfg[cfg_key(f, row.fields)]}" for f in row.fields)
@@ -70,4 +69,4 @@ def run_mode(mode: str, model, val_tokens, luts, *, seq_len, stride, epochs=None
                          f"EVAL_BATCH_SEQS={eval_batch_seqs}, EVAL_MAX_SECONDS={max_seconds}; expected int [N >= 2], "
                          f"0 < stride <= seq_len, {row.expected}")
     run.tokens, run.luts = val_tokens.to(device, torch.int64), [t.to(device) for t in luts]
-    return run_score_first(model, run, row, max_seconds=max_seconds, log=log, clock=clock)
+    return run_score_first(model, run, row, max_seconds, log, clock)

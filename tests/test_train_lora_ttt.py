@@ -27,10 +27,9 @@ def test_trainer_lora_ttt_is_the_eval_cli_score_of_the_saved_artifact(tiny_datas
     assert result["ttt_lora_batch_docs"] == 4 and 0 < result["ttt_rounds"] < result["ttt_chunks"]
     assert result["ttt_updates"] > 0 and result["ttt_updates_stopped_at_chunk"] is None
     assert result["ttt_updates"] == result["ttt_chunks"] - result["ttt_documents"]  # all but each document's last
-    assert re.search(r"^ttt_plan: TTT_MODE=lora \S+ms per scoring forward of \d+x\d+, \S+ms per batched adapter step "
-                     r"of 4x\d+, 4096 val targets in \d+ documents: \d+ rounds of TTT_LORA_BATCH_DOCS=4 \(\d+ forwards, "
-                     r"\d+ with steps\): stride 32 epochs 1 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\)$",
-                     proc.stdout, re.M)
+    assert re.search(r"^ttt_plan: TTT_MODE=lora \S+ms per scoring forward, \S+ms per adapter step, 4096 val targets: "
+                     r"\d+ chunks, \d+ documents, \d+ rounds, \d+ update_rounds, \d+ forwards, \d+ windows: stride 32 "
+                     r"epochs 1 projected \d+s with the roundtrip \(EVAL_MAX_SECONDS=600\)$", proc.stdout, re.M)
     m = re.search(r"^final_ttt_exact val_loss:(\S+) val_bpb:(\S+) eval_time:\d+ms stride:32 chunks:(\d+) updates:(\d+)$",
                   proc.stdout, re.M)
     assert m and float(m.group(2)) == pytest.approx(result["val_bpb_ttt"], abs=1e-8)
@@ -106,10 +105,9 @@ def test_the_lora_plan_keeps_cuts_or_skips_and_says_so(monkeypatch, tmp_path):
     monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.002, 0.01))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 100.0, **common)  # the SGD step's timing plays no part
     assert plan == dict(stride=16, ttt_epochs=2)  # 19,624 x 2 ms + 2 x 875 x 10 ms + 3.9 s = 60.7 s
-    assert lines[-1] == ("ttt_plan: TTT_MODE=lora 2.0ms per scoring forward of 4x64, 10.0ms per batched adapter step "
-                         "of 16x64, 1000000 val targets in 2000 documents: 1000 rounds of TTT_LORA_BATCH_DOCS=16 (19624 "
-                         "forwards, 875 with steps): stride 16 epochs 2 projected 61s with the roundtrip "
-                         "(EVAL_MAX_SECONDS=600)")
+    assert lines[-1] == ("ttt_plan: TTT_MODE=lora 2.0ms per scoring forward, 10.0ms per adapter step, 1000000 val "
+                         "targets: 16000 chunks, 2000 documents, 1000 rounds, 875 update_rounds, 19624 forwards, 4 "
+                         "windows: stride 16 epochs 2 projected 61s with the roundtrip (EVAL_MAX_SECONDS=600)")
     monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.002, 0.4))
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)  # 2 epochs: 743 s; 1 epoch: 393 s
     assert plan == dict(stride=16, ttt_epochs=1) and lines[-1].endswith("; TTT_EPOCHS=2 -> 1")
@@ -142,8 +140,8 @@ def test_with_auto_stride_the_lora_plan_coarsens_the_stride_before_it_cuts_epoch
                               "the sliding pass scores")
     plan, lines = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, eval_auto_stride=True, **common)
     assert plan == dict(stride=32, ttt_epochs=2)
-    assert lines[-1].endswith("2000 documents: 1000 rounds of TTT_LORA_BATCH_DOCS=16 (11875 forwards, 875 with steps): "
-                              "stride 32 epochs 2 projected 535s with the roundtrip (EVAL_MAX_SECONDS=600)")
+    assert "2000 documents, 1000 rounds, 875 update_rounds, 11875 forwards, " in lines[-1]
+    assert lines[-1].endswith(" windows: stride 32 epochs 2 projected 535s with the roundtrip (EVAL_MAX_SECONDS=600)")
     monkeypatch.setattr(trainer_ttt, "time_lora_ttt", lambda *a: (0.02, 0.1))
     plan, _ = plan_with(monkeypatch, tmp_path, 1e-3, 0.1, **common)
     assert plan == dict(stride=16, ttt_epochs=1)

@@ -23,8 +23,7 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     cap_tokens = hp.ttt_chunk_tokens if "chunk_tokens" in TTT_MODES[hp.ttt_mode].fields else hp.ttt_batch_seqs * hp.train_seq_len
     batch = ttt_step_seqs(hp.ttt_batch_seqs, cap_tokens, hp.train_seq_len, ctx.world_size) // ctx.world_size
     chosen = select_ttt_params(model, hp.ttt_params)
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     for p in chosen:
         p.requires_grad_(True)
     forward = torch.compile(model, dynamic=False) if ctx.compile else model
@@ -38,8 +37,7 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
         optimizer.zero_grad(set_to_none=True)
 
     seconds = seconds_per_call(ctx, call, label="ttt plan: timing a TTT step")
-    for p in model.parameters():
-        p.requires_grad_(True)
+    model.requires_grad_(True)
     return seconds
 
 

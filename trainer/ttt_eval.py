@@ -35,10 +35,9 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
     settings = mode_settings(hp.ttt_mode, hp)
     if plan.phases and "phases" in settings:
         settings["phases"] = plan.phases
-    return run_mode(hp.ttt_mode, model, val_tokens, luts, seq_len=hp.train_seq_len, stride=plan.stride,
-                    epochs=plan.epochs, eval_batch_seqs=hp.eval_batch_seqs, max_seconds=max(left, 1e-9), log=ctx.log,
-                    device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=ctx.compile,
-                    autocast_dtype=ctx.autocast_dtype, **settings)
+    return run_mode(hp.ttt_mode, model, val_tokens, luts, hp.train_seq_len, plan.stride, plan.epochs,
+                    hp.eval_batch_seqs, max(left, 1e-9), ctx.log, ctx.device, ctx.rank, ctx.world_size, ctx.compile,
+                    ctx.autocast_dtype, **settings)
 
 
 def ttt_entries(ctx: RunContext, hp: Hyperparameters, plan: EvalPlan, tt: dict) -> dict:
@@ -93,12 +92,12 @@ def lora_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_token
 
 
 def describe_lora(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
+    """The `ttt_plan:` line's measured part for LoRA: the two timings and the plan's work (eval/ttt_plan.py work_at:
+    chunks, documents, rounds, update_rounds, forwards, windows per forward)."""
     (forward_seconds, step_seconds), work = timings["lora"], plan.work
-    return (f"TTT_MODE={hp.ttt_mode} {1000 * forward_seconds:.1f}ms per scoring forward of "
-            f"{timings['work_at'](hp.eval_stride)['windows']}x{hp.train_seq_len}, {1000 * step_seconds:.1f}ms per "
-            f"batched adapter step of {hp.ttt_lora_batch_docs}x{hp.train_seq_len}, {num_val_tokens - 1} val targets in "
-            f"{work['documents']} documents: {work['rounds']} rounds of TTT_LORA_BATCH_DOCS={hp.ttt_lora_batch_docs} "
-            f"({work['forwards']} forwards, {work['update_rounds']} with steps)")
+    return (f"TTT_MODE={hp.ttt_mode} {1000 * forward_seconds:.1f}ms per scoring forward, {1000 * step_seconds:.1f}ms "
+            f"per adapter step, {num_val_tokens - 1} val targets: "
+            + ", ".join(f"{v} {k}" for k, v in work.items() if k != "counted"))
 
 
 def plan_timings(timing: str) -> tuple:
@@ -120,8 +119,7 @@ def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
     saved = [(p, p.requires_grad) for p in model.parameters()]
     lora = BatchedLoRA(model, hp.ttt_lora_rank, slots)
     try:
-        for p in model.parameters():
-            p.requires_grad_(False)
+        model.requires_grad_(False)
         forward = scoring_forward(model, ctx.compile)
 
         def score():
@@ -130,11 +128,10 @@ def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
                 forward(x, scored_context(hp))
 
         def step():
-            lora_train_batch(model, lora, tokens, spans, autocast_dtype=ctx.autocast_dtype)
+            lora_train_batch(model, lora, tokens, spans, ctx.autocast_dtype)
             lora.adam_step(list(range(slots)), 1e-9)
 
-        return (seconds_per_call(ctx, score, label="lora plan: timing a scoring forward"),
-                seconds_per_call(ctx, step, label="lora plan: timing a batched adapter step"))
+        return seconds_per_call(ctx, score, label="lora scoring forward"), seconds_per_call(ctx, step, label="lora step")
     finally:
         lora.remove()
         for p, flag in saved:
