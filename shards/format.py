@@ -148,7 +148,8 @@ def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_path=No
         want = manifest.get("tokenizer_sha256")
         if tokenizer_path and want and want != (got := sha256_file(tokenizer_path)):
             raise ValueError(f"TOKENIZER_PATH={str(tokenizer_path)!r}: sha256 {got[:16]}... is not the tokenizer_sha256 "
-                             f"{want[:16]}... of {path}; expected the tokenizer the data was made with")
+                             f"{want[:16]}... of {path}; expected the tokenizer the data was made with "
+                             f"({manifest.get('tokenizer', 'named in the manifest')})")
         if BUNDLE_KIND == "package":  # the kit's: verify_dataset's sha256 per shard binds the shards in a record's file
             check_manifest_counts(path, manifest)
     if len(hashes) < 2:

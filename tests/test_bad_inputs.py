@@ -517,7 +517,7 @@ def train_rows() -> list:
                  after=nothing),
         BadInput(t, "TOKENIZER_PATH not the tokenizer of the data's manifest", TRAIN, r"TOKENIZER_PATH='\S+': sha256 "
                  r"[0-9a-f]{16}\.\.\. is not the tokenizer_sha256 0{16}\.\.\. of \S+/data/manifest.json; expected the "
-                 r"tokenizer the data was made with$", env=train_env(DATA_PATH="{d}/data"),
+                 r"tokenizer the data was made with \(other_1024.model\)", env=train_env(DATA_PATH="{d}/data"),
                  setup=both(small_dataset(), small_manifest("0" * 64)), after=nothing),
         BadInput(t, "a val shard the data's manifest does not list", TRAIN, r"DATA_PATH=\S+/data: fineweb_val_000001.bin "
                  r"is not a val shard of \S+/data/manifest.json", env=train_env(DATA_PATH="{d}/data"),
