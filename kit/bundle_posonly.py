@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import ast
 
-# methods torch or Python call by name (with their own argument conventions): never rewritten
-_FRAMEWORK_NAMES = frozenset(("forward", "backward", "setup_context", "jvp", "vjp", "vmap", "extra_repr",
-                              "reset_parameters", "step", "zero_grad", "state_dict", "load_state_dict", "run",
-                              "default"))
+from kit.bundle_fold import FRAMEWORK_METHODS
+
+# methods torch or Python call by name (with their own argument conventions) are never rewritten: the same list
+# kit/bundle_fold.py keeps such methods by
+_FRAMEWORK_NAMES = frozenset(FRAMEWORK_METHODS)
 _SAFE_DECORATORS = frozenset(("staticmethod", "classmethod"))
 
 
