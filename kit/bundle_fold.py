@@ -12,6 +12,7 @@ functions nothing in the file calls. Stdlib only.
 3. `keep_presets`: packed for one preset, the rows of the other presets (but the default and smoke ones).
 4. `drop_package_arguments`: a setting's declaration replaced by its default (its domain, units and `applies` are the kit's).
 5. `unused_methods`: the methods whose name nothing in the file uses (but the ones frameworks call by name).
+6. `drop_unused_imports`: the standard library's names the hoisted imports bind that nothing left reads.
 """
 
 from __future__ import annotations
@@ -265,3 +266,55 @@ def drop_methods(text: str, names: set) -> str:
     for first, end, new in sorted(cuts, key=lambda c: -c[0]):
         lines[first:end] = new
     return "\n".join(lines)
+
+
+# names every bundle keeps: the entry (its `__main__` block calls it), the flag the bundler rewrites, the refusals
+BUNDLE_KEEP_NAMES = ("main", BUNDLE_KIND_NAME, "BUNDLE_REFUSALS")
+
+
+def drop_unused(texts: list) -> tuple[list, set]:
+    """(`texts` without the definitions and methods nothing left in them names, the names dropped), found
+    again until nothing more drops: what only a dropped method or function called goes next round."""
+    unused = set()
+    while True:
+        names = unused_definitions(texts, keep=BUNDLE_KEEP_NAMES)
+        texts = [drop_definitions(t, names) for t in texts]
+        methods = unused_methods(texts)
+        texts = [drop_methods(t, methods) for t in texts]
+        if not names | methods:
+            return texts, unused
+        unused |= names | methods
+
+
+def drop_unused_imports(text: str) -> str:
+    """`text` without the top-level imports of the standard library whose bound name nothing in it reads but
+    the annotations python-minifier removes (a module whose only user was dropped, a type only annotations
+    name); other packages' imports stay (importing one may register things)."""
+    import sys
+
+    tree = ast.parse(text)
+    dropped = set()  # the annotations the minifier removes: arguments', returns', variables' outside class bodies
+    for node in ast.walk(tree):
+        notes = [a.annotation for a in ast.walk(node.args) if isinstance(a, ast.arg)] + [node.returns] if isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+        notes += [st.annotation for st in getattr(node, "body", []) if isinstance(st, ast.AnnAssign)
+                  and not isinstance(node, ast.ClassDef)] if isinstance(getattr(node, "body", None), list) else []
+        dropped |= {id(sub) for note in notes if note is not None for sub in ast.walk(note)}
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in dropped}
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    lines, changed = text.split("\n"), False
+    for node in sorted((n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and n.col_offset == 0
+                        and n.lineno == n.end_lineno), key=lambda n: -n.lineno):
+        root = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+        keep = [a for a in node.names if (a.asname or a.name.split(".")[0]) in read
+                or (root or a.name).split(".")[0] not in stdlib or root == "__future__"]
+        if len(keep) == len(node.names):
+            continue
+        changed = True
+        if not keep:
+            lines[node.lineno - 1] = ""
+            continue
+        names = ", ".join(f"{a.name} as {a.asname}" if a.asname else a.name for a in keep)
+        lines[node.lineno - 1] = f"from {root} import {names}" if root else f"import {names}"
+    return "\n".join(lines) if changed else text
+

@@ -19,7 +19,9 @@ import sys
 import zlib
 from pathlib import Path
 
+from kit.bundle_fold import drop_unused, drop_unused_imports
 from kit.bundle_modules import BUNDLE_PACKED_NAME, BundleError
+from kit.bundle_pinned import fold_refused
 from kit.bundle_posonly import make_positional_only
 from kit.bundle_source import build_human_parts
 from primitives.files import atomic_write_bytes
@@ -84,9 +86,14 @@ def minify_source(source: str) -> str:
     read them) and shorten local and global names (python-minifier's rename_locals/rename_globals;
     attributes, keyword arguments, dataclass fields, class names and BUNDLE_PACKED_GLOBALS keep their
     names, so behaviour is unchanged; tracebacks of the packed file show the short function names,
-    train_gpt_human.py has the readable ones). Literals are not hoisted (measured: +1% compressed)."""
+    train_gpt_human.py has the readable ones). Code the file's refusals make dead goes first
+    (kit/bundle_pinned.py fold_refused), with what only it called. Literals are not hoisted (measured: +1% compressed)."""
     import python_minifier
 
+    folded, _ = fold_refused(source)  # what the refusals make dead (kit/bundle_pinned.py), then what only it called
+    if folded is not source:
+        source = drop_unused([folded])[0][0]
+    source = drop_unused_imports(source)
     source = make_positional_only(source)[0]  # parameters no caller can name: the minifier renames them
     options = python_minifier.RemoveAnnotationsOptions(
         remove_variable_annotations=True, remove_return_annotations=True,
