@@ -11,11 +11,12 @@ else y`, `not h.ttt_enabled or ...`), so that the functions only dead code calle
 What is pinned: each atom of a refusal's top-level `or` that is a bool setting (then False), `setting !=
 literal` (then the literal, as the setting's declared type) or `setting == literal` (then only comparisons
 with that literal fold). A setting is left alone when anything could give the attribute another value or
-owner: an attribute assignment or deletion of that name anywhere, a keyword argument of that name (a
-`dataclasses.replace`), a class other than the settings' declaring it, a `setattr` naming it. A `setattr`
-or `replace(**...)` whose names are not literal leaves the whole source alone. The refusals themselves are
-never folded. A settings class built from a dict (`cls(**values)`) is taken to be the run's own settings
-(from_env, the artifact the run wrote).
+owner: an attribute assignment or deletion of that name anywhere, a keyword argument of that name to
+`dataclasses.replace` or a settings class, another class declaring the name, a `setattr` naming it. A
+`setattr` or `replace(**...)` whose names are not literal leaves the settings alone. A settings class built
+from a dict (`cls(**values)`) is taken to be the run's own settings (from_env, the artifact the run wrote).
+The refusals themselves are never folded. The file's `BUNDLE_KIND` (the bundler writes its value) is written
+in and folded too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import ast
 
 BUNDLE_REFUSALS_NAME = "BUNDLE_REFUSALS"
+BUNDLE_KIND_NAME = "BUNDLE_KIND"  # "human" / "packed" in the files the bundler writes (primitives/env.py)
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 _CMP = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lambda a, b: a < b,
         ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
@@ -116,8 +118,14 @@ def _pure(node) -> bool:
 class _Fold(ast.NodeTransformer):
     """Writes the pinned values in and folds constant tests, `not`, `and` / `or` and comparisons."""
 
-    def __init__(self, pins: dict):
-        self.pins, self.folded = pins, 0
+    def __init__(self, pins: dict, names: dict):
+        self.pins, self.names, self.folded = pins, names, 0
+
+    def visit_Name(self, node):
+        if node.id in self.names and isinstance(node.ctx, ast.Load):
+            self.folded += 1
+            return ast.copy_location(ast.Constant(self.names[node.id]), node)
+        return node
 
     def visit_Attribute(self, node):
         self.generic_visit(node)
@@ -224,17 +232,34 @@ def _tidy(tree) -> None:
                 block.append(ast.Pass())
 
 
+def _bundle_kind(tree) -> dict:
+    """{BUNDLE_KIND: its value} when the module binds it once, at top level, to a str literal (the bundler's
+    rewrite) and nothing else binds it; else {}."""
+    binds = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == BUNDLE_KIND_NAME
+             and not isinstance(n.ctx, ast.Load)] + [n for n in ast.walk(tree) if isinstance(n, (
+                 ast.Global, ast.Nonlocal)) and BUNDLE_KIND_NAME in n.names]
+    top = [n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
+           and isinstance(n.targets[0], ast.Name) and n.targets[0].id == BUNDLE_KIND_NAME]
+    if len(binds) == 1 and len(top) == 1 and isinstance(top[0].value, ast.Constant) and isinstance(top[0].value.value, str):
+        return {BUNDLE_KIND_NAME: top[0].value.value}
+    return {}
+
+
 def fold_refused(source: str) -> tuple[str, dict]:
-    """`source` with the settings its refusals pin written in and the constant code folded (module docstring),
-    and the pins {attribute: ("is" | "not", value)}; `source` unchanged (and {}) when nothing is pinned."""
+    """`source` with the settings its refusals pin and its BUNDLE_KIND written in and the constant code folded
+    (module docstring), and the pins {attribute: ("is" | "not", value)}; `source` unchanged when nothing folds."""
     tree = ast.parse(source)
-    pins = pinned_settings(tree)
-    if not pins:
+    pins, names = pinned_settings(tree), _bundle_kind(tree)
+    if not pins and not names:
         return source, {}
     refusals = _refusals(tree)
-    fold = _Fold(pins)
-    tree.body = [node if node is refusals else fold.visit(node) for node in tree.body]
+    fold = _Fold(pins, names)
+    tree.body = [node if node is refusals or _binds(node, names) else fold.visit(node) for node in tree.body]
     if not fold.folded:
         return source, pins
     _tidy(tree)
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n", pins
+
+
+def _binds(node, names: dict) -> bool:
+    return isinstance(node, ast.Assign) and any(getattr(t, "id", None) in names for t in node.targets)

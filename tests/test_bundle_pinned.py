@@ -147,3 +147,17 @@ def test_stdlib_imports_nothing_reads_go_and_others_stay():
     out = drop_unused_imports(source)
     assert out.splitlines()[:5] == ["", "import json, math as m", "", "import numpy as np", "from typing import ClassVar"]
     assert drop_unused_imports(out) == out and out.splitlines()[5:] == source.splitlines()[5:]
+
+
+def test_the_files_bundle_kind_is_written_in():
+    source = ('BUNDLE_KIND = "packed"\n\n\ndef path(f):\n    return f if BUNDLE_KIND == "packed" else f + ".py"\n\n\n'
+              'def check(h):\n    if BUNDLE_KIND != "package" and h:\n        raise ValueError(h)\n')
+    folded = fold_refused(source)[0]
+    assert "BUNDLE_KIND ==" not in folded and "BUNDLE_KIND !=" not in folded and "BUNDLE_KIND = 'packed'" in folded
+    space = {}
+    exec(folded, space)
+    assert space["path"]("x") == "x" and space["check"](0) is None
+    with pytest.raises(ValueError):
+        space["check"](1)
+    twice = source + "\n\ndef reset():\n    global BUNDLE_KIND\n    BUNDLE_KIND = 'package'\n"
+    assert fold_refused(twice)[0] == twice  # bound again: not a constant
