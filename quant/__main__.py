@@ -50,6 +50,7 @@ def _inspect(path: str, out=print) -> int:
     from quant.artifact import decode_artifact
     from quant.lqer import lqer_nbytes
     from quant.offline import quant_piece_bytes, quant_policy_from_dict
+    from quant.sdclip import sdclip_k_for
 
     data = Path(path).read_bytes()
     _, model_config, meta = decode_artifact(data, path)
@@ -58,7 +59,7 @@ def _inspect(path: str, out=print) -> int:
     policy, lqer = meta["policy"], dict(meta.get("lqer", []))
     pol = quant_policy_from_dict(policy)  # SDClip stores each tensor's k where the clip quantile goes (k 0: a clip)
     for name, shape, kind, clip in meta["tensors"]:
-        label = "k" if pol.sdclip_k_for(name, tuple(shape)) else "clip"
+        label = "k" if sdclip_k_for(pol, name, tuple(shape)) else "clip"
         fmt = (f"int{kind} {'packed' if packing == 'bits' else 'in bytes'} {label}={clip:g}"
                + (f" +lqer r{lqer[name]}" if name in lqer else "")) if isinstance(kind, int) else kind
         rows.append((name, "x".join(map(str, shape)) or "scalar", fmt, pieces[name]))

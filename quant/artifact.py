@@ -57,29 +57,24 @@ supported platform is).
 Size note: bundled into the counted train_gpt.py; CLI / bench helpers live in quant/offline.py.
 """
 
-import dataclasses
-import functools
 import json
-import lzma
 import math
 import os
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 
-import brotli
 import torch
-import zstandard
 
 from primitives.baseline_quant import quantize_per_row_baseline, quantize_per_tensor_baseline
 from primitives.rowquant import QUANT_CLIP_QUANTILES, dequantize_per_row, gptq_lite_quantize, quantize_per_row
-from quant.estimate import estimate_artifact_bytes, policy_tensor_bytes
-from quant.fit import quant_fit_step, quant_fit_step_up
+from quant.estimate import estimate_artifact_bytes
+from quant.fit import quant_fit_step
 from quant.gptq import gptq_quantize
-from quant.policy import QUANT_COMPRESSORS, QuantPolicy
+from quant.policy import QUANT_COMPRESSORS, QuantPolicy, quant_compress, quant_inflate
 from quant.grouped import grouped_compress, grouped_inflate
-from quant.lqer import lqer_corrections, lqer_factors, lqer_pack, lqer_piece_bytes
-from quant.sdclip import sdclip_matrix
+from quant.lqer import lqer_add_corrections, lqer_factors, lqer_pack, lqer_piece_bytes
+from quant.sdclip import sdclip_k_for, sdclip_matrix
 from primitives.env import BUNDLE_KIND
 from primitives.files import atomic_write_bytes
 from primitives.progress import Progress
@@ -130,7 +125,7 @@ def quantize_matrix(cache: dict, name: str, t: torch.Tensor, bits: int, policy: 
             q, s, c = (*quantize_per_row(v, 8), 1.0)
         elif policy.baseline_clip:  # QUANT_BASELINE_CLIP: PR #1617's rows, no GPTQ
             q, s, c = (*quantize_per_row_baseline(v, bits, policy.baseline_clip), policy.baseline_clip)
-        elif k_sd := policy.sdclip_k_for(name, shape):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
+        elif policy.sdclip and (k_sd := sdclip_k_for(policy, name, shape)):  # SDClip: k * std(row) scales (GPTQ keeps them fixed)
             q, s, c = sdclip_matrix(v, h, bits, k_sd, policy.gptq_records)
         else:
             q, s, c = (gptq_quantize(v, h, bits, QUANT_CLIP_QUANTILES if policy.gptq_lite else (1.0,), None, policy.gptq_records)
@@ -160,7 +155,8 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
     ValueError for a non-finite float tensor.
     """
     entries, err, norm, cache = {}, 0.0, 1e-30, {} if cache is None else cache
-    bar = Progress("quant export", len(state_dict), "tensors")  # GPTQ solves here, one matrix per tensor
+    if BUNDLE_KIND == "package":  # the kit's progress line (GPTQ solves here, one matrix per tensor)
+        bar = Progress("quant export", len(state_dict), "tensors")
     for name, t in state_dict.items():
         t = t.detach()
         shape, fp = tuple(t.shape), t.is_floating_point()
@@ -175,13 +171,15 @@ def quantize_state_dict(state_dict: dict, policy: QuantPolicy, hessians: dict | 
             q, s, c, _, e, n = quantize_matrix(cache, name, t, bits, policy, hessians)
             entries[name] = shape, bits, q, s, c
             err, norm = err + e, norm + n
-        bar.update()
-    bar.close()
+        if BUNDLE_KIND == "package":
+            bar.update()
+    if BUNDLE_KIND == "package":
+        bar.close()
     return entries, err / norm
 
 
-def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, packing: str, shuffle: bool = False, /,
-                        run: dict | None = None, lqer: dict | None = None) -> bytes:
+def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, packing: str, shuffle: bool = False,
+                        run: dict | None = None, lqer: dict | None = None, /) -> bytes:
     """Serialize quantize_state_dict entries to payload bytes (layout: module docstring).
 
     packing: "int8" (q as offset bytes, pack_bits(q, 8)) or "bits" (pack_bits(q, bits)); shuffle:
@@ -207,44 +205,41 @@ def quant_build_payload(entries: list, model_config: dict, policy_dict: dict, pa
 
 
 def quant_wrap_container(raw: bytes, compressor: str, /) -> bytes:
-    """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli, or "grouped": quant/grouped.py)
-    and prepend the 14-byte header."""
-    data = (grouped_compress(raw) if compressor == "grouped" else zlib.compress(raw, 9) if compressor == "zlib"
-            else zstandard.ZstdCompressor(22).compress(raw)
-            if compressor == "zstd" else brotli.compress(raw, quality=11, lgwin=24) if compressor == "brotli"
-            else lzma.compress(raw, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME))
-    head = struct.pack("<5sBI", QUANT_PREFIX, (*QUANT_COMPRESSORS, "grouped").index(compressor) + 1, len(raw))
+    """Compress payload bytes with `compressor` (zlib/zstd/lzma/brotli: quant/policy.py quant_compress, or "grouped":
+    quant/grouped.py) and prepend the 14-byte header."""
+    cid = (*QUANT_COMPRESSORS, "grouped").index(compressor) + 1
+    head = struct.pack("<5sBI", QUANT_PREFIX, cid, len(raw))
+    data = grouped_compress(raw) if cid == 5 else quant_compress(raw, cid)
     return head + struct.pack("<I", zlib.crc32(data, zlib.crc32(head))) + data
 
 
 def export_artifact(state_dict, model_config, path, /, *, code_bytes, byte_budget=16_000_000, policy=None,
-                    compressor="auto", hessians=None, log=print, run=None):
+                    hessians=None, log=print, run=None):
     """Quantize, compress and atomically write the artifact; fit model + code bytes into the budget.
 
     state_dict: name -> tensor (CPU or CUDA, float32/bf16/...); model_config: JSON-serializable
     dict stored in the file (GPT(**model_config) rebuilds the model); code_bytes: counted code
-    bytes (int >= 0); byte_budget: int > 0; policy: QuantPolicy, default QuantPolicy.from_env();
-    compressor: "auto" (use the policy's, itself auto by default) or a QUANT_COMPRESSORS name;
+    bytes (int >= 0); byte_budget: int > 0; policy: QuantPolicy, default QuantPolicy.from_env() (its packing,
+    shuffle and compressor name the candidates);
     hessians: {param name: H [C, C]} from quant.gptq.collect_gptq_hessians (full GPTQ for those
     matrices when policy.gptq; the fit's error measure); run: the run metadata stored in the
     header (module docstring; the trainer always passes it).
     Every packing x shuffle x compressor candidate is compressed in its own thread (the
     compressors release the GIL); the smallest wins and later fit rounds reuse its encoding. While
     over budget, the fit (quant/fit.py) steps tensors down one bit at a time by measured error per
-    byte and compresses again; one log line per round and per step.
-    Returns a report: bytes_model, bytes_code, bytes_total, packing, shuffle, compressor, fit_steps
+    byte and compresses again, then steps back up what the slack holds; one log line per round (and per step
+    in the package).
+    Returns a report: bytes_model, bytes_total, packing, shuffle, compressor, fit_steps
     (list of "name=intN" strings, in order), policy (dict of the final policy), rel_mse.
     (tools/bench_quant.py tabulates every candidate.)
     ValueError when it cannot fit (message has the numbers), on bad inputs or non-finite weights;
     nothing is written then.
     """
     policy = policy or QuantPolicy.from_env()
-    if compressor != "auto":
-        policy = dataclasses.replace(policy, compressor=compressor)
-    jobs = [(p, b, c) for p in ("int8", "bits") for b in (False, True) for c in QUANT_COMPRESSORS
-            if policy.packing in ("auto", p) and policy.shuffle in ("auto", "on" if b else "off")
-            and policy.compressor in ("auto", c)]
-    jobs += [(p, b, "grouped") for p, b in dict.fromkeys(j[:2] for j in jobs)] if policy.grouped else []
+    pairs = [(p, b) for p in ("int8", "bits") if policy.packing in ("auto", p)
+             for b in (False, True) if policy.shuffle in ("auto", "on" if b else "off")]
+    jobs = [(*j, c) for j in pairs for c in QUANT_COMPRESSORS if policy.compressor in ("auto", c)]
+    jobs += [(*j, "grouped") for j in pairs if policy.grouped]
     shapes = {k: tuple(v.shape) for k, v in state_dict.items() if v.is_floating_point() and v.numel()}
     cache, steps = {}, []
 
@@ -254,9 +249,10 @@ def export_artifact(state_dict, model_config, path, /, *, code_bytes, byte_budge
     def compress(policy: QuantPolicy, /) -> tuple:  # (blob, its job, rel_mse): the smallest of the candidate encodings
         entries, rel_mse = quantize_state_dict(state_dict, policy, hessians, cache)
         lqer = lqer_factors(entries, state_dict, policy.lqer_rank, policy.lqer_top_n, policy.lqer_asym) if policy.lqer else None
-        build = functools.partial(quant_build_payload, entries, model_config, policy.to_dict(), run=run, lqer=lqer)
+        head = policy.to_dict()
         with ThreadPoolExecutor(len(jobs)) as pool:
-            blobs = pool.map(lambda j: quant_wrap_container(build(*j[:2]), j[2]), jobs)
+            blobs = pool.map(lambda j: quant_wrap_container(
+                quant_build_payload(entries, model_config, head, *j[:2], run, lqer), j[2]), jobs)
             if BUNDLE_KIND == "package":  # the kit's progress line: one update per finished candidate
                 bar = Progress("quant export: compressing", len(jobs), "candidates")
                 blobs = [bar.update() or b for b in blobs]
@@ -266,50 +262,46 @@ def export_artifact(state_dict, model_config, path, /, *, code_bytes, byte_budge
             f"{len(blob) + code_bytes} bytes (budget {byte_budget}) rel_mse {rel_mse:.3e}")
         return blob, job, rel_mse
 
-    start = policy
+    def walk(p: QuantPolicy, over: float, start: QuantPolicy | None = None, /) -> tuple:
+        """One round of fit steps from p: down (start None) until the estimated saving, scaled to real bytes,
+        covers `over` real bytes; up (start: the policy before the fit; over < 0, the slack) while the bytes added
+        fit 99% of the slack (a 1% margin: the estimate's error). -> (policy, ["name=intN", ...])."""
+        ratio, taken = len(blob) / estimate_artifact_bytes(shapes, p), []
+        while (start or over > 0) and (step := quant_fit_step(p, shapes, lambda n, b, p=p: err(n, b, p) - err(n, b + 1, p),
+                                                              start, -0.99 * over / ratio)):
+            name, bits, size = step
+            over, p = over + (ratio * size if start else -ratio * size), p.with_bits(name, bits)
+            taken.append(f"{name}=int{bits}")
+            if BUNDLE_KIND == "package":  # each step (result.json's fit_steps lists them)
+                log(f"quant_fit export step{' up' * bool(start)}:{len(taken) + (0 if start else len(steps))} {name} -> "
+                    f"int{bits} rel_err {err(name, bits, p):.3e}")
+        return p, taken
+
+    start, steps = policy, []
     while True:
         blob, job, rel_mse = compress(policy)
-        jobs, total = [job], len(blob) + code_bytes
+        jobs, total = [job], len(blob) + code_bytes  # later rounds reuse the winning encoding
         if total <= byte_budget:
             break
-        # the fit: cheapest error per byte until the estimated saving (scaled to real bytes) covers the overshoot
-        over, ratio, num_steps = total - byte_budget, len(blob) / estimate_artifact_bytes(shapes, policy), len(steps)
-        while over > 0:
-            step = quant_fit_step(policy, shapes, lambda n, b, p=policy: err(n, b, p) - err(n, b + 1, p))
-            if not step and len(steps) == num_steps:  # nothing left to step: these are the smallest policy's real bytes
-                raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
-                                 f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
-            if not step:  # compress the smallest policy: its real bytes decide
-                break
-            name, bits = step
-            over -= ratio * (policy_tensor_bytes(name, shapes[name], policy, bits + 1)
-                             - policy_tensor_bytes(name, shapes[name], policy, bits))
-            policy = policy.with_bits(name, bits)
-            steps.append(f"{name}=int{bits}")
-            if BUNDLE_KIND == "package":  # each step (result.json's fit_steps lists them)
-                log(f"quant_fit export step:{len(steps)} {name} -> int{bits} rel_err {err(name, bits, policy):.3e}")
-    if steps:  # one-bit steps overshoot: give back, largest error saved per byte first, what the slack holds (one round)
-        slack, ratio, trial, ups = byte_budget - total, len(blob) / estimate_artifact_bytes(shapes, policy), policy, []
-        while up := quant_fit_step_up(trial, start, shapes, lambda n, b, p=trial: err(n, b - 1, p) - err(n, b, p),
-                                      0.99 * slack / ratio):  # (a 1% margin: the estimate's error)
-            slack, trial = slack - ratio * up[2], trial.with_bits(*up[:2])
-            ups.append(f"{up[0]}=int{up[1]}")
-            if BUNDLE_KIND == "package":
-                log(f"quant_fit export step up:{len(ups)} {up[0]} -> int{up[1]} rel_err {err(up[0], up[1], trial):.3e}")
+        policy, taken = walk(policy, total - byte_budget)  # over budget: a fitting round, then compress again
+        if not taken:  # nothing left to step: these are the smallest policy's real bytes
+            raise ValueError(f"model {len(blob)} + code {code_bytes} bytes > BYTE_BUDGET={byte_budget} "
+                             f"(QUANT_FIT={policy.fit:d}, {len(steps)} fit steps)")
+        steps += taken
+    if steps:  # one-bit steps overshoot: give back what the slack holds (one round), confirmed by one more compression
+        trial, ups = walk(policy, total - byte_budget, start)
         if ups:
-            up_blob, up_job, up_mse = compress(trial)
-            if len(up_blob) + code_bytes <= byte_budget:
-                blob, job, rel_mse, policy, steps = up_blob, up_job, up_mse, trial, steps + ups
-                total = len(blob) + code_bytes
+            up = compress(trial)
+            if len(up[0]) + code_bytes <= byte_budget:
+                (blob, job, rel_mse), policy, steps, total = up, trial, steps + ups, len(up[0]) + code_bytes
             else:
-                log(f"quant_fit export: the steps up come to {len(up_blob) + code_bytes} bytes, over the budget: "
-                    f"the previous round is kept")
+                log("quant_fit export: the steps up are over the budget: the previous round is kept")
     atomic_write_bytes(path, blob)
     measured_scale = len(blob) / estimate_artifact_bytes(shapes, policy)  # what QUANT_ESTIMATE_SCALE should be
     if BUNDLE_KIND == "package":  # advice for the next run's projection (result.json records the number)
         log(f"quant_estimate: measured / estimated model bytes {measured_scale:.3f} for the stored policy "
             f"(the QUANT_ESTIMATE_SCALE that projects this run's artifact)")
-    return dict(bytes_model=len(blob), bytes_code=code_bytes, bytes_total=total, packing=job[0], shuffle=job[1],
+    return dict(bytes_model=len(blob), bytes_total=total, packing=job[0], shuffle=job[1],
                 compressor=job[2], fit_steps=steps, policy=policy.to_dict(), rel_mse=rel_mse,
                 quant_estimate_scale_measured=round(measured_scale, 4))
 
@@ -334,10 +326,7 @@ def decode_artifact(data: bytes, label: str = "artifact", /) -> tuple:
                 raise ValueError(f"unknown compressor id {cid}")
         data = data[14:]
         # at most about n + 1 bytes are ever inflated (no zip bombs); a short or long stream fails below
-        raw, layout = grouped_inflate(data, n) if cid == len(QUANT_COMPRESSORS) + 1 else (None, None)
-        raw = raw if layout else (zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if cid == 2 else
-               brotli.Decompressor().process(data, output_buffer_limit=n + 1) if cid == 4 else
-               (zlib.decompressobj() if cid == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))
+        raw, layout = grouped_inflate(data, n) if cid == 5 else (quant_inflate(data, cid, n), None)  # 5: grouped
         if BUNDLE_KIND == "package":
             if len(raw) != n:
                 raise ValueError(f"payload inflates to {len(raw)} bytes, not {n}")
@@ -348,21 +337,19 @@ def decode_artifact(data: bytes, label: str = "artifact", /) -> tuple:
         sizes = [-(-math.prod(shape) * (container or kind) // 8) for _, shape, kind, _ in tensors if type(kind) is int]
         sizes += [shape[0] * 2 if type(kind) is int else math.prod(shape) * getattr(torch, kind).itemsize
                   for _, shape, kind, _ in tensors]
-        lqer = head.get("lqer")  # LQER: one more piece
-        sizes += [lqer_piece_bytes(head)] if lqer else []
+        lqer = [lqer_piece_bytes(head)] if "lqer" in head else []  # LQER: one more piece
         # split() raises unless the data is exactly these pieces: bounds every later allocation
-        pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes)
-        lqer, pieces = (lqer_corrections(pieces[-1], head), pieces[:-1]) if lqer else ({}, pieces)
+        pieces = torch.frombuffer(bytearray(raw), dtype=torch.uint8)[:n - 4 - k].split(sizes + lqer)
         q_pieces, state_dict = iter(pieces), {}
-        for (name, shape, kind, _), t in zip(tensors, pieces[-len(tensors):]):  # (no tensors: zip is empty)
+        for (name, shape, kind, _), t in zip(tensors, pieces[len(sizes) - len(tensors):]):  # (no tensors: zip is empty)
             dtype = getattr(torch, "float16" if type(kind) is int else kind)
             t = (t.view(dtype.itemsize, -1).T if shuffle else t).flatten().clone().view(dtype)
             if type(kind) is int:
                 t = dequantize_per_row(
                     unpack_bits(next(q_pieces), container or kind, math.prod(shape)).view(shape[0], -1), t)
-                if name in lqer:  # W' = deq(Q) + A'^T' @ B', as the export evaluated it
-                    t = t + lqer[name]
             state_dict[name] = (t.float() if t.is_floating_point() else t).view(shape)
+        if lqer:
+            lqer_add_corrections(state_dict, pieces[-1], head)
         if BUNDLE_KIND == "package":  # what the kit's readers show (a record's file reads the weights only)
             head = dict(head, compressor=(*QUANT_COMPRESSORS, "grouped")[cid - 1], format_version=prefix[4],
                         **{"groups": layout} if layout else {})

@@ -31,7 +31,7 @@ import math
 
 from quant.lqer import lqer_add_estimate
 from quant.policy import QuantPolicy
-from quant.sdclip import sdclip_bits_per_value  # (there: a record's file holds it only with QUANT_SDCLIP=1)
+from quant.sdclip import sdclip_bits_per_value, sdclip_k_for  # (there: a record's file holds it only with QUANT_SDCLIP=1)
 
 # bits -> (bits per stored value at row length 512, fewer bits per doubling of the row length)
 QUANT_EST_BITS_PER_VALUE = {2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5: (4.38, 0.03), 6: (5.40, 0.02),
@@ -42,28 +42,26 @@ def policy_tensor_bytes(name: str, shape: tuple, policy: QuantPolicy, bits: int)
     """Projected compressed bytes of parameter `name`, a matrix of `shape` (ints, numel > 0), stored at `bits`
     (2..8) under the policy, without its 120-byte header share: values plus the float16 scale of each row. The
     GPTQ-lite table, or the SDClip entropy where the policy gives the tensor an SDClip k (QUANT_SDCLIP=1)."""
-    n, k = math.prod(shape), policy.sdclip_k_for(name, shape)
+    n, k = math.prod(shape), policy.sdclip and sdclip_k_for(policy, name, shape)
     base, slope = QUANT_EST_BITS_PER_VALUE[bits]
     return n * (sdclip_bits_per_value(bits, k) if k else base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)
                 ) / 8 + 2 * shape[0]
 
 
-def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy | None = None, scale: float = 1.0) -> int:
-    """Projected artifact (model) bytes for param_shapes (name -> shape tuple of ints >= 0).
+def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy, scale: float = 1.0) -> int:
+    """Projected artifact (model) bytes for param_shapes (name -> shape tuple of ints >= 0) under `policy`.
 
-    policy: QuantPolicy, default QuantPolicy.from_env(). Code bytes are NOT included. Shapes come
-    from the model (the CLI validates user-given ones: quant.offline.quant_check_shapes). scale:
-    measured / estimated bytes to assume (a preset's QUANT_ESTIMATE_SCALE; trained H100 weights
-    compress better than the Gaussian ones this is calibrated on), applied to the total.
+    Code bytes are NOT included. Shapes come from the model (the CLI validates user-given ones:
+    quant.offline.quant_check_shapes). scale: measured / estimated bytes to assume (a preset's
+    QUANT_ESTIMATE_SCALE; trained H100 weights compress better than the Gaussian ones this is calibrated on),
+    applied to the total.
     """
-    policy = policy or QuantPolicy.from_env()
-    total, quantized = 1200, []
+    total = 1200
     for name, shape in param_shapes.items():
         n = math.prod(shape)
         bits = n and policy.bits_for(name, shape)
-        float_bytes = n * (4 if policy.float_dtype == "float32" else 2) + 60
-        total += policy_tensor_bytes(name, shape, policy, bits) + 120 if bits else float_bytes
-        quantized += [(n, shape)] if bits else []
+        total += (policy_tensor_bytes(name, shape, policy, bits) + 120 if bits
+                  else n * (4 if policy.float_dtype == "float32" else 2) + 60)
     if policy.lqer:
-        total = lqer_add_estimate(total, quantized, policy)
+        total = lqer_add_estimate(total, param_shapes, policy)
     return math.ceil(total * scale)

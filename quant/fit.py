@@ -22,7 +22,7 @@ The same greedy runs twice (quant.artifact.export_artifact for the second):
     (relative Frobenius error without one), and steps until the estimated saving, scaled by the
     real / estimated size ratio, covers the overshoot; then it compresses again.
 One-bit steps of large tensors overshoot: once the export's real artifact fits, the tensors it stepped go
-back up (quant_fit_step_up: the reverse order) while the estimated bytes added, scaled to real bytes, fit
+back up (quant_fit_step with `start`: the reverse order) while the estimated bytes added, scaled to real bytes, fit
 the slack; one more compression confirms, else the fitting round is kept.
 Each step is logged; the chosen bits live in QuantPolicy.fitted (stored in the artifact header).
 
@@ -39,44 +39,26 @@ from quant.policy import QuantPolicy
 QUANT_FIT_PRIOR = {"mlp": 1.0, "attn": 2.0, "other": 2.0, "embed": 4.0}
 
 
-def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable) -> tuple | None:
-    """The fit's next step (name, new bits) or None when no tensor can step down.
+def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable, start: QuantPolicy | None = None,
+                   room: float = 0.0) -> tuple | None:
+    """The fit's next one-bit step (name, new bits, estimated bytes of the step) or None when there is none.
 
-    shapes: name -> shape of the state dict's float tensors; score(name, new_bits) -> error
-    increase of that step (any consistent unit); the step with the lowest (stage, score per
-    estimated byte saved) wins, ties to the earlier name.
+    shapes: name -> shape of the state dict's float tensors; score(name, low_bits) -> the error difference
+    between that tensor at low_bits and at low_bits + 1 (any consistent unit). Down (start None): a tensor above
+    its floor (int4; the embedding int5) goes one bit down; the lowest (stage, score per estimated byte saved)
+    wins. Up (the export's step back): a tensor the fit stepped below its bits in `start` goes one bit up if the
+    estimated bytes added fit `room`; the reverse order wins (the highest stage, then the largest score per byte
+    added). Ties to the earlier name.
     """
-    best = None
+    best, up = None, 1 if start else -1
     for name, shape in shapes.items():
-        if not policy.fittable(name, shape):
-            continue
-        b, embed = policy.bits_for(name, shape), policy.group_of(name, shape) == "embed"
-        if b > (5 if embed else 4):
-            key = (2 if embed else 0 if b > 5 else 1,
-                   score(name, b - 1) / max(1e-9, policy_tensor_bytes(name, shape, policy, b)
-                                            - policy_tensor_bytes(name, shape, policy, b - 1)))
-            if best is None or key < best[0]:
-                best = key, name, b - 1
-    return best and best[1:]
-
-
-def quant_fit_step_up(policy: QuantPolicy, start: QuantPolicy, shapes: dict, gain: Callable,
-                      max_bytes: float) -> tuple | None:
-    """The export fit's step back up (name, new bits, estimated bytes added), or None: a tensor the fit
-    stepped below its bits in `start` goes up one bit, if the estimated bytes added fit max_bytes; the
-    reverse of quant_fit_step's order (the highest stage, then the largest gain(name, new_bits), the error
-    it removes, per byte added), ties to the earlier name."""
-    best = None
-    for name, shape in shapes.items():
-        if not policy.fittable(name, shape):
-            continue
-        b = policy.bits_for(name, shape)
-        added = policy_tensor_bytes(name, shape, policy, b + 1) - policy_tensor_bytes(name, shape, policy, b) if b < 8 else 0
-        if b < start.bits_for(name, shape) and added <= max_bytes:
-            key = (2 if policy.group_of(name, shape) == "embed" else 0 if b + 1 > 5 else 1,
-                   gain(name, b + 1) / max(1e-9, added))
-            if best is None or key > best[0]:
-                best = key, name, b + 1, added
+        b, embed = policy.fittable(name, shape) and policy.bits_for(name, shape), policy.group_of(name, shape) == "embed"
+        if b and (b < start.bits_for(name, shape) if start else b > 4 + embed):
+            hi = max(b, b + up)  # the step's higher bits
+            size = policy_tensor_bytes(name, shape, policy, hi) - policy_tensor_bytes(name, shape, policy, hi - 1)
+            key = (-up * (2 if embed else 0 if hi > 5 else 1), -up * score(name, hi - 1) / max(1e-9, size))
+            if (not start or size <= room) and (best is None or key < best[0]):
+                best = key, name, b + up, size
     return best and best[1:]
 
 
@@ -95,7 +77,7 @@ def fit_policy(policy: QuantPolicy, shapes: dict, model_budget_bytes: int, *, lo
         step = quant_fit_step(policy, shapes, lambda n, b, p=policy: QUANT_FIT_PRIOR[p.group_of(n, shapes[n])] * 4.0 ** -b)
         if not step:
             break
-        policy, num_steps = policy.with_bits(*step), num_steps + 1
+        policy, num_steps = policy.with_bits(*step[:2]), num_steps + 1
         if BUNDLE_KIND == "package":  # the steps (the artifact's header stores the bits; the line below counts them)
             log(f"quant_fit step:{num_steps} {step[0]} -> int{step[1]}")
     bits = collections.Counter(policy.bits_for(n, s) for n, s in shapes.items())

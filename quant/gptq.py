@@ -26,8 +26,9 @@ from collections.abc import Callable
 
 import torch
 
-from primitives.rowquant import QUANT_CLIP_QUANTILES, quantize_per_row
+from primitives.env import BUNDLE_KIND
 from primitives.progress import Progress
+from primitives.rowquant import QUANT_CLIP_QUANTILES, quantize_per_row
 from quant.gptq_records import gptq_records_order
 
 
@@ -114,7 +115,8 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
             return out
         model.forward_hidden = forward_hidden  # an instance attribute: the class is unchanged
     start = clock()
-    bar = Progress("gptq calibration", num_batches, "batches")
+    if BUNDLE_KIND == "package":  # the kit's progress line
+        bar = Progress("gptq calibration", num_batches, "batches")
     cross_docs = cross_docs and getattr(model, "doc_packed_attention", False)
     if cross_docs:
         model.doc_packed_attention = False
@@ -123,9 +125,11 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
             with autocast():
                 model(*next_batch())
             n += 1
-            bar.update()
+            if BUNDLE_KIND == "package":
+                bar.update()
     finally:
-        bar.close()
+        if BUNDLE_KIND == "package":
+            bar.close()
         for x in hooks:
             x.remove()
         model.__dict__.pop("forward_hidden", None)

@@ -30,15 +30,13 @@ Size note: bundled into the counted train_gpt.py (the decoder needs it).
 """
 
 import json
-import lzma
 import math
 import struct
 
-import brotli
 import torch
-import zstandard
 
 from primitives.env import BUNDLE_KIND
+from quant.policy import quant_compress, quant_inflate
 
 # the packed train_gpt.py holds this module only for runs with QUANT_GROUPED=1 (kit/bundle_when.py)
 PACKED_WHEN = "QUANT_GROUPED"
@@ -78,22 +76,6 @@ def _grouped_pieces(raw: bytes) -> list:
     return out + [(5, rest, 0)] * (rest > 0) + [(6, k + 4, 0)]
 
 
-def _grouped_pack(data: bytes, coder: int) -> bytes:
-    return (data if coder == 0 else zstandard.ZstdCompressor(22).compress(data) if coder == 2
-            else lzma.compress(data, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME) if coder == 3
-            else brotli.compress(data, quality=11, lgwin=24))
-
-
-def _grouped_unpack(data: bytes, coder: int, n: int) -> bytes:
-    out = (data if coder == 0 else zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if coder == 2
-           else lzma.LZMADecompressor(lzma.FORMAT_ALONE).decompress(data, n + 1) if coder == 3
-           else brotli.Decompressor().process(data, output_buffer_limit=n + 1) if coder == 4 else None)
-    if BUNDLE_KIND == "package":  # the container's checks: a record's file reads what it just wrote (its CRC checked)
-        if out is None or len(out) != n:
-            raise ValueError(f"a {GROUPED_CODERS.get(coder, coder)} stream inflates to {out and len(out)} bytes, not {n}")
-    return out
-
-
 def grouped_compress(raw: bytes) -> bytes:
     """The compressed section of a grouped container for payload `raw` (module docstring)."""
     streams, index, pos = [bytearray() for _ in GROUPED_STREAMS], bytearray(), 0
@@ -112,7 +94,7 @@ def grouped_compress(raw: bytes) -> bytes:
     table, blobs = bytearray([len(streams)]), []
     for s in streams:
         s = bytes(s)
-        coder, blob = min(((c, _grouped_pack(s, c)) for c in (2, 3, 4, 0)), key=lambda cb: len(cb[1]))
+        coder, blob = min(((c, quant_compress(s, c)) for c in (2, 3, 4, 0)), key=lambda cb: len(cb[1]))
         table += struct.pack("<BII", coder, len(s), len(blob))
         blobs.append(blob)
     return bytes(table) + b"".join(blobs)
@@ -120,7 +102,8 @@ def grouped_compress(raw: bytes) -> bytes:
 
 def grouped_inflate(data: bytes, n: int) -> tuple:
     """Inverse of grouped_compress -> (payload bytes [n], layout: [[stream, coder, raw bytes,
-    compressed bytes, sorted pieces], ...]). ValueError for anything that does not fit."""
+    compressed bytes, sorted pieces], ...]; None in a record's packed file). ValueError for anything that does
+    not fit."""
     count = data[0]
     # the container's checks are the package's: a record's file reads what it just wrote (its CRC checked)
     if BUNDLE_KIND == "package":
@@ -133,8 +116,11 @@ def grouped_inflate(data: bytes, n: int) -> tuple:
             raise ValueError(f"grouped stream table {table} does not describe a {n}-byte payload")
     pos, streams = 1 + 9 * count, []
     for coder, size, csize in table:
-        streams.append(_grouped_unpack(data[pos:pos + csize], coder, size))
+        streams.append(quant_inflate(data[pos:pos + csize], coder, size))
         pos += csize
+        if BUNDLE_KIND == "package":  # the container's checks: a record's file reads what it just wrote (its CRC checked)
+            if len(streams[-1]) != size:
+                raise ValueError(f"a {GROUPED_CODERS[coder]} stream inflates to {len(streams[-1])} bytes, not {size}")
     if BUNDLE_KIND == "package":
         if pos != len(data):
             raise ValueError(f"grouped container has {len(data) - pos} trailing bytes")
@@ -155,11 +141,14 @@ def grouped_inflate(data: bytes, n: int) -> tuple:
                     raise ValueError(f"grouped index: a bad row permutation for a {nbytes}-byte piece")
             t = torch.frombuffer(bytearray(piece), dtype=torch.uint8).view(rows, -1)
             piece = t[perm.argsort()].numpy().tobytes()
-            sorted_count[sid] += 1
+            if BUNDLE_KIND == "package":  # the layout the kit's readers show
+                sorted_count[sid] += 1
         out.append(piece)
     if BUNDLE_KIND == "package":
         if cursors[1:] != [len(s) for s in streams[1:]]:
             raise ValueError("grouped streams hold bytes no index entry uses")
-    layout = [[name, GROUPED_CODERS[c], size, csize, k]
-              for name, (c, size, csize), k in zip(GROUPED_STREAMS, table, sorted_count)]
+    layout = None  # (a record's file reads the weights only)
+    if BUNDLE_KIND == "package":
+        layout = [[name, GROUPED_CODERS[c], size, csize, k]
+                  for name, (c, size, csize), k in zip(GROUPED_STREAMS, table, sorted_count)]
     return b"".join(out), layout

@@ -181,17 +181,19 @@ def lqer_piece_bytes(head: dict) -> int:
     return sum(lqer_nbytes(r, *shapes.get(name, (0, 0)), asym) for name, r in head["lqer"])
 
 
-def lqer_corrections(blob: torch.Tensor, head: dict) -> dict:
-    """{name: float32 [rows, cols] correction A'^T' @ B'} of the LQER piece blob (uint8) an artifact's header lists;
+def lqer_add_corrections(state_dict: dict, blob: torch.Tensor, head: dict) -> None:
+    """Add the LQER piece blob (uint8) an artifact's header lists to the decoded float32 weights of state_dict, in
+    place: W' = deq(Q) + A'^T' @ B' (float32 [rows, cols] per listed tensor), as the export evaluated it;
     lqer_unpack's ValueError."""
     shapes, asym = lqer_shapes(head)
-    return {name: lqer_correction(factors, r, *shapes[name])
-            for name, (r, factors) in lqer_unpack(blob, head["lqer"], shapes, asym).items()}
+    for name, (r, factors) in lqer_unpack(blob, head["lqer"], shapes, asym).items():
+        state_dict[name] += lqer_correction(factors, r, *shapes[name]).view(state_dict[name].shape)
 
 
-def lqer_add_estimate(total: float, quantized: list, policy) -> float:
+def lqer_add_estimate(total: float, param_shapes: dict, policy) -> float:
     """`total` (the size estimate's bytes, quant/estimate.py) plus the factors of the policy's QUANT_LQER_TOP_N
-    largest quantized tensors (quantized: [(numel, shape)]; by size here: the export picks them by error)."""
+    largest quantized tensors of param_shapes (name -> shape; by size here: the export picks them by error)."""
+    quantized = [(math.prod(s), s) for n, s in param_shapes.items() if math.prod(s) and policy.bits_for(n, s)]
     for _, shape in sorted(quantized, key=lambda x: -x[0])[:policy.lqer_top_n]:
         r = min(policy.lqer_rank, shape[0], math.prod(shape[1:]))
         total += lqer_nbytes(r, shape[0], math.prod(shape[1:]), policy.lqer_asym)

@@ -54,14 +54,38 @@ variable and its raw value.
 
 import dataclasses
 import json
+import lzma
 import math
 import os
+import zlib
 from collections.abc import Callable
+
+import brotli
+import zstandard
 
 from primitives.env import BUNDLE_KIND, parse_env_value, warn_unknown_env
 from primitives.presets import DEFAULT_PRESET, PRESET_QUANT
 
 QUANT_COMPRESSORS = ("zlib", "zstd", "lzma", "brotli")  # container ids 1..4 (quant/artifact.py)
+
+
+# the coders by the id the artifact (quant/artifact.py) and the grouped container's streams (quant/grouped.py) store:
+# 0 stored (grouped streams only), 1 zlib (level 9), 2 zstd (level 22), 3 LZMA (.lzma "alone" format,
+# preset 9 | extreme), 4 brotli (quality 11, window 2**24)
+def quant_compress(raw: bytes, coder: int, /) -> bytes:
+    """raw compressed by coder id `coder` (0..4, the comment above)."""
+    return (raw if not coder else zlib.compress(raw, 9) if coder == 1 else zstandard.ZstdCompressor(22).compress(raw)
+            if coder == 2 else lzma.compress(raw, lzma.FORMAT_ALONE, preset=9 | lzma.PRESET_EXTREME) if coder == 3
+            else brotli.compress(raw, quality=11, lgwin=24))
+
+
+def quant_inflate(data: bytes, coder: int, n: int, /) -> bytes:
+    """Inverse of quant_compress, its output capped at n + 1 bytes (no zip bombs: a stream that inflates to more
+    than its declared n bytes comes out n + 1 long; stored data as it is). An id above 4 is read as LZMA (the
+    package's readers check the id first)."""
+    return (data if not coder else zstandard.ZstdDecompressor().stream_reader(data).read(n + 1) if coder == 2
+            else brotli.Decompressor().process(data, output_buffer_limit=n + 1) if coder == 4
+            else (zlib.decompressobj() if coder == 1 else lzma.LZMADecompressor(lzma.FORMAT_ALONE)).decompress(data, n + 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,15 +237,6 @@ class QuantPolicy:
     def int8_gate(self, name: str, shape: tuple) -> bool:
         """True for an attention gate stored in int8 rows (QUANT_GATE_INT8; PR #1855's size window 32..8192)."""
         return self.gate_int8 and name.endswith(".attn_gate_w") and len(shape) == 2 and 32 <= math.prod(shape) <= 8192
-
-    def sdclip_k_for(self, name: str, shape: tuple) -> float:
-        """The SDClip k of parameter `name` of `shape` (quant/sdclip.py): its group's (attn / mlp / embed; anything
-        else, an override-quantized control tensor included, sdclip_k_other); 0 (the GPTQ-lite clip search)
-        without QUANT_SDCLIP or where the group's k is 0 (e.g. QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks only)."""
-        group = self.group_of(name, shape)
-        if not self.sdclip or self.int8_gate(name, shape):
-            return 0.0
-        return getattr(self, f"sdclip_k_{group if group in ('attn', 'mlp', 'embed') else 'other'}")
 
     def fittable(self, name: str, shape: tuple) -> bool:
         """True when the fit may change this tensor's bits: QUANT_FIT=1, quantized, its group's bits

@@ -26,6 +26,17 @@ from quant.gptq import gptq_quantize
 PACKED_WHEN = "QUANT_SDCLIP"
 
 
+def sdclip_k_for(policy, name: str, shape: tuple) -> float:
+    """The SDClip k of parameter `name` of `shape` under a QuantPolicy: its group's (attn / mlp / embed; anything
+    else, an override-quantized control tensor included, sdclip_k_other); 0 (the GPTQ-lite clip search) without
+    QUANT_SDCLIP, for an int8 gate, or where the group's k is 0 (e.g. QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks
+    only). The kept modules call it only when policy.sdclip is on (a record's file packs this module only then)."""
+    group = policy.group_of(name, shape)
+    if not policy.sdclip or policy.int8_gate(name, shape):
+        return 0.0
+    return getattr(policy, f"sdclip_k_{group if group in ('attn', 'mlp', 'embed') else 'other'}")
+
+
 def sdclip_scale(w: torch.Tensor, bits: int, k: float) -> torch.Tensor:
     """float16 [R] SDClip scales of w [R, C] (C >= 2) at `bits` with clip k * std(row).
 

@@ -175,18 +175,18 @@ def test_artifact_bytes_are_identical_across_processes(tmp_path):
               "from quant.artifact import export_artifact\n"
               "from tests.test_quant_artifact import CONFIG, _state\n"
               "export_artifact(_state(), dict(CONFIG, extra={'b': 1.5, 'a': [1, 2]}), Path(sys.argv[1]), code_bytes=7,"
-              " compressor='brotli', log=lambda msg: None)\n")
+              " log=lambda msg: None)\n")
     outputs = []
     for seed in ("1", "2"):
         path = tmp_path / f"seed{seed}.ptz"
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUANT_")}
         run = subprocess.run([sys.executable, "-c", script, str(path)], cwd=REPO, capture_output=True, text=True,
-                             env=dict(env, PYTHONHASHSEED=seed))
+                             env=dict(env, PYTHONHASHSEED=seed, QUANT_COMPRESSOR="brotli"))
         assert run.returncode == 0, run.stderr
         outputs.append(path.read_bytes())
     assert outputs[0] == outputs[1]
     export_artifact(_state(), dict(CONFIG, extra={"b": 1.5, "a": [1, 2]}), tmp_path / "here.ptz", code_bytes=7,
-                    policy=QuantPolicy(), compressor="brotli", **QUIET)
+                    policy=QuantPolicy(compressor="brotli"), **QUIET)
     assert (tmp_path / "here.ptz").read_bytes() == outputs[0]
 
 

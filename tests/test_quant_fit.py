@@ -58,7 +58,7 @@ def test_steps_down_in_the_logged_order_until_it_fits():
     name, bits = steps[0]
     b = int(bits[3:])
     assert quant_fit_step(QuantPolicy(), SHAPES, lambda n, nb: QUANT_FIT_PRIOR[QuantPolicy().group_of(n, SHAPES[n])]
-                          * 4.0 ** -nb) == (name, b)
+                          * 4.0 ** -nb)[:2] == (name, b)
 
 
 def test_int5_then_int4_blocks_then_the_embedding_then_nothing():

@@ -1,5 +1,7 @@
 """quant/lqer.py: int4 factors against a per-group loop, the SVD correction, export round trip, damage."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ from quant.artifact import decode_artifact, export_artifact, quant_build_payload
 from primitives.rowquant import dequantize_per_row, quantize_per_row
 from quant.lqer import LQER_GROUP, lqer_correction, lqer_dequant, lqer_factors, lqer_int4, lqer_nbytes, lqer_pack
 from quant.policy import QuantPolicy
+from quant.sdclip import sdclip_k_for
 from tests.test_quant_artifact import CONFIG, QUIET, _state
 
 
@@ -65,8 +68,8 @@ def test_export_with_lqer_decodes_to_what_was_evaluated(tmp_path):
                          gptq=False)
     sizes = {}
     for lq in (False, True):
-        p = QuantPolicy(**{**policy.__dict__, "lqer": lq})
-        sizes[lq] = export_artifact(sd, CONFIG, tmp_path / f"{lq}.ptz", code_bytes=0, policy=p, compressor="brotli",
+        p = QuantPolicy(**{**policy.__dict__, "lqer": lq, "compressor": "brotli"})
+        sizes[lq] = export_artifact(sd, CONFIG, tmp_path / f"{lq}.ptz", code_bytes=0, policy=p,
                                     **QUIET)["bytes_model"]
     got, _, meta = decode_artifact((tmp_path / "True.ptz").read_bytes())
     entries, _ = quantize_state_dict(sd, policy)
@@ -130,7 +133,7 @@ def test_asym_form_round_trips_and_counts_its_bytes(tmp_path):
     for name, (r, ((qa, sa), (qb, sb))) in factors.items():
         assert qa.shape == (entries[name][2].shape[0], r) and int(qa.min()) >= -2 and int(qa.max()) <= 1
         assert int(qb.min()) >= -8 and int(qb.max()) <= 7 and sa.dtype == sb.dtype == torch.float16
-    export_artifact(sd, CONFIG, tmp_path / "a.ptz", code_bytes=0, policy=policy, compressor="zlib", **QUIET)
+    export_artifact(sd, CONFIG, tmp_path / "a.ptz", code_bytes=0, policy=replace(policy, compressor="zlib"), **QUIET)
     got, _, meta = decode_artifact((tmp_path / "a.ptz").read_bytes())
     assert meta["policy"]["lqer_asym"] is True and meta["lqer"] == [[n, 4] for n in factors]
     for name, (shape, _, q, s, _) in entries.items():
@@ -147,9 +150,9 @@ def test_gate_int8_rows_round_trip_and_stay_out_of_the_fit(tmp_path):
                                  "blocks.1.attn.attn_gate_w": torch.randn(2, 12) * 0.3})
     policy = QuantPolicy(gate_int8=True, sdclip=True, gptq=False)
     assert policy.bits_for("blocks.0.attn.attn_gate_w", (8, 12)) == 8 and policy.bits_for("blocks.1.attn.attn_gate_w", (2, 12)) is None
-    assert not policy.fittable("blocks.0.attn.attn_gate_w", (8, 12)) and policy.sdclip_k_for("blocks.0.attn.attn_gate_w", (8, 12)) == 0
+    assert not policy.fittable("blocks.0.attn.attn_gate_w", (8, 12)) and sdclip_k_for(policy, "blocks.0.attn.attn_gate_w", (8, 12)) == 0
     assert QuantPolicy().bits_for("blocks.0.attn.attn_gate_w", (8, 12)) is None  # off: float passthrough, as before
-    export_artifact(sd, CONFIG, tmp_path / "g.ptz", code_bytes=0, policy=policy, compressor="zlib", **QUIET)
+    export_artifact(sd, CONFIG, tmp_path / "g.ptz", code_bytes=0, policy=replace(policy, compressor="zlib"), **QUIET)
     got, _, _ = decode_artifact((tmp_path / "g.ptz").read_bytes())
     q, s = quantize_per_row(sd["blocks.0.attn.attn_gate_w"], 8)
     assert torch.equal(got["blocks.0.attn.attn_gate_w"], dequantize_per_row(q, s))

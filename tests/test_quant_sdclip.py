@@ -11,7 +11,7 @@ from quant.artifact import decode_artifact, export_artifact, quantize_state_dict
 from primitives.rowquant import dequantize_per_row
 from quant.gptq import gptq_quantize
 from quant.policy import QuantPolicy
-from quant.sdclip import sdclip_quantize, sdclip_scale
+from quant.sdclip import sdclip_k_for, sdclip_quantize, sdclip_scale
 from tests.test_quant_artifact import CONFIG, QUIET, _state
 
 
@@ -53,11 +53,11 @@ def test_k_per_group_and_env():
     p = QuantPolicy.from_env({"QUANT_SDCLIP": "1", "QUANT_SDCLIP_K_ATTN": "9", "QUANT_SDCLIP_K_MLP": "8",
                               "QUANT_SDCLIP_K_EMBED": "17", "QUANT_SDCLIP_K_OTHER": "10"})
     assert p.sdclip
-    assert p.sdclip_k_for("blocks.0.attn.c_q.weight", (8, 8)) == 9
-    assert p.sdclip_k_for("blocks.0.mlp.fc.weight", (8, 8)) == 8
-    assert p.sdclip_k_for("tok_emb.weight", (8, 8)) == 17
-    assert p.sdclip_k_for("bigram.proj.weight", (8, 8)) == 10
-    assert QuantPolicy(sdclip_k_attn=9).sdclip_k_for("blocks.0.attn.c_q.weight", (8, 8)) == 0  # QUANT_SDCLIP=0: clip search
+    assert sdclip_k_for(p, "blocks.0.attn.c_q.weight", (8, 8)) == 9
+    assert sdclip_k_for(p, "blocks.0.mlp.fc.weight", (8, 8)) == 8
+    assert sdclip_k_for(p, "tok_emb.weight", (8, 8)) == 17
+    assert sdclip_k_for(p, "bigram.proj.weight", (8, 8)) == 10
+    assert sdclip_k_for(QuantPolicy(sdclip_k_attn=9), "blocks.0.attn.c_q.weight", (8, 8)) == 0  # QUANT_SDCLIP=0: clip search
     # defaults: the records' numbers; a default policy's dict has no SDClip keys (old artifacts keep their bytes)
     d = QuantPolicy()
     assert (d.sdclip, d.sdclip_k_attn, d.sdclip_k_mlp, d.sdclip_k_embed, d.sdclip_k_other) == (False, 13.0, 11.5, 15.0, 12.85)
@@ -76,7 +76,7 @@ def test_export_with_sdclip_decodes_to_what_was_evaluated(tmp_path):
             assert torch.equal(got[name], dequantize_per_row(q, s).view(shape))
             q_ref, s_ref = reference_sdclip(sd[name].reshape(shape[0], -1), bits, clip)
             assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
-            assert clip == policy.sdclip_k_for(name, shape)
+            assert clip == sdclip_k_for(policy, name, shape)
     assert meta["policy"]["sdclip"] is True and report["policy"]["sdclip"] is True
     assert {c for n, _, k, c in meta["tensors"] if ".mlp." in n and isinstance(k, int)} == {11.5}
 
@@ -86,8 +86,8 @@ def test_larger_k_gives_a_smaller_file(tmp_path):
     sizes = []
     for k in (6.0, 12.0, 24.0):
         policy = QuantPolicy(sdclip=True, sdclip_k_attn=k, sdclip_k_mlp=k, sdclip_k_embed=k, attn_bits=6, mlp_bits=6,
-                             fit=False, gptq=False)
-        sizes.append(export_artifact(sd, CONFIG, tmp_path / f"{k}.ptz", code_bytes=0, compressor="brotli", policy=policy,
+                             fit=False, gptq=False, compressor="brotli")
+        sizes.append(export_artifact(sd, CONFIG, tmp_path / f"{k}.ptz", code_bytes=0, policy=policy,
                                      **QUIET)["bytes_model"])
     assert sizes[0] > sizes[1] > sizes[2]
 

@@ -178,10 +178,10 @@ def frontier_rows(state, config, hessians, score, bits_list, compressor="auto") 
     with tempfile.TemporaryDirectory() as tmp:
         for bits in bits_list:
             for label, fields in METHODS.items():
-                policy = QuantPolicy(attn_bits=bits, mlp_bits=bits, embed_bits=8, fit=False, **fields)
+                policy = QuantPolicy(attn_bits=bits, mlp_bits=bits, embed_bits=8, fit=False, compressor=compressor, **fields)
                 t0 = time.perf_counter()
                 report = export_artifact(state, config, Path(tmp) / "m.ptz", code_bytes=0, byte_budget=10**12,
-                                         policy=policy, compressor=compressor, hessians=hessians, log=lambda msg: None)
+                                         policy=policy, hessians=hessians, log=lambda msg: None)
                 seconds = time.perf_counter() - t0
                 loaded = load_artifact(Path(tmp) / "m.ptz")[0]
                 rows.append(dict(bits=bits, method=label, bytes=report["bytes_model"], val_bpb=score(loaded),
@@ -222,10 +222,10 @@ def technique_rows(state, config, score, policies: dict, compressor="auto", hess
     with tempfile.TemporaryDirectory() as tmp:
         for bits_label, base in policies.items():
             for label, fields in (TECHNIQUES if hessians is None else GPTQ_TECHNIQUES).items():
-                policy = QuantPolicy(**{**base, **fields, "fit": False, "gptq": hessians is not None})
+                policy = QuantPolicy(**{**base, **fields, "fit": False, "gptq": hessians is not None, "compressor": compressor})
                 t0 = time.perf_counter()
                 report = export_artifact(state, config, Path(tmp) / "m.ptz", code_bytes=0, byte_budget=10**12,
-                                         policy=policy, compressor=compressor, hessians=hessians, log=lambda msg: None)
+                                         policy=policy, hessians=hessians, log=lambda msg: None)
                 seconds = time.perf_counter() - t0
                 loaded = load_artifact(Path(tmp) / "m.ptz")[0]
                 rows.append(dict(bits=bits_label, technique=label, bytes=report["bytes_model"], val_bpb=score(loaded),
@@ -252,11 +252,11 @@ def budget_rows(state, config, score, hessians, budgets: list, compressor="auto"
     with tempfile.TemporaryDirectory() as tmp:
         for budget in budgets:
             for label, fields in FIT_TECHNIQUES.items():
-                policy = QuantPolicy(**fields)
+                policy = QuantPolicy(**fields, compressor=compressor)
                 t0 = time.perf_counter()
                 try:
                     report = export_artifact(state, config, Path(tmp) / "m.ptz", code_bytes=0,
-                                             byte_budget=int(budget * num_params), policy=policy, compressor=compressor,
+                                             byte_budget=int(budget * num_params), policy=policy,
                                              hessians=hessians, log=lambda msg: None)
                 except ValueError as err:
                     rows.append(dict(budget=budget, technique=label, bytes=None, error=str(err)))

@@ -88,7 +88,7 @@ def compare_artifact_bytes(module, h, shapes: dict, seed: int = 0) -> dict:
     sizes, raws = {}, {}
     for packing in ("int8", "bits"):
         for shuffle in (False, True):
-            raws[packing, shuffle] = quant_build_payload(entries, {}, policy.to_dict(), packing, shuffle, lqer=lqer)
+            raws[packing, shuffle] = quant_build_payload(entries, {}, policy.to_dict(), packing, shuffle, None, lqer)
             for coder in QUANT_COMPRESSORS:
                 sizes[(packing, shuffle, coder)] = len(quant_wrap_container(raws[packing, shuffle], coder))
     out["kit_job"] = min(sizes, key=sizes.get)
