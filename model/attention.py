@@ -11,11 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from model.doc_attention import doc_attention, document_segments
-from model.fa4 import flash_attn_func, head_dim_ok, load_fa4
+from model.fa4 import fa4_function
 
 
-_FLASH_ATTN = []  # the flash-attn function chosen by resolve_attention_backend, if any
-_FLASH_VARLEN = []  # its module's flash_attn_varlen_func (FA3, FA2), if it has one: document-packed attention
+# [flash_attn_func, flash_attn_varlen_func or None] of the flash-attn resolve_attention_backend chose, if any (the
+# varlen function: its module's (FA3, FA2), for document-packed attention)
+_FLASH_ATTN = []
+# the flash-attn backends in ATTN_BACKEND=auto's order, and their modules
+FLASH_MODULES = {"fa3": "flash_attn_interface", "fa4": "flash_attn.cute.interface", "fa2": "flash_attn"}
 _SDPA_PRIORITY = contextlib.ExitStack()  # holds the process-wide SDPA backend order set by set_sdpa_priority
 
 
@@ -31,8 +34,8 @@ def set_sdpa_priority(capability: tuple, log=print) -> str:
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    names = "CUDNN FLASH EFFICIENT" if tuple(capability) >= (9, 0) else "FLASH EFFICIENT CUDNN"
-    order = [getattr(SDPBackend, n + "_ATTENTION") for n in names.split()] + [SDPBackend.MATH]
+    # SDPBackend's values: 0 math, 1 flash, 2 efficient (memory-efficient), 3 cuDNN
+    order = [SDPBackend(i) for i in ((3, 1, 2, 0) if tuple(capability) >= (9, 0) else (1, 2, 3, 0))]
     _SDPA_PRIORITY.close()
     _SDPA_PRIORITY.enter_context(sdpa_kernel(order, set_priority=True))
     text = " > ".join(b.name.lower() for b in order)
@@ -52,40 +55,32 @@ def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
 
 
 def resolve_attention_backend(requested: str, device: torch.device, log=print, head_dim: int = 0) -> str:
-    """Pick FA3 -> FA4 -> FA2 -> SDPA (FA4 only on sm_90/sm_100 and, head_dim given, a head dim it takes).
-    Forcing fa3/fa4/fa2 without CUDA, without the package, or fa4 where it cannot run raises ValueError.
+    """Pick FA3 -> FA4 -> FA2 -> SDPA (FA4 only on sm_90/sm_100 and, head_dim given, a head dim it takes:
+    model/fa4.py fa4_function). Forcing fa3/fa4/fa2 without CUDA, without the package, or fa4 where it cannot run
+    raises ValueError.
 
     A CUDA run that ends on SDPA (flash-attn missing, or built for another torch: its import fails)
     logs a WARNING line with the import error (requirements-gpu.txt has the install lines) and sets
     SDPA's backend order for the GPU (set_sdpa_priority: cuDNN first on Hopper).
     """
     if device.type != "cuda":
-        if requested in ("fa3", "fa4", "fa2"):
+        if requested in FLASH_MODULES:
             raise ValueError(f"ATTN_BACKEND={requested!r}: flash-attn needs CUDA, this run is on {device.type}")
         return "sdpa"
     errors = []
-    for name in {"auto": ["fa3", "fa4", "fa2", "sdpa"]}.get(requested, [requested]):
+    for name in [*FLASH_MODULES, "sdpa"] if requested == "auto" else [requested]:
         if name == "sdpa":
             _FLASH_ATTN.clear()  # a process that resolved a flash-attn before (a bench) goes back to SDPA
-            _FLASH_VARLEN.clear()
             if errors:
-                log(f"WARNING: attention falls back to PyTorch SDPA (slower than flash-attn): {'; '.join(errors)}"
-                    " (install: requirements-gpu.txt)")
+                log(f"WARNING: attention falls back to PyTorch SDPA: {'; '.join(errors)}")
             set_sdpa_priority(torch.cuda.get_device_capability(device), log)
             return name
-        module = {"fa3": "flash_attn_interface", "fa4": "flash_attn.cute.interface", "fa2": "flash_attn"}[name]
+        module = FLASH_MODULES[name]
         try:
-            if name == "fa4":  # sm_90/sm_100 only (its backward needs sm_90+, torch's FA4 router takes 9.x/10.x)
-                major, minor = torch.cuda.get_device_capability(device)
-                if major not in (9, 10):
-                    raise ImportError(f"FA4 runs on sm_90/sm_100, this GPU is sm_{major}{minor}")
-                if head_dim and not head_dim_ok(head_dim, 10 * major + minor):  # head_dim 0: not checked
-                    raise ImportError(f"FA4 has no head dim {head_dim} on sm_{major}{minor}")
-                load_fa4()
             # FA4's wheel makes flash_attn a namespace package: without FA2, flash_attn has no flash_attn_func
             mod = None if name == "fa4" else importlib.import_module(module)
-            _FLASH_ATTN[:] = [flash_attn_func if mod is None else mod.flash_attn_func]
-            _FLASH_VARLEN[:] = [f for f in [getattr(mod, "flash_attn_varlen_func", None)] if f is not None]
+            _FLASH_ATTN[:] = [fa4_function(device, head_dim) if mod is None else mod.flash_attn_func,
+                              getattr(mod, "flash_attn_varlen_func", None)]
             return name
         except (ImportError, OSError, AttributeError, RuntimeError) as err:  # missing, or built for another torch/CUDA
             if requested != "auto":
@@ -96,7 +91,8 @@ def resolve_attention_backend(requested: str, device: torch.device, log=print, h
 def doc_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool | None = None):
     """The documents of input_ids int64 [B, T] (DOC_PACKED_ATTENTION): model/doc_attention.py's DocSegments, with
     cu_seqlens when varlen (default: a varlen kernel was resolved and the ids are on CUDA), else the dense mask."""
-    return document_segments(input_ids, bos_id, bool(_FLASH_VARLEN) and input_ids.is_cuda if varlen is None else varlen)
+    return document_segments(input_ids, bos_id, bool(_FLASH_ATTN and _FLASH_ATTN[1]) and input_ids.is_cuda
+                             if varlen is None else varlen)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs=None) -> torch.Tensor:
@@ -113,7 +109,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs=None) -> t
     """
     flash = _FLASH_ATTN and q.device.type != "meta"
     if docs is not None:
-        return doc_attention(q, k, v, docs, flash and _FLASH_VARLEN)
+        return doc_attention(q, k, v, docs, flash and _FLASH_ATTN[1])
     if flash:
         dev = q.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.bfloat16

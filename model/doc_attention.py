@@ -45,14 +45,14 @@ def document_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool) -> Doc
     return DocSegments(((doc[:, :, None] == doc[:, None, :]) & causal)[:, None], None, t)
 
 
-def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSegments, varlen_fns) -> torch.Tensor:
+def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSegments, varlen) -> torch.Tensor:
     """model.attention.attention with documents: q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D] in v's dtype.
-    With docs.cu_seqlens and a varlen kernel in varlen_fns (flash-attn's flash_attn_varlen_func, run on the
-    flattened batch in the autocast dtype or bf16, PR #1855's form), else SDPA with the dense mask."""
-    if varlen_fns and docs.cu_seqlens is not None:
+    With docs.cu_seqlens and a varlen kernel (flash-attn's flash_attn_varlen_func, else falsy), run on the
+    flattened batch in the autocast dtype or bf16 (PR #1855's form), else SDPA with the dense mask."""
+    if varlen and docs.cu_seqlens is not None:
         dev, (b, t) = q.device.type, q.shape[:2]
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else torch.bfloat16
-        out = varlen_fns[0](q.to(dt).flatten(0, 1), k.to(dt).flatten(0, 1), v.to(dt).flatten(0, 1),
+        out = varlen(q.to(dt).flatten(0, 1), k.to(dt).flatten(0, 1), v.to(dt).flatten(0, 1),
                             cu_seqlens_q=docs.cu_seqlens, cu_seqlens_k=docs.cu_seqlens,
                             max_seqlen_q=docs.max_seqlen, max_seqlen_k=docs.max_seqlen, causal=True)
         return (out[0] if isinstance(out, tuple) else out).unflatten(0, (b, t)).to(v.dtype)

@@ -10,6 +10,8 @@ takes FA4 on CUDA alone, does not carry it). In the package the twin and the fak
 assert FA4's checks first (AssertionError); a record's file leaves them to FA4, which asserts them as it runs.
 """
 
+import functools
+import importlib
 import math
 
 import torch
@@ -19,22 +21,14 @@ from primitives.env import BUNDLE_KIND
 # the packed train_gpt.py holds FA4 only for runs that may pick it (kit/bundle_when.py)
 PACKED_WHEN = "ATTN_BACKEND in ('auto', 'fa4')"
 
-_FA4 = []  # flash_attn.cute.interface, once imported
-
-
-def load_fa4():
-    """flash_attn.cute.interface, imported once (ImportError/OSError/RuntimeError when missing or broken)."""
-    if not _FA4:
-        import importlib
-
-        _FA4.append(importlib.import_module("flash_attn.cute.interface"))
-    return _FA4[0]
+# load_fa4(): flash_attn.cute.interface, imported once (ImportError/OSError/RuntimeError when missing or broken)
+load_fa4 = functools.cache(lambda: importlib.import_module("flash_attn.cute.interface"))
 
 
 def head_dim_ok(d: int, arch: int) -> bool:
     """FA4's head-dim rule for D == Dv at 2-byte dtypes (_validate_head_dims): a multiple of 8, 8..256 on sm_9x,
     8..128 or 256 on sm_10x/11x. arch: 90 for sm_90."""
-    return d % 8 == 0 and (8 <= d <= 256 if arch // 10 == 9 else 8 <= d <= 128 or d == 256)
+    return d % 8 == 0 and 8 <= d <= (256 if arch // 10 == 9 else 128) or d == 256
 
 
 def _need(ok, message):
@@ -147,6 +141,17 @@ def _backward(ctx, dout, _dlse):
 
 
 fa4_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fa4_function(device: torch.device, head_dim: int = 0):
+    """flash_attn_func below, for attention on `device` (CUDA) with heads of head_dim (0: not checked), once FA4
+    imports and can run there: sm_90/sm_100 only (its backward needs sm_90+, torch's FA4 router takes 9.x/10.x), a
+    head dim it takes (head_dim_ok). ImportError (or the import's OSError/RuntimeError) otherwise."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10) or not head_dim_ok(head_dim or 64, 10 * major + minor):  # 64: every arch takes it
+        raise ImportError(f"FA4 runs on sm_90/sm_100, not head dim {head_dim} on sm_{major}{minor}")
+    load_fa4()
+    return flash_attn_func
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:

@@ -13,12 +13,15 @@ by torch.compile(fullgraph=True), so one custom op wraps it: `pgkit::linear_soft
 softcap) -> (loss, dx, dW) for grad_output = 1; its autograd scales dx and dW by the incoming gradient.
 `pgkit::linear_softcap_nll` is the scoring form (per-token NLL, Liger's reduction="none", no gradients) behind
 GPT.forward_nll. The ops' CPU kernel is the twin (softcap_ce_twin): the same contract and chunking in torch math.
+The package checks the ops' input contract (_check_contract); a record's train_gpt.py, whose only caller is
+fused_softcap_op, does not carry it.
 """
 
 import math
 
 import torch
 
+from primitives.env import BUNDLE_KIND
 from model.softcap_loss import _FUSED_LOSS, fused_loss_active  # noqa: F401 (fused_loss_active: this module's API too)
 
 # the packed train_gpt.py holds the fused loss only for runs that ask for it (kit/bundle_when.py): auto is torch
@@ -31,9 +34,10 @@ def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
     faster kernel, module docstring). Liger is taken only when it imports and passes liger_self_check. Raises
     ValueError naming LOSS_KERNEL for an unknown value, or for liger without CUDA, without an importable
     liger_kernel or failing its check."""
-    if requested not in LOSS_KERNELS:
-        raise ValueError(f"LOSS_KERNEL={requested!r}: expected one of {', '.join(LOSS_KERNELS)}")
-    if requested in ("torch", "auto"):
+    if BUNDLE_KIND == "package":  # a record's file: LOSS_KERNEL's choices are the settings' preflight
+        if requested not in LOSS_KERNELS:
+            raise ValueError(f"LOSS_KERNEL={requested!r}: expected one of {', '.join(LOSS_KERNELS)}")
+    if requested != "liger":
         return "torch"
     if device.type != "cuda":
         raise ValueError(f"LOSS_KERNEL={requested!r}: Liger-Kernel needs CUDA, this run is on {device.type}; expected "
@@ -41,8 +45,8 @@ def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
     try:
         import liger_kernel.ops.fused_linear_cross_entropy  # noqa: F401
     except Exception as err:  # missing, or a Triton that does not match this torch
-        raise ValueError(f"LOSS_KERNEL='liger': cannot import liger_kernel.ops.fused_linear_cross_entropy: {err} "
-                         "(install: requirements-gpu.txt)") from None
+        raise ValueError(f"LOSS_KERNEL='liger': cannot import liger_kernel.ops.fused_linear_cross_entropy: {err}"
+                         ) from None
     why = liger_self_check(device)
     if why:
         raise ValueError(f"LOSS_KERNEL='liger': Liger-Kernel fails its check on {device}: {why}; expected LOSS_KERNEL="
@@ -98,7 +102,8 @@ def softcap_ce_twin(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
     [N], dloss/dx, dloss/dweight of the mean loss) with `grads`, else (NLL, None, None). Liger's chunks (logits in
     x's dtype, softcap/softmax/loss in float32, the logits' gradient rounded to x's dtype before the two matmuls,
     dweight summed in float32: Liger with accum_dtype=float32)."""
-    _check_contract(x, weight, target, softcap)
+    if BUNDLE_KIND == "package":  # a record's file: its own ops' inputs (fused_softcap_op casts them)
+        _check_contract(x, weight, target, softcap)
     n = x.size(0)
     chunk = chunk_tokens(n, weight.size(0), x.size(1))
     nll = torch.empty(n, dtype=torch.float32, device=x.device)
@@ -136,7 +141,8 @@ def _linear_softcap_ce_liger(x, weight, target, softcap):
     # functional.liger_fused_linear_cross_entropy's path: ce_impl=None, the Triton kernel), gradients forced on since
     # a custom op's inputs carry no requires_grad. accum_dtype=float32: dW summed over the chunks in float32, then
     # rounded once to weight's dtype (with None it would be rounded to bf16 after every chunk).
-    _check_contract(x, weight, target, softcap)
+    if BUNDLE_KIND == "package":  # (as softcap_ce_twin)
+        _check_contract(x, weight, target, softcap)
     from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
 
     with torch.no_grad(), torch.autocast("cuda", enabled=False):
@@ -148,7 +154,8 @@ def _linear_softcap_ce_liger(x, weight, target, softcap):
 
 @linear_softcap_ce.register_fake
 def _linear_softcap_ce_fake(x, weight, target, softcap):
-    _check_contract(x, weight, target, softcap)
+    if BUNDLE_KIND == "package":  # (as softcap_ce_twin)
+        _check_contract(x, weight, target, softcap)
     return x.new_empty((), dtype=torch.float32), torch.empty_like(x), torch.empty_like(weight)
 
 
@@ -175,7 +182,8 @@ def linear_softcap_nll(x: torch.Tensor, weight: torch.Tensor, target: torch.Tens
 @linear_softcap_nll.register_kernel("cuda")
 def _linear_softcap_nll_liger(x, weight, target, softcap):
     # Liger's reduction="none" forward without gradients: the kernel writes only the per-row losses
-    _check_contract(x, weight, target, softcap)
+    if BUNDLE_KIND == "package":  # (as softcap_ce_twin)
+        _check_contract(x, weight, target, softcap)
     from liger_kernel.ops.fused_linear_cross_entropy import fused_linear_cross_entropy_forward
 
     with torch.no_grad(), torch.autocast("cuda", enabled=False):
@@ -185,7 +193,8 @@ def _linear_softcap_nll_liger(x, weight, target, softcap):
 
 @linear_softcap_nll.register_fake
 def _linear_softcap_nll_fake(x, weight, target, softcap):
-    _check_contract(x, weight, target, softcap)
+    if BUNDLE_KIND == "package":  # (as softcap_ce_twin)
+        _check_contract(x, weight, target, softcap)
     return x.new_empty(x.shape[:1], dtype=torch.float32)
 
 

@@ -66,17 +66,13 @@ class _EmbedAs(torch.autograd.Function):
         return None, torch.ops.aten.embedding_backward(grad.float(), ids, ctx.num_rows, -1, False, False), None
 
 
-def embed_as(ids: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """weight[ids].to(dtype), gathered from the table cast to `dtype`: ids [B, T] int64, weight [V, D] -> [B, T, D].
-
-    The same values as the gather cast after it, and the same gradient: weight's, summed in float32 over
-    the tokens (a bf16 table's own embedding backward sums in bf16 on a CPU). Under bf16 autocast the
-    compiled step then keeps no float32 [B, T, D] gather, which Inductor saved and re-read in every
-    block to rebuild x0 (+0.5 GiB forward, +0.25 GiB backward per micro-batch at the default preset).
-    """
-    if dtype == weight.dtype:
-        return F.embedding(ids, weight)
-    return _EmbedAs.apply(ids, weight, dtype)
+# embed_as(ids, weight, dtype) (the Function's apply: positional arguments): weight[ids].to(dtype), gathered from the
+# table cast to `dtype`: ids [B, T] int64, weight [V, D] -> [B, T, D]. The same values as the gather cast after it,
+# and the same gradient: weight's, summed in float32 over the tokens (a bf16 table's own embedding backward sums in
+# bf16 on a CPU; a float32 table's is the gather's own backward, the same call). Under bf16 autocast the compiled
+# step then keeps no float32 [B, T, D] gather, which Inductor saved and re-read in every block to rebuild x0
+# (+0.5 GiB forward, +0.25 GiB backward per micro-batch at the default preset).
+embed_as = _EmbedAs.apply
 
 
 BOS_TOKEN_ID = 1  # every document starts with it (the shard format)
@@ -127,7 +123,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, num_kv_heads: int, qk_gain_init: float, use_xsa: bool, gate_window: int,
                  gate_scale: float, /):
         super().__init__()
-        self.num_kv_heads, self.head_dim, self.use_xsa, self.gate_scale = num_kv_heads, dim // num_heads, use_xsa, gate_scale
+        self.head_dim, self.use_xsa, self.gate_scale = dim // num_heads, use_xsa, gate_scale
         if gate_window:  # sparse head-output gate, zero-initialized as in PR #1787 (sigmoid(0) = 0.5)
             self.attn_gate_w = nn.Parameter(torch.zeros(num_heads, gate_window))
         kv_dim = num_kv_heads * self.head_dim
@@ -135,7 +131,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(dim, dim)
         self.q_gain = nn.Parameter(torch.full((num_heads,), float(qk_gain_init)))
 
-    def forward(self, x, cos, sin, out_scale: torch.Tensor | None = None, docs=None):
+    def forward(self, x, cos, sin, out_scale: torch.Tensor, docs=None):
         """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled);
         docs: attention within documents only (model.attention.doc_segments)."""
         b, t, d = x.shape
@@ -146,8 +142,7 @@ class CausalSelfAttention(nn.Module):
             y = exclusive_self_attention(y, v)
         if hasattr(self, "attn_gate_w"):  # model/gates.py
             y = sparse_head_gate(y, x, self.attn_gate_w, self.gate_scale)
-        y = y.reshape(b, t, d)
-        return self.proj(y) if out_scale is None else self.proj.scaled(y, out_scale)
+        return self.proj.scaled(y.reshape(b, t, d), out_scale)
 
 
 class MLP(nn.Module):
@@ -157,11 +152,10 @@ class MLP(nn.Module):
         self.fc, self.proj = CastedLinear(dim, hidden), CastedLinear(hidden, dim)
         self.leaky = activation == "leaky_relu2"
 
-    def forward(self, x, out_scale: torch.Tensor | None = None):
+    def forward(self, x, out_scale: torch.Tensor):
         """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled)."""
         h = self.fc(x)
-        h = (F.leaky_relu(h, 0.5) if self.leaky else F.relu(h)).square()
-        return self.proj(h) if out_scale is None else self.proj.scaled(h, out_scale)
+        return self.proj.scaled((F.leaky_relu(h, 0.5) if self.leaky else F.relu(h)).square(), out_scale)
 
 
 class Block(nn.Module):
@@ -229,8 +223,7 @@ class GPT(nn.Module):
                   i >= num_layers - xsa_last_n, gate_window * sparse_attn_gate_enabled, sparse_attn_gate_scale)
             for i in range(num_layers))
         self.doc_packed_attention = doc_packed_attention
-        self.num_encoder_layers = num_layers // 2
-        num_skips = min(self.num_encoder_layers, num_layers - self.num_encoder_layers)
+        num_skips = self.num_encoder_layers = num_layers // 2  # the decoder has as many blocks, or one more
         # depth recurrence: `looping_active` runs `loop_order` (built from these layers' blocks, no new matrices);
         # on from the start in a model built for evaluation, the trainer switches it on at ENABLE_LOOPING_AT
         self.looping_active = num_loops > 0
@@ -302,10 +295,11 @@ class GPT(nn.Module):
     def run_blocks(self, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None) -> torch.Tensor:
         """The plain U-Net over the blocks (no loops, skip gates or lanes: model/stack.py runs those): x [B, T, D]
         (x0: the normalized embeddings) -> the last residual stream [B, T, D]. The encoder's outputs (the first
-        num_encoder_layers blocks) are kept; decoder block j first adds the last kept one times skip_weights[j]."""
+        num_encoder_layers blocks) are kept; decoder block j first adds the last kept one times skip_weights[j] (j < n:
+        while one is left)."""
         skips, n = [], self.num_encoder_layers
         for i, block in enumerate(self.blocks):
-            if 0 <= i - n < self.skip_weights.size(0) and skips:
+            if skips and i >= n:
                 x = x + self.skip_weights[i - n].to(x.dtype) * skips.pop()
             x = block(x, x0, cos, sin, docs)
             if i < n:
@@ -335,10 +329,8 @@ class GPT(nn.Module):
         if torch.is_grad_enabled():
             x = self.forward_hidden(input_ids)
             x = x.to(residual_dtype(x))
-            return head_softcap_cross_entropy(x.reshape(-1, x.size(-1)), self.head_weight(), target_ids.reshape(-1),
-                                              self.logit_softcap)
-        logits = self.forward_logits(input_ids)
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target_ids.reshape(-1))
+            return head_softcap_cross_entropy(x.flatten(0, 1), self.head_weight(), target_ids.flatten(), self.logit_softcap)
+        return F.cross_entropy(self.forward_logits(input_ids).flatten(0, 1), target_ids.flatten())
 
     def forward_nll(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
         """Per-token NLL float32 [B, T] (nats) of target_ids int64 [B, T]: forward_logits' cross entropy, through
@@ -353,15 +345,14 @@ class GPT(nn.Module):
 
 # GPT arguments of the switches (its last ones, from smear_gate_enabled on), written to the config only when they
 # differ from GPT's default: an artifact without a switch on is byte-identical to one made before the switches existed
-_GPT_ARGS = tuple(inspect.signature(GPT).parameters)
-SWITCH_CONFIG = _GPT_ARGS[_GPT_ARGS.index("smear_gate_enabled"):]
+_GPT_ARGS = inspect.signature(GPT).parameters
+SWITCH_CONFIG = tuple(_GPT_ARGS)[tuple(_GPT_ARGS).index("smear_gate_enabled"):]
 
 
 def build_model_config(hp: Hyperparameters) -> dict:
     """The JSON model config (`GPT(**config)`) from the hyperparameters of the same names (SWITCH_CONFIG's
     only where they differ from GPT's defaults)."""
-    params = inspect.signature(GPT).parameters
-    return {k: getattr(hp, k) for k in params if k not in SWITCH_CONFIG or getattr(hp, k) != params[k].default}
+    return {k: getattr(hp, k) for k, p in _GPT_ARGS.items() if k not in SWITCH_CONFIG or getattr(hp, k) != p.default}
 
 
 def count_train_flops_per_token(config: dict, seq_len: int, looping_from: float = None, by_time: bool = False) -> float:

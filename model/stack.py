@@ -35,7 +35,7 @@ def stack_init(model, num_layers: int, num_skips: int, num_loops: int, loop_star
     if num_loops:
         model.loop_order = looped_layer_order(num_layers, num_loops, loop_start, loop_end)
         n = len(model.loop_order)
-        num_skips = max(num_skips, min(n // 2, n - n // 2))
+        num_skips = max(num_skips, n // 2)
     return num_skips
 
 

@@ -209,9 +209,10 @@ def on_gpu(monkeypatch):
     import importlib
 
     monkeypatch.setattr(importlib, "import_module", import_module)
-    monkeypatch.setattr(fa4, "_FA4", [])
+    fa4.load_fa4.cache_clear()
     saved = trainer_attention._FLASH_ATTN[:]
     yield use
+    fa4.load_fa4.cache_clear()
     trainer_attention._FLASH_ATTN[:] = saved
     trainer_attention._SDPA_PRIORITY.close()
 
@@ -227,14 +228,14 @@ def test_auto_prefers_fa3_then_fa4(on_gpu):
     on_gpu((9, 0), **{"flash_attn.cute.interface": FA4_INTERFACE, "flash_attn": FA4_NAMESPACE_FLASH_ATTN})
     lines = []
     assert trainer_attention.resolve_attention_backend("auto", torch.device("cuda"), lines.append, 64) == "fa4"
-    assert trainer_attention._FLASH_ATTN == [fa4.flash_attn_func] and lines == []
+    assert trainer_attention._FLASH_ATTN == [fa4.flash_attn_func, None] and lines == []
     assert fa4.load_fa4() is FA4_INTERFACE
 
 
 def test_auto_skips_fa4_off_sm90_sm100_and_for_a_head_dim_it_lacks(on_gpu):
-    for capability, head_dim, why in (((8, 0), 64, "FA4 runs on sm_90/sm_100, this GPU is sm_80"),
-                                      ((12, 0), 64, "this GPU is sm_120"),
-                                      ((10, 0), 192, "FA4 has no head dim 192 on sm_100")):
+    for capability, head_dim, why in (((8, 0), 64, "FA4 runs on sm_90/sm_100, not head dim 64 on sm_80"),
+                                      ((12, 0), 0, "not head dim 0 on sm_120"),
+                                      ((10, 0), 192, "not head dim 192 on sm_100")):
         on_gpu(capability, **{"flash_attn.cute.interface": FA4_INTERFACE})
         lines = []
         assert trainer_attention.resolve_attention_backend("auto", torch.device("cuda"), lines.append, head_dim) == "sdpa"

@@ -71,9 +71,10 @@ def test_parallel_residual_block_matches_the_gpt_j_formula():
     for i, block in enumerate(model.blocks):
         mixed = block.resid_mix[0] * x + block.resid_mix[1] * x0
         n = F.rms_norm(mixed, (dim,))
-        parallel = mixed + block.attn_scale * block.attn(n, cos, sin) + block.mlp_scale * block.mlp(n)
-        after_attn = mixed + block.attn_scale * block.attn(n, cos, sin)
-        serial = after_attn + block.mlp_scale * block.mlp(F.rms_norm(after_attn, (dim,)))
+        one = torch.ones(dim)  # the unscaled outputs, scaled here
+        parallel = mixed + block.attn_scale * block.attn(n, cos, sin, one) + block.mlp_scale * block.mlp(n, one)
+        after_attn = mixed + block.attn_scale * block.attn(n, cos, sin, one)
+        serial = after_attn + block.mlp_scale * block.mlp(F.rms_norm(after_attn, (dim,)), one)
         out = block(x, x0, cos, sin)
         assert torch.allclose(out, parallel if i >= 2 else serial, atol=1e-6), i
         assert not torch.allclose(parallel, serial, atol=1e-3)

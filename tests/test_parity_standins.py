@@ -90,7 +90,6 @@ def test_the_kits_varlen_path_cuts_documents_as_its_mask_path(monkeypatch):
     masked = A.attention(q, k, v, A.doc_segments(ids, 1, varlen=False))
     docs = A.doc_segments(ids, 1, varlen=True)
     assert docs.cu_seqlens.tolist() == [0, 7, 8, 20, 24, 35] + [48] * 43 and docs.max_seqlen == 24
-    monkeypatch.setattr(A, "_FLASH_ATTN", [flash_attn_func])
-    monkeypatch.setattr(A, "_FLASH_VARLEN", [flash_attn_varlen_func])
+    monkeypatch.setattr(A, "_FLASH_ATTN", [flash_attn_func, flash_attn_varlen_func])
     assert torch.allclose(A.attention(q, k, v, docs), masked, atol=3e-2)
     assert not torch.allclose(A.attention(q, k, v), masked, atol=3e-2)  # plain causal reads across the BOS

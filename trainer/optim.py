@@ -31,7 +31,7 @@ def split_params(model: GPT) -> dict:
     return groups
 
 
-def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = JORDAN_COEFFS) -> torch.Tensor:
+def newton_schulz(g: torch.Tensor, steps: int, coeffs: tuple = JORDAN_COEFFS) -> torch.Tensor:
     """Batched quintic Newton-Schulz orthogonalization: g [N, R, C] (any float) -> bfloat16 [N, R, C].
 
     torch.optim.Muon's iteration (bf16, each matrix scaled to unit Frobenius norm, tall matrices
@@ -44,7 +44,7 @@ def newton_schulz(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple 
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
     for i in range(steps):
         a, b, c = coeffs[min(i, len(coeffs) - 1)]
         gram = x @ x.mT
@@ -138,8 +138,7 @@ def build_optimizers(model: GPT, hp: Hyperparameters, *, is_cuda: bool, rank: in
     Each param group keeps its `base_lr`; the schedule multiplies it every step. compile: torch.compile
     Muon's Newton-Schulz (fullgraph, one graph per matrix shape).
     """
-    params = dict(model.named_parameters())
-    g = {k: [params[n] for n in names] for k, names in split_params(model).items()}
+    g = {k: [model.get_parameter(n) for n in names] for k, names in split_params(model).items()}
     embed_wd = hp.adam_wd if hp.embed_wd < 0 else hp.embed_wd  # EMBED_WD (PR #1855's 0.085); -1: ADAM_WD
     adam_groups = [{"params": g["embed"], "lr": hp.tied_embed_lr if hp.tie_embeddings else hp.embed_lr,
                     "weight_decay": embed_wd},

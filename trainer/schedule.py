@@ -147,5 +147,6 @@ def set_step_schedule(optimizers, step: int, progress: float, hp: Hyperparameter
             group["lr"] = group["base_lr"] * lr_multiplier(progress, warmdown_frac_at(step, progress, hp), hp.min_lr)
     for group in optimizers.muon.param_groups:
         group["momentum"] = muon_momentum_at(step, hp, progress)
-        group["weight_decay"] = hp.muon_wd if hp.wd_taper_final_mult == 1 else hp.muon_wd * wd_taper_multiplier(
-            progress, hp.wd_taper_start_frac, hp.wd_taper_final_mult)
+        if hp.wd_taper_final_mult != 1:  # else MUON_WD, as built
+            group["weight_decay"] = hp.muon_wd * wd_taper_multiplier(progress, hp.wd_taper_start_frac,
+                                                                     hp.wd_taper_final_mult)

@@ -122,7 +122,7 @@ def plugged_flash_standin():
     import model.attention as trainer_attention
 
     saved = trainer_attention._FLASH_ATTN[:]
-    trainer_attention._FLASH_ATTN[:] = [flash_attn_standin]
+    trainer_attention._FLASH_ATTN[:] = [flash_attn_standin, None]
     try:
         yield
     finally:
@@ -156,7 +156,7 @@ def plugged_fa4_twin():
     from model.fa4 import flash_attn_func
 
     saved = trainer_attention._FLASH_ATTN[:]
-    trainer_attention._FLASH_ATTN[:] = [flash_attn_func]
+    trainer_attention._FLASH_ATTN[:] = [flash_attn_func, None]
     try:
         yield
     finally:
