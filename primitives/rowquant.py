@@ -47,8 +47,8 @@ def quant_fp16_scale(x: torch.Tensor) -> torch.Tensor:
                        ((b + 4095 + (b >> 13 & 1)) & -8192).view(torch.float32))
 
 
-def quantize_per_row(w: torch.Tensor, bits: int, clip_quantile: float = 1.0) -> tuple:
-    """Symmetric per-row intN quantization of w [R, C] (any float dtype, CPU or CUDA).
+def quantize_per_row(weight: torch.Tensor, nbits: int, clip_quantile: float = 1.0) -> tuple:
+    """Symmetric per-row intN quantization (N = nbits) of weight w [R, C] (any float dtype, CPU or CUDA).
 
     Returns (q int8 [R, C] in [-qmax, qmax], scale float16 [R]); see the module docstring for the
     exact rule. clip_quantile in [0, 1] picks the per-row clip: the quantile of |w| over the row,
@@ -56,15 +56,15 @@ def quantize_per_row(w: torch.Tensor, bits: int, clip_quantile: float = 1.0) -> 
     16M elements), found with topk (the clip quantiles are near 1: a few values per row, no full
     sort); 1.0 = the row max, computed with amax, no sort: the QAT forward path. Values
     beyond the clip saturate.
-    ValueError for bits outside 2..8 in the package (a record's file takes its bits from the policy, which
+    ValueError for nbits outside 2..8 in the package (a record's file takes its bits from the policy, which
     refuses others; shapes are the caller's invariant: a non-2-D w fails in torch; a quantile outside [0, 1]
     is a k out of range: RuntimeError).
     """
     if BUNDLE_KIND == "package":
-        if type(bits) is not int or not 1 < bits < 9:
-            raise ValueError(f"bits={bits!r}: expected an int in 2..8")
-    m = (1 << bits - 1) - 1
-    w = w.detach().float()
+        if type(nbits) is not int or not 1 < nbits < 9:
+            raise ValueError(f"bits={nbits!r}: expected an int in 2..8")
+    m = (1 << nbits - 1) - 1
+    w = weight.detach().float()
     a = w.abs()
     if clip_quantile == 1:
         clip = a.amax(1)
@@ -82,33 +82,33 @@ def dequantize_per_row(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype 
     return (q.float() * scale.float()[:, None]).to(dtype)
 
 
-def fake_quantize_per_row(w: torch.Tensor, bits: int, baseline_clip: float = 0.0) -> torch.Tensor:
-    """Straight-through fake quantization for late QAT: w [R, C] -> same shape and dtype.
+def fake_quantize_per_row(weight: torch.Tensor, nbits: int, baseline_clip: float = 0.0) -> torch.Tensor:
+    """Straight-through fake quantization for late QAT: weight w [R, C] -> same shape and dtype.
 
-    Forward value: dequantize_per_row(*quantize_per_row(w, bits)) (clip quantile 1.0) bit for bit,
+    Forward value: dequantize_per_row(*quantize_per_row(w, nbits)) (clip quantile 1.0) bit for bit,
     eager and torch.compile'd (tested on CPU): computed as dq + (w - w.detach()), whose second term
     is exactly 0 (no FMA contraction or rounding can touch dq), rather than w + (dq - w).detach().
     Backward: identity (straight-through estimator, Bengio et al. 2013). The caller (CastedLinear)
     switches it with an attribute torch.compile guards, so a compiled step without QAT has no such op.
     baseline_clip > 0: primitives/baseline_quant.py's rule at that clip quantile instead (PR #1617's fake_quantize_ste).
     """
-    d = w.detach()
-    q = quantize_per_row_baseline(d, bits, baseline_clip) if baseline_clip else quantize_per_row(d, bits)
-    return dequantize_per_row(*q, w.dtype) + (w - d)
+    d = weight.detach()
+    q = quantize_per_row_baseline(d, nbits, baseline_clip) if baseline_clip else quantize_per_row(d, nbits)
+    return dequantize_per_row(*q, weight.dtype) + (weight - d)
 
 
-def gptq_lite_quantize(w: torch.Tensor, bits: int) -> tuple:
-    """GPTQ-lite: quantize w [R, C] at each QUANT_CLIP_QUANTILES row clip, keep the lowest whole-matrix MSE.
+def gptq_lite_quantize(weight: torch.Tensor, nbits: int) -> tuple:
+    """GPTQ-lite: quantize weight w [R, C] at nbits with each QUANT_CLIP_QUANTILES row clip, keep the lowest whole-matrix MSE.
 
     Returns (q int8 [R, C], scale float16 [R], clip_quantile float), exactly
-    quantize_per_row(w, bits, clip_quantile). Ties keep the earlier quantile; 1.0 is a candidate,
+    quantize_per_row(w, nbits, clip_quantile). Ties keep the earlier quantile; 1.0 is a candidate,
     so the result is never worse than plain max-abs quantization. Source: "GPTQ-lite" clip search
     of the parameter-golf records (quantiles 0.999 .. 1.0); full GPTQ (Frantar et al. 2022) needs
     calibration data.
     """
-    w, best = w.detach().float(), None
+    w, best = weight.detach().float(), None
     for c in QUANT_CLIP_QUANTILES:
-        q, s = quantize_per_row(w, bits, c)
+        q, s = quantize_per_row(w, nbits, c)
         e = (dequantize_per_row(q, s) - w).double().square().sum()
         if best is None or e < best[0]:
             best = e, q, s, c

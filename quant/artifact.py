@@ -320,7 +320,7 @@ def decode_artifact(data: bytes, label: str = "artifact", /) -> tuple:
             if prefix not in (QUANT_PREFIX, b"PGQZ\x02"):  # a foreign file (version 2: no run metadata)
                 raise ValueError(f"starts {prefix!r}, not {QUANT_PREFIX!r} (magic, format version)")
         if zlib.crc32(data[14:], zlib.crc32(data[:10])) != crc:  # in every file: no score from damaged weights
-            raise ValueError("checksum mismatch (truncated or corrupted)")
+            raise ValueError("checksum mismatch")
         if BUNDLE_KIND == "package":
             if not 0 < cid <= len(QUANT_COMPRESSORS) + 1:  # + grouped (GROUPED_ID)
                 raise ValueError(f"unknown compressor id {cid}")

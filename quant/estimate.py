@@ -38,18 +38,18 @@ QUANT_EST_BITS_PER_VALUE = {2: (0.82, 0.03), 3: (2.19, 0.03), 4: (3.30, 0.03), 5
                             7: (6.39, 0.065), 8: (7.41, 0.065)}
 
 
-def policy_tensor_bytes(name: str, shape: tuple, policy: QuantPolicy, bits: int) -> float:
-    """Projected compressed bytes of parameter `name`, a matrix of `shape` (ints, numel > 0), stored at `bits`
-    (2..8) under the policy, without its 120-byte header share: values plus the float16 scale of each row. The
-    GPTQ-lite table, or the SDClip entropy where the policy gives the tensor an SDClip k (QUANT_SDCLIP=1)."""
-    n, k = math.prod(shape), policy.sdclip and sdclip_k_for(policy, name, shape)
-    base, slope = QUANT_EST_BITS_PER_VALUE[bits]
-    return n * (sdclip_bits_per_value(bits, k) if k else base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)
+def policy_tensor_bytes(name: str, shape: tuple, qp: QuantPolicy, nbits: int) -> float:
+    """Projected compressed bytes of parameter `name`, a matrix of `shape` (ints, numel > 0), stored at `nbits`
+    (2..8) under the policy qp, without its 120-byte header share: values plus the float16 scale of each row. The
+    GPTQ-lite table, or the SDClip entropy where qp gives the tensor an SDClip k (QUANT_SDCLIP=1)."""
+    n, k = math.prod(shape), qp.sdclip and sdclip_k_for(qp, name, shape)
+    base, slope = QUANT_EST_BITS_PER_VALUE[nbits]
+    return n * (sdclip_bits_per_value(nbits, k) if k else base - slope * (min(max(math.log2(n // shape[0]), 7), 12) - 9)
                 ) / 8 + 2 * shape[0]
 
 
-def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy, scale: float = 1.0) -> int:
-    """Projected artifact (model) bytes for param_shapes (name -> shape tuple of ints >= 0) under `policy`.
+def estimate_artifact_bytes(param_shapes: dict, qp: QuantPolicy, scale: float = 1.0) -> int:
+    """Projected artifact (model) bytes for param_shapes (name -> shape tuple of ints >= 0) under the policy qp.
 
     Code bytes are NOT included. Shapes come from the model (the CLI validates user-given ones:
     quant.offline.quant_check_shapes). scale: measured / estimated bytes to assume (a preset's
@@ -59,9 +59,9 @@ def estimate_artifact_bytes(param_shapes: dict, policy: QuantPolicy, scale: floa
     total = 1200
     for name, shape in param_shapes.items():
         n = math.prod(shape)
-        bits = n and policy.bits_for(name, shape)
-        total += (policy_tensor_bytes(name, shape, policy, bits) + 120 if bits
-                  else n * (4 if policy.float_dtype == "float32" else 2) + 60)
-    if policy.lqer:
-        total = lqer_add_estimate(total, param_shapes, policy)
+        bits = n and qp.bits_for(name, shape)
+        total += (policy_tensor_bytes(name, shape, qp, bits) + 120 if bits
+                  else n * (4 if qp.float_dtype == "float32" else 2) + 60)
+    if qp.lqer:
+        total = lqer_add_estimate(total, param_shapes, qp)
     return math.ceil(total * scale)

@@ -39,9 +39,9 @@ from quant.policy import QuantPolicy
 QUANT_FIT_PRIOR = {"mlp": 1.0, "attn": 2.0, "other": 2.0, "embed": 4.0}
 
 
-def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable, start: QuantPolicy | None = None,
+def quant_fit_step(qp: QuantPolicy, shapes: dict, score: Callable, start: QuantPolicy | None = None,
                    room: float = 0.0) -> tuple | None:
-    """The fit's next one-bit step (name, new bits, estimated bytes of the step) or None when there is none.
+    """The fit's next one-bit step from the policy qp: (name, new bits, estimated bytes of the step) or None.
 
     shapes: name -> shape of the state dict's float tensors; score(name, low_bits) -> the error difference
     between that tensor at low_bits and at low_bits + 1 (any consistent unit). Down (start None): a tensor above
@@ -52,35 +52,36 @@ def quant_fit_step(policy: QuantPolicy, shapes: dict, score: Callable, start: Qu
     """
     best, up = None, 1 if start else -1
     for name, shape in shapes.items():
-        b, embed = policy.fittable(name, shape) and policy.bits_for(name, shape), policy.group_of(name, shape) == "embed"
+        b, embed = qp.fittable(name, shape) and qp.bits_for(name, shape), qp.group_of(name, shape) == "embed"
         if b and (b < start.bits_for(name, shape) if start else b > 4 + embed):
             hi = max(b, b + up)  # the step's higher bits
-            size = policy_tensor_bytes(name, shape, policy, hi) - policy_tensor_bytes(name, shape, policy, hi - 1)
+            size = policy_tensor_bytes(name, shape, qp, hi) - policy_tensor_bytes(name, shape, qp, hi - 1)
             key = (-up * (2 if embed else 0 if hi > 5 else 1), -up * score(name, hi - 1) / max(1e-9, size))
             if (not start or size <= room) and (best is None or key < best[0]):
                 best = key, name, b + up, size
     return best and best[1:]
 
 
-def fit_policy(policy: QuantPolicy, shapes: dict, model_budget_bytes: int, *, log: Callable = print,
+def fit_policy(qp: QuantPolicy, shapes: dict, model_budget_bytes: int, *, log: Callable = print,
                estimate_scale: float = 1.0) -> QuantPolicy:
-    """Before training: the policy whose estimated artifact fits model_budget_bytes (budget minus code).
+    """Before training: the policy, from qp (QuantPolicy) on, whose estimated artifact fits model_budget_bytes
+    (budget minus code).
 
     The estimate is estimate_artifact_bytes(shapes, policy, estimate_scale) (QUANT_ESTIMATE_SCALE).
     shapes: name -> shape tuple of the model's parameters. Returns the policy with the chosen bits
-    in `fitted` (unchanged when QUANT_FIT=0 or nothing is fittable); logs every step and the
+    in `fitted` (qp unchanged when QUANT_FIT=0 or nothing is fittable); logs every step and the
     result. If even the last step does not fit, returns the smallest policy (the export then fails
     with the real numbers).
     """
     num_steps = 0
-    while (est := estimate_artifact_bytes(shapes, policy, estimate_scale)) > model_budget_bytes:
-        step = quant_fit_step(policy, shapes, lambda n, b, p=policy: QUANT_FIT_PRIOR[p.group_of(n, shapes[n])] * 4.0 ** -b)
+    while (est := estimate_artifact_bytes(shapes, qp, estimate_scale)) > model_budget_bytes:
+        step = quant_fit_step(qp, shapes, lambda n, b, p=qp: QUANT_FIT_PRIOR[p.group_of(n, shapes[n])] * 4.0 ** -b)
         if not step:
             break
-        policy, num_steps = policy.with_bits(*step[:2]), num_steps + 1
+        qp, num_steps = qp.with_bits(*step[:2]), num_steps + 1
         if BUNDLE_KIND == "package":  # the steps (the artifact's header stores the bits; the line below counts them)
             log(f"quant_fit step:{num_steps} {step[0]} -> int{step[1]}")
-    bits = collections.Counter(policy.bits_for(n, s) for n, s in shapes.items())
+    bits = collections.Counter(qp.bits_for(n, s) for n, s in shapes.items())
     log(f"quant_fit: {num_steps} steps, estimated model bytes {est} (budget {model_budget_bytes}), tensors per bits "
         + " ".join(f"int{b}:{c}" for b, c in sorted(((b, c) for b, c in bits.items() if b), reverse=True)))
-    return policy
+    return qp

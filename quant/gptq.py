@@ -32,23 +32,24 @@ from primitives.rowquant import QUANT_CLIP_QUANTILES, quantize_per_row
 from quant.gptq_records import gptq_records_order
 
 
-def gptq_quantize(w: torch.Tensor, h: torch.Tensor, bits: int, clips: tuple = QUANT_CLIP_QUANTILES,
+def gptq_quantize(weight: torch.Tensor, h: torch.Tensor, nbits: int, clips: tuple = QUANT_CLIP_QUANTILES,
                   scale: torch.Tensor | None = None, records: bool = False) -> tuple:
-    """Full GPTQ of w [R, C] (float, CPU or CUDA) with input Hessian h [C, C] (X^T X, any positive scale).
+    """Full GPTQ at nbits of weight w [R, C] (float, CPU or CUDA) with input Hessian h [C, C] (X^T X, any positive
+    scale).
 
     Returns (q int8 [R, C] in [-qmax, qmax], scale float16 [R], clip float): each row keeps the
     clip quantile of `clips` (ties to the earlier) whose GPTQ result has the lowest
     (w - w') h (w - w')^T; clip is the mean chosen quantile (informational). Blocks of 128 columns,
     damping 1% of the mean diagonal (the factorization runs in float64: h + damping is positive
-    definite even for inputs that never fire or fewer samples than columns). ValueError for bits
+    definite even for inputs that never fire or fewer samples than columns). ValueError for nbits
     outside 2..8. scale: fixed float16 [R] row scales (quant/sdclip.py) instead of the clip
     candidates; `clips` is then a 1-tuple whose value is returned as the clip. records (QUANT_GPTQ_RECORDS):
     PR #1855's arithmetic: inputs that never fire (diag(h) = 0) get diagonal 1 and zero weights, the damping
     is added before the act-order sort, the factorization runs in float32 (its codes, tools/parity/parity_quant.py).
     """
-    m, (r, c), k = (1 << bits - 1) - 1, w.shape, len(clips)
-    w = w.detach().float()
-    s = (torch.cat([quantize_per_row(w, bits, p)[1].float() for p in clips]) if scale is None  # [K*R]: the candidates
+    m, (r, c), k = (1 << nbits - 1) - 1, weight.shape, len(clips)
+    w = weight.detach().float()
+    s = (torch.cat([quantize_per_row(w, nbits, p)[1].float() for p in clips]) if scale is None  # [K*R]: the candidates
          else scale.to(w.device).float())  # fixed scales [R] (SDClip; clips then holds its one k)
     h = h.to(w)
     if records:  # PR #1855's order of operations, in float32 (quant/gptq_records.py)
@@ -80,10 +81,10 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
     """Mean input second moment H = E[x x^T] of every nn.Linear in `model`, and of the output head's input,
     over training batches.
 
+    model: a model.gpt.GPT (its `forward_hidden`, `head_weight()` and `doc_packed_attention` are read).
     next_batch() -> (x, y) int64 [B, T] token batches (the trainer's train loader: calibration never
-    touches val tokens); model(x, y) runs the forward (its output is ignored). The head: a model with
-    `forward_hidden` and `head_weight()` (model.gpt.GPT: the tied embedding is not a module call) gets the
-    H of forward_hidden's output (the final norm's, [D, D]) under the head parameter's name
+    touches val tokens); model(x, y) runs the forward (its output is ignored). The head (the tied embedding is
+    not a module call) gets the H of forward_hidden's output (the final norm's, [D, D]) under the head parameter's name
     ("tok_emb.weight" when tied): GPTQ on the tied embedding, PR #1394 / #1586. Reads up to
     num_batches batches (at least one, so that every rank has every H to average); after the first,
     a batch starts only if it is projected to end by `deadline` (clock() seconds), at the larger of
@@ -104,20 +105,18 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
 
     hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
     names = {m: k + ".weight" for k, m in model.named_modules()}
-    head = getattr(model, "head_weight", None)
-    if callable(head) and hasattr(model, "forward_hidden"):  # the head's input: the final norm's output
-        hidden = model.forward_hidden  # also the key of the head's H
-        names[hidden] = next(k for k, p in model.named_parameters() if p is head())
+    hidden = model.forward_hidden  # the head's input, the final norm's output; also the key of the head's H
+    names[hidden] = next(k for k, p in model.named_parameters() if p is model.head_weight())
 
-        def forward_hidden(*args, **kwargs):
-            out = hidden(*args, **kwargs)
-            hook(hidden, (out,), None)
-            return out
-        model.forward_hidden = forward_hidden  # an instance attribute: the class is unchanged
+    def forward_hidden(*args, **kwargs):
+        out = hidden(*args, **kwargs)
+        hook(hidden, (out,), None)
+        return out
+    model.forward_hidden = forward_hidden  # an instance attribute: the class is unchanged
     start = clock()
     if BUNDLE_KIND == "package":  # the kit's progress line
         bar = Progress("gptq calibration", num_batches, "batches")
-    cross_docs = cross_docs and getattr(model, "doc_packed_attention", False)
+    cross_docs = cross_docs and model.doc_packed_attention
     if cross_docs:
         model.doc_packed_attention = False
     try:
@@ -132,7 +131,7 @@ def collect_gptq_hessians(model: torch.nn.Module, next_batch: Callable, num_batc
             bar.close()
         for x in hooks:
             x.remove()
-        model.__dict__.pop("forward_hidden", None)
+        del model.forward_hidden  # the class's method again
         if cross_docs:
             model.doc_packed_attention = True
     return {names[m]: h / c for m, (h, c) in sums.items()}, n

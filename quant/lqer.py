@@ -135,37 +135,26 @@ def lqer_unpack(blob: torch.Tensor, specs: list, shapes: dict, asym: bool = Fals
         if len({n for n, _ in specs}) != len(specs) or any(
                 n not in shapes or type(r) is not int or not 0 < r <= min(shapes[n]) for n, r in specs):
             raise ValueError(f"lqer entries {specs!r} do not match the quantized tensors")
-    if asym:
-        return _lqer_unpack_asym(blob, specs, shapes)
     sizes, out = [], {}
     for n, r in specs:
-        for m in shapes[n]:
-            g = -(-r * m // LQER_GROUP)
-            sizes += [32 * g, 2 * g, 2 * g]
+        rows, cols = shapes[n]
+        g = -(-r * cols // LQER_GROUP)
+        sizes += ([-(-r * rows // 4), 2, 32 * g, 2 * g] if asym  # A codes, sA, B codes, B scales
+                  else [k * -(-r * m // LQER_GROUP) for m in (rows, cols) for k in (32, 2, 2)])  # codes, scales, lows
     pieces = iter(blob.split(sizes))  # raises unless the blob is exactly these pieces
     for n, r in specs:
-        parts = []
-        for m in shapes[n]:
-            g = -(-r * m // LQER_GROUP)
-            b = next(pieces)
-            codes = torch.stack([b & 15, b >> 4], 1).view(g, LQER_GROUP)
-            parts.append((codes, next(pieces).clone().view(torch.float16), next(pieces).clone().view(torch.float16)))
-        out[n] = r, tuple(parts)
-    return out
-
-
-def _lqer_unpack_asym(blob: torch.Tensor, specs: list, shapes: dict) -> dict:
-    """lqer_unpack of the asym form (specs already checked)."""
-    sizes, out = [], {}
-    for n, r in specs:
-        g = -(-r * shapes[n][1] // LQER_GROUP)
-        sizes += [-(-r * shapes[n][0] // 4), 2, 32 * g, 2 * g]
-    pieces = iter(blob.split(sizes))  # raises unless the blob is exactly these pieces
-    for n, r in specs:
-        a, sa, b, sb = (next(pieces) for _ in range(4))
-        qa = torch.stack([a >> i & 3 for i in (0, 2, 4, 6)], 1).reshape(-1)[:r * shapes[n][0]].to(torch.int8) - 2
-        qb = torch.stack([b & 15, b >> 4], 1).view(-1, LQER_GROUP).to(torch.int8) - 8
-        out[n] = r, ((qa.view(shapes[n][0], r), sa.clone().view(torch.float16)[0]), (qb, sb.clone().view(torch.float16)))
+        rows = shapes[n][0]
+        if asym:
+            a, sa, b, sb = (next(pieces) for _ in range(4))
+            qa = torch.stack([a >> i & 3 for i in (0, 2, 4, 6)], 1).reshape(-1)[:r * rows].to(torch.int8) - 2
+            qb = torch.stack([b & 15, b >> 4], 1).view(-1, LQER_GROUP).to(torch.int8) - 8
+            out[n] = r, ((qa.view(rows, r), sa.clone().view(torch.float16)[0]), (qb, sb.clone().view(torch.float16)))
+        else:
+            parts = []
+            for b in (next(pieces) for _ in range(2)):  # A^T, then B: its codes, then its scales and lows
+                parts.append((torch.stack([b & 15, b >> 4], 1).view(-1, LQER_GROUP),
+                              *(next(pieces).clone().view(torch.float16) for _ in range(2))))
+            out[n] = r, tuple(parts)
     return out
 
 

@@ -26,47 +26,47 @@ from quant.gptq import gptq_quantize
 PACKED_WHEN = "QUANT_SDCLIP"
 
 
-def sdclip_k_for(policy, name: str, shape: tuple) -> float:
-    """The SDClip k of parameter `name` of `shape` under a QuantPolicy: its group's (attn / mlp / embed; anything
+def sdclip_k_for(qp, name: str, shape: tuple) -> float:
+    """The SDClip k of parameter `name` of `shape` under the QuantPolicy qp: its group's (attn / mlp / embed; anything
     else, an override-quantized control tensor included, sdclip_k_other); 0 (the GPTQ-lite clip search) without
     QUANT_SDCLIP, for an int8 gate, or where the group's k is 0 (e.g. QUANT_SDCLIP_K_EMBED=0: SDClip on the blocks
     only). The kept modules call it only when policy.sdclip is on (a record's file packs this module only then)."""
-    group = policy.group_of(name, shape)
-    if not policy.sdclip or policy.int8_gate(name, shape):
+    group = qp.group_of(name, shape)
+    if not qp.sdclip or qp.int8_gate(name, shape):
         return 0.0
-    return getattr(policy, f"sdclip_k_{group if group in ('attn', 'mlp', 'embed') else 'other'}")
+    return getattr(qp, f"sdclip_k_{group if group in ('attn', 'mlp', 'embed') else 'other'}")
 
 
-def sdclip_scale(w: torch.Tensor, bits: int, k: float) -> torch.Tensor:
-    """float16 [R] SDClip scales of w [R, C] (C >= 2) at `bits` with clip k * std(row).
+def sdclip_scale(weight: torch.Tensor, nbits: int, k: float) -> torch.Tensor:
+    """float16 [R] SDClip scales of weight [R, C] (C >= 2) at `nbits` with clip k * std(row).
 
-    ValueError for bits outside 2..8 or k <= 0.
+    ValueError for nbits outside 2..8 or k <= 0.
     """
-    if type(bits) is not int or not 1 < bits < 9 or not k > 0:
-        raise ValueError(f"bits={bits!r}, k={k!r}: expected an int in 2..8 and k > 0")
-    std = w.detach().float().std(1)
-    return quant_fp16_scale((k * std / ((1 << bits - 1) - 1)).clamp(2**-24, 65504)).half()
+    if type(nbits) is not int or not 1 < nbits < 9 or not k > 0:
+        raise ValueError(f"bits={nbits!r}, k={k!r}: expected an int in 2..8 and k > 0")
+    std = weight.detach().float().std(1)
+    return quant_fp16_scale((k * std / ((1 << nbits - 1) - 1)).clamp(2**-24, 65504)).half()
 
 
-def sdclip_quantize(w: torch.Tensor, bits: int, k: float) -> tuple:
-    """SDClip quantization of w [R, C] -> (q int8 [R, C] in [-qmax, qmax], scale float16 [R], k)."""
-    m, s = (1 << bits - 1) - 1, sdclip_scale(w, bits, k)
-    return torch.round(w.detach().float() / s.float()[:, None]).clamp(-m, m).to(torch.int8), s, float(k)
+def sdclip_quantize(weight: torch.Tensor, nbits: int, k: float) -> tuple:
+    """SDClip quantization of weight [R, C] at nbits -> (q int8 [R, C] in [-qmax, qmax], scale float16 [R], k)."""
+    m, s = (1 << nbits - 1) - 1, sdclip_scale(weight, nbits, k)
+    return torch.round(weight.detach().float() / s.float()[:, None]).clamp(-m, m).to(torch.int8), s, float(k)
 
 
-def sdclip_matrix(w: torch.Tensor, h, bits: int, k: float, records: bool = False) -> tuple:
-    """The export's (q, scale, k) of matrix w under SDClip: k * std(row) scales, kept fixed by full GPTQ
+def sdclip_matrix(weight: torch.Tensor, h, nbits: int, k: float, records: bool = False) -> tuple:
+    """The export's (q, scale, k) of matrix weight at nbits under SDClip: k * std(row) scales, kept fixed by full GPTQ
     (quant/gptq.py, QUANT_GPTQ_RECORDS: records) when a calibration Hessian h is given (None: none)."""
     if h is None:
-        return sdclip_quantize(w, bits, k)
-    return gptq_quantize(w, h, bits, (float(k),), sdclip_scale(w, bits, k), records)
+        return sdclip_quantize(weight, nbits, k)
+    return gptq_quantize(weight, h, nbits, (float(k),), sdclip_scale(weight, nbits, k), records)
 
 
-def sdclip_bits_per_value(bits: int, k: float) -> float:
-    """Projected compressed bits per value of SDClip at `bits` (2..8) and clip k (> 0): the entropy of a
+def sdclip_bits_per_value(nbits: int, k: float) -> float:
+    """Projected compressed bits per value of SDClip at `nbits` (2..8) and clip k (> 0): the entropy of a
     Gaussian rounded to steps of k / qmax std, tails on the outermost levels, plus the measured coder
     overhead (quant/estimate.py's docstring has the measurement; its size estimate calls this)."""
-    m = (1 << bits - 1) - 1
+    m = (1 << nbits - 1) - 1
     cdf = [0.0] + [0.5 * (1 + math.erf((i + 0.5) * k / m / math.sqrt(2))) for i in range(-m, m)] + [1.0]
     h = -sum(p * math.log2(p) for p in (b - a for a, b in zip(cdf, cdf[1:])) if p > 0)
     return h + (0.05 if h >= 2 else 0.17)
