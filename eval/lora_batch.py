@@ -39,7 +39,7 @@ class BatchedLoRA:
     as forward hooks; set `rows` (int64 [R], a slot per batch row) before each forward. reset_slot(s),
     adam_step(slots, lr), remove() (the hooks go; the model is as before). ValueError if no module matches."""
 
-    def __init__(self, model, rank: int, slots: int, targets: str = LORA_TARGETS):
+    def __init__(self, model, rank: int, slots: int, targets: str = LORA_TARGETS, /):
         self.modules = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and re.search(targets, n)]
         if not self.modules:
             raise ValueError(f"LoRA TTT: no linear of the model matches {targets!r}")
@@ -59,26 +59,26 @@ class BatchedLoRA:
         self.steps = [0] * slots
         self.rows = torch.zeros(0, dtype=torch.int64, device=device)
 
-    def _hook(self, a, b):
-        def add_lora(module, inputs, output):
+    def _hook(self, a, b, /):
+        def add_lora(module, inputs, output, /):
             x = inputs[0]
             ar, br = a[self.rows].to(x.dtype), b[self.rows].to(x.dtype)
             return output + torch.matmul(torch.matmul(x, ar.transpose(1, 2)), br.transpose(1, 2)).to(output.dtype)
         return add_lora
 
-    def set_rows(self, rows) -> None:
+    def set_rows(self, rows, /) -> None:
         """The slot of each row of the next forward's batch (a list or int64 tensor [R])."""
         self.rows = torch.as_tensor(rows, dtype=torch.int64).to(self.rows.device)
 
     @torch.no_grad()
-    def reset_slot(self, s: int) -> None:
+    def reset_slot(self, s: int, /) -> None:
         for k, (p, m, v) in enumerate(zip(self.params, self.exp_avg, self.exp_avg_sq)):
             p[s] = self.a0[k // 2] if k % 2 == 0 else 0
             m[s], v[s] = 0, 0
         self.steps[s] = 0
 
     @torch.no_grad()
-    def adam_step(self, slots: list, lr: float) -> None:
+    def adam_step(self, slots: list, lr: float, /) -> None:
         """One Adam step (betas ADAM_BETAS, eps ADAM_EPS, no weight decay) of the given slots on the gradients
         of the last backward; the other slots and their state stay as they were. Gradients are cleared."""
         (b1, b2), idx = ADAM_BETAS, torch.tensor(slots, dtype=torch.int64, device=self.rows.device)
@@ -94,13 +94,13 @@ class BatchedLoRA:
             p[idx] = p[idx] - step_size * (mi / (vi.sqrt() / bias2_sqrt).add_(ADAM_EPS))
             p.grad = None
 
-    def remove(self) -> None:
+    def remove(self, /) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
 
 
-def plan_lora_rounds(doc_chunks: list, slots: int) -> list:
+def plan_lora_rounds(doc_chunks: list, /, slots: int) -> list:
     """The schedule of documents with doc_chunks[d] chunks each over `slots` slots: a list of rounds, each a
     list of (slot, document, k) (the document's k-th chunk is scored in that round by that slot)."""
     rounds, active, next_doc = [], [None] * slots, 0
@@ -116,14 +116,14 @@ def plan_lora_rounds(doc_chunks: list, slots: int) -> list:
             active[s] = (d, k + 1) if k + 1 < doc_chunks[d] else None
 
 
-def round_windows(bounds: list, chunks: list, *, seq_len: int, stride: int) -> list:
+def round_windows(bounds: list, chunks: list, /, *, seq_len: int, stride: int) -> list:
     """(window, chunk) for every window of the exact sliding set (eval/sliding.py) that scores a target of
     each of `chunks` (chunk c = targets [bounds[c], bounds[c + 1])), in order."""
     return [(w, c) for c in chunks for w in range(first_sliding_window(bounds[c], seq_len, stride),
                                                   first_sliding_window(bounds[c + 1] - 1, seq_len, stride) + 1)]
 
 
-def count_round_forwards(num_windows: int, batch_windows: int, world_size: int) -> int:
+def count_round_forwards(num_windows: int, batch_windows: int, world_size: int, /) -> int:
     """Forward batches of the busiest rank for a round of num_windows windows: batches of batch_windows are
     dealt round-robin to the ranks."""
     batches = -(-num_windows // batch_windows)
@@ -131,7 +131,7 @@ def count_round_forwards(num_windows: int, batch_windows: int, world_size: int) 
 
 
 def score_lora_batch(score_fwd, lora: BatchedLoRA, run, rows: list, bounds: list, slot_of: dict,
-                     batch_windows: int) -> torch.Tensor:
+                     batch_windows: int, /) -> torch.Tensor:
     """float64 [lora.slots, 3] sums (nll nats, targets, bytes) of one forward over run.tokens (eval/walk.py TTTRun:
     its luts, seq_len, stride, autocast): `rows` = (window, chunk) pairs (at most batch_windows; padded to it with
     masked rows), each row scoring only its chunk's targets, by the adapter of slot_of[chunk]; score_fwd:
@@ -156,7 +156,7 @@ def score_lora_batch(score_fwd, lora: BatchedLoRA, run, rows: list, bounds: list
     return sums.index_add_(0, torch.tensor(slots, device=device), row_sums(nll, score, tokens, index, run.luts))
 
 
-def lora_train_batch(model, lora: BatchedLoRA, tokens, spans: list, autocast_dtype) -> None:
+def lora_train_batch(model, lora: BatchedLoRA, tokens, spans: list, autocast_dtype, /) -> None:
     """Forward + backward of one batched adapter step: spans = (slot, start, a, b), slot s trains on targets
     [a, b) with inputs tokens[start:b] (context from `start`), each row left-aligned (the positions of a
     lone sequence) and padded at its end (causal: the padding changes no real position). The loss is the

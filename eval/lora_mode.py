@@ -23,23 +23,20 @@ class LoRAUpdater(Scorer):
     `epochs` batched Adam steps (TTT_LORA_LR) of every slot whose chunk trains, on its scope with up to
     seq_len tokens of the same document as context. Every rank takes every step (the adapters stay equal)."""
 
-    def __init__(self, model, run: TTTRun):
-        super().__init__(model, run)
+    def __init__(self, model, run: TTTRun, sched: Schedule, /):
+        super().__init__(model, run, sched)
         self.lora = BatchedLoRA(model, run.cfg["lora_rank"], run.cfg["batch_docs"])
         self.batch_windows = run_batch_windows(run)
 
-    def start(self, sched: Schedule) -> None:
-        pass
-
-    def progress(self, sched: Schedule) -> tuple:
+    def progress(self, sched: Schedule, /) -> tuple:
         return len(sched.rounds), "rounds"
 
-    def begin_round(self, sched, now) -> None:
+    def begin_round(self, sched, now, /) -> None:
         for s, c, _ in now:
             if sched.bounds[c] == sched.doc_starts[c]:  # the slot takes a new document: a fresh adapter
                 self.lora.reset_slot(s)
 
-    def score(self, sched, now) -> torch.Tensor:
+    def score(self, sched, now, /) -> torch.Tensor:
         r, bw = self.run, self.batch_windows
         sums = torch.zeros(self.lora.slots, 3, dtype=torch.float64, device=r.tokens.device)
         windows = round_windows(sched.bounds, [c for _, c, _ in now], seq_len=r.seq_len, stride=r.stride)
@@ -50,28 +47,28 @@ class LoRAUpdater(Scorer):
         self.bar.update()
         return sums[[s for s, _, _ in now]]
 
-    def count_steps(self, sched, spans, num_units) -> int:
+    def count_steps(self, sched, spans, /) -> int:
         return self.run.epochs * bool(spans and self.run.cfg["lr"] > 0)
 
-    def steps(self, sched, spans, num_units):
+    def steps(self, sched, spans, /):
         r = self.run
         rows = [(s, max(sched.doc_starts[c], b - r.seq_len), max(a, b - r.seq_len), b) for s, c, (a, b) in spans]
-        for _ in range(self.count_steps(sched, spans, num_units)):
+        for _ in range(self.count_steps(sched, spans)):
             lora_train_batch(self.model, self.lora, r.tokens, rows, r.autocast_dtype)
             self.lora.adam_step([s for s, *_ in rows], r.cfg["lr"])
             yield [(a, b) for _, _, a, b in rows]
 
-    def close(self) -> None:
+    def close(self, /) -> None:
         self.lora.remove()
 
 
-def run_batch_windows(run: TTTRun) -> int:
+def run_batch_windows(run: TTTRun, /) -> int:
     """Windows per scoring forward of the run (eval.lora_ttt.lora_batch_windows)."""
     return lora_batch_windows(run.cfg["chunk_tokens"], run.stride, run.world_size, run.eval_batch_seqs,
                               run.cfg["batch_docs"])
 
 
-def lora_schedule_of(run: TTTRun) -> Schedule:
+def lora_schedule_of(run: TTTRun, /) -> Schedule:
     cfg = run.cfg
     bounds, doc_starts, rounds, doc_index, forwards = lora_rounds(run.tokens, cfg["chunk_tokens"], cfg["batch_docs"],
                                                                   run.seq_len, run.world_size, run.bos_id)
@@ -85,7 +82,7 @@ def lora_schedule_of(run: TTTRun) -> Schedule:
 # TTTMode(label, unit, count_from, fields, valid, expected, schedule, scope, updater, plan, timing)
 TTT_MODES["lora"] = TTTMode(
     "lora ttt", "round", 1, ("lora_rank", "lora_lr", "lora_chunk_tokens", "lora_batch_docs"),
-    lambda run: (0 < run.cfg["chunk_tokens"] <= run.seq_len and run.cfg["lr"] >= 0
-                 and run.cfg["lora_rank"] >= 1 and run.cfg["batch_docs"] >= 1),
+    lambda r: (0 < r.cfg["chunk_tokens"] <= r.seq_len and r.cfg["lr"] >= 0
+               and r.cfg["lora_rank"] >= 1 and r.cfg["batch_docs"] >= 1),
     "0 < chunk tokens <= seq_len, rank and batch docs >= 1, others >= 0",
     lora_schedule_of, unit_scope, LoRAUpdater, plan_lora, "lora")

@@ -41,7 +41,7 @@ from eval.ttt import pick_ttt_plan, split_ttt_chunks
 PACKED_WHEN = "TTT_ENABLED and TTT_MODE == 'lora'"
 
 
-def split_lora_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> tuple:
+def split_lora_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1, /) -> tuple:
     """(bounds, doc_starts): chunk boundaries over the targets of tokens int64 [N] (target t is token
     t + 1), each document (from a BOS target to the next) cut into chunks of chunk_tokens targets (its
     last one shorter); doc_starts[c] is the first target of chunk c's document."""
@@ -55,13 +55,13 @@ def split_lora_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) 
 
 
 def lora_batch_windows(chunk_tokens: int, stride: int, world_size: int = 1, eval_batch_seqs: int = 1 << 30,
-                       batch_docs: int = 1) -> int:
+                       batch_docs: int = 1, /) -> int:
     """Windows per scoring forward on each rank: a round's windows (batch_docs chunks of at most
     ceil(chunk / stride) + 1 windows each) shared by the ranks, capped at EVAL_BATCH_SEQS."""
     return min(eval_batch_seqs, -(-batch_docs * (-(-chunk_tokens // stride) + 1) // world_size))
 
 
-def lora_schedule(bounds: list, doc_starts: list, batch_docs: int) -> tuple:
+def lora_schedule(bounds: list, doc_starts: list, batch_docs: int, /) -> tuple:
     """(rounds, doc_index, first_chunk): plan_lora_rounds over the documents of split_lora_chunks' output,
     each round a list of (slot, chunk, last) (last: the chunk is its document's last, never trained on);
     doc_index[c] is chunk c's document, first_chunk[d] document d's first chunk."""
@@ -75,7 +75,7 @@ def lora_schedule(bounds: list, doc_starts: list, batch_docs: int) -> tuple:
     return rounds, doc_index, first_chunk
 
 
-def count_lora_work(tokens, *, chunk_tokens, batch_docs, seq_len, stride, batch_windows, world_size=1, bos_id=1) -> dict:
+def count_lora_work(tokens, /, *, chunk_tokens, batch_docs, seq_len, stride, batch_windows, world_size=1, bos_id=1) -> dict:
     """What run_lora_ttt will run on tokens int64 [N]: dict(chunks, documents, rounds, forwards (the busiest
     rank's scoring forwards, all rounds), update_rounds (rounds where some slot trains: each takes
     TTT_EPOCHS batched steps))."""
@@ -92,7 +92,7 @@ def lora_work_counter(tokens, *, chunk_tokens, batch_docs, seq_len, world_size=1
     return lambda stride, batch_windows: dict(fixed, forwards=sum(forwards(stride, batch_windows)))
 
 
-def lora_rounds(tokens, chunk_tokens: int, batch_docs: int, seq_len: int, world_size: int, bos_id: int) -> tuple:
+def lora_rounds(tokens, chunk_tokens: int, batch_docs: int, seq_len: int, world_size: int, bos_id: int, /) -> tuple:
     """(bounds, doc_starts, rounds, doc_index, forwards) of tokens int64 [N]: split_lora_chunks, lora_schedule's
     rounds and doc_index, and forwards(stride, batch_windows) -> the scoring forwards of the busiest rank in each
     round: its chunks' windows of the exact sliding set (first_sliding_window of each chunk's first and last
@@ -103,7 +103,7 @@ def lora_rounds(tokens, chunk_tokens: int, batch_docs: int, seq_len: int, world_
     edges, chunks = torch.tensor(bounds), torch.tensor([c for r in rounds for _, c, _ in r])
     round_of = torch.tensor([i for i, r in enumerate(rounds) for _ in r])
 
-    def forwards(stride: int, batch_windows: int) -> list:
+    def forwards(stride: int, batch_windows: int, /) -> list:
         # eval.sliding.first_sliding_window of every chunk edge at once
         first = lambda t: torch.div(t - seq_len + stride, stride, rounding_mode="floor").clamp_min(0)
         per_chunk = first(edges[1:] - 1) - first(edges[:-1]) + 1
@@ -131,7 +131,7 @@ def project_lora_seconds(forward_seconds, step_seconds, work, epochs) -> float:
     return work["forwards"] * forward_seconds + epochs * work["update_rounds"] * step_seconds
 
 
-def plan_lora(hp, t: dict, strides, roundtrip_seconds, num_val_tokens, world_size) -> dict:
+def plan_lora(hp, t: dict, strides, roundtrip_seconds, num_val_tokens, world_size, /) -> dict:
     """The `lora` row's plan (eval/ttt.py TTTMode.plan): (stride, epochs) of the LoRA pass that fit 0.9 x
     EVAL_MAX_SECONDS with the roundtrip, by eval.ttt.plan_ttt's rule: strides are the candidates, preferred first
     (EVAL_STRIDE, then with EVAL_AUTO_STRIDE every coarser one up to TRAIN_SEQ_LEN); more epochs beat a smaller

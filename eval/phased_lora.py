@@ -52,7 +52,7 @@ class PhasedLoRASchedule(Schedule):
     global_steps: dict = field(default_factory=dict)
 
 
-def record_documents(tokens: torch.Tensor, bos_id: int) -> list:
+def record_documents(tokens: torch.Tensor, bos_id: int, /) -> list:
     """[(lo, hi)] target ranges of the documents of tokens int64 [N]: a document starts at a BOS token
     (target lo = its position) and ends before the next BOS's position (that BOS is its last target);
     targets before the first BOS form a document of their own."""
@@ -62,7 +62,7 @@ def record_documents(tokens: torch.Tensor, bos_id: int) -> list:
     return list(zip(starts, starts[1:] + [len(tokens) - 1]))
 
 
-def global_sgd_plan(doc_lens: list, cfg: dict, seq_len: int, world_size: int, rank: int, epochs: int) -> list:
+def global_sgd_plan(doc_lens: list, cfg: dict, seq_len: int, world_size: int, rank: int, epochs: int, /) -> list:
     """The global SGD's steps over the concatenation of documents of doc_lens tokens (each with its next BOS):
     [(chunk, lr, first token, end token)] of this rank's batches (the record's train_val_ttt_global_sgd)."""
     total = sum(doc_lens) - 1
@@ -80,7 +80,7 @@ def global_sgd_plan(doc_lens: list, cfg: dict, seq_len: int, world_size: int, ra
     return steps
 
 
-def phased_lora_schedule(run) -> PhasedLoRASchedule:
+def phased_lora_schedule(run, /) -> PhasedLoRASchedule:
     cfg, seq_len, c_tok = run.cfg, run.seq_len, run.cfg["lora_chunk_tokens"]
     docs = record_documents(run.tokens, run.bos_id)
     order = sorted(range(len(docs)), key=lambda d: docs[d][1] - docs[d][0])
@@ -129,8 +129,9 @@ class PhasedLoRAUpdater(Scorer):
     SGD splits each chunk's sequences over the ranks, gradients averaged. begin_round and count_steps are called
     once per round, in order (the engine's loop and its plan of steps)."""
 
-    def __init__(self, model, run):
-        super().__init__(model, run)
+    def __init__(self, model, run, sched, /):
+        super().__init__(model, run, sched)
+        self.starts = {first: members for members, first in sched.batches}
         cfg = run.cfg
         self.kinds = ("q", "v") + tuple(k for k in RECORD_LORA_KINDS[2:] if cfg[f"lora_{k}"])
         self.gen = torch.Generator().manual_seed(RECORD_LORA_SEED)
@@ -138,17 +139,14 @@ class PhasedLoRAUpdater(Scorer):
         self.lora = self.phase_lora = self._draw(cfg["batch_docs"])
         self.round, self.counted, self.nll = -1, -1, None
 
-    def _draw(self, slots: int) -> RecordLoRA:
+    def _draw(self, slots: int, /) -> RecordLoRA:
         cfg = self.run.cfg
         return RecordLoRA(self.model, slots, cfg["lora_rank"], cfg["lora_alpha"], self.kinds, self.gen)
 
-    def start(self, sched) -> None:
-        self.starts = {first: members for members, first in sched.batches}
-
-    def progress(self, sched) -> tuple:
+    def progress(self, sched, /) -> tuple:
         return len(sched.rounds), "rounds"
 
-    def begin_round(self, sched, now) -> None:
+    def begin_round(self, sched, now, /) -> None:
         self.round += 1
         members = self.starts.get(self.round)
         if members is None:
@@ -161,7 +159,7 @@ class PhasedLoRAUpdater(Scorer):
         self.opt = torch.optim.AdamW(self.lora.params(), lr=cfg["lora_lr"], betas=(cfg["lora_beta1"], cfg["lora_beta2"]),
                                      eps=1e-10, weight_decay=cfg["lora_wd"])
 
-    def _batch(self, sched, rows):
+    def _batch(self, sched, rows, /):
         """(x, y, index, first) of rows [(slot, chunk)]: each row's window of its document, right-padded."""
         r, bounds = self.run, sched.bounds
         spans = [(sched.windows[c][0], bounds[c + 1]) for _, c in rows]
@@ -173,7 +171,7 @@ class PhasedLoRAUpdater(Scorer):
         x, y = r.tokens[index].where(valid, 0), r.tokens[index + 1].where(valid, 0)
         return x, y, index, valid
 
-    def score(self, sched, now) -> torch.Tensor:
+    def score(self, sched, now, /) -> torch.Tensor:
         r = self.run
         sums = torch.zeros(len(now), 3, dtype=torch.float64, device=r.tokens.device)
         mine = [(i, s, c, last) for i, (s, c, last) in enumerate(now) if s % r.world_size == r.rank]
@@ -183,8 +181,7 @@ class PhasedLoRAUpdater(Scorer):
             x, y, index, valid = self._batch(sched, rows)
             self.lora.set_rows([s for s, _ in rows])
             train = any(not last for *_, last in now) and r.epochs > 0
-            with torch.enable_grad() if train else torch.no_grad(), ttt_autocast(r.tokens.device, r.autocast_dtype):
-                nll = record_lora_nll(self.model, self.lora, x, y)
+            nll = self._forward(x, y, train)
             offsets = torch.tensor([sched.windows[c][1] for _, c in rows], device=x.device)[:, None]
             pos = torch.arange(x.size(1), device=x.device)
             scored = valid & (pos >= offsets)
@@ -194,11 +191,11 @@ class PhasedLoRAUpdater(Scorer):
         self.bar.update()
         return sums
 
-    def count_steps(self, sched, spans, num_units) -> int:
+    def count_steps(self, sched, spans, /) -> int:
         self.counted += 1
         return self.run.epochs * bool(spans) + sched.global_steps.get(self.counted, 0)
 
-    def steps(self, sched, spans, num_units):
+    def steps(self, sched, spans, /):
         """After a round: TTT_EPOCHS AdamW steps when some document of it trains (every slot's tensors step, as the
         record's, so its weight decay reaches the warm A of every slot), then the global SGD after a pause."""
         r = self.run
@@ -206,7 +203,7 @@ class PhasedLoRAUpdater(Scorer):
             self.opt.zero_grad(set_to_none=True)
             if self.nll is not None and self.nll.requires_grad:
                 x, y, scored, trains = self.batch
-                nll = self.nll if step == 0 else self._train_forward(x, y)
+                nll = self.nll if step == 0 else self._forward(x, y, True)
                 per_doc = nll.where(scored, 0).sum(1) / scored.sum(1).clamp_min(1)
                 per_doc.where(trains, 0).sum().backward()
             for p in self.lora.params():
@@ -218,12 +215,13 @@ class PhasedLoRAUpdater(Scorer):
             yield from self.global_sgd(sched, sched.pauses[self.round])
             self.phase_lora = self._draw(r.cfg["batch_docs"])
 
-    def _train_forward(self, x, y):
+    def _forward(self, x, y, grad: bool, /):
+        """record_lora_nll of rows x, y with the batch's adapters, autocast; with autograd when `grad`."""
         r = self.run
-        with torch.enable_grad(), ttt_autocast(r.tokens.device, r.autocast_dtype):
+        with torch.enable_grad() if grad else torch.no_grad(), ttt_autocast(r.tokens.device, r.autocast_dtype):
             return record_lora_nll(self.model, self.lora, x, y)
 
-    def global_sgd(self, sched, chosen_docs: list):
+    def global_sgd(self, sched, chosen_docs: list, /):
         """The record's global SGD over the concatenated documents (each with its next BOS): yields per step the
         target ranges of every document its chunk touches (the ledger's record of what it trained on)."""
         r, cfg = self.run, self.run.cfg
@@ -249,7 +247,7 @@ class PhasedLoRAUpdater(Scorer):
             for p in self.chosen:
                 p.requires_grad_(False)
 
-    def close(self) -> None:
+    def close(self, /) -> None:
         self.lora.remove()
 
 
@@ -259,10 +257,10 @@ TTT_MODES["phased_lora"] = TTTMode(
     "phased lora ttt", "round", 1,
     ("phases", "prefix_docs", "global_epochs", "chunk_tokens", *SGD_FIELDS, "lora_rank", "lora_lr", "lora_chunk_tokens",
      "lora_batch_docs", "lora_alpha", "lora_wd", "lora_beta1", "lora_beta2", "lora_k", "lora_mlp", "lora_o"),
-    lambda run: (sgd_valid(run, "chunk_tokens") and 0 < run.cfg["lora_chunk_tokens"] <= run.seq_len
-                 and min(run.cfg["phases"], run.cfg["lora_rank"], run.cfg["batch_docs"]) >= 1
-                 and min(run.cfg["prefix_docs"], run.cfg["global_epochs"], run.cfg["lora_lr"], run.cfg["lora_wd"]) >= 0
-                 and run.cfg["lora_alpha"] > 0 and 0 <= run.cfg["lora_beta1"] < 1 and 0 <= run.cfg["lora_beta2"] < 1),
+    lambda r: (sgd_valid(r, "chunk_tokens") and 0 < r.cfg["lora_chunk_tokens"] <= r.seq_len
+               and min(r.cfg["phases"], r.cfg["lora_rank"], r.cfg["batch_docs"]) >= 1
+               and min(r.cfg["prefix_docs"], r.cfg["global_epochs"], r.cfg["lora_lr"], r.cfg["lora_wd"]) >= 0
+               and r.cfg["lora_alpha"] > 0 and 0 <= r.cfg["lora_beta1"] < 1 and 0 <= r.cfg["lora_beta2"] < 1),
     "seq_len <= chunk tokens, 0 < lora chunk tokens <= seq_len, phases, rank and batch docs >= 1, alpha > 0, "
     "betas in [0, 1)," + SGD_EXPECTED,
     phased_lora_schedule, unit_scope, PhasedLoRAUpdater)

@@ -35,7 +35,7 @@ RECORD_LORA_SEED = 1234
 RECORD_LORA_KINDS = ("q", "v", "k", "mlp", "o")  # the record's draw order after the head
 
 
-def layer_applications(model) -> int:
+def layer_applications(model, /) -> int:
     """Block runs per forward: len(model.loop_order) while looping is active, else the number of blocks."""
     return len(model.loop_order) if model.looping_active else len(model.blocks)
 
@@ -46,7 +46,7 @@ class RecordLoRA:
     slots in `rows` (set_rows) join every forward of model until remove(). params(): the trainable A and B
     tensors. reset(): B to 0 (A kept warm, the record's TTT_WARM_START_A)."""
 
-    def __init__(self, model, slots: int, rank: int, alpha: float, kinds: tuple, generator: torch.Generator):
+    def __init__(self, model, slots: int, rank: int, alpha: float, kinds: tuple, generator: torch.Generator, /):
         dim, device = model.tok_emb.embedding_dim, model.tok_emb.weight.device
         attn = model.blocks[0].attn
         kv_dim = attn.num_kv_heads * attn.head_dim
@@ -54,7 +54,7 @@ class RecordLoRA:
         count = layer_applications(model)
         self.scale, self.slots, self.kinds = alpha / rank, slots, kinds
 
-        def adapter(in_features, out_features):
+        def adapter(in_features, out_features, /):
             bound = 1 / math.sqrt(in_features)
             a = torch.empty(slots, rank, in_features).uniform_(-bound, bound, generator=generator)
             return [a.to(device).requires_grad_(True),
@@ -64,7 +64,7 @@ class RecordLoRA:
         self.layers = {kind: [adapter(dim, out[kind]) for _ in range(count)] for kind in RECORD_LORA_KINDS if kind in kinds}
         self.rows, self.k, self.saved, self.hooks = None, -1, {}, []
 
-    def attach(self, model) -> None:
+    def attach(self, model, /) -> None:
         """Register the hooks on model's blocks (remove() takes them off)."""
         for block in model.blocks:
             attn, mlp = block.attn, block.mlp
@@ -78,44 +78,44 @@ class RecordLoRA:
             if "mlp" in self.kinds:
                 self.hooks.append(mlp.proj.register_forward_hook(self._add("mlp", "m")))
 
-    def params(self) -> list:
+    def params(self, /) -> list:
         return self.head + [t for ab in self.layers.values() for pair in ab for t in pair]
 
-    def set_rows(self, rows: list) -> None:
+    def set_rows(self, rows: list, /) -> None:
         """The slot of each row of the next forwards' batch; the layer count restarts."""
         self.rows = torch.tensor(rows, dtype=torch.int64, device=self.head[0].device)
 
-    def apply(self, pair: list, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, pair: list, x: torch.Tensor, /) -> torch.Tensor:
         a, b = (t[self.rows].to(x.dtype) for t in pair)
         return torch.matmul(torch.matmul(x, a.transpose(1, 2)), b.transpose(1, 2)) * self.scale
 
-    def _enter_attention(self, module, args):
+    def _enter_attention(self, module, args, /):
         self.k += 1
         self.saved["n"] = args[0]
 
-    def _save(self, key):
-        def hook(module, args):
+    def _save(self, key, /):
+        def hook(module, args, /):
             self.saved[key] = args[0]
         return hook
 
-    def _add(self, kind, source=None):
-        def hook(module, args, output):
+    def _add(self, kind, source=None, /):
+        def hook(module, args, output, /):
             x = args[0] if source is None else self.saved[source]
             return output + self.apply(self.layers[kind][self.k], x).to(output.dtype)
         return hook
 
     @torch.no_grad()
-    def reset(self) -> None:
+    def reset(self, /) -> None:
         for t in self.params()[1::2]:
             t.zero_()
 
-    def remove(self) -> None:
+    def remove(self, /) -> None:
         for h in self.hooks:
             h.remove()
         self.hooks = []
 
 
-def record_lora_nll(model, lora: RecordLoRA, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def record_lora_nll(model, lora: RecordLoRA, x: torch.Tensor, y: torch.Tensor, /) -> torch.Tensor:
     """Per-token cross-entropy float32 [R, T] of x, y int64 [R, T] (row r adapted by slot lora.rows[r]): the
     model's trunk with the hooks' adapters, then logits = h @ head^T + head adapter(h), softcapped (the record's
     forward_ttt)."""

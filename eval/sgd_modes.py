@@ -26,48 +26,47 @@ class SGDUpdater(Scorer):
     covering the scope (plan_chunk_sequences), min(batch_seqs, the schedule's cap) sequences per step
     (all ranks; each takes its share, gradients all-reduced), lr cosine-decayed over the units, grad clip."""
 
-    def __init__(self, model, run: TTTRun):
-        super().__init__(model, run)
+    def __init__(self, model, run: TTTRun, sched: Schedule, /):
+        super().__init__(model, run, sched)
         cfg = run.cfg
         self.chosen = select_ttt_params(model, cfg["params"])
         self.train_fwd = torch.compile(model, dynamic=False) if run.compile_model else model
         self.optimizer = torch.optim.SGD(self.chosen, lr=cfg["lr"], momentum=cfg["momentum"])
+        # a step is capped at a chunk's sequences (chunked); phases are not capped
+        cap_tokens = cfg.get("chunk_tokens", len(run.tokens) - 1)
+        self.batch_seqs = ttt_step_seqs(cfg["batch_seqs"], cap_tokens, run.seq_len, run.world_size)
+        self.last_unit = max(1, len(sched.bounds) - 2)  # the cosine's end: the last unit
 
-    def start(self, sched: Schedule) -> None:
-        super().start(sched)
-        self.batch_seqs = ttt_step_seqs(self.run.cfg["batch_seqs"], sched.step_cap_tokens, self.run.seq_len,
-                                        self.run.world_size)
-
-    def trainable(self) -> list:
+    def trainable(self, /) -> list:
         return self.chosen
 
-    def _plan(self, span_c, num_units):
+    def _plan(self, span_c, /):
         _, c, span = span_c
-        lr = self.run.cfg["lr"] * 0.5 * (1 + math.cos(math.pi * c / max(1, num_units - 1)))
+        lr = self.run.cfg["lr"] * 0.5 * (1 + math.cos(math.pi * c / self.last_unit))
         return lr, plan_chunk_sequences(*span, self.run.seq_len, self.batch_seqs)
 
-    def count_steps(self, sched, spans, num_units) -> int:
-        plans = [self._plan(sc, num_units) for sc in spans]
+    def count_steps(self, sched, spans, /) -> int:
+        plans = [self._plan(sc) for sc in spans]
         return sum(self.run.epochs * (lr > 0) * -(-len(starts) // self.batch_seqs) for lr, starts in plans)
 
-    def steps(self, sched, spans, num_units):
+    def steps(self, sched, spans, /):
         r, b = self.run, self.batch_seqs
-        for lr, starts in (self._plan(sc, num_units) for sc in spans):
+        for lr, starts in (self._plan(sc) for sc in spans):
             for _ in range(r.epochs if lr > 0 else 0):
                 for batch in (starts[k:k + b] for k in range(0, len(starts), b)):
                     sgd_step(self.train_fwd, self.optimizer, self.chosen, r, batch, lr)
                     yield [(min(batch), max(batch) + r.seq_len)]  # all ranks' sequences
 
-    def close(self) -> None:
+    def close(self, /) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def chunked_schedule(run: TTTRun) -> Schedule:
+def chunked_schedule(run: TTTRun, /) -> Schedule:
     bounds = split_ttt_chunks(run.tokens, run.cfg["chunk_tokens"], run.bos_id)
-    return one_unit_rounds(bounds, run.cfg["chunk_tokens"])
+    return one_unit_rounds(bounds)
 
 
-def split_phases(tokens: torch.Tensor, phases: int, bos_id: int = 1) -> list:
+def split_phases(tokens: torch.Tensor, phases: int, bos_id: int = 1, /) -> list:
     """Phase boundaries over the targets of the stream tokens int64 [N]: [0, b_1, ..., N - 1], b_p the
     first document start (a target that is a BOS) at or after p * (N - 1) / phases; phases that would
     be empty (no document start there) merge with the next. Fewer than `phases` phases then."""
@@ -81,27 +80,27 @@ def split_phases(tokens: torch.Tensor, phases: int, bos_id: int = 1) -> list:
     return bounds + [num_targets]
 
 
-def phased_schedule(run: TTTRun) -> Schedule:
+def phased_schedule(run: TTTRun, /) -> Schedule:
     bounds = split_phases(run.tokens, run.cfg["phases"], run.bos_id)
-    return one_unit_rounds(bounds, bounds[-1], phases=len(bounds) - 1)
+    return one_unit_rounds(bounds, phases=len(bounds) - 1)
 
 
-def one_unit_rounds(bounds: list, step_cap_tokens: int, **result) -> Schedule:
+def one_unit_rounds(bounds: list, /, **result) -> Schedule:
     """One unit per round, in stream order; the last is never trained on; score work = targets."""
     n = len(bounds) - 1
     return Schedule(bounds, [[(0, c, c == n - 1)] for c in range(n)], [bounds[c + 1] - bounds[c] for c in range(n)],
-                    result=result, step_cap_tokens=step_cap_tokens)
+                    result=result)
 
 
-def prefix_scope(sched: Schedule, c: int) -> tuple:
+def prefix_scope(sched: Schedule, c: int, /) -> tuple:
     """The updates after unit c train on every scored target, [0, bounds[c + 1])."""
     return 0, sched.bounds[c + 1]
 
 
-def plan_sgd(planner, project, unit: str):
+def plan_sgd(planner, project, unit: str, /):
     """A SGD row's plan: planner (eval.ttt.plan_ttt, eval.phased_ttt.plan_phased_ttt) with the row's unit setting
     (chunk_tokens, phases) from the measured eval forward and SGD step; wanted_seconds by project at EVAL_STRIDE."""
-    def plan(hp, t: dict, strides, roundtrip_seconds, num_val_tokens, world_size) -> dict:
+    def plan(hp, t: dict, strides, roundtrip_seconds, num_val_tokens, world_size, /) -> dict:
         common = dict(forward_seconds=t["forward_seconds"], train_seconds=t["step_seconds"], seq_len=hp.train_seq_len,
                       num_val_tokens=num_val_tokens, eval_batch_seqs=hp.eval_batch_seqs, batch_seqs=hp.ttt_batch_seqs,
                       world_size=world_size, epochs=hp.ttt_epochs, **{unit: getattr(hp, f"ttt_{unit}")})
@@ -113,10 +112,10 @@ def plan_sgd(planner, project, unit: str):
 # TTTMode(label, unit, count_from, fields, valid, expected, schedule, scope, updater, plan, timing, recorded)
 TTT_MODES.update(
     chunked=TTTMode(
-        "ttt", "chunk", 0, ("chunk_tokens", *SGD_FIELDS), lambda run: sgd_valid(run, "chunk_tokens"),
+        "ttt", "chunk", 0, ("chunk_tokens", *SGD_FIELDS), lambda r: sgd_valid(r, "chunk_tokens"),
         "seq_len <= chunk tokens," + SGD_EXPECTED, chunked_schedule, unit_scope, SGDUpdater,
         plan_sgd(plan_ttt, project_ttt_seconds, "chunk_tokens"), "sgd", False),
     phased=TTTMode(
-        "phased ttt", "phase", 0, ("phases", *SGD_FIELDS), lambda run: sgd_valid(run, "phases"),
+        "phased ttt", "phase", 0, ("phases", *SGD_FIELDS), lambda r: sgd_valid(r, "phases"),
         "phases >= 1," + SGD_EXPECTED, phased_schedule, prefix_scope, SGDUpdater,
         plan_sgd(plan_phased_ttt, project_phased_seconds, "phases")))

@@ -80,19 +80,17 @@ def apply_head(head, hidden: torch.Tensor, /, max_positions: int = 65536) -> tor
     return torch.cat([head(part) for part in hidden.split(rows)])
 
 
-def ttt_window_ranges(bounds: list, run: TTTRun, /) -> list:
-    """Per unit of `bounds` (target offsets, unit c = [bounds[c], bounds[c+1])): the range of first window
-    indices run.rank scores, in batches of run.eval_batch_seqs, of the exact window set restricted to the unit's
-    targets (batch k of a unit's windows goes to rank k % world_size)."""
+def unit_windows(run: TTTRun, lo: int, hi: int, /) -> range:
+    """The first window indices of the batches run.rank scores for targets [lo, hi) of the exact window set
+    restricted to them, in batches of run.eval_batch_seqs (batch k of the unit's windows goes to rank k % world_size)."""
     first = lambda t: first_sliding_window(t, run.seq_len, run.stride)
-    return [range(first(bounds[c]) + run.rank * run.eval_batch_seqs, first(bounds[c + 1] - 1) + 1,
-                  run.world_size * run.eval_batch_seqs) for c in range(len(bounds) - 1)]
+    return range(first(lo) + run.rank * run.eval_batch_seqs, first(hi - 1) + 1, run.world_size * run.eval_batch_seqs)
 
 
-def score_unit_windows(score_fwd, run: TTTRun, windows, lo: int, hi: int, bar=None, /) -> torch.Tensor:
+def score_unit_windows(score_fwd, run: TTTRun, lo: int, hi: int, bar=None, /) -> torch.Tensor:
     """float64 [3] (nll nats, targets, bytes) of this rank's share of targets [lo, hi) of run.tokens, scored over
-    `windows` (first window of each batch of run.eval_batch_seqs, ttt_window_ranges; windows past the last one are
-    padding and score nothing) under inference mode; bar: a primitives.progress.Progress updated per batch.
+    its batches of run.eval_batch_seqs windows (unit_windows; windows past the last one are padding and score
+    nothing) under inference mode; bar: a primitives.progress.Progress updated per batch.
 
     score_fwd: scoring_forward's (input_ids int64 [B, T], start) -> logits [B, T - start, V] (any float dtype,
     upcast to float32 for a full normalized log-softmax), T = min(seq_len, N - 1); the targets' bytes follow the
@@ -100,7 +98,7 @@ def score_unit_windows(score_fwd, run: TTTRun, windows, lo: int, hi: int, bar=No
     tokens, num_targets = run.tokens, len(run.tokens) - 1
     sums = torch.zeros(3, dtype=torch.float64, device=tokens.device)
     with torch.inference_mode():
-        for first in windows:
+        for first in unit_windows(run, lo, hi):
             batch = torch.arange(first, first + run.eval_batch_seqs, device=tokens.device)
             index, score = plan_sliding_windows(num_targets, run.seq_len, run.stride, batch)
             index = index.clamp(max=num_targets - 1)  # padding positions read the last real token
@@ -123,20 +121,18 @@ class Scorer:
     """The walk's updater that updates nothing (eval/walk.py): scores a round's units with the exact window set
     restricted to each unit's targets (context from earlier tokens allowed), eval_batch_seqs windows per forward,
     a share of each unit's window batches per rank (sums all-reduced by the walk). Subclasses (the TTT modes'
-    updaters: eval/sgd_modes.py, eval/lora_mode.py, eval/phased_lora.py) add training: trainable() (the model
-    parameters left unfrozen), steps() (run the updates after a round, yielding per step the target ranges it
-    trained on), count_steps() (the steps steps() would take), close(). progress(): (total, unit) of the progress
-    bar (`self.bar`) that score() updates."""
+    updaters: eval/sgd_modes.py, eval/lora_mode.py, eval/phased_lora.py; made with the walk's schedule) add
+    training: trainable() (the model parameters left unfrozen), steps() (run the updates after a round, yielding per
+    step the target ranges it trained on), count_steps() (the steps steps() would take), close(). progress():
+    (total, unit) of the progress bar (`self.bar`) that score() updates."""
 
-    def __init__(self, model, run: TTTRun, /):
+    def __init__(self, model, run: TTTRun, sched: Schedule, /):
         self.model, self.run = model, run
         self.score_fwd = scoring_forward(model, run.compile_model)
 
-    def start(self, sched: Schedule, /) -> None:
-        self.windows = ttt_window_ranges(sched.bounds, self.run)
-
     def progress(self, sched: Schedule, /) -> tuple:
-        return sum(map(len, self.windows)), "window batches"
+        b = sched.bounds
+        return sum(len(unit_windows(self.run, b[c], b[c + 1])) for c in range(len(b) - 1)), "window batches"
 
     def trainable(self) -> list:
         return []
@@ -147,13 +143,12 @@ class Scorer:
     def score(self, sched: Schedule, now: list, /) -> torch.Tensor:
         """float64 [len(now), 3] (nll nats, targets, bytes) per unit of the round, this rank's share."""
         b = sched.bounds
-        return torch.stack([score_unit_windows(self.score_fwd, self.run, self.windows[c], b[c], b[c + 1], self.bar)
-                            for _, c, _ in now])
+        return torch.stack([score_unit_windows(self.score_fwd, self.run, b[c], b[c + 1], self.bar) for _, c, _ in now])
 
-    def steps(self, sched: Schedule, spans: list, num_units: int, /):
+    def steps(self, sched: Schedule, spans: list, /):
         return iter(())
 
-    def count_steps(self, sched: Schedule, spans: list, num_units: int, /) -> int:
+    def count_steps(self, sched: Schedule, spans: list, /) -> int:
         return 0
 
     def close(self) -> None:
@@ -180,7 +175,7 @@ def sliding_schedule(run: TTTRun, /) -> Schedule:
 
 class SlidingPass:
     """The walk's row of the sliding pass (eval/walk.py run_score_first): sliding_schedule, no updater."""
-    entry = label = title = "eval_sliding"
+    entry = label = "eval_sliding"
     unit, count_from, scope = "", 0, None
     schedule, updater = staticmethod(sliding_schedule), Scorer
 
@@ -217,14 +212,14 @@ def eval_sliding(model, val_tokens, luts, /, *, seq_len, stride, batch_seqs, dev
     or EVAL_MAX_SECONDS <= 0; in the package (not a record's packed file, eval/walk.py) RuntimeError (a bug, not
     an input) if the windows did not score every target exactly once.
     """
-    bad = not 0 < stride <= seq_len  # in every file: a stride past the window would skip targets, a wrong score
-    if BUNDLE_KIND == "package":  # what a run's own loader and the settings' preflight rule out already
-        bad = bad or val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
-            batch_seqs > 0 and max_seconds > 0)
-    if bad:
-        raise ValueError(f"eval_sliding: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
-                         f"TRAIN_SEQ_LEN={seq_len}, EVAL_BATCH_SEQS={batch_seqs}, EVAL_MAX_SECONDS={max_seconds}; "
-                         "expected int [N >= 2], 0 < stride <= seq_len, others > 0")
+    if BUNDLE_KIND == "package":  # the inputs a run's own loader and the settings' preflight rule out already
+        if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
+                0 < stride <= seq_len and batch_seqs > 0 and max_seconds > 0):
+            raise ValueError(f"eval_sliding: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
+                             f"TRAIN_SEQ_LEN={seq_len}, EVAL_BATCH_SEQS={batch_seqs}, EVAL_MAX_SECONDS={max_seconds}; "
+                             "expected int [N >= 2], 0 < stride <= seq_len, others > 0")
+    if not 0 < stride <= seq_len:  # in every file: a stride past the window would skip targets, a wrong score
+        raise ValueError(f"EVAL_STRIDE={stride}: expected 1..TRAIN_SEQ_LEN={seq_len}")
     device = torch.device(device)
     tokens, luts = val_tokens.to(device, torch.int64), [t.to(device) for t in luts]
     t_start, was_training = clock(), model.training

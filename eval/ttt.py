@@ -54,7 +54,7 @@ SGD_EXPECTED = " batch seqs a multiple of the world size, others >= 0"
 class TTTMode:
     """One row of TTT_MODES. fields: the mode's settings, each the Hyperparameters field ttt_<name> (its defaults, its
     env name in messages; run.cfg keys by cfg_key); valid(run) -> bool, with `expected` saying what in the refusal;
-    schedule(run) -> Schedule; scope(sched, unit) -> (lo, hi) targets; updater(model, run) -> Scorer; label, unit,
+    schedule(run) -> Schedule; scope(sched, unit) -> (lo, hi) targets; updater(model, run, sched) -> Scorer; label, unit,
     count_from: the names and round numbering its messages use (entry: run_<label>); plan(hp, timings, strides,
     roundtrip_seconds, num_val_tokens, world_size) -> the mode's plan dict (eval/plan.py makes the EvalPlan) with
     wanted_seconds (None: the mode is not planned, it runs TTT_EPOCHS at EVAL_STRIDE); timing: what the trainer
@@ -75,43 +75,39 @@ class TTTMode:
     recorded: bool = True
 
     @property
-    def entry(self) -> str:
+    def entry(self, /) -> str:
         return "run_" + self.label.replace(" ", "_")
-
-    @property
-    def title(self) -> str:
-        return self.label + " eval"
 
 
 # TTT_MODE -> its TTTMode row: each mode's module adds its own when imported (eval/ttt_modes.py imports them all)
 TTT_MODES = {}
 
 
-def unit_scope(sched, c: int) -> tuple:
+def unit_scope(sched, c: int, /) -> tuple:
     """The updates after unit c train on its own targets, [bounds[c], bounds[c + 1])."""
     return sched.bounds[c], sched.bounds[c + 1]
 
 
-def sgd_valid(run, unit: str) -> bool:
+def sgd_valid(run, unit: str, /) -> bool:
     """A SGD row's settings check (TTTMode.valid) with its unit setting (chunk_tokens >= seq_len, phases >= 1)."""
     cfg = run.cfg
     return (cfg["lr"] >= 0 and cfg["batch_seqs"] > 0 and cfg["batch_seqs"] % run.world_size == 0
             and cfg[unit] >= (run.seq_len if unit == "chunk_tokens" else 1))
 
 
-def ttt_autocast(device: torch.device, dtype):
+def ttt_autocast(device: torch.device, dtype, /):
     """torch.autocast on `device` in dtype (e.g. torch.bfloat16); off when dtype is None."""
     return torch.autocast(device.type, dtype, enabled=dtype is not None)
 
 
-def row_sums(nll: torch.Tensor, scored: torch.Tensor, tokens: torch.Tensor, index: torch.Tensor, luts) -> torch.Tensor:
+def row_sums(nll: torch.Tensor, scored: torch.Tensor, tokens: torch.Tensor, index: torch.Tensor, luts, /) -> torch.Tensor:
     """float64 [R, 3] per row (nll nats, targets, bytes) of the scored positions (bool [R, T]) of per-token nll
     float [R, T] whose targets are tokens[index + 1] (index int64 [R, T]; bytes by the LUTs, eval/bpb.py)."""
     return torch.stack([nll.detach().double().where(scored, 0).sum(1), scored.sum(1).double(),
                         count_scored_bytes(tokens, index, luts).where(scored, 0).sum(1).double()], 1)
 
 
-def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -> list:
+def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1, /) -> list:
     """Chunk boundaries over the targets of the stream tokens int64 [N] (target t is token t + 1).
 
     A chunk ends right before a target that is a BOS token (so it holds whole documents, each with
@@ -126,7 +122,7 @@ def split_ttt_chunks(tokens: torch.Tensor, chunk_tokens: int, bos_id: int = 1) -
     return bounds + [num_targets] * (bounds[-1] < num_targets)
 
 
-def plan_chunk_sequences(lo: int, hi: int, seq_len: int, multiple: int) -> list:
+def plan_chunk_sequences(lo: int, hi: int, seq_len: int, multiple: int, /) -> list:
     """Start target indices of the training sequences of chunk targets [lo, hi): evenly spaced over
     [lo, hi - seq_len], (hi - lo) / seq_len of them rounded to the nearest multiple (>= 1) of
     `multiple` (full batches: one static shape; a little overlap or a few untrained targets, never a
@@ -139,13 +135,13 @@ def plan_chunk_sequences(lo: int, hi: int, seq_len: int, multiple: int) -> list:
     return [lo + (hi - seq_len - lo) * i // max(1, n - 1) for i in range(n)]
 
 
-def ttt_step_seqs(batch_seqs: int, chunk_tokens: int, seq_len: int, world_size: int = 1) -> int:
+def ttt_step_seqs(batch_seqs: int, chunk_tokens: int, seq_len: int, world_size: int = 1, /) -> int:
     """Sequences per TTT update, all ranks together: TTT_BATCH_SEQS capped at a chunk's sequences
     rounded up to a multiple of the world size."""
     return min(batch_seqs, -(-(chunk_tokens // seq_len) // world_size) * world_size)
 
 
-def select_ttt_params(model, which: str) -> list:
+def select_ttt_params(model, which: str, /) -> list:
     """Parameters that TTT adapts: `all`; `scalars` (vectors and matrices with a side <= 8: gains,
     scales, mixes, skip weights); or a regular expression searched in the parameter names (e.g.
     `blocks\\.[23]\\.` or `mlp|scale`). Raises ValueError naming TTT_PARAMS if none matches."""
@@ -156,7 +152,7 @@ def select_ttt_params(model, which: str) -> list:
     return chosen
 
 
-def sgd_step(train_fwd, optimizer, chosen, run, batch: list, lr: float) -> None:
+def sgd_step(train_fwd, optimizer, chosen, run, batch: list, lr: float, /) -> None:
     """One update on the sequences of run.seq_len starting at `batch` (global; this rank takes every world_size-th) of
     run.tokens, gradients all-reduced so every rank takes the same step (reduce_clip_step at lr, run.cfg's grad clip)."""
     device = run.tokens.device
@@ -168,7 +164,7 @@ def sgd_step(train_fwd, optimizer, chosen, run, batch: list, lr: float) -> None:
     reduce_clip_step(optimizer, chosen, lr, run.cfg["grad_clip"])
 
 
-def reduce_clip_step(optimizer, chosen, lr: float, grad_clip: float) -> None:
+def reduce_clip_step(optimizer, chosen, lr: float, grad_clip: float, /) -> None:
     """The SGD step after a backward: the ranks' gradients of `chosen` summed in one all-reduce when distributed (each
     rank scales its loss to its share), grad-norm clip (0: none), the step at lr, gradients cleared."""
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in chosen]
@@ -186,19 +182,16 @@ def reduce_clip_step(optimizer, chosen, lr: float, grad_clip: float) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
-def ttt_log_line(result: dict) -> str:
-    """The greppable final line: `final_ttt_exact val_loss:... val_bpb:... eval_time:...ms`."""
-    return (f"final_ttt_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
-            f"eval_time:{1000 * result['eval_seconds']:.0f}ms")
-
-
-def ttt_result_line(result: dict) -> str:
-    """ttt_log_line plus the stride, the units (phases:P for a mode with phases, else chunks:C) and the updates."""
+def ttt_result_line(result: dict, /) -> str:
+    """The greppable final line: `final_ttt_exact val_loss:... val_bpb:... eval_time:...ms`, then the stride, the
+    units (phases:P for a mode with phases, else chunks:C) and the updates."""
     units = f"phases:{result['phases']}" if "phases" in result else f"chunks:{result['num_chunks']}"
-    return ttt_log_line(result) + f" stride:{result['stride']} {units} updates:{result['num_updates']}"
+    return (f"final_ttt_exact val_loss:{result['val_loss']:.8f} val_bpb:{result['val_bpb']:.8f} "
+            f"eval_time:{1000 * result['eval_seconds']:.0f}ms stride:{result['stride']} {units} "
+            f"updates:{result['num_updates']}")
 
 
-def zero_updates_warning(result: dict, mode: str) -> str:
+def zero_updates_warning(result: dict, mode: str, /) -> str:
     """The line a TTT score that made no update gets (a unit's last chunk is never trained on)."""
     return f"WARNING: TTT_MODE={mode} made 0 updates in {result['num_chunks']} chunk(s): the score is the sliding one"
 
@@ -219,7 +212,7 @@ def project_ttt_seconds(*, forward_seconds, train_seconds, num_val_tokens, seq_l
     return forward_batches * forward_seconds + steps * train_seconds
 
 
-def pick_ttt_plan(project, candidates: list, strides: list, budget: float, score_only) -> tuple:
+def pick_ttt_plan(project, candidates: list, strides: list, budget: float, score_only, /) -> tuple:
     """The TTT plans' one rule (plan_ttt, eval.phased_ttt.plan_phased_ttt, eval.lora_ttt.plan_lora): the
     first of `candidates` (the TTT settings, preferred first: more epochs, then more phases) that fits
     `budget` seconds at any of `strides` (tried in order) -> (stride, candidate, project(stride, candidate));

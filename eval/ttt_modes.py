@@ -27,7 +27,7 @@ if BUNDLE_KIND == "package":  # the rows in TTT_MODE's order, whichever mode's m
     TTT_MODES.update({name: TTT_MODES.pop(name) for name in TTT_MODE_NAMES})
 
 
-def cfg_key(name: str, fields: tuple = ()) -> str:
+def cfg_key(name: str, fields: tuple = (), /) -> str:
     """run.cfg's key of a row field: lora_chunk_tokens -> chunk_tokens, lora_lr -> lr (the LoRA mode's own
     settings, TTT_LORA_*), others as they are; a field keeps its name where the short one is also one of the
     row's `fields` (phased_lora has both TTT_LR and TTT_LORA_LR)."""
@@ -35,7 +35,7 @@ def cfg_key(name: str, fields: tuple = ()) -> str:
     return name if short in fields and short != name else short
 
 
-def mode_settings(mode: str, settings) -> dict:
+def mode_settings(mode: str, settings, /) -> dict:
     """The keyword settings of run_mode for `mode` from an object with Hyperparameters' ttt_* attributes (the
     trainer's settings or `python -m eval score`'s args)."""
     fields = TTT_MODES[mode].fields
@@ -61,8 +61,10 @@ def run_mode(mode: str, model, val_tokens, luts, seq_len, stride, epochs=None, e
     device = torch.device(device)
     run = TTTRun(val_tokens, luts, seq_len, stride, epochs, eval_batch_seqs, rank, world_size, autocast_dtype,
                  compile_model, bos_id, cfg)
-    if val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point() or not (
-            0 < stride <= seq_len and epochs >= 0 and eval_batch_seqs > 0 and max_seconds > 0 and row.valid(run)):
+    bad = not (0 < stride <= seq_len and epochs >= 0 and eval_batch_seqs > 0 and max_seconds > 0 and row.valid(run))
+    if BUNDLE_KIND == "package":  # a run's own loader gives a 1-D int stream of >= 2 tokens
+        bad = bad or val_tokens.dim() != 1 or len(val_tokens) < 2 or val_tokens.is_floating_point()
+    if bad:
         named = ", ".join(f"{('TTT_' + f).upper()}={cfg[cfg_key(f, row.fields)]}" for f in row.fields)
         raise ValueError(f"{row.entry}: val_tokens {val_tokens.dtype} {list(val_tokens.shape)}, EVAL_STRIDE={stride}, "
                          f"TRAIN_SEQ_LEN={seq_len}, {named}, TTT_EPOCHS={epochs} (world size {world_size}), "

@@ -19,7 +19,7 @@ from primitives.settings import Hyperparameters
 PACKED_WHEN = "TTT_ENABLED"
 
 
-def plan_ttt_eval(hp: Hyperparameters, timings: dict, num_val_tokens: int, world_size: int = 1) -> EvalPlan:
+def plan_ttt_eval(hp: Hyperparameters, timings: dict, num_val_tokens: int, world_size: int = 1, /) -> EvalPlan:
     """The TTT plan of TTT_MODE from measured timings: forward_seconds (one eval forward of [EVAL_BATCH_SEQS,
     TRAIN_SEQ_LEN]; the roundtrip's windows of TRAIN_SEQ_LEN at the same speed are counted in) plus what the
     mode's row times (`step_seconds` for SGD rows; `lora` = (scoring forward, batched step) and `work_at` for
@@ -36,7 +36,7 @@ def plan_ttt_eval(hp: Hyperparameters, timings: dict, num_val_tokens: int, world
                            wanted_seconds=roundtrip + plan["wanted_seconds"]))
 
 
-def lora_work_at(hp: Hyperparameters, num_val_tokens: int, world_size: int, tokens=None, assumed_docs: int = 0):
+def lora_work_at(hp: Hyperparameters, num_val_tokens: int, world_size: int, tokens=None, assumed_docs: int = 0, /):
     """stride -> the work of TTT_MODE=lora at that stride (memoized): eval.lora_ttt.count_lora_work on the first
     num_val_tokens of tokens (int64, the val stream the eval scores; its schedule built once), else
     estimate_lora_work for assumed_docs documents; the dict adds windows (scoring windows per forward,
@@ -45,7 +45,7 @@ def lora_work_at(hp: Hyperparameters, num_val_tokens: int, world_size: int, toke
     counter = lora_work_counter(tokens[:num_val_tokens], seq_len=hp.train_seq_len, **common) if tokens is not None else None
 
     @functools.cache
-    def work_at(stride: int) -> dict:
+    def work_at(stride: int, /) -> dict:
         windows = lora_batch_windows(hp.ttt_lora_chunk_tokens, stride, world_size, hp.eval_batch_seqs, hp.ttt_lora_batch_docs)
         if BUNDLE_KIND == "package":
             if counter is None:  # gpu_check's estimate (the trainer counts the val stream)

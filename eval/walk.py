@@ -65,17 +65,15 @@ class Schedule:
     last) scored together (last: never trained on after); score_work[r], the scoring work of round r (targets,
     forwards or, for the sliding pass, window batches); ledger: extra per-unit record columns; doc_starts: the first
     target of each unit's document (None when units are not cut inside documents); result: entries the run's
-    dict adds (result.json's ttt_<key>, num_ dropped, trainer/finish.py); step_cap_tokens: the targets an SGD
-    step's batch is capped by (ttt_step_seqs); refit: stride -> the score work of the whole pass at that stride
-    (a pass the guard may send back to a coarser stride, which then says its projection; None: not one);
-    note: the guard's text before the rate (e.g. the number of windows)."""
+    dict adds (result.json's ttt_<key>, num_ dropped, trainer/finish.py); refit: stride -> the score work of the
+    whole pass at that stride (a pass the guard may send back to a coarser stride, which then says its projection;
+    None: not one); note: the guard's text before the rate (e.g. the number of windows)."""
     bounds: list
     rounds: list
     score_work: list
     ledger: dict = field(default_factory=dict)
     doc_starts: list | None = None
     result: dict = field(default_factory=dict)
-    step_cap_tokens: int = 0
     refit: object = None
     note: str = ""
 
@@ -151,9 +149,9 @@ def ledger_round(records: list, bounds: list, now: list, scored: list, r: int, s
 
 
 def run_score_first(model, run: TTTRun, row, /, max_seconds: float, log, clock, t_start=None) -> dict:
-    """The walk of `row` over run.tokens: row.schedule(run) -> Schedule, row.updater(model, run) -> an
+    """The walk of `row` over run.tokens: row.schedule(run) -> Schedule, row.updater(model, run, sched) -> an
     eval.sliding.Scorer, row.scope(sched, unit) -> the targets the updates after a unit train on; row.entry,
-    label, title, unit, count_from name it in messages. The model is adapted IN PLACE when the updater trains its
+    label, unit, count_from name it in messages. The model is adapted IN PLACE when the updater trains its
     parameters. t_start: the clock's start of the eval (a pass re-cut at another stride keeps it). Returns
     dict(val_loss nats/token, val_bpb, stride, epochs, eval_seconds, num_scored_tokens (== N - 1), num_bytes,
     num_chunks (units), num_updates (one per unit trained per step), updates_stopped_at_chunk (the round after
@@ -169,20 +167,19 @@ def run_score_first(model, run: TTTRun, row, /, max_seconds: float, log, clock, 
     plus the planned steps over it: the updates stop after this round (logged)."""
     t_start = clock() if t_start is None else t_start
     sched = row.schedule(run)
-    updater = row.updater(model, run)
-    updater.start(sched)
+    updater = row.updater(model, run, sched)
     bounds, rounds, num_units = sched.bounds, sched.rounds, len(sched.bounds) - 1
     records = []  # the ledger: kept and checked in the package (a record's file scores as the package run did)
     if BUNDLE_KIND == "package":
         records = ttt_records(bounds, **sched.ledger)
     spans = [[(s, c, row.scope(sched, c)) for s, c, last in now if not last] for now in rounds]
-    planned = [updater.count_steps(sched, sp, num_units) for sp in spans]
+    planned = [updater.count_steps(sched, sp) for sp in spans]
     saved_flags = [(p, p.requires_grad) for p in model.parameters()]
     step, num_updates, stopped, short = 0, 0, None, ""
     totals = torch.zeros(3, dtype=torch.float64, device=run.tokens.device)
     seconds, done = [0.0, 0.0], [0, 0]  # scoring, updating; score work, steps (rounds past the first)
     if BUNDLE_KIND == "package":  # the kit's progress line (a record's packed file shows none)
-        bar = Progress(f"{row.title} stride {run.stride}", *updater.progress(sched))
+        bar = Progress(f"{row.label} stride {run.stride}", *updater.progress(sched))
     else:
         bar = Progress("", 0, "")
     updater.bar = bar
@@ -203,7 +200,7 @@ def run_score_first(model, run: TTTRun, row, /, max_seconds: float, log, clock, 
             if BUNDLE_KIND == "package":
                 short = ledger_round(records, bounds, now, scored, r, step, short)
             t1 = clock()
-            for ranges in updater.steps(sched, spans[r], num_units) if stopped is None else ():
+            for ranges in updater.steps(sched, spans[r]) if stopped is None else ():
                 step, num_updates = step + 1, num_updates + len(ranges)
                 if BUNDLE_KIND == "package":
                     for lo, hi in ranges:

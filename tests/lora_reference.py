@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from eval.lora_batch import LORA_SEED, LORA_TARGETS
 from eval.lora_ttt import split_lora_chunks
-from eval.sliding import score_unit_windows, ttt_window_ranges
+from eval.sliding import score_unit_windows
 from eval.walk import TTTRun, mark_update, ttt_records, ttt_totals
 
 
@@ -47,7 +47,6 @@ def sequential_lora_ttt(model, tokens, luts, *, seq_len, stride, chunk_tokens, e
     records = ttt_records(bounds)
     batch = min(eval_batch_seqs, -(-chunk_tokens // stride) + 1)
     run = TTTRun(tokens, luts, seq_len, stride, epochs, batch, 0, 1, None, False)
-    windows = ttt_window_ranges(bounds, run)
     totals, step, lora = torch.zeros(3, dtype=torch.float64), 0, LoRAAdapter(model, lora_rank)
     saved = [(p, p.requires_grad) for p in model.parameters()]
     try:
@@ -58,7 +57,7 @@ def sequential_lora_ttt(model, tokens, luts, *, seq_len, stride, chunk_tokens, e
                 lora.reset()
                 optimizer = torch.optim.Adam(lora.params, lr=lr, betas=(0.9, 0.95))
             logits = lambda ids, start: model.forward_logits(ids)[:, start:]  # eval.sliding.scoring_forward's contract
-            sums = score_unit_windows(logits, run, windows[c], bounds[c], bounds[c + 1])
+            sums = score_unit_windows(logits, run, bounds[c], bounds[c + 1])
             nll, num_scored, num_bytes = sums.tolist()
             assert num_scored == bounds[c + 1] - bounds[c], f"reference chunk {c}: a bug of the window plan"
             totals += sums

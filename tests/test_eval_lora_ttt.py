@@ -75,7 +75,7 @@ def test_chunks_cut_each_document(stream):
 def test_adapter_is_the_identity_until_trained_its_slots_never_mix_and_it_leaves_no_trace():
     model, x = tiny_gpt(), torch.randint(0, 1024, (3, 20))
     before = model.forward_logits(x)
-    lora = BatchedLoRA(model, rank=4, slots=2)
+    lora = BatchedLoRA(model, 4, 2)
     assert len(lora.modules) == 3 * 2 and all(n.endswith(("attn.c_q", "attn.c_v", "mlp.proj")) for n, _ in lora.modules)
     assert [tuple(p.shape) for p in lora.params[:2]] == [(2, 4, 32), (2, 32, 4)]
     lora.set_rows([0, 1, 0])
@@ -91,7 +91,7 @@ def test_adapter_is_the_identity_until_trained_its_slots_never_mix_and_it_leaves
         lora.params[1].fill_(0.1)
     assert torch.equal(model.forward_logits(x), before)
     with pytest.raises(ValueError, match="no linear of the model matches"):
-        BatchedLoRA(model, rank=4, slots=1, targets="nothing_here")
+        BatchedLoRA(model, 4, 1, "nothing_here")
 
 
 def test_schedule_deals_documents_in_val_order_to_free_slots():

@@ -113,7 +113,7 @@ def test_ttt_eval_reports_each_window_batch(every_update, sp_luts, capsys):
     tokens, luts = sp_luts
     run_ttt(TTTLM(seed=2), tokens[:1200], luts, seq_len=32, stride=16, chunk_tokens=300, epochs=1, lr=0.1,
             batch_seqs=4, eval_batch_seqs=8, device="cpu", log=lambda msg: None)
-    counts = _lines(capsys.readouterr().err, "ttt eval stride 16", "window batches")
+    counts = _lines(capsys.readouterr().err, "ttt stride 16", "window batches")
     total = counts[-1][1]
     assert [c[0] for c in counts] == list(range(1, total + 1)) and total >= 3
 

@@ -31,10 +31,10 @@ class HeadStep(Scorer):
     def trainable(self) -> list:
         return [self.model.head]
 
-    def count_steps(self, sched, spans, num_units) -> int:
+    def count_steps(self, sched, spans) -> int:
         return self.run.epochs * len(spans)
 
-    def steps(self, sched, spans, num_units):
+    def steps(self, sched, spans):
         r = self.run
         for _, _, (lo, hi) in spans:
             for _ in range(r.epochs):

@@ -15,7 +15,7 @@ from trainer.timing import seconds_per_call
 PACKED_WHEN = "TTT_ENABLED and TTT_MODE != 'lora'"
 
 
-def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
+def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters, /) -> float:
     """Seconds of one TTT update as eval/ttt.py runs it: forward + backward of this rank's share of a
     TTT batch ([ttt_step_seqs / ranks, TRAIN_SEQ_LEN] synthetic tokens) with only TTT_PARAMS requiring
     grad, then SGD; compiled and autocast as the eval runs it. Changes `model`'s weights (a fresh model)."""
@@ -41,12 +41,12 @@ def time_ttt_step(ctx: RunContext, model: GPT, hp: Hyperparameters) -> float:
     return seconds
 
 
-def sgd_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int) -> dict:
+def sgd_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int, /) -> dict:
     """An SGD row's plan timings (`timing` "sgd"): one TTT step, time_ttt_step."""
     return dict(step_seconds=time_ttt_step(ctx, model, hp))
 
 
-def describe_sgd(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
+def describe_sgd(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int, /) -> str:
     """The `ttt_plan:` line's measured part: what was timed and the val stream it is projected over."""
     return (f"{1000 * timings['forward_seconds']:.1f}ms per forward batch of {hp.eval_batch_seqs}x{hp.train_seq_len}, "
             f"{1000 * timings['step_seconds']:.1f}ms per TTT step, {num_val_tokens - 1} val targets")

@@ -24,7 +24,7 @@ from trainer.timing import scored_context, seconds_per_call, time_eval_forward
 PACKED_WHEN = "TTT_ENABLED"
 
 
-def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, *, plan: EvalPlan,
+def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, /, *, plan: EvalPlan,
                  started: float) -> dict:
     """Legal score-first TTT of TTT_MODE in place of the sliding pass (eval.ttt_modes.run_mode's dict: val_loss,
     val_bpb, eval_seconds, num_scored_tokens, num_bytes, num_chunks, num_updates, updates_stopped_at_chunk, ...)
@@ -40,7 +40,7 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
                     ctx.autocast_dtype, **settings)
 
 
-def ttt_entries(ctx: RunContext, hp: Hyperparameters, plan: EvalPlan, tt: dict) -> dict:
+def ttt_entries(ctx: RunContext, hp: Hyperparameters, plan: EvalPlan, tt: dict, /) -> dict:
     """result.json's entries of the TTT pass `tt` (evaluate_ttt's dict) run with the plan's epochs; logs its
     final_ttt_exact line, and a warning when it made no update (its epochs are then not reported as TTT epochs)."""
     ctx.log(ttt_result_line(tt))
@@ -54,7 +54,7 @@ def ttt_entries(ctx: RunContext, hp: Hyperparameters, plan: EvalPlan, tt: dict) 
                 **{"ttt_" + k.removeprefix("num_"): tt[k] for k in tt["mode_entries"]})
 
 
-def mode_own_settings(hp: Hyperparameters, plan: EvalPlan, shared: tuple) -> dict:
+def mode_own_settings(hp: Hyperparameters, plan: EvalPlan, shared: tuple, /) -> dict:
     """{field: value} of TTT_MODE's row fields beyond `shared` (the ones every artifact records; eval/ttt_modes.py;
     phases: the plan's)."""
     own = {f: getattr(hp, f"ttt_{f}") for f in TTT_MODES[hp.ttt_mode].fields if f not in shared}
@@ -63,14 +63,14 @@ def mode_own_settings(hp: Hyperparameters, plan: EvalPlan, shared: tuple) -> dic
     return own
 
 
-def recorded_mode(hp: Hyperparameters, plan: EvalPlan, shared: tuple) -> dict:
+def recorded_mode(hp: Hyperparameters, plan: EvalPlan, shared: tuple, /) -> dict:
     """The artifact's run["ttt"] entries of TTT_MODE (trainer.finish.ttt_artifact_settings): mode and its own
     fields (mode_own_settings) for a row that is `recorded` or has own fields; {} for chunked."""
     own = mode_own_settings(hp, plan, shared)
     return dict(mode=hp.ttt_mode, **own) if own or TTT_MODES[hp.ttt_mode].recorded else {}
 
 
-def plan_final_ttt(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int) -> EvalPlan:
+def plan_final_ttt(ctx: RunContext, model_config: dict, hp: Hyperparameters, num_val_tokens: int, /) -> EvalPlan:
     """The TTT plan of trainer.evaluate.plan_final_eval: the eval forward (time_eval_forward) and what the mode's
     row times (its `timing`, plan_timings) on a fresh model, then eval.ttt_plan.plan_ttt_eval; logs `ttt_plan:`
     with the numbers and the reason."""
@@ -85,13 +85,13 @@ def plan_final_ttt(ctx: RunContext, model_config: dict, hp: Hyperparameters, num
     return plan
 
 
-def lora_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int) -> dict:
+def lora_timings(ctx: RunContext, model: GPT, hp: Hyperparameters, num_val_tokens: int, /) -> dict:
     """A LoRA row's plan timings (`timing` "lora"): time_lora_ttt and the val stream's schedule (lora_work_at)."""
     tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
     return dict(lora=time_lora_ttt(ctx, model, hp), work_at=lora_work_at(hp, num_val_tokens, ctx.world_size, tokens))
 
 
-def describe_lora(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int) -> str:
+def describe_lora(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_tokens: int, /) -> str:
     """The `ttt_plan:` line's measured part for LoRA: the two timings and the plan's work (eval/ttt_plan.py work_at:
     chunks, documents, rounds, update_rounds, forwards, windows per forward)."""
     (forward_seconds, step_seconds), work = timings["lora"], plan.work
@@ -100,13 +100,13 @@ def describe_lora(hp: Hyperparameters, timings: dict, plan: EvalPlan, num_val_to
             + ", ".join(f"{v} {k}" for k, v in work.items() if k != "counted"))
 
 
-def plan_timings(timing: str) -> tuple:
+def plan_timings(timing: str, /) -> tuple:
     """What plan_final_ttt times and logs for a row's `timing` (eval/ttt.py TTTMode.timing): (measure, describe);
     the SGD step's in trainer/sgd_timing.py, packed only for the modes that time it."""
     return (lora_timings, describe_lora) if timing == "lora" else (sgd_timings, describe_sgd)
 
 
-def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters) -> tuple:
+def time_lora_ttt(ctx: RunContext, model: GPT, hp: Hyperparameters, /) -> tuple:
     """(seconds of one scoring forward, seconds of one batched adapter step) as eval/lora_ttt.py runs them on
     this rank with TTT_LORA_BATCH_DOCS slots: a forward of [eval.lora_ttt.lora_batch_windows, TRAIN_SEQ_LEN]
     under inference mode, its rows spread over the slots, and fwd + bwd + Adam of every slot on [slots,
