@@ -54,7 +54,7 @@ def sdpa_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
 
 
 
-def resolve_attention_backend(requested: str, device: torch.device, log=print, head_dim: int = 0) -> str:
+def resolve_attention_backend(requested: str, device: torch.device, /, log=print, head_dim: int = 0) -> str:
     """Pick FA3 -> FA4 -> FA2 -> SDPA (FA4 only on sm_90/sm_100 and, head_dim given, a head dim it takes:
     model/fa4.py fa4_function). Forcing fa3/fa4/fa2 without CUDA, without the package, or fa4 where it cannot run
     raises ValueError.
@@ -88,7 +88,7 @@ def resolve_attention_backend(requested: str, device: torch.device, log=print, h
             errors.append(f"{module}: {err}")
 
 
-def doc_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool | None = None):
+def doc_segments(input_ids: torch.Tensor, bos_id: int, /, varlen: bool | None = None):
     """The documents of input_ids int64 [B, T] (DOC_PACKED_ATTENTION): model/doc_attention.py's DocSegments, with
     cu_seqlens when varlen (default: a varlen kernel was resolved and the ids are on CUDA), else the dense mask."""
     return document_segments(input_ids, bos_id, bool(_FLASH_ATTN and _FLASH_ATTN[1]) and input_ids.is_cuda

@@ -12,6 +12,13 @@ import torch
 import torch.nn.functional as F
 
 
+def autocast_dtype(x: torch.Tensor, default: torch.dtype | None = None, /) -> torch.dtype:
+    """The autocast dtype of x's device while autocast is on there, else `default` (x's own dtype when None). The meta
+    device (FLOP counting) has no autocast state: `default`."""
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else default or x.dtype
+
+
 def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first 2*cos.size(-1) dims of each head (half-split RoPE); the rest pass unrotated.
 
@@ -28,7 +35,7 @@ def apply_partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) ->
 
 class _QKNormRope(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, cos, sin, gain=None):
+    def forward(ctx, x, cos, sin, gain=None, /):
         n = F.rms_norm(x, (x.size(-1),)).to(x.dtype)  # float32 under CUDA autocast from torch 2.12: back to x's dtype
         out = apply_partial_rope(n, cos, sin)
         if gain is not None:
@@ -37,7 +44,7 @@ class _QKNormRope(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, /):
         x, cos, sin, gain = ctx.saved_tensors
         xf = x.to(torch.promote_types(x.dtype, torch.float32))
         math = xf.dtype

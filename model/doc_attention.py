@@ -27,7 +27,7 @@ class DocSegments(NamedTuple):
     max_seqlen: int
 
 
-def document_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool) -> DocSegments:
+def document_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool, /) -> DocSegments:
     """The documents of input_ids int64 [B, T]: each starts at a BOS token or at its row's start, as PR #1855's
     _build_cu_seqlens cuts its packed stream (no token attends across a BOS). varlen: cu_seqlens for flash-attn's
     varlen kernel (model.attention.doc_segments passes whether one was resolved and the ids are on CUDA); else the
@@ -45,7 +45,7 @@ def document_segments(input_ids: torch.Tensor, bos_id: int, varlen: bool) -> Doc
     return DocSegments(((doc[:, :, None] == doc[:, None, :]) & causal)[:, None], None, t)
 
 
-def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSegments, varlen) -> torch.Tensor:
+def doc_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, docs: DocSegments, varlen, /) -> torch.Tensor:
     """model.attention.attention with documents: q [B, T, H, D]; k, v [B, T, Hkv, D] -> [B, T, H, D] in v's dtype.
     With docs.cu_seqlens and a varlen kernel (flash-attn's flash_attn_varlen_func, else falsy), run on the
     flattened batch in the autocast dtype or bf16 (PR #1855's form), else SDPA with the dense mask."""

@@ -25,7 +25,7 @@ PACKED_WHEN = "ATTN_BACKEND in ('auto', 'fa4')"
 load_fa4 = functools.cache(lambda: importlib.import_module("flash_attn.cute.interface"))
 
 
-def head_dim_ok(d: int, arch: int) -> bool:
+def head_dim_ok(d: int, arch: int, /) -> bool:
     """FA4's head-dim rule for D == Dv at 2-byte dtypes (_validate_head_dims): a multiple of 8, 8..256 on sm_9x,
     8..128 or 256 on sm_10x/11x. arch: 90 for sm_90."""
     return d % 8 == 0 and 8 <= d <= (256 if arch // 10 == 9 else 128) or d == 256
@@ -143,7 +143,7 @@ def _backward(ctx, dout, _dlse):
 fa4_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def fa4_function(device: torch.device, head_dim: int = 0):
+def fa4_function(device: torch.device, head_dim: int = 0, /):
     """flash_attn_func below, for attention on `device` (CUDA) with heads of head_dim (0: not checked), once FA4
     imports and can run there: sm_90/sm_100 only (its backward needs sm_90+, torch's FA4 router takes 9.x/10.x), a
     head dim it takes (head_dim_ok). ImportError (or the import's OSError/RuntimeError) otherwise."""

@@ -22,6 +22,7 @@ import math
 import torch
 
 from primitives.env import BUNDLE_KIND
+from model.attn_ops import autocast_dtype
 from model.softcap_loss import _FUSED_LOSS, fused_loss_active  # noqa: F401 (fused_loss_active: this module's API too)
 
 # the packed train_gpt.py holds the fused loss only for runs that ask for it (kit/bundle_when.py): auto is torch
@@ -29,7 +30,7 @@ PACKED_WHEN = "LOSS_KERNEL == 'liger'"
 LOSS_KERNELS = ("auto", "liger", "torch")
 
 
-def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
+def choose_loss_kernel(requested: str, device: torch.device, log=None, /) -> str:
     """"liger" or "torch" for LOSS_KERNEL=`requested` on `device`; nothing is set. auto is torch (the measured
     faster kernel, module docstring). Liger is taken only when it imports and passes liger_self_check. Raises
     ValueError naming LOSS_KERNEL for an unknown value, or for liger without CUDA, without an importable
@@ -54,7 +55,7 @@ def choose_loss_kernel(requested: str, device: torch.device, log=None) -> str:
     return "liger"
 
 
-def liger_self_check(device: torch.device) -> str:
+def liger_self_check(device: torch.device, /) -> str:
     """"" when Liger's kernel (as the op calls it) gives the twin's loss and gradients on a small bf16 problem with
     strongly capped logits on `device`, else why not (its error, or the mismatch). Own generator: the run's RNG
     stream is untouched."""
@@ -72,7 +73,7 @@ def liger_self_check(device: torch.device) -> str:
     return ""
 
 
-def resolve_loss_kernel(requested: str, device: torch.device, log=print) -> str:
+def resolve_loss_kernel(requested: str, device: torch.device, log=print, /) -> str:
     """choose_loss_kernel, then make GPT.forward use it process-wide; logs "loss:liger" or "loss:torch"."""
     name = choose_loss_kernel(requested, device, log)
     _FUSED_LOSS[:] = [True] * (name == "liger")
@@ -91,12 +92,12 @@ def _check_contract(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                            f"{target.dtype}{list(target.shape)}, {softcap}")
 
 
-def chunk_tokens(num_tokens: int, vocab_size: int, model_dim: int) -> int:
+def chunk_tokens(num_tokens: int, vocab_size: int, model_dim: int, /) -> int:
     """Liger's chunk: about num_tokens x model_dim logits at once (a power of two, at most num_tokens)."""
     return min(num_tokens, 1 << (math.ceil(num_tokens / math.ceil(vocab_size / model_dim)) - 1).bit_length())
 
 
-def softcap_ce_twin(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float,
+def softcap_ce_twin(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float, /,
                     grads: bool = True) -> tuple:
     """The fused ops' CPU kernel (and their reference on any device), in chunked torch math: (per-token NLL float32
     [N], dloss/dx, dloss/dweight of the mean loss) with `grads`, else (NLL, None, None). Liger's chunks (logits in
@@ -199,7 +200,7 @@ def _linear_softcap_nll_fake(x, weight, target, softcap):
 
 
 def linear_softcap_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
-                                 softcap: float) -> torch.Tensor:
+                                 softcap: float, /) -> torch.Tensor:
     """Mean cross entropy (nats, float32 []) of the softcapped logits softcap * tanh(x @ weight^T / softcap)
     against target, through the fused op: x [N, D], weight [V, D] (the tied embedding or the head), target
     int64 [N]. Under autocast x and weight are cast to its dtype, as F.linear would (Liger multiplies one
@@ -207,7 +208,7 @@ def linear_softcap_cross_entropy(x: torch.Tensor, weight: torch.Tensor, target: 
     return fused_softcap_op(linear_softcap_ce, x, weight, target, softcap)[0]
 
 
-def fused_loss(model, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+def fused_loss(model, input_ids: torch.Tensor, target_ids: torch.Tensor, /) -> torch.Tensor:
     """model.gpt.GPT.forward with LOSS_KERNEL=liger: the mean cross entropy (nats) of target_ids int64 [B, T] through
     linear_softcap_cross_entropy on model's final hidden states, no [B*T, V] logits."""
     x = model.forward_hidden(input_ids)
@@ -215,8 +216,7 @@ def fused_loss(model, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torc
                                         model.logit_softcap)
 
 
-def fused_softcap_op(op, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float):
+def fused_softcap_op(op, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, softcap: float, /):
     """op(x, weight, target, softcap) with x and weight cast to the autocast dtype (else weight to x's)."""
-    dev = x.device.type
-    dt = torch.get_autocast_dtype(dev) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else x.dtype
+    dt = autocast_dtype(x)
     return op(x.to(dt), weight.to(dt), target, float(softcap))

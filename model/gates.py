@@ -13,7 +13,7 @@ PACKED_WHEN = "SMEAR_GATE_ENABLED or SPARSE_ATTN_GATE_ENABLED"
 
 
 def smear_previous_token(x: torch.Tensor, input_ids: torch.Tensor, gate_w: torch.Tensor, lam: torch.Tensor,
-                         bos_id: int = 1) -> torch.Tensor:
+                         bos_id: int = 1, /) -> torch.Tensor:
     """SmearGate with the BOS fix (PR #1667's gate, PR #1855's fix): x_t + lam * sigmoid(gate_w . x_t[:W]) * x_{t-1}
     for t >= 1, where the previous-token term is dropped at BOS positions (bos_id, the shard format's BOS), so no
     document reads the last token of the one before it. x [B, T, D] token embeddings; input_ids [B, T]; gate_w
@@ -24,7 +24,7 @@ def smear_previous_token(x: torch.Tensor, input_ids: torch.Tensor, gate_w: torch
     return torch.cat((x[:, :1], x[:, 1:] + g * x[:, :-1] * keep), dim=1)
 
 
-def sparse_head_gate(y: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, scale: float) -> torch.Tensor:
+def sparse_head_gate(y: torch.Tensor, x: torch.Tensor, gate_w: torch.Tensor, scale: float, /) -> torch.Tensor:
     """The sparse attention head-output gate (PR #1787): y[b, t, h] * sigmoid(scale * gate_w[h] . x[b, t, :W]).
 
     y [B, T, H, Dh] attention output (after XSA); x [B, T, D] the attention's normalized input; gate_w [H, W].

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from primitives.env import BUNDLE_KIND
 from primitives.rowquant import fake_quantize_per_row
 from model.attention import attention, doc_segments
-from model.attn_ops import apply_partial_rope, qk_norm_rope  # noqa: F401 (apply_partial_rope: model.gpt's API)
+from model.attn_ops import apply_partial_rope, autocast_dtype, qk_norm_rope  # noqa: F401 (apply_partial_rope: API)
 from model.fused_loss import fused_loss, fused_softcap_op, linear_softcap_nll
 from model.softcap_loss import fused_loss_active, head_softcap_cross_entropy
 from model.gates import smear_previous_token, sparse_head_gate
@@ -33,8 +33,7 @@ def residual_dtype(x: torch.Tensor) -> torch.dtype:
     ran float32 under autocast (~65 ms of a 426 ms H100 step on torch 2.11). fp32 runs
     (no autocast) are unchanged, bit for bit.
     """
-    dev = x.device.type  # meta (FLOP counting) has no autocast state
-    return torch.get_autocast_dtype(dev) if dev in ("cpu", "cuda") and torch.is_autocast_enabled(dev) else x.dtype
+    return autocast_dtype(x)
 
 
 def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -55,13 +54,13 @@ def exclusive_self_attention(y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 class _EmbedAs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, ids, weight, dtype):
+    def forward(ctx, ids, weight, dtype, /):
         ctx.save_for_backward(ids)
         ctx.num_rows = weight.size(0)
         return F.embedding(ids, weight.to(dtype))
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, /):
         (ids,) = ctx.saved_tensors  # the float32 gather's own backward, on the gradient cast as its cast's would be
         return None, torch.ops.aten.embedding_backward(grad.float(), ids, ctx.num_rows, -1, False, False), None
 
@@ -89,14 +88,14 @@ class CastedLinear(nn.Linear):
     #1559, #1617: tests/test_model.py runs the compiled model on both sides of the flip.
     """
 
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, /):
         super().__init__(in_features, out_features, bias=False)
         self.qat_bits, self.qat_on, self.qat_clip = 0, False, 0.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight_as(x.dtype))
 
-    def weight_as(self, dtype: torch.dtype, row_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def weight_as(self, dtype: torch.dtype, row_scale: torch.Tensor | None = None, /) -> torch.Tensor:
         """The weight the forward multiplies by, [out, in] in `dtype`: fake-quantized while QAT is on, then times
         row_scale [out] (float32 math) when given."""
         w = self.weight
@@ -106,7 +105,7 @@ class CastedLinear(nn.Linear):
             w = w * row_scale.to(w.dtype)[:, None]
         return w.to(dtype)
 
-    def scaled(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    def scaled(self, x: torch.Tensor, scale: torch.Tensor, /) -> torch.Tensor:
         """self(x) * scale, scale [out] (a block's attn_scale / mlp_scale), with the scale folded into the weight's
         rows: the backward multiplies the output gradient by the folded weight instead of writing a scaled
         [B, T, out] copy of it for the matmul, and scale's gradient comes from the [out, in] weight gradient
@@ -131,7 +130,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(dim, dim)
         self.q_gain = nn.Parameter(torch.full((num_heads,), float(qk_gain_init)))
 
-    def forward(self, x, cos, sin, out_scale: torch.Tensor, docs=None):
+    def forward(self, x, cos, sin, out_scale: torch.Tensor, docs=None, /):
         """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled);
         docs: attention within documents only (model.attention.doc_segments)."""
         b, t, d = x.shape
@@ -152,7 +151,7 @@ class MLP(nn.Module):
         self.fc, self.proj = CastedLinear(dim, hidden), CastedLinear(hidden, dim)
         self.leaky = activation == "leaky_relu2"
 
-    def forward(self, x, out_scale: torch.Tensor):
+    def forward(self, x, out_scale: torch.Tensor, /):
         """x [B, T, D] -> [B, T, D]; out_scale [D]: the output times it (folded into proj, CastedLinear.scaled)."""
         h = self.fc(x)
         return self.proj.scaled((F.leaky_relu(h, 0.5) if self.leaky else F.relu(h)).square(), out_scale)
@@ -181,7 +180,7 @@ class Block(nn.Module):
         n = F.rms_norm(x, (x.size(-1),))
         return n if self.ln_scale == 1.0 else n * self.ln_scale
 
-    def forward(self, x, x0, cos, sin, docs=None):
+    def forward(self, x, x0, cos, sin, docs=None, /):
         mix = self.resid_mix.to(x.dtype)
         x = mix[0] * x + mix[1] * x0
         if self.parallel:
@@ -241,7 +240,7 @@ class GPT(nn.Module):
                              persistent=False)
 
     @torch.no_grad()
-    def init_weights(self, tied_embed_init_std: float = 0.005) -> None:
+    def init_weights(self, tied_embed_init_std: float = 0.005, /) -> None:
         """Orthogonal block matrices, output projections scaled by 1/sqrt(2 * num_layers)."""
         nn.init.normal_(self.tok_emb.weight, std=tied_embed_init_std)
         for name, lin in self.blocks.named_modules():
@@ -252,7 +251,7 @@ class GPT(nn.Module):
         if self.lm_head is not None:
             nn.init.zeros_(self.lm_head.weight)
 
-    def configure_qat(self, policy) -> None:
+    def configure_qat(self, policy, /) -> None:
         """Set each block linear's QAT bit width (`qat_bits`, 0: none) from the export policy.
 
         QAT rounds per row at max-abs, the rule of the export without GPTQ (bit for bit). With
@@ -272,13 +271,13 @@ class GPT(nn.Module):
         """Whether set_qat(True) changes anything: some linear has QAT bits (configure_qat)."""
         return any(isinstance(m, CastedLinear) and m.qat_bits for m in self.modules())
 
-    def set_qat(self, enabled: bool) -> None:
+    def set_qat(self, enabled: bool, /) -> None:
         """Fake-quant on or off in every linear with QAT bits (the others keep one graph: no recompile)."""
         for module in self.modules():
             if isinstance(module, CastedLinear):
                 module.qat_on = bool(enabled and module.qat_bits)
 
-    def forward_hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward_hidden(self, input_ids: torch.Tensor, /) -> torch.Tensor:
         """The final normalized residual stream [B, T, D] (the head's input) of input_ids int64 [B, T]."""
         t = input_ids.size(1)
         freqs = torch.outer(torch.arange(t, device=input_ids.device, dtype=torch.float32), self.rope_inv_freq)
@@ -292,7 +291,7 @@ class GPT(nn.Module):
         x = run_stack(self, x, x0, cos, sin, docs) if self.stacked else self.run_blocks(x, x0, cos, sin, docs)
         return F.rms_norm(x, (x.size(-1),))
 
-    def run_blocks(self, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None) -> torch.Tensor:
+    def run_blocks(self, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None, /) -> torch.Tensor:
         """The plain U-Net over the blocks (no loops, skip gates or lanes: model/stack.py runs those): x [B, T, D]
         (x0: the normalized embeddings) -> the last residual stream [B, T, D]. The encoder's outputs (the first
         num_encoder_layers blocks) are kept; decoder block j first adds the last kept one times skip_weights[j] (j < n:
@@ -320,7 +319,7 @@ class GPT(nn.Module):
         """Softcapped logits float32 [B, T, V] of input_ids int64 [B, T]."""
         return self.head_logits(self.forward_hidden(input_ids))
 
-    def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, target_ids: torch.Tensor, /) -> torch.Tensor:
         # LOSS_KERNEL=liger: the [B*T, V] logits are never materialized (model/fused_loss.py); else, training: the
         # logits' gradient made in the forward (read once less), from x in the autocast dtype (float32 from CUDA's
         # rms_norm, torch >= 2.12)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 _FUSED_LOSS = []  # [True] while LOSS_KERNEL=liger chose model/fused_loss.py's op (its resolve_loss_kernel)
 
 
-def fused_loss_active(device: torch.device) -> bool:
+def fused_loss_active(device: torch.device, /) -> bool:
     """True when LOSS_KERNEL chose the fused loss (GPT.forward then calls model/fused_loss.py's op); never on meta
     (FLOP counting sees the plain loss's matmuls). Here, not in model/fused_loss.py: a record's train_gpt.py holds
     that module only for LOSS_KERNEL=liger."""
@@ -33,7 +33,7 @@ def use_plain_loss(log=print) -> str:
 
 class _HeadSoftcapCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, target, softcap):
+    def forward(ctx, x, weight, target, softcap, /):
         w = weight.to(x.dtype)
         logits = F.linear(x, w)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 math for bf16
@@ -51,7 +51,7 @@ class _HeadSoftcapCE(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, grad_loss):
+    def backward(ctx, grad_loss, /):
         grad, x, w = ctx.saved_tensors
         # the incoming gradient (1 / grad-accum steps) scales the products in float32: exact for a power of two
         scale = grad_loss.to(torch.promote_types(grad_loss.dtype, torch.float32))

@@ -14,7 +14,7 @@ PACKED_WHEN = "NUM_LOOPS > 0 or SKIP_GATES_ENABLED or PARALLEL_START_LAYER > 0"
 PARALLEL_FINAL_LANES = ("mean", "mlp", "attn")
 
 
-def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int) -> list:
+def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_end: int, /) -> list:
     """Depth recurrence (PR #1204, #1285, #1493): the blocks run in order with blocks loop_start..loop_end
     (inclusive) run 1 + num_loops times in a row, e.g. 11 layers, 3..5, 2 loops -> 0 1 2 3 4 5 3 4 5 3 4 5 6 .. 10.
     The first half of the sequence is the U-Net's encoder (its outputs feed the skips), the rest its decoder."""
@@ -24,7 +24,7 @@ def looped_layer_order(num_layers: int, num_loops: int, loop_start: int, loop_en
 
 
 def stack_init(model, num_layers: int, num_skips: int, num_loops: int, loop_start: int, loop_end: int,
-               parallel_start_layer: int, parallel_final_lane: str) -> int:
+               parallel_start_layer: int, parallel_final_lane: str, /) -> int:
     """GPT.__init__'s part for these switches (the parameters in GPT's order: before SmearGate's): the 2-lane
     decoder's settings and its routing weights (PR #1855: resid init 1.1, post init 1), the depth recurrence's
     loop_order. Returns the number of U-Net skips (num_skips, or the looped order's when larger)."""
@@ -39,7 +39,7 @@ def stack_init(model, num_layers: int, num_skips: int, num_loops: int, loop_star
     return num_skips
 
 
-def merge_skip(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+def merge_skip(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None, /) -> torch.Tensor:
     """A U-Net skip into the decoder: x + weight * skip; with a gate (PR #1855's SKIP_GATES_ENABLED),
     torch.lerp(weight * skip, x, sigmoid(gate)), i.e. the gate mixes the stream and the scaled skip.
     x, skip [B, T, D]; weight, gate [D] (float32, cast to x's dtype)."""
@@ -49,7 +49,7 @@ def merge_skip(x: torch.Tensor, skip: torch.Tensor, weight: torch.Tensor, gate: 
     return torch.lerp(scaled, x, torch.sigmoid(gate.to(x.dtype)))
 
 
-def two_lane_step(model, i: int, lane0: torch.Tensor, lane1: torch.Tensor, x0: torch.Tensor, cos, sin, docs):
+def two_lane_step(model, i: int, lane0: torch.Tensor, lane1: torch.Tensor, x0: torch.Tensor, cos, sin, docs, /):
     """Block i of PR #1855's 2-lane parallel decoder: attention reads the residual mix of lane 0 and x0, the MLP
     reads lane 1 (no mix), and each lane takes both outputs through learned routing weights:
     lane_j <- resid[i, j] * lane_j + post[i, 0, j] * attn + post[i, 1, j] * mlp,
@@ -66,7 +66,7 @@ def two_lane_step(model, i: int, lane0: torch.Tensor, lane1: torch.Tensor, x0: t
     return lane0, lane1
 
 
-def final_lane(lane0: torch.Tensor, lane1: torch.Tensor, rule: str) -> torch.Tensor:
+def final_lane(lane0: torch.Tensor, lane1: torch.Tensor, rule: str, /) -> torch.Tensor:
     """The decoder's output from its two lanes (PARALLEL_FINAL_LANE): mean (0.5 (lane0 + lane1)), mlp (lane 1)
     or attn (lane 0), as PR #1855's _final_parallel_hidden."""
     if rule == "mlp":
@@ -76,7 +76,7 @@ def final_lane(lane0: torch.Tensor, lane1: torch.Tensor, rule: str) -> torch.Ten
     return 0.5 * (lane0 + lane1)
 
 
-def run_stack(model, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None) -> torch.Tensor:
+def run_stack(model, x: torch.Tensor, x0: torch.Tensor, cos, sin, docs=None, /) -> torch.Tensor:
     """The blocks on x [B, T, D] (x0: the normalized embeddings) -> the last residual stream [B, T, D] (before
     the final norm).
 

@@ -13,7 +13,7 @@ import torch
 PACKED_WHEN = "MUON_FORM != 'torch'"
 
 
-def newton_schulz_ordered(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs: tuple = (),
+def newton_schulz_ordered(g: torch.Tensor, steps: int, /, eps: float = 1e-7, coeffs: tuple = (),
                           order: str = "records") -> torch.Tensor:
     """trainer.optim.newton_schulz's iteration in the records' op order, g [N, R, C] -> bfloat16 [N, R, C]:
     x / (|x| + eps); G = x x^T; B = b G + c (G G) ("records", PR #1855's rounding as its bf16 does) or
@@ -30,7 +30,7 @@ def newton_schulz_ordered(g: torch.Tensor, steps: int, eps: float = 1e-7, coeffs
     return x.mT if tall else x
 
 
-def form_update(muon, ps: list, momentum: float) -> torch.Tensor:
+def form_update(muon, ps: list, momentum: float, /) -> torch.Tensor:
     """The momentum step of `muon` (trainer.optim.Muon, form records or classic) on parameters ps of one shape:
     buf <- momentum * buf + g per tensor (as the records: bf16 _foreach_mul_ rounds differently on a CPU), returns
     u = g + momentum * buf stacked [N, R, C] (bf16 gradients for records)."""
@@ -41,7 +41,7 @@ def form_update(muon, ps: list, momentum: float) -> torch.Tensor:
     return torch.stack(grads).add_(torch.stack(bufs), alpha=momentum)
 
 
-def form_orthogonalize(muon, u: torch.Tensor, scale: float) -> torch.Tensor:
+def form_orthogonalize(muon, u: torch.Tensor, scale: float, /) -> torch.Tensor:
     """newton_schulz_ordered(u) [N, R, C] in `muon`'s form as float32; the classic form multiplies it by scale in
     bf16 first (PR #1617: its step then takes lr without the scale)."""
     x = muon.ns(u, muon.ns_steps, coeffs=muon.ns_coeffs, order=muon.form)

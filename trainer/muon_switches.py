@@ -21,7 +21,7 @@ POLAR_EXPRESS_COEFFS = ((8.156554524902461, -22.48329292557795, 15.8787699152074
                         (1.875, -1.25, 0.375))
 
 
-def normalize_rows(u: torch.Tensor) -> torch.Tensor:
+def normalize_rows(u: torch.Tensor, /) -> torch.Tensor:
     """MuonEq-R (PR #1285): each row of the momentum update u [N, R, C] divided by its L2 norm (float32, clamped
     at 1e-7), in u's dtype (bf16 in the records' form)."""
     return u / u.float().norm(dim=-1, keepdim=True).clamp_min(1e-7).to(u.dtype)

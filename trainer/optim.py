@@ -20,7 +20,7 @@ SCALAR_MATRICES = ("resid_mix", "attn_gate_w")
 JORDAN_COEFFS = ((3.4445, -4.7750, 2.0315),)
 
 
-def split_params(model: GPT) -> dict:
+def split_params(model: GPT, /) -> dict:
     """Muon gets the 2-D matrices inside blocks; AdamW gets embeddings/head and every scalar/vector
     (and the 2-D control tensors of SCALAR_MATRICES: residual mixes, attention output gates)."""
     groups = {"muon": [], "scalar": [], "embed": [], "head": []}
@@ -31,7 +31,7 @@ def split_params(model: GPT) -> dict:
     return groups
 
 
-def newton_schulz(g: torch.Tensor, steps: int, coeffs: tuple = JORDAN_COEFFS) -> torch.Tensor:
+def newton_schulz(g: torch.Tensor, steps: int, /, coeffs: tuple = JORDAN_COEFFS) -> torch.Tensor:
     """Batched quintic Newton-Schulz orthogonalization: g [N, R, C] (any float) -> bfloat16 [N, R, C].
 
     torch.optim.Muon's iteration (bf16, each matrix scaled to unit Frobenius norm, tall matrices
@@ -131,7 +131,7 @@ class Optimizers:
         return [self.muon, self.adamw]
 
 
-def build_optimizers(model: GPT, hp: Hyperparameters, *, is_cuda: bool, rank: int = 0, world_size: int = 1,
+def build_optimizers(model: GPT, hp: Hyperparameters, /, *, is_cuda: bool, rank: int = 0, world_size: int = 1,
                      compile: bool = False) -> Optimizers:
     """Muon (batched torch.optim.Muon semantics, sharded over ranks) and AdamW (fused on CUDA).
 
@@ -155,7 +155,7 @@ def build_optimizers(model: GPT, hp: Hyperparameters, *, is_cuda: bool, rank: in
 
 
 def step_optimizers(model: torch.nn.Module, optimizers: Optimizers, hp: Hyperparameters, ema=None,
-                    ema_decay: float = 0.0) -> None:
+                    ema_decay: float = 0.0, /) -> None:
     """The step once the gradients are made: clip their total norm at GRAD_CLIP_NORM (0: off), step every optimizer,
     drop the gradients, then ema.update(ema_decay) (trainer.schedule.EMA) when an EMA is given."""
     if hp.grad_clip_norm > 0:

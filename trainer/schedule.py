@@ -11,13 +11,13 @@ from trainer.ema import EMA  # noqa: F401 (trainer.schedule's API: the loop, the
 from trainer.wd_taper import wd_taper_multiplier
 
 
-def run_progress(elapsed_ms: float, cap_ms: float, step: int, iterations: int) -> float:
+def run_progress(elapsed_ms: float, cap_ms: float, step: int, iterations: int, /) -> float:
     """Fraction of the run done, in [0, 1]: of the wallclock cap (cap_ms > 0) or of ITERATIONS,
     whichever is further along (the one that will end the run first)."""
     return min(1.0, max(elapsed_ms / cap_ms if cap_ms > 0 else 0.0, step / max(1, iterations)))
 
 
-def run_steps_estimate(step: int, progress: float, hp: Hyperparameters) -> float:
+def run_steps_estimate(step: int, progress: float, hp: Hyperparameters, /) -> float:
     """The run's length in steps: ITERATIONS without a wallclock cap, else step / progress once the
     clock has run (EXPECTED_STEPS, at most ITERATIONS, before the first step)."""
     if hp.max_wallclock_seconds <= 0:
@@ -25,23 +25,23 @@ def run_steps_estimate(step: int, progress: float, hp: Hyperparameters) -> float
     return step / progress if step and progress > 0 else float(min(hp.expected_steps, hp.iterations))
 
 
-def warmdown_frac_at(step: int, progress: float, hp: Hyperparameters) -> float:
+def warmdown_frac_at(step: int, progress: float, hp: Hyperparameters, /) -> float:
     """WARMDOWN_FRAC, or WARMDOWN_ITERS as a fraction of the run."""
     return hp.warmdown_iters / run_steps_estimate(step, progress, hp) if hp.warmdown_iters else hp.warmdown_frac
 
 
-def lr_multiplier(progress: float, warmdown_frac: float, min_lr: float = 0.0) -> float:
+def lr_multiplier(progress: float, warmdown_frac: float, min_lr: float = 0.0, /) -> float:
     """1.0, then linear decay to 0 over the last `warmdown_frac` of progress (time or steps), floored at min_lr
     (MIN_LR, a fraction of the peak LR; PR #1787: max((1 - progress) / warmdown_frac, 0.10) in the warmdown)."""
     return max(1.0 if warmdown_frac <= 0 else max(0.0, min(1.0, (1.0 - progress) / warmdown_frac)), min_lr)
 
 
-def qat_active(progress: float, qat_start_frac: float) -> bool:
+def qat_active(progress: float, qat_start_frac: float, /) -> bool:
     """Late QAT is on for the last `qat_start_frac` of progress."""
     return qat_start_frac > 0 and progress >= 1.0 - qat_start_frac
 
 
-def warmup_graph_states(hp: Hyperparameters, has_qat: bool) -> list:
+def warmup_graph_states(hp: Hyperparameters, /, has_qat: bool) -> list:
     """(looping, qat) for each of the WARMUP_STEPS compile-priming steps: the graph states the run passes
     through (depth recurrence from ENABLE_LOOPING_AT, late QAT for the last QAT_START_FRAC), in the run's
     order, each given an equal share of the steps, so every graph compiles before the clock (with fewer
@@ -56,13 +56,13 @@ def warmup_graph_states(hp: Hyperparameters, has_qat: bool) -> list:
     return [states[i * len(states) // n] for i in range(n)]
 
 
-def horizon_decay(horizon_frac: float, run_steps: float) -> float:
+def horizon_decay(horizon_frac: float, run_steps: float, /) -> float:
     """The per-step decay whose time constant 1/(1-decay) is `horizon_frac` of a run of `run_steps`
     steps (0 for a horizon of at most one step)."""
     return max(0.0, 1 - 1 / (horizon_frac * run_steps)) if horizon_frac else 0.0
 
 
-def muon_momentum_at(step: int, hp: Hyperparameters, progress: float = 0.0) -> float:
+def muon_momentum_at(step: int, hp: Hyperparameters, progress: float = 0.0, /) -> float:
     """Linear warmup MUON_MOMENTUM_WARMUP_START -> MUON_MOMENTUM (or the momentum whose time constant
     1/(1-m) is MUON_MOMENTUM_HORIZON_FRAC of the run) over MUON_MOMENTUM_WARMUP_STEPS steps (records'
     form, exact), else over the first MUON_MOMENTUM_WARMUP_FRAC of the run. A target below the start
@@ -85,7 +85,7 @@ def ema_target(hp: Hyperparameters, run_steps: float) -> float:
     return hp.ema_decay or horizon_decay(hp.ema_horizon_frac, run_steps)
 
 
-def ema_decay_at(step: int, progress: float, hp: Hyperparameters) -> float:
+def ema_decay_at(step: int, progress: float, hp: Hyperparameters, /) -> float:
     """Per-step EMA decay: 0 (follow the weights) before EMA_START_FRAC of the run; then EMA_DECAY,
     or 1 - 1 / (EMA_HORIZON_FRAC x run length in steps)."""
     return 0.0 if progress < hp.ema_start_frac else hp.ema_decay or horizon_decay(
@@ -138,7 +138,7 @@ def schedule_warning(hp: Hyperparameters, run_steps: float) -> str | None:
     return f"WARNING: schedule at {n} steps ({basis}): " + "; ".join(found) if found else None
 
 
-def set_step_schedule(optimizers, step: int, progress: float, hp: Hyperparameters) -> None:
+def set_step_schedule(optimizers, step: int, progress: float, hp: Hyperparameters, /) -> None:
     """What the trainer sets before the step at `step`, `progress` of the run done: every param group's lr (its
     base_lr times the warmdown multiplier floored at MIN_LR), Muon's momentum (its warmup) and weight decay
     (MUON_WD times the taper of trainer/wd_taper.py). optimizers: trainer.optim.Optimizers (.all, .muon)."""
