@@ -77,16 +77,6 @@ def build_model(ctx: RunContext, hp: Hyperparameters, code_bytes: int) -> tuple:
     return model, config, policy, attn_backend, flops_per_token
 
 
-def main() -> int:
-    """train_and_score() in a process that then gives its run folder back (its lock), whatever it did."""
-    if BUNDLE_KIND == "package":  # the run folder's lock is the kit's (trainer/runfolder.py)
-        try:
-            return train_and_score()
-        finally:
-            release_run_folders()
-    return train_and_score()
-
-
 def train_and_score() -> int:
     """train -> evaluate pre-quant -> export -> re-read from disk -> roundtrip -> sliding -> result.json.
 
@@ -108,7 +98,7 @@ def train_and_score() -> int:
     torch.manual_seed(hp.seed)
 
     model, config, policy, attn_backend, flops_per_token = build_model(ctx, hp, code_bytes)
-    loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, rank=ctx.rank, world_size=ctx.world_size, device=ctx.device)
+    loader = DistributedTokenLoader(hp.data_path, hp.vocab_size, ctx.rank, ctx.world_size, ctx.device)
     byte_count = inputs.get("val_byte_count", "tokenizer")  # CaseOps data: sidecar, its val bytes (shards/sidecar.py)
     luts = val_byte_luts(sp, hp.vocab_size, hp.data_path, byte_count == "sidecar")
     ctx.log(f"val_byte_count:{byte_count}")
@@ -121,7 +111,7 @@ def train_and_score() -> int:
 
     @functools.cache
     def val_tokens():  # loaded only for evaluation: the training loop never sees val tokens
-        tokens = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size)
+        tokens = load_validation_tokens(hp.data_path, hp.vocab_size)
         return tokens[:hp.val_max_tokens + 1] if hp.val_max_tokens else tokens
 
     artifact = ctx.run_dir / "final_model.ptz"
@@ -132,60 +122,73 @@ def train_and_score() -> int:
                    python_version=platform.python_version(), model_params=sum(p.numel() for p in model.parameters()),
                    attention_backend=attn_backend, artifact_path=str(artifact), phase="train", inputs=inputs,
                    val_byte_count=byte_count, loss_kernel="liger" if fused_loss_active(ctx.device) else "torch")
-    run = Run(ctx, hp, summary, loader, model, config, artifact, plan,
-              record=functools.partial(write_result, ctx, data_path=hp.data_path, manifest=manifest,
-                                       train_files=loader.opened),
-              train=functools.partial(train, ctx, hp, model, loader, flops_per_token=flops_per_token,
-                                      val_eval=lambda m: evaluate_roundtrip(ctx, hp, m, val_tokens(), luts)),
-              finish=functools.partial(finish_run, ctx, hp, model, config, policy, code_bytes, artifact, val_tokens,
-                                       luts, plan))
+    # the three steps both flows take (called, never passed on: the packed file's names for their parameters are short)
+    record = lambda s: write_result(ctx, s, data_path=hp.data_path, manifest=manifest, train_files=loader.opened)
+    run_train = lambda stop=None: train(ctx, hp, model, loader, flops_per_token,
+                                        lambda m: evaluate_roundtrip(ctx, hp, m, val_tokens(), luts), stop)
+    finish = lambda: finish_run(ctx, hp, model, code_bytes, config, artifact, policy, val_tokens, luts, plan)
     if BUNDLE_KIND == "package":  # the kit's signals, resume and recovery after training (trainer/interrupt.py)
-        return train_and_finish_guarded(run, saved)
-    run.trained(run.train(stop=[0]))
-    return run.ended(run.finished())
+        return train_and_finish_guarded(Run(ctx, hp, summary, loader, model, config, artifact, plan, record, run_train,
+                                            finish), saved)
+    note_trained(summary, run_train(), loader)
+    return end_run(ctx, finish_and_record(summary, finish, record))
 
 
-@dataclasses.dataclass
-class Run:
-    """A run from its first training step on: what the entry's two flows (the record's file, the kit's
-    guarded one) share. `train(stop=)` -> TrainResult; `finish()` -> finish_run's generator of result
-    entries; `record(summary)` -> result.json's status."""
-
-    ctx: RunContext
-    hp: Hyperparameters
-    summary: dict
-    loader: DistributedTokenLoader
-    model: GPT
-    config: dict
-    artifact_path: Path
-    plan: EvalPlan
-    record: object
-    train: object
-    finish: object
-
-    def trained(self, result: TrainResult, resumed: bool = False) -> None:
-        """The training's numbers into the summary (`resumed`: RESUME=1 after training, from saved weights)."""
-        self.summary.update(steps=result.steps, train_seconds=result.train_seconds, train_losses=result.train_losses,
-                            ms_per_step=1000 * result.train_seconds / max(1, result.steps),
-                            resumed_after_training=resumed, train_shards=sorted(p.name for p in self.loader.opened),
-                            phase="trained")
-
-    def finished(self) -> int:
-        """Export and the final eval, every number into the summary, result.json; the exit code (a
-        non-finite score: status nonfinite_<phase>, 1)."""
-        for measured in self.finish():
-            self.summary.update(measured)
-        self.summary["phase"] = "done"
-        return int(self.record(self.summary) != "ok")
-
-    def ended(self, rc: int) -> int:
-        """`rc`, once a multi-process run's group is destroyed."""
-        if self.ctx.world_size > 1:
-            dist.destroy_process_group()
-        return rc
+# What the entry's two flows (the record's file, the kit's guarded one) share from the first training step on: a
+# TrainResult's numbers into the summary, the export and final eval into it and result.json, the group's end.
+def note_trained(summary: dict, outcome: TrainResult, loader: DistributedTokenLoader, resumed: bool = False) -> None:
+    """The training's numbers into the summary (`resumed`: RESUME=1 after training, from saved weights)."""
+    summary.update(steps=outcome.steps, train_seconds=outcome.train_seconds, train_losses=outcome.train_losses,
+                   ms_per_step=1000 * outcome.train_seconds / max(1, outcome.steps), resumed_after_training=resumed,
+                   train_shards=sorted(p.name for p in loader.opened), phase="trained")
 
 
-def train_and_finish_guarded(run: Run, saved: dict | None) -> int:
+def finish_and_record(summary: dict, finish, record) -> int:
+    """Export and the final eval (`finish()`: finish_run's generator of result entries), every number into the
+    summary, result.json (`record(summary)` -> its status); the exit code (a non-finite score: status
+    nonfinite_<phase>, 1)."""
+    for measured in finish():
+        summary.update(measured)
+    summary["phase"] = "done"
+    return int(record(summary) != "ok")
+
+
+def end_run(ctx: RunContext, rc: int) -> int:
+    """`rc`, once a multi-process run's group is destroyed."""
+    if ctx.world_size > 1:
+        dist.destroy_process_group()
+    return rc
+
+
+if BUNDLE_KIND == "package":  # the kit's flow: a run from its first training step on, guarded
+    @dataclasses.dataclass
+    class Run:
+        """A run from its first training step on, for the guarded flow. `train(stop=)` -> TrainResult;
+        `finish()` -> finish_run's generator of result entries; `record(summary)` -> result.json's status."""
+
+        ctx: RunContext
+        hp: Hyperparameters
+        summary: dict
+        loader: DistributedTokenLoader
+        model: GPT
+        config: dict
+        artifact_path: Path
+        plan: EvalPlan
+        record: object
+        train: object
+        finish: object
+
+    def main() -> int:
+        """train_and_score() in a process that then gives its run folder back (its lock), whatever it did."""
+        try:
+            return train_and_score()
+        finally:
+            release_run_folders()
+else:
+    main = train_and_score
+
+
+def train_and_finish_guarded(run: "Run", saved: dict | None) -> int:
     """The package's flow from the first training step: a signal, an error or a full disk at any point
     still writes result.json (status, phase, every number so far, what to run next) and, after
     training, keeps the trained weights for RESUME=1 (trainer/interrupt.py); `saved`: the weights of
@@ -200,13 +203,13 @@ def train_and_finish_guarded(run: Run, saved: dict | None) -> int:
         if saved:
             run.loader.opened.update(Path(hp.data_path) / n for n in saved["train_shards"])
             ctx.log(f"resumed after training from {ctx.run_dir / TRAINED_FILE}: export and final eval only")
-        run.trained(result, bool(saved))
+        note_trained(summary, result, run.loader, bool(saved))
         if result.stop_signal:
             return stopped_in_training(ctx, hp, result.stop_signal, summary, record)
         trained = dict(result=dataclasses.asdict(result), train_shards=summary["train_shards"], **run.plan.saved())
         try:
             guard.arm()  # from here a signal interrupts where the run is: it saves the weights and says how to finish
-            rc = run.finished()
+            rc = finish_and_record(summary, run.finish, record)
         except RunInterrupted as stop:
             return interrupted_after_training(ctx, hp, stop.signum, summary, record, model=run.model, config=run.config,
                                               trained=trained, score=score_command(hp, run.artifact_path, run.plan))
@@ -221,7 +224,7 @@ def train_and_finish_guarded(run: Run, saved: dict | None) -> int:
             record(summary)
             if not isinstance(err, (ValueError, torch.OutOfMemoryError)):
                 raise
-    return run.ended(rc)
+    return end_run(ctx, rc)
 
 
 def run_entry() -> None:

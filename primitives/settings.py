@@ -7,7 +7,6 @@ PRESET picks another group of defaults and explicit variables override it.
 import contextlib
 import dataclasses
 import os
-import uuid
 
 from primitives.domains import domain_violations, inert_settings, relation_holds, setting
 from primitives.env import BUNDLE_KIND, parse_env_value, warn_unknown_env
@@ -33,13 +32,13 @@ OFFICIAL_GRAD_ACCUM = 8
 SETTINGS_FOREIGN = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # when the TTT_* settings have an effect (a Domain's `applies`: condition text, predicate)
 TTT_ON = ("TTT_ENABLED=1", lambda hp: hp.ttt_enabled)
+# the mode of an artifact whose run["ttt"] records none (those written before modes; trainer/finish.py records
+# every other mode, so chunked artifacts stay byte-identical)
+UNRECORDED_TTT_MODE = "chunked"
 # TTT_MODE's names: the rows of eval/ttt_modes.py's registry (layer 3, which this layer cannot import; a test
 # asserts the two lists equal, so a new mode is its row plus its name here). Settings compare a mode name only
 # in ttt_modes_apply.
-TTT_MODE_NAMES = ("chunked", "phased", "lora", "phased_lora")
-# the mode of an artifact whose run["ttt"] records none (those written before modes; trainer/finish.py records
-# every other mode, so chunked artifacts stay byte-identical)
-UNRECORDED_TTT_MODE = TTT_MODE_NAMES[0]
+TTT_MODE_NAMES = (UNRECORDED_TTT_MODE, "phased", "lora", "phased_lora")
 
 
 def ttt_modes_apply(*modes: str) -> tuple:
@@ -262,18 +261,17 @@ class Hyperparameters:
         preset = environ.get("PRESET", DEFAULT_PRESET)
         if preset not in PRESETS:
             raise ValueError(f"PRESET={preset!r}: expected one of {sorted(PRESETS)}")
-        values, errors = {**PRESETS[preset], "preset": preset}, {}
+        values, errors = {**PRESETS[preset]}, {}  # (PRESET, when set, is one of PRESETS' names: parsed as itself)
         for f in dataclasses.fields(cls):
             name = f.name.upper()
-            if f.name == "preset" or name not in environ:
-                continue
-            if BUNDLE_KIND == "package":
-                try:
+            if name in environ:
+                if BUNDLE_KIND == "package":
+                    try:
+                        values[f.name] = parse_env_value(name, environ[name], f.type)
+                    except ValueError as err:  # listed with the others; the field keeps its default meanwhile
+                        errors[f.name] = str(err)
+                else:
                     values[f.name] = parse_env_value(name, environ[name], f.type)
-                except ValueError as err:  # listed with the others; the field keeps its default meanwhile
-                    errors[f.name] = str(err)
-            else:
-                values[f.name] = parse_env_value(name, environ[name], f.type)
         for pair in SCHEDULE_PAIRS:  # MUON_MOMENTUM_WARMUP_STEPS=500 alone replaces the preset's fraction
             given = [n for n in pair if n.upper() in environ]
             if len(given) == 1:
@@ -288,7 +286,7 @@ class Hyperparameters:
         if BUNDLE_KIND == "package":
             warn_unknown_settings(environ, log)
         if "run_id" not in values:  # unset: a fresh id; set, it must be a folder name (validate)
-            values["run_id"] = f"{preset}_{uuid.uuid4().hex[:8]}"
+            values["run_id"] = f"{preset}_{os.urandom(4).hex()}"  # 8 random hex digits
         hp = cls(**values)
         if BUNDLE_KIND == "package":  # the kit's preflight: every domain and relation, the inert settings
             found = {**hp.violations(code_bytes), **errors}

@@ -129,8 +129,16 @@ def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_path=No
     shard), or train/val documents that overlap; and naming TOKENIZER_PATH when the sha256 of
     `tokenizer_path` (the run's tokenizer) is not the manifest's (the data was made with another tokenizer).
     """
+    manifest, disjoint = checked_manifest(data_path, vocab_size, log, tokenizer_path)
+    return manifest if disjoint else None
+
+
+def checked_manifest(data_path, vocab_size=None, log=print, tokenizer_path=None) -> tuple:
+    """(the manifest as check_data_manifest checks it, None without one; True when its train and val document
+    hashes were compared and are disjoint): check_data_manifest's checks, for the callers that read the
+    manifest's other entries too (verify_dataset). Raises what check_data_manifest raises."""
     path = Path(data_path) / "manifest.json"
-    hashes = []
+    hashes, manifest = [], None
     if path.is_file():
         try:
             manifest = json.loads(path.read_bytes())
@@ -155,11 +163,11 @@ def check_data_manifest(data_path, vocab_size=None, log=print, tokenizer_path=No
     if len(hashes) < 2:
         if BUNDLE_KIND == "package":  # (result.json's compliance says it: `unverified`)
             log(f"warning: no doc hashes of both splits in {path}: train/val overlap not checked")
-        return None
+        return manifest, False
     common = np.intersect1d(*hashes)
     if len(common):
         raise ValueError(f"manifest {path}: {len(common)} documents in both train and val, e.g. hash {common[0][:16].decode()}")
-    return manifest
+    return manifest, True
 
 
 def check_manifest_counts(path: Path, manifest: dict) -> None:
@@ -192,11 +200,10 @@ def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_s
     tokenizer that is not the manifest's, and DATA_PATH and the file for an unlisted shard (e.g. an
     extra val shard) or a shard whose bytes changed (e.g. val tokens written into a train shard).
     """
-    manifest = check_data_manifest(data_path, vocab_size, log, tokenizer_path)
-    path = Path(data_path) / "manifest.json"
-    if not path.is_file():
-        return manifest  # check_data_manifest warned: nothing to bind the shards to
-    splits = json.loads(path.read_bytes())["splits"]  # read again: check_data_manifest returns None without doc hashes
+    manifest, disjoint = checked_manifest(data_path, vocab_size, log, tokenizer_path)
+    if manifest is None:
+        return None  # checked_manifest warned: nothing to bind the shards to
+    path, splits = Path(data_path) / "manifest.json", manifest["splits"]
     for split in ("train", "val"):
         listed = splits.get(split, {}).get("shards", [])
         extra = [p.name for p in _shard_files(data_path, split) if p.name not in listed]
@@ -220,16 +227,19 @@ def verify_dataset(data_path, tokenizer_path, vocab_size=None, log=print, hash_s
             if got != want:
                 raise ValueError(f"DATA_PATH={data_path}: {split} shard {name} has sha256 {got[:16]}..., not the "
                                  f"{want[:16]}... {path.name} records; expected the shard as the dataset was made")
-    return manifest
+    return manifest if disjoint else None
 
 
-def shards_unverified(data_path) -> str | None:
+def shards_unverified(data_path, manifest: dict = None) -> str | None:
     """Why the shards of `data_path` are not bound by sha256 (no manifest.json, or one without
-    shard_sha256 for a split), None when they are (verify_dataset checked them)."""
+    shard_sha256 for a split), None when they are (verify_dataset checked them). `manifest`: the one
+    verify_dataset returned (the trainer's compliance flags); None: read here (the package's callers)."""
     path = Path(data_path) / "manifest.json"
-    try:
-        splits = json.loads(path.read_bytes())["splits"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"no readable manifest.json in DATA_PATH={data_path}: the shards' bytes are not checked"
-    missing = [s for s, info in splits.items() if "shard_sha256" not in info]
+    if BUNDLE_KIND == "package":  # a record's file passes the manifest its run checked
+        if manifest is None:
+            try:
+                manifest = {"splits": json.loads(path.read_bytes())["splits"]}
+            except (OSError, ValueError, KeyError, TypeError):
+                return f"no readable manifest.json in DATA_PATH={data_path}: the shards' bytes are not checked"
+    missing = [s for s, info in manifest["splits"].items() if "shard_sha256" not in info]
     return f"{path} records no sha256 per shard ({', '.join(missing)}): the shards are unverified" if missing else None

@@ -21,7 +21,7 @@ class DistributedTokenLoader:
     loaded so far (warmup steps included): the evidence for compliance.val_not_seen_in_training.
     """
 
-    def __init__(self, data_path: str, vocab_size: int, *, rank: int = 0, world_size: int = 1, device="cpu"):
+    def __init__(self, data_path: str, vocab_size: int, rank: int = 0, world_size: int = 1, device="cpu"):
         self.files = list_shards(data_path, "train")
         if BUNDLE_KIND == "package":  # a record's file has read every train shard's header and ids before the clock
             for path in self.files:

@@ -101,7 +101,7 @@ def test_eval_stride_plan_picks_the_smallest_stride_that_fits(tmp_path):
     assert plan_eval_stride(ctx, config, plenty, 10_000_001) == 16
     tight = Hyperparameters(**{**hp.__dict__, "eval_max_seconds": 1e-6})
     assert plan_eval_stride(ctx, config, tight, 10_000_001) == 64  # nothing fits: one window per sequence
-    m = re.fullmatch(r"eval_plan: [\d.]+ms per batch of 4x64, 10000000 val targets: projected (\d+)s at "
+    m = re.fullmatch(r"eval_plan: [\d.]+ms per batch of 4 x 64, 10000000 val targets: projected (\d+)s at "
                      r"EVAL_STRIDE=16, (\d+)s at stride 64 \(EVAL_MAX_SECONDS=1e-06\)", lines[-1])
     assert m, lines[-1]
     # projection = seconds per batch x windows / batch: roundtrip windows (156,250) + sliding windows

@@ -94,7 +94,7 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
     if sp.vocab_size() != hp.vocab_size:
         raise ValueError(f"VOCAB_SIZE={hp.vocab_size}: the tokenizer {hp.tokenizer_path} has {sp.vocab_size()} ids")
     inputs = run_inputs(hp)
-    manifest = verify_dataset(hp.data_path, hp.tokenizer_path, vocab_size=hp.vocab_size, log=ctx.log)
+    manifest = verify_dataset(hp.data_path, hp.tokenizer_path, hp.vocab_size, ctx.log)
     if hp.caseops_enabled:  # CaseOps data: scored on its byte sidecar (a resume keeps it), checked by shards/sidecar.py
         inputs["val_byte_count"] = require_val_bytes(hp.data_path, sp, hp.tokenizer_path,
                                                      inputs["tokenizer_sha256"])["val_byte_count"]
@@ -111,12 +111,13 @@ def check_inputs(hp: Hyperparameters, ctx: RunContext):
         if hp.ttt_enabled and hp.ttt_params not in ("all", "scalars"):
             with torch.device("meta"):  # the names only: nothing is allocated
                 select_ttt_params(GPT(**build_model_config(hp)), hp.ttt_params)
-    if BUNDLE_KIND != "package" and (hp.checkpoint_every or hp.resume or hp.save_prequant):  # kit/checkpoint.py's
-        raise ValueError("CHECKPOINT_EVERY/RESUME/SAVE_PREQUANT: expected the kit's repo (not in this train_gpt.py)")
     if BUNDLE_KIND == "package":  # room to keep the trained weights: the kit's recovery (trainer/interrupt.py)
         check_file_size_limit(hp)
+    else:
+        if hp.checkpoint_every or hp.resume or hp.save_prequant:  # kit/checkpoint.py's
+            raise ValueError("CHECKPOINT_EVERY/RESUME/SAVE_PREQUANT: expected the kit's repo (not in this train_gpt.py)")
     check_train_tokens(hp, ctx.log)
-    num_val = load_validation_tokens(hp.data_path, vocab_size=hp.vocab_size).numel()  # checks ids, then dropped
+    num_val = load_validation_tokens(hp.data_path, hp.vocab_size).numel()  # checks ids, then dropped
     if num_val <= hp.train_seq_len:
         raise ValueError(f"DATA_PATH={hp.data_path!r}: val split has {num_val} tokens, fewer than one "
                          f"sequence of TRAIN_SEQ_LEN={hp.train_seq_len} + 1")
@@ -177,8 +178,8 @@ def check_compliance(summary: dict, data_path: str, manifest, train_files) -> di
     only shards its train split lists (None without such a manifest). `unverified` also says when
     the manifest records no sha256 per shard (shards_unverified: their bytes were not checked).
     """
-    ident = lambda path: os.stat(path)[1:3]  # (inode, device)
-    listed = lambda split: {ident(Path(data_path) / n) for n in manifest["splits"][split]["shards"]} if manifest else set()
+    ident = lambda p: os.stat(p)[1:3]  # (inode, device) of a path
+    listed = lambda s: {ident(Path(data_path) / n) for n in manifest["splits"][s]["shards"]} if manifest else set()  # split s
     val_files, opened = list_shards(data_path, "val"), {ident(p) for p in train_files}
     val = {ident(p) for p in val_files} | listed("val")
     seen = not opened or bool(opened & val)
@@ -192,6 +193,6 @@ def check_compliance(summary: dict, data_path: str, manifest, train_files) -> di
     if manifest is None and not seen:
         flags["unverified"] = (f"no manifest.json with the document hashes of both splits in DATA_PATH={data_path}: "
                                "val_not_seen_in_training and splits_disjoint not checked (no val shard file was read)")
-    elif manifest is not None and (why := shards_unverified(data_path)):
+    elif manifest is not None and (why := shards_unverified(data_path, manifest)):
         flags["unverified"] = why  # document hashes disjoint, but a shard changed after could not be seen
     return flags

@@ -8,9 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import brotli
 import numpy as np
 import torch
 import torch.distributed as dist
+import zstandard
 from primitives.env import BUNDLE_KIND  # the trainer's modules import it from here
 from primitives.settings import Hyperparameters, setting_warnings
 from quant.policy import QuantPolicy
@@ -152,10 +154,8 @@ def describe_device(device: torch.device) -> str:
 
 def log_run_header(ctx: RunContext, hp: Hyperparameters) -> None:
     """The log opens with the code, versions, device (nvidia-smi on CUDA) and every hyperparameter."""
-    import brotli
     import safetensors
     import sentencepiece
-    import zstandard
 
     if BUNDLE_KIND == "package":  # folded away in the bundle (kit/bundle_fold.py)
         code = package_source(hp)[0]

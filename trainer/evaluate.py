@@ -33,8 +33,8 @@ def evaluate_roundtrip(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tok
     return dict(val_loss=loss, val_bpb=bpb)
 
 
-def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, /, *,
-                     stride: int, started: float) -> dict:
+def evaluate_sliding(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, stride: int,
+                     started: float, /) -> dict:
     """The sliding-window score (eval.sliding.eval_sliding's dict: val_loss, val_bpb, stride, eval_seconds,
     num_scored_tokens, num_bytes). Its time guard gets what is left of EVAL_MAX_SECONDS since `started`
     (time.perf_counter(); loading and the roundtrip count against the same 600 s). Raises EvalTimeError
@@ -77,7 +77,7 @@ def plan_eval_stride(ctx: RunContext, model_config: dict, hp: Hyperparameters, n
     project = lambda s: per_batch * (count_sliding_windows(n, seq_len, seq_len)
                                      + count_sliding_windows(n, seq_len, s)) / (b * ctx.world_size)
     stride = next((s for s in range(hp.eval_stride, seq_len) if project(s) <= 0.9 * hp.eval_max_seconds), seq_len)
-    ctx.log(f"eval_plan: {1000 * per_batch:.1f}ms per batch of {b}x{seq_len}, {n} val targets: projected "
+    ctx.log(f"eval_plan: {1000 * per_batch:.1f}ms per batch of {b} x {seq_len}, {n} val targets: projected "
             f"{project(hp.eval_stride):.0f}s at EVAL_STRIDE={hp.eval_stride}, {project(stride):.0f}s at stride {stride} "
             f"(EVAL_MAX_SECONDS={hp.eval_max_seconds:g})")
     return stride

@@ -22,8 +22,8 @@ from model.gpt import GPT
 from primitives.settings import Hyperparameters
 
 
-def finish_run(ctx: RunContext, hp: Hyperparameters, model: GPT, config: dict, policy: QuantPolicy, code_bytes: int,
-               artifact_path: Path, val_tokens, luts, plan: EvalPlan):  # one caller (train_gpt.py), positional
+def finish_run(ctx: RunContext, hp: Hyperparameters, model: GPT, code_bytes: int, config: dict, artifact_path: Path,
+               policy: QuantPolicy, val_tokens, luts, plan: EvalPlan):  # one caller (train_gpt.py), positional
     """pre-quant eval -> export -> re-read from disk -> roundtrip + sliding eval at the plan's stride (with
     plan.epochs > 0: score-first TTT of TTT_MODE in its place, eval/ttt_modes.py, with the plan's epochs and phases).
 
@@ -86,23 +86,21 @@ def finish_run(ctx: RunContext, hp: Hyperparameters, model: GPT, config: dict, p
               phase="ttt" if ttt_epochs else "sliding")
     ctx.log(f"final_roundtrip_exact val_loss:{rt['val_loss']:.8f} val_bpb:{rt['val_bpb']:.8f}")
     if ttt_epochs:
-        tt = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, plan=plan, started=eval_start)
-        yield lap("ttt", **ttt_entries(ctx, hp, plan, tt), eval_seconds=time.perf_counter() - eval_start,
-                  val_tokens=val_tokens().numel(), tokens_per_byte=tt["num_scored_tokens"] / tt["num_bytes"])
-        if BUNDLE_KIND == "package":  # the kit's re-scoring command, which may not reproduce this score
-            yield rescore_entries(hp, artifact_path, plan, tt)
-            if ttt_score_command_caveat(tt):
-                ctx.log(f"WARNING: {ttt_score_command_caveat(tt)}")
-        return
-    sw = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, stride=eval_stride, started=eval_start)
-    yield lap("sliding", val_loss_sliding=sw["val_loss"], val_bpb_sliding=sw["val_bpb"], eval_stride=sw["stride"],
-              eval_seconds=time.perf_counter() - eval_start, val_tokens=val_tokens().numel(),
-              tokens_per_byte=sw["num_scored_tokens"] / sw["num_bytes"],
-              **(dict(ttt_epochs=0, ttt_updates=0) if hp.ttt_enabled else {}))  # TTT on, but the plan skipped it
-    if BUNDLE_KIND == "package":  # the kit's re-scoring command (a record's file has no kit)
-        yield rescore_entries(hp, artifact_path, EvalPlan(stride=sw["stride"]))
-    ctx.log(f"final_sliding_window_exact val_loss:{sw['val_loss']:.8f} val_bpb:{sw['val_bpb']:.8f} "
-            f"stride:{sw['stride']} eval_time:{1000 * sw['eval_seconds']:.0f}ms")
+        scores = evaluate_ttt(ctx, hp, eval_model, val_tokens(), luts, plan=plan, started=eval_start)
+        entries = ttt_entries(ctx, hp, plan, scores)
+    else:
+        scores = evaluate_sliding(ctx, hp, eval_model, val_tokens(), luts, eval_stride, eval_start)
+        entries = dict(val_loss_sliding=scores["val_loss"], val_bpb_sliding=scores["val_bpb"], eval_stride=scores["stride"],
+                       **(dict(ttt_epochs=0, ttt_updates=0) if hp.ttt_enabled else {}))  # TTT on, but the plan skipped it
+    yield lap("ttt" if ttt_epochs else "sliding", **entries, eval_seconds=time.perf_counter() - eval_start,
+              val_tokens=val_tokens().numel(), tokens_per_byte=scores["num_scored_tokens"] / scores["num_bytes"])
+    if BUNDLE_KIND == "package":  # the kit's re-scoring command, which may not reproduce a TTT score (a record's file has no kit)
+        yield rescore_entries(hp, artifact_path, plan if ttt_epochs else EvalPlan(stride=scores["stride"]), scores)
+        if ttt_score_command_caveat(scores):
+            ctx.log(f"WARNING: {ttt_score_command_caveat(scores)}")
+    if not ttt_epochs:
+        ctx.log(f"final_sliding_window_exact val_loss:{scores['val_loss']:.8f} val_bpb:{scores['val_bpb']:.8f} "
+                f"stride:{scores['stride']} eval_time:{1000 * scores['eval_seconds']:.0f}ms")
 
 
 def after_training_error(ctx: RunContext, hp: Hyperparameters, err: Exception, artifact_path: Path,

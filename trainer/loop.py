@@ -111,16 +111,22 @@ def time_calibration_batch(ctx: RunContext, model: GPT, hp: Hyperparameters, loc
     return time.perf_counter() - c0
 
 
-def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, *, flops_per_token: float,
+def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedTokenLoader, flops_per_token: float,
           val_eval=None, stop=None) -> TrainResult:
     """The wallclock-budgeted loop; returns a TrainResult.
 
     The clock covers every step plus the EMA swap; validation passes (VAL_LOSS_EVERY) pause it, as
     in the official script. All ranks stop on the same step (a MAX all-reduce of the stop flag).
     `stop`: a one-element list a signal handler sets to the signal's number (the run's SignalGuard.flag;
-    None: the loop installs its own SignalGuard). A signal seen when the loop stops makes the result's
+    None: the call runs under its own SignalGuard, in the package). A signal seen when the loop stops makes the result's
     stop_signal; one that comes later (EMA swap, GPTQ calibration) is left to the caller.
     """
+    if BUNDLE_KIND == "package":
+        if stop is None:  # no caller's guard: the loop's own, for the signals (trainer/interrupt.py)
+            from trainer.interrupt import SignalGuard
+
+            with SignalGuard() as guard:
+                return train(ctx, hp, model, loader, flops_per_token, val_eval, guard.flag)
     is_cuda = ctx.device.type == "cuda"
     accum = hp.resolve_grad_accum(ctx.world_size, is_cuda)
     local_tokens = hp.train_batch_tokens // (ctx.world_size * accum)
@@ -214,101 +220,93 @@ def train(ctx: RunContext, hp: Hyperparameters, model: GPT, loader: DistributedT
         warning = schedule_warning(hp, run_steps_estimate(0, 0.0, hp))
         if warning and not hp.resume:
             ctx.log(warning)
-    guard = contextlib.nullcontext()
-    if BUNDLE_KIND == "package":
-        if stop is None:  # no caller's guard: the loop's own, for the signals (trainer/interrupt.py)
-            from trainer.interrupt import SignalGuard
-
-            guard = SignalGuard()
-            stop = guard.flag
-    stop = [0] if stop is None else stop
-    with guard:
-        ctx.sync()
-        t0 = time.perf_counter()
-        log_t, log_step = t0, step
-        while True:
-            elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
-            progress = run_progress(elapsed_ms, cap_ms, step, hp.iterations)
-            step_avg = elapsed_ms / max(1, step) if step else 0.0
-            signum = stop[0]  # read once: the loop stops for this signal or for none
-            want_stop = step >= hp.iterations or bool(signum) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
-            last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
-                torch.tensor(float(want_stop), device=ctx.device)).item() > 0
-            if BUNDLE_KIND == "package":
-                if last:
-                    nonfinite.check()  # before the last validation, the EMA swap, GPTQ and the artifact
-            if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
-                ctx.sync()
-                train_ms += 1000.0 * (time.perf_counter() - t0)
-                v = val_eval(model)
-                ctx.log(f"step:{step}/{hp.iterations} val_loss:{v['val_loss']:.4f} val_bpb:{v['val_bpb']:.4f} "
-                        f"train_time:{train_ms:.0f}ms step_avg:{train_ms / max(1, step):.2f}ms")
-                t0 = log_t = time.perf_counter()
-                log_step = step
+    stop = [0] if stop is None else stop  # (a record's file installs no handler: it stays 0)
+    ctx.sync()
+    t0 = time.perf_counter()
+    log_t, log_step = t0, step
+    while True:
+        elapsed_ms = train_ms + 1000.0 * (time.perf_counter() - t0)
+        progress = run_progress(elapsed_ms, cap_ms, step, hp.iterations)
+        step_avg = elapsed_ms / max(1, step) if step else 0.0
+        signum = stop[0]  # read once: the loop stops for this signal or for none
+        want_stop = step >= hp.iterations or bool(signum) or (cap_ms > 0 and elapsed_ms + step_avg >= cap_ms)
+        last = want_stop if ctx.world_size == 1 else ctx.mean_over_ranks(  # any rank stops: all stop
+            torch.tensor(float(want_stop), device=ctx.device)).item() > 0
+        if BUNDLE_KIND == "package":
             if last:
-                break
-            if qat_active(progress, hp.qat_start_frac) and not qat_on:
-                model.set_qat(True)
-                qat_on = True
-                if BUNDLE_KIND == "package":  # (the kit's progress diagnostics, as the two below)
-                    ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
-            if hp.num_loops and not model.looping_active and progress >= hp.enable_looping_at:
-                model.looping_active = True
-                if BUNDLE_KIND == "package":
-                    ctx.log(f"layer_loop:on step:{step} progress:{progress:.3f} order:{','.join(map(str, model.loop_order))}")
-            loss = one_step(step, progress)
-            losses.append(loss)
-            step += 1
+                nonfinite.check()  # before the last validation, the EMA swap, GPTQ and the artifact
+        if val_eval is not None and hp.val_loss_every and (last or (step and step % hp.val_loss_every == 0)):
+            ctx.sync()
+            train_ms += 1000.0 * (time.perf_counter() - t0)
+            v = val_eval(model)
+            ctx.log(f"step:{step}/{hp.iterations} val_loss:{v['val_loss']:.4f} val_bpb:{v['val_bpb']:.4f} "
+                    f"train_time:{train_ms:.0f}ms step_avg:{train_ms / max(1, step):.2f}ms")
+            t0 = log_t = time.perf_counter()
+            log_step = step
+        if last:
+            break
+        if qat_active(progress, hp.qat_start_frac) and not qat_on:
+            model.set_qat(True)
+            qat_on = True
+            if BUNDLE_KIND == "package":  # (the kit's progress diagnostics, as the two below)
+                ctx.log(f"late_qat:on step:{step} train_time:{elapsed_ms:.0f}ms progress:{progress:.3f}")
+        if hp.num_loops and not model.looping_active and progress >= hp.enable_looping_at:
+            model.looping_active = True
             if BUNDLE_KIND == "package":
-                nonfinite.poll(step)  # on a GPU: no sync (a snapshot copied 10 steps before)
-            if step % hp.train_log_every == 0 or step == 1:
-                ctx.sync()
-                if BUNDLE_KIND == "package":
-                    nonfinite.check()
-                now = time.perf_counter()
-                ms = train_ms + 1000.0 * (now - t0)
-                tok_s = (step - log_step) * hp.train_batch_tokens / max(1e-9, now - log_t)
-                line = (f"step:{step}/{hp.iterations} train_loss:{ctx.mean_over_ranks(loss).item():.4f} train_time:{ms:.0f}ms "
-                        f"step_avg:{ms / step:.2f}ms tok_s:{tok_s:.0f}")
-                if BUNDLE_KIND == "package":  # MFU: the kit's diagnostic (no FLOP count in a record's file)
-                    if is_cuda:
-                        line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
-                ctx.log(line)
-                log_t, log_step = now, step
+                ctx.log(f"layer_loop:on step:{step} progress:{progress:.3f} order:{','.join(map(str, model.loop_order))}")
+        loss = one_step(step, progress)
+        losses.append(loss)
+        step += 1
+        if BUNDLE_KIND == "package":
+            nonfinite.poll(step)  # on a GPU: no sync (a snapshot copied 10 steps before)
+        if step % hp.train_log_every == 0 or step == 1:
+            ctx.sync()
             if BUNDLE_KIND == "package":
-                if hp.checkpoint_every and step % hp.checkpoint_every == 0:
-                    checkpoint(train_ms + 1000 * (time.perf_counter() - t0))
-        if ema and not signum:  # the swap counts as training time
-            ema.copy_to_model()
-        model.set_qat(False)
-        model.looping_active = bool(hp.num_loops)  # the artifact is evaluated looped (GPT(**config))
-        if model.gptq_hessians is not None and not signum:
-            c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
-            # its clock waits for the GPU: CUDA runs batches behind the launches (an H200 run ended 0.13 s past the cap)
-            deadline = t0 + (hp.max_wallclock_seconds or math.inf) - train_ms / 1000
-            fits = torch.tensor(float(c0 + calib_seconds <= deadline), device=ctx.device)
-            if ctx.mean_over_ranks(fits).item() == 1.0:  # every rank has time for one batch (each needs every H)
-                hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
-                                              hp.gptq_calib_batches, deadline=deadline, autocast=ctx.autocast,
-                                              batch_seconds=calib_seconds, clock=lambda: ctx.sync() or time.perf_counter(),
-                                              cross_docs=hp.gptq_calib_cross_docs)
-                model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
-                ctx.sync()
-                line = (f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
-                        f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms")
-                if BUNDLE_KIND == "package":  # why it read fewer (the kit's diagnostic)
-                    line += (f" (of GPTQ_CALIB_BATCHES={hp.gptq_calib_batches}: stopped at MAX_WALLCLOCK_SECONDS="
-                             f"{hp.max_wallclock_seconds:g})" * (n < hp.gptq_calib_batches))
-                ctx.log(line)
-            else:
-                model.gptq_hessians = {}  # the export quantizes every matrix with GPTQ-lite
-                line = "WARNING: gptq_calibration skipped"
-                if BUNDLE_KIND == "package":  # why (the kit's diagnostic)
-                    line += (f": {max(0.0, deadline - c0):.1f}s left of MAX_WALLCLOCK_SECONDS={hp.max_wallclock_seconds:g}, "
-                             f"one batch takes {calib_seconds:.1f}s: the export uses GPTQ-lite")
-                ctx.log(line)
-        ctx.sync()
-        train_ms += 1000 * (time.perf_counter() - t0)
+                nonfinite.check()
+            now = time.perf_counter()
+            ms = train_ms + 1000.0 * (now - t0)
+            tok_s = (step - log_step) * hp.train_batch_tokens / max(1e-9, now - log_t)
+            line = (f"step:{step}/{hp.iterations} train_loss:{ctx.mean_over_ranks(loss).item():.4f} train_time:{ms:.0f}ms "
+                    f"step_avg:{ms / step:.2f}ms tok_s:{tok_s:.0f}")
+            if BUNDLE_KIND == "package":  # MFU: the kit's diagnostic (no FLOP count in a record's file)
+                if is_cuda:
+                    line += f" mfu:{100 * flops_per_token * tok_s / (H100_BF16_PEAK_FLOPS * ctx.world_size):.2f}%"
+            ctx.log(line)
+            log_t, log_step = now, step
+        if BUNDLE_KIND == "package":
+            if hp.checkpoint_every and step % hp.checkpoint_every == 0:
+                checkpoint(train_ms + 1000 * (time.perf_counter() - t0))
+    if ema and not signum:  # the swap counts as training time
+        ema.copy_to_model()
+    model.set_qat(False)
+    model.looping_active = bool(hp.num_loops)  # the artifact is evaluated looped (GPT(**config))
+    if model.gptq_hessians is not None and not signum:
+        c0 = time.perf_counter()  # GPTQ calibration on train batches, inside the clock (PR #1763)
+        # its clock waits for the GPU: CUDA runs batches behind the launches (an H200 run ended 0.13 s past the cap)
+        deadline = t0 + (hp.max_wallclock_seconds or math.inf) - train_ms / 1000
+        fits = torch.tensor(float(c0 + calib_seconds <= deadline), device=ctx.device)
+        if ctx.mean_over_ranks(fits).item() == 1.0:  # every rank has time for one batch (each needs every H)
+            hs, n = collect_gptq_hessians(model, lambda: loader.next_batch(local_tokens, hp.train_seq_len),
+                                          hp.gptq_calib_batches, deadline=deadline, autocast=ctx.autocast,
+                                          batch_seconds=calib_seconds, clock=lambda: ctx.sync() or time.perf_counter(),
+                                          cross_docs=hp.gptq_calib_cross_docs)
+            model.gptq_hessians = {k: ctx.mean_over_ranks(h) for k, h in hs.items()}  # each rank read its own batches
+            ctx.sync()
+            line = (f"gptq_calibration batches:{n} tokens:{n * local_tokens * ctx.world_size} "
+                    f"time:{1000 * (time.perf_counter() - c0):.0f}ms reserve:{1000 * gptq_reserve:.0f}ms")
+            if BUNDLE_KIND == "package":  # why it read fewer (the kit's diagnostic)
+                line += (f" (of GPTQ_CALIB_BATCHES={hp.gptq_calib_batches}: stopped at MAX_WALLCLOCK_SECONDS="
+                         f"{hp.max_wallclock_seconds:g})" * (n < hp.gptq_calib_batches))
+            ctx.log(line)
+        else:
+            model.gptq_hessians = {}  # the export quantizes every matrix with GPTQ-lite
+            line = "WARNING: gptq_calibration skipped"
+            if BUNDLE_KIND == "package":  # why (the kit's diagnostic)
+                line += (f": {max(0.0, deadline - c0):.1f}s left of MAX_WALLCLOCK_SECONDS={hp.max_wallclock_seconds:g}, "
+                         f"one batch takes {calib_seconds:.1f}s: the export uses GPTQ-lite")
+            ctx.log(line)
+    ctx.sync()
+    train_ms += 1000 * (time.perf_counter() - t0)
     if BUNDLE_KIND == "package":  # signals are the kit's (a record's file installs no handler: signum stays 0)
         if signum:
             import signal

@@ -217,7 +217,8 @@ def open_run_log(ctx: RunContext, hp: Hyperparameters, inputs: dict = None) -> N
 
 def write_log_start(ctx: RunContext, hp: Hyperparameters, pending: list) -> None:
     """Open train.log (appended to with RESUME=1) and write its header, then the `pending` lines."""
-    ctx.log_file = open(ctx.run_dir / "train.log", "a" if hp.resume else "w", encoding="utf-8")
+    # "w", or "a" with RESUME=1 (indexed: a one-letter literal would keep the packed file from shortening `w` parameters)
+    ctx.log_file = open(ctx.run_dir / "train.log", "wa"[hp.resume], encoding="utf-8")
     log_run_header(ctx, hp)
     for line in pending:
         ctx.log(line, console=False)
