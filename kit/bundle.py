@@ -146,7 +146,7 @@ def bundle_report(root=None, encoding: str | None = None, settings: PackSettings
         whole = prefix + "\n"
         if 'BUNDLE_KIND = "human"' in whole:
             whole = set_bundle_kind(whole, "packed")
-        mini = minify_source(whole)
+        mini = minify_source(whole, whole=False)
         size = len(_lzma_raw(mini.encode(), *props))
         rows.append({"module": label, "source_bytes": len(text.encode()), "compressed_bytes": size - prev})
         prev = size

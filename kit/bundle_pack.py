@@ -81,19 +81,23 @@ def _class_names(source: str) -> list:
     return [node.name for node in ast.parse(source).body if isinstance(node, ast.ClassDef)]
 
 
-def minify_source(source: str) -> str:
+def minify_source(source: str, whole: bool = True) -> str:
     """Strip comments, docstrings and annotations (class attribute annotations stay: dataclasses
     read them) and shorten local and global names (python-minifier's rename_locals/rename_globals;
     attributes, keyword arguments, dataclass fields, class names and BUNDLE_PACKED_GLOBALS keep their
     names, so behaviour is unchanged; tracebacks of the packed file show the short function names,
     train_gpt_human.py has the readable ones). Code the file's refusals make dead goes first
-    (kit/bundle_pinned.py fold_refused), with what only it called. Literals are not hoisted (measured: +1% compressed)."""
+    (kit/bundle_pinned.py fold_refused), with what only it called and the standard library's unread
+    imports (whole=False, for a prefix of the file, keeps them: a later part may read them). Literals are
+    not hoisted (measured: +1% compressed)."""
     import python_minifier
 
     folded, _ = fold_refused(source)  # what the refusals make dead (kit/bundle_pinned.py), then what only it called
-    if folded is not source:
+    if folded is not source and whole:
         source = drop_unused([folded])[0][0]
-    source = drop_unused_imports(source)
+    elif folded is not source:
+        source = folded
+    source = drop_unused_imports(source) if whole else source
     source = make_positional_only(source)[0]  # parameters no caller can name: the minifier renames them
     options = python_minifier.RemoveAnnotationsOptions(
         remove_variable_annotations=True, remove_return_annotations=True,
