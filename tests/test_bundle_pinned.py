@@ -161,3 +161,13 @@ def test_the_files_bundle_kind_is_written_in():
         space["check"](1)
     twice = source + "\n\ndef reset():\n    global BUNDLE_KIND\n    BUNDLE_KIND = 'package'\n"
     assert fold_refused(twice)[0] == twice  # bound again: not a constant
+
+
+def test_a_prefix_of_the_file_keeps_what_a_later_part_calls():
+    """The size report minifies prefixes of the file (kit/bundle.py bundle_report): there nothing may be dropped as
+    unused, or a module's share would move to the part that calls it."""
+    from kit.bundle_pack import minify_source
+
+    prefix = 'import bisect\nBUNDLE_KIND = "packed"\n\n\ndef helper(x):\n    return x + 1 if BUNDLE_KIND == "packed" else x\n'
+    assert "bisect" in minify_source(prefix, whole=False) and "+1" in minify_source(prefix, whole=False)
+    assert "bisect" not in minify_source(prefix) and "+1" not in minify_source(prefix)  # the whole file: dropped
