@@ -49,7 +49,7 @@ class RecordLoRA:
     def __init__(self, model, slots: int, rank: int, alpha: float, kinds: tuple, generator: torch.Generator, /):
         dim, device = model.tok_emb.embedding_dim, model.tok_emb.weight.device
         attn = model.blocks[0].attn
-        kv_dim = attn.num_kv_heads * attn.head_dim
+        kv_dim = attn.c_k.weight.size(0)  # num_kv_heads * head_dim
         out = {"q": dim, "v": kv_dim, "k": kv_dim, "mlp": dim, "o": dim}
         count = layer_applications(model)
         self.scale, self.slots, self.kinds = alpha / rank, slots, kinds
