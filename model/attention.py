@@ -10,6 +10,7 @@ import importlib
 import torch
 import torch.nn.functional as F
 
+from primitives.env import BUNDLE_KIND
 from model.doc_attention import doc_attention, document_segments
 from model.fa4 import fa4_function
 
@@ -72,7 +73,8 @@ def resolve_attention_backend(requested: str, device: torch.device, /, log=print
         if name == "sdpa":
             _FLASH_ATTN.clear()  # a process that resolved a flash-attn before (a bench) goes back to SDPA
             if errors:
-                log(f"WARNING: attention falls back to PyTorch SDPA: {'; '.join(errors)}")
+                log(f"WARNING: attention falls back to PyTorch SDPA: {'; '.join(errors)}"
+                    + (" (install: requirements-gpu.txt)" if BUNDLE_KIND == "package" else ""))
             set_sdpa_priority(torch.cuda.get_device_capability(device), log)
             return name
         module = FLASH_MODULES[name]
