@@ -92,12 +92,10 @@ def minify_source(source: str, whole: bool = True) -> str:
     not hoisted (measured: +1% compressed)."""
     import python_minifier
 
-    folded, _ = fold_refused(source)  # what the refusals make dead (kit/bundle_pinned.py), then what only it called
-    if folded is not source and whole:
-        source = drop_unused([folded])[0][0]
-    elif folded is not source:
-        source = folded
-    source = drop_unused_imports(source) if whole else source
+    folded = fold_refused(source)[0]  # what the refusals make dead (kit/bundle_pinned.py), then what only it called
+    if whole:  # (an unfolded source had its unused definitions dropped when it was built)
+        folded = drop_unused_imports(drop_unused([folded])[0][0] if folded is not source else folded)
+    source = folded
     source = make_positional_only(source)[0]  # parameters no caller can name: the minifier renames them
     options = python_minifier.RemoveAnnotationsOptions(
         remove_variable_annotations=True, remove_return_annotations=True,

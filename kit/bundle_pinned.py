@@ -30,9 +30,10 @@ _CMP = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b, ast.Lt: lam
         ast.LtE: lambda a, b: a <= b, ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}
 
 
-def _refusals(tree) -> ast.Assign | None:
+def _top_assign(tree, name: str) -> ast.Assign | None:
+    """The first top-level `name = ...` of the module, or None."""
     return next((n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
-                 and isinstance(n.targets[0], ast.Name) and n.targets[0].id == BUNDLE_REFUSALS_NAME), None)
+                 and isinstance(n.targets[0], ast.Name) and n.targets[0].id == name), None)
 
 
 def _field_types(tree) -> dict:
@@ -53,7 +54,7 @@ def pinned_settings(source_or_tree) -> dict:
     """{attribute: ("is", value) | ("not", value)} the refusals of a packed source pin (module docstring);
     {} without refusals or when a dynamic setattr / replace(**...) could write any attribute."""
     tree = ast.parse(source_or_tree) if isinstance(source_or_tree, str) else source_or_tree
-    refusals = _refusals(tree)
+    refusals = _top_assign(tree, BUNDLE_REFUSALS_NAME)
     if refusals is None or not isinstance(refusals.value, ast.Tuple):
         return {}
     fields, pins = _field_types(tree), {}
@@ -238,10 +239,9 @@ def _bundle_kind(tree) -> dict:
     binds = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == BUNDLE_KIND_NAME
              and not isinstance(n.ctx, ast.Load)] + [n for n in ast.walk(tree) if isinstance(n, (
                  ast.Global, ast.Nonlocal)) and BUNDLE_KIND_NAME in n.names]
-    top = [n for n in tree.body if isinstance(n, ast.Assign) and len(n.targets) == 1
-           and isinstance(n.targets[0], ast.Name) and n.targets[0].id == BUNDLE_KIND_NAME]
-    if len(binds) == 1 and len(top) == 1 and isinstance(top[0].value, ast.Constant) and isinstance(top[0].value.value, str):
-        return {BUNDLE_KIND_NAME: top[0].value.value}
+    top = _top_assign(tree, BUNDLE_KIND_NAME)
+    if len(binds) == 1 and top is not None and isinstance(top.value, ast.Constant) and isinstance(top.value.value, str):
+        return {BUNDLE_KIND_NAME: top.value.value}
     return {}
 
 
@@ -252,14 +252,11 @@ def fold_refused(source: str) -> tuple[str, dict]:
     pins, names = pinned_settings(tree), _bundle_kind(tree)
     if not pins and not names:
         return source, {}
-    refusals = _refusals(tree)
+    kept = {id(_top_assign(tree, n)) for n in (BUNDLE_REFUSALS_NAME, *names)}  # the refusals, BUNDLE_KIND's binding
     fold = _Fold(pins, names)
-    tree.body = [node if node is refusals or _binds(node, names) else fold.visit(node) for node in tree.body]
+    tree.body = [node if id(node) in kept else fold.visit(node) for node in tree.body]
     if not fold.folded:
         return source, pins
     _tidy(tree)
     return ast.unparse(ast.fix_missing_locations(tree)) + "\n", pins
 
-
-def _binds(node, names: dict) -> bool:
-    return isinstance(node, ast.Assign) and any(getattr(t, "id", None) in names for t in node.targets)
