@@ -84,6 +84,13 @@ class RunContext:
         return t / self.world_size
 
 
+def eval_device_args(ctx: RunContext, /) -> dict:
+    """The keyword arguments every eval/ pass (the sliding pass, the roundtrip, the TTT modes) takes from the run
+    context."""
+    return dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=ctx.compile,
+                autocast_dtype=ctx.autocast_dtype)
+
+
 def setup_distributed(hp: Hyperparameters) -> RunContext:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))

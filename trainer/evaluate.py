@@ -12,17 +12,11 @@ import torch
 from eval.roundtrip import eval_roundtrip
 from eval.plan import EvalPlan
 from eval.sliding import count_sliding_windows, eval_sliding
-from trainer.context import RunContext
+from trainer.context import RunContext, eval_device_args
 from trainer.timing import time_eval_forward
 from trainer.ttt_eval import plan_final_ttt
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
-
-
-def eval_device_args(ctx: RunContext, /) -> dict:
-    """The keyword arguments every eval/ pass takes from the run context."""
-    return dict(device=ctx.device, rank=ctx.rank, world_size=ctx.world_size, compile_model=ctx.compile,
-                autocast_dtype=ctx.autocast_dtype)
 
 
 def evaluate_roundtrip(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: torch.Tensor, luts, /) -> dict:

@@ -16,7 +16,7 @@ from eval.ttt_plan import lora_work_at, plan_ttt_eval
 from model.gpt import GPT
 from primitives.settings import Hyperparameters
 from shards.format import load_validation_tokens
-from trainer.context import RunContext
+from trainer.context import RunContext, eval_device_args
 from trainer.sgd_timing import describe_sgd, sgd_timings
 from trainer.timing import scored_context, seconds_per_call, time_eval_forward
 
@@ -36,8 +36,7 @@ def evaluate_ttt(ctx: RunContext, hp: Hyperparameters, model: GPT, val_tokens: t
     if plan.phases and "phases" in settings:
         settings["phases"] = plan.phases
     return run_mode(hp.ttt_mode, model, val_tokens, luts, hp.train_seq_len, plan.stride, plan.epochs,
-                    hp.eval_batch_seqs, max(left, 1e-9), ctx.log, ctx.device, ctx.rank, ctx.world_size, ctx.compile,
-                    ctx.autocast_dtype, **settings)
+                    hp.eval_batch_seqs, max(left, 1e-9), ctx.log, **eval_device_args(ctx), **settings)
 
 
 def ttt_entries(ctx: RunContext, hp: Hyperparameters, plan: EvalPlan, tt: dict, /) -> dict:
