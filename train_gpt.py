@@ -87,13 +87,13 @@ def train_and_score() -> int:
     """
     hp = Hyperparameters.from_env()
     check_packed_for(hp)  # a packed file refuses settings it was packed without, before anything runs
-    code_bytes = measure_code_bytes(hp)
-    if BUNDLE_KIND == "package":  # the kit's preflight (primitives/settings.py): BYTE_BUDGET above the code's bytes
-        hp.validate(code_bytes)
     ctx = setup_distributed(hp)
     if BUNDLE_KIND == "package":  # a finished run's folder is refused before anything is written; RESUME=1
         resume = check_run_folder(hp)
     sp, manifest, num_val_tokens, inputs = check_inputs(hp, ctx)
+    code_bytes = measure_code_bytes(hp)  # in the package, after the input checks: its first build takes seconds
+    if BUNDLE_KIND == "package":  # the kit's preflight (primitives/settings.py): BYTE_BUDGET above the code's bytes
+        hp.validate(code_bytes)
     open_run_log(ctx, hp, inputs)  # one writer per folder (a lock); RESUME=1: the same settings and inputs
     torch.manual_seed(hp.seed)
 

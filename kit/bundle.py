@@ -70,8 +70,9 @@ from kit.bundle_pack import (BUNDLE_ASCII_ENCODINGS, BUNDLE_BASE93_DECODER, BUND
                                BUNDLE_ENCODINGS, BUNDLE_LATIN1_COOKIE, BUNDLE_LATIN1_QUOTES, _base93_num_digits,
                                _lzma_raw, _quote_latin1, base93_decode, base93_encode, base93_value,
                                build_packed_bytes, default_encoding, human_and_header, latin1_literal, minify_source,
-                               pack_code, packed_encoding, packed_size, renaming_blockers, set_bundle_kind,
+                               pack_code, packed_encoding, renaming_blockers, set_bundle_kind,
                                unpack_packed)
+from kit.bundle_cache import cached_human_and_header, packed_size  # noqa: E402,F401
 from kit.bundle_source import build_human_parts, build_human_source  # noqa: E402,F401
 from kit.bundle_when import PackSettings, pack_settings, settings_from, settings_from_result  # noqa: E402,F401
 from primitives.files import atomic_write_bytes  # noqa: E402

@@ -194,20 +194,21 @@ def drop_package_arguments(text: str) -> str:
     1, units="...")` -> `x: float = 0.2`: outside the package `setting` is a plain dataclass default, and a
     dataclass refuses a mutable default either way); the rest of the text, comments included, is unchanged."""
     tree = ast.parse(text)
-    lines = text.split("\n")
+    data = text.encode("utf-8")  # the nodes' column offsets count UTF-8 bytes
     starts = [0]
-    for line in lines:
+    for line in data.split(b"\n"):
         starts.append(starts[-1] + len(line) + 1)
+    at = lambda line, col: starts[line - 1] + col  # noqa: E731
     spans = []
     for node in ast.walk(tree):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in PACKAGE_ONLY_ARGUMENTS):
             continue
         default = node.args[0]
-        spans.append((starts[node.lineno - 1] + node.col_offset, starts[node.end_lineno - 1] + node.end_col_offset,
-                      ast.get_source_segment(text, default)))
+        spans.append((at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset),
+                      data[at(default.lineno, default.col_offset):at(default.end_lineno, default.end_col_offset)]))
     for start, end, default in sorted(spans, reverse=True):
-        text = text[:start] + default + text[end:]
-    return text
+        data = data[:start] + default + data[end:]
+    return data.decode("utf-8")
 
 
 # 5. `unused_methods`: a method that nothing in the file names (as an attribute, a keyword or a string) is never

@@ -10,21 +10,17 @@ import base64
 import builtins
 import bz2
 import codecs
-import json
 import lzma
 import math
 import os
 import re
-import sys
 import zlib
-from pathlib import Path
 
 from kit.bundle_fold import drop_unused, drop_unused_imports
 from kit.bundle_modules import BUNDLE_PACKED_NAME, BundleError
 from kit.bundle_pinned import fold_refused
 from kit.bundle_posonly import make_positional_only
 from kit.bundle_source import build_human_parts
-from primitives.files import atomic_write_bytes
 
 # lzma constants spelled as literals in the wrapper (saves counted bytes); stable across CPython.
 _LZMA_FORMAT_RAW = 3
@@ -373,43 +369,3 @@ def build_packed_bytes(root=None, encoding: str | None = None, settings=None) ->
     them needs (None: every module). Raises BundleError like build_human_source."""
     human, header = human_and_header(root, settings)
     return pack_code(minify_source(set_bundle_kind(human, "packed")), encoding, header)[0]
-
-
-def packed_size_cache_key(human: str, encoding: str) -> str:
-    """sha256 over everything the packed bytes depend on: the concatenated source, the encoding, this
-    packer's own code and the versions of Python, python-minifier, brotli and zstandard."""
-    import hashlib
-    from importlib import metadata
-
-    parts = [human, encoding, Path(__file__).read_text(encoding="utf-8"), sys.version]
-    for dist in ("python-minifier", "brotli", "zstandard"):
-        try:
-            parts.append(f"{dist}=={metadata.version(dist)}")
-        except metadata.PackageNotFoundError:
-            parts.append(f"{dist}: absent")
-    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()
-
-
-def packed_size(root=None, encoding: str | None = None, cache_dir=None, settings=None, built=None) -> int:
-    """len(build_packed_bytes(root, encoding)), remembered per source: minifying and trying every
-    compressor takes ~5 s on a laptop core, paid by every run's start otherwise. The cache is a JSON
-    file per packed_size_cache_key under `cache_dir` (default env BUNDLE_CACHE_DIR, else
-    ~/.cache/parameter-golf-kit/bundle); an unreadable or unwritable cache only costs the build.
-    settings: as build_packed_bytes (the human source, part of the key, holds what they left out).
-    built: human_and_header(root, settings) when the caller has it already (the trainer logs the source too)."""
-    encoding = encoding or default_encoding()
-    human, header = built or human_and_header(root, settings)
-    cache = Path(cache_dir or os.environ.get("BUNDLE_CACHE_DIR") or Path.home() / ".cache/parameter-golf-kit/bundle")
-    path = cache / f"{packed_size_cache_key(human, encoding)}.json"
-    try:
-        return int(json.loads(path.read_text(encoding="utf-8"))["packed_bytes"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    size = len(pack_code(minify_source(set_bundle_kind(human, "packed")), encoding, header)[0])
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps({"packed_bytes": size}).encode())
-    except OSError:
-        pass
-    return size
-

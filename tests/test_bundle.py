@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from kit import bundle, bundle_modules, bundle_pack
+from kit import bundle, bundle_cache, bundle_modules
 from kit.bundle import BundleError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,16 +148,16 @@ def test_build_is_deterministic_and_independent_of_the_location(fake_root, tmp_p
 def test_packed_size_is_remembered_per_source_and_rebuilt_when_the_source_changes(fake_root, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     size = bundle.packed_size(fake_root, "base93", cache_dir=cache)
-    assert size == len(bundle.build_packed_bytes(fake_root, "base93")) and len(list(cache.glob("*.json"))) == 1
+    assert size == len(bundle.build_packed_bytes(fake_root, "base93")) and len(list(cache.glob("*.z"))) == 1
     packs = []
-    monkeypatch.setattr(bundle_pack, "pack_code", lambda *a: packs.append(a) or (b"x" * 7, "", []))
+    monkeypatch.setattr(bundle_cache, "pack_code", lambda *a: packs.append(a) or (b"x" * 7, "", []))
     assert bundle.packed_size(fake_root, "base93", cache_dir=cache) == size and packs == []  # from the cache
     assert bundle.packed_size(fake_root, "base85", cache_dir=cache) == 7 and len(packs) == 1  # another encoding
     (fake_root / "quant" / "policy.py").write_text((fake_root / "quant" / "policy.py").read_text() + "\nX_NEW = 1\n")
     assert bundle.packed_size(fake_root, "base93", cache_dir=cache) == 7 and len(packs) == 2  # the source changed
-    (cache / "broken.json").write_text("{")
-    for path in cache.glob("*.json"):  # a damaged entry is rebuilt, not trusted
-        path.write_text("{not json")
+    (cache / "broken.z").write_text("{")
+    for path in cache.glob("*.z"):  # a damaged entry is rebuilt, not trusted
+        path.write_bytes(b"not zlib")
     assert bundle.packed_size(fake_root, "base93", cache_dir=cache) == 7 and len(packs) == 3
 
 
