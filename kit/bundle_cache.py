@@ -25,7 +25,7 @@ from kit.bundle_pack import default_encoding, human_and_header, minify_source, p
 from primitives.files import atomic_write_bytes
 
 KIT_DIR = Path(__file__).resolve().parent
-# human sources kept (each ~50 KB compressed); the oldest beyond this are removed when one is added
+# human sources kept (each ~50 KB compressed); the least recently used beyond this are removed when one is added
 MAX_HUMAN_ENTRIES = 32
 HUMAN_PREFIX = "human-"
 
@@ -123,6 +123,10 @@ def cached_human_and_header(settings=None, cache_dir=None, root=None) -> tuple[s
     path = cache / f"{HUMAN_PREFIX}{key}.z"
     entry = _read(path)
     if isinstance(entry, list) and len(entry) == 2 and all(isinstance(x, str) for x in entry):
+        try:
+            os.utime(path)  # the least recently used entries are the ones pruned
+        except OSError:
+            pass
         return entry[0], entry[1]
     human, header = human_and_header(root, settings)
     _write(path, [human, header])
