@@ -20,8 +20,9 @@ import zlib
 from importlib import metadata
 from pathlib import Path
 
-from kit.bundle_modules import BUNDLE_ENTRY, BUNDLE_PACKAGES, REPO_ROOT
+from kit.bundle_modules import REPO_ROOT, BundleError, package_relpaths
 from kit.bundle_pack import default_encoding, human_and_header, minify_source, pack_code, set_bundle_kind
+from kit.bundle_when import condition_names
 from primitives.files import atomic_write_bytes
 
 KIT_DIR = Path(__file__).resolve().parent
@@ -54,28 +55,22 @@ _WHEN_START = re.compile(r"^PACKED_WHEN\b", re.M)
 _WHEN_LINE = re.compile(r"""^PACKED_WHEN = ("[^"\\\n]*"|'[^'\\\n]*')[ \t]*(#[^\n]*)?$""", re.M)
 
 
-def _package_files(root: Path) -> list:
-    return [p for package in BUNDLE_PACKAGES for p in sorted((root / package).glob("*.py"))] + [root / BUNDLE_ENTRY]
-
-
 def package_fingerprint(root=None) -> tuple[str, set | None]:
-    """(sha256 over every file the bundler may read under `root` (default: this kit), each package's .py files
-    and the entry with their paths, and the bundler's own code and library versions; the setting names the
-    modules' PACKED_WHEN conditions read, or None when a declaration is not one plain line, the form
-    kit/bundle_when.py documents: then every setting decides)."""
+    """(sha256 over every file the bundler reads under `root` (default: this kit) with their paths, the bundler's
+    own code and the library versions; the setting names the modules' PACKED_WHEN conditions read, or None when
+    a declaration is not one plain line, the form kit/bundle_when.py documents: then every setting decides)."""
     root = Path(root) if root is not None else REPO_ROOT
     parts, names = [], set()
-    for path in _package_files(root):
-        text = path.read_text(encoding="utf-8") if path.is_file() else ""
-        parts.append(f"{path.relative_to(root)}\n{text}")
+    for relpath in package_relpaths(root):
+        text = (root / relpath).read_text(encoding="utf-8")
+        parts.append(f"{relpath}\n{text}")
         found = _WHEN_LINE.findall(text)
         if names is None or len(_WHEN_START.findall(text)) != len(found):
             names = None
             continue
         try:
-            names |= {n.id for c, _ in found for n in ast.walk(ast.parse(ast.literal_eval(c), mode="eval"))
-                      if isinstance(n, ast.Name)}
-        except (SyntaxError, ValueError):  # the bundler refuses it with its own message
+            names.update(*(condition_names(ast.literal_eval(c)) for c, _ in found))
+        except BundleError:  # the build refuses it with its own message
             names = None
     return _digest(parts + _bundler_parts()), names
 

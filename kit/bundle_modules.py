@@ -258,16 +258,19 @@ class Discovered:
     off: list
 
 
+def package_relpaths(root: Path) -> list:
+    """Every file the bundler reads under `root`, in a fixed order: each package's modules, then the entry."""
+    relpaths = [f"{package}/{p.name}" for package in BUNDLE_PACKAGES for p in sorted((root / package).glob("*.py"))
+                if p.name not in BUNDLE_SKIP_FILES]
+    if (root / BUNDLE_ENTRY).is_file():
+        relpaths.append(BUNDLE_ENTRY)
+    return relpaths
+
+
 def discover_for(root=None, needed=None) -> Discovered:
     """discover_modules with the rejected modules named (see there)."""
     root = Path(root) if root is not None else REPO_ROOT
-    relpaths = []
-    for package in BUNDLE_PACKAGES:
-        pkg_dir = root / package
-        if pkg_dir.is_dir():
-            relpaths += [f"{package}/{p.name}" for p in sorted(pkg_dir.glob("*.py")) if p.name not in BUNDLE_SKIP_FILES]
-    if (root / BUNDLE_ENTRY).is_file():
-        relpaths.append(BUNDLE_ENTRY)
+    relpaths = package_relpaths(root)
     if not relpaths:
         raise BundleError(f"{root}: no {BUNDLE_ENTRY} and no modules under {'/, '.join(BUNDLE_PACKAGES)}/")
     modules = {m.name: m for m in (_read_module(root, r) for r in relpaths)}

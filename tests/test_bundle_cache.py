@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from kit import bundle, bundle_cache
+from kit.bundle_modules import BUNDLE_PACKAGES
 from kit.bundle_when import pack_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def test_the_second_run_reads_the_human_source_back_and_it_is_the_build(tmp_path
 
 def _copy_kit(dst: Path) -> Path:
     """The package's sources (what package_fingerprint reads) copied under dst."""
-    for package in bundle_cache.BUNDLE_PACKAGES:
+    for package in BUNDLE_PACKAGES:
         (dst / package).mkdir(parents=True)
         for p in (REPO / package).glob("*.py"):
             (dst / package / p.name).write_text(p.read_text(encoding="utf-8"), encoding="utf-8")
