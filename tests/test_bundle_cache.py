@@ -1,6 +1,7 @@
 """kit/bundle_cache.py: a package run's human source (and its packed size) read back from the cache only while
 nothing it depends on has changed: the package's sources, the bundler's code, the settings."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -82,19 +83,39 @@ def test_a_damaged_or_unwritable_cache_only_costs_the_build(tmp_path, builds, mo
     assert len(builds) == 3
 
 
-def test_the_oldest_human_sources_beyond_the_limit_are_removed(tmp_path, monkeypatch):
+def test_the_least_recently_used_human_sources_beyond_the_limit_are_removed(tmp_path, monkeypatch):
     monkeypatch.setattr(bundle_cache, "MAX_HUMAN_ENTRIES", 2)
-    monkeypatch.setattr(bundle_cache, "human_and_header", lambda root, settings: (f"source {settings.preset}", ""))
-    for i, preset in enumerate(("smoke", "1xh100-sp8192", "1xh100-frontier")):
-        bundle_cache.cached_human_and_header(pack_settings({"PRESET": preset}), cache_dir=tmp_path)
-        for j, path in enumerate(sorted(tmp_path.glob("human-*.z"), key=lambda p: p.stat().st_mtime)):
-            import os
+    built = []
+    monkeypatch.setattr(bundle_cache, "human_and_header",
+                        lambda root, settings: built.append(settings.preset) or (f"source {settings.preset}", ""))
+    clock = iter(range(1_000_000, 2_000_000, 10))
+    real_utime, real_write = os.utime, bundle_cache._write
 
-            os.utime(path, (j + i * 10, j + i * 10))  # distinct, increasing mtimes: the newest is the last written
-    kept = sorted(tmp_path.glob("human-*.z"))
-    assert len(kept) == 2
-    assert bundle_cache.cached_human_and_header(pack_settings({"PRESET": "1xh100-frontier"}),
-                                                cache_dir=tmp_path) == ("source 1xh100-frontier", "")
+    def tick(path, times=None):  # every write and every hit one tick later than the last: a strict order of use
+        t = next(clock)
+        real_utime(path, (t, t))
+
+    def write(path, entry):
+        real_write(path, entry)
+        tick(path)
+
+    monkeypatch.setattr(bundle_cache.os, "utime", tick)
+    monkeypatch.setattr(bundle_cache, "_write", write)
+
+    def use(preset):
+        out = bundle_cache.cached_human_and_header(pack_settings({"PRESET": preset}), cache_dir=tmp_path)
+        assert out == (f"source {preset}", "")
+
+    use("smoke")
+    use("1xh100-sp8192")
+    use("smoke")  # a hit: smoke is now the more recently used
+    use("1xh100-frontier")  # the third entry: the least recently used one (1xh100-sp8192) goes
+    assert len(list(tmp_path.glob("human-*.z"))) == 2 and built == ["smoke", "1xh100-sp8192", "1xh100-frontier"]
+    use("smoke")
+    use("1xh100-frontier")
+    assert built == ["smoke", "1xh100-sp8192", "1xh100-frontier"]  # both kept: read back, not built
+    use("1xh100-sp8192")
+    assert built[-1] == "1xh100-sp8192"  # removed: built again
 
 
 def test_settings_that_decide_no_module_share_an_entry_and_the_entry_is_their_build(tmp_path, builds):
