@@ -136,7 +136,7 @@ def measure_code_bytes(hp: Hyperparameters) -> int:
 def package_source(hp: Hyperparameters, _built={}) -> tuple[str, str]:  # noqa: B006 (the memo)
     """(human source, packed header) of the package for these settings (kit.bundle.human_and_header): built
     once per process and settings, for measure_code_bytes and log_run_header both, and remembered on disk
-    between runs (kit/bundle_cache.py; ~2.5 s a build on one core)."""
+    between runs (kit/bundle_cache.py; ~1.5 s a build on one core)."""
     settings = pack_settings_of(hp)
     if _built.get("settings") != settings:
         from kit.bundle import cached_human_and_header  # package only
